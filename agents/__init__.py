@@ -1,0 +1,1 @@
+"""LeakGym agents (installed as leakgym.agents)."""

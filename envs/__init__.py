@@ -1,0 +1,1 @@
+"""LeakGym environments (installed as leakgym.envs)."""
