@@ -1,1 +1,27 @@
-"""LeakGym environments (installed as leakgym.envs)."""
+"""LeakGym environments (folder ``envs/``, installed as ``leakgym.envs``).
+
+* :func:`parallel_env` — the PettingZoo ``ParallelEnv`` (agents ``attacker`` and ``defender``);
+* :func:`env` — its AEC form through PettingZoo's standard conversion and wrappers;
+* Gymnasium ids (``LeakGym-Digits-v0``, ``LeakGym-CIFAR-v0``, ...) registered on ``import leakgym``,
+  one per scenario TOML file in ``envs/scenarios/``.
+"""
+
+from .registration import register_envs, registered_ids
+from .scenario import Scenario, load_scenario, scenario_names
+
+register_envs()
+
+_LAZY = {"parallel_env", "env", "raw_env", "LeakGymParallelEnv", "RoundError"}
+
+
+def __getattr__(name: str):
+    # The environment pulls in torch and the attack/defense libraries; import it on first use so
+    # that `import leakgym` (which registers the Gymnasium ids) stays light.
+    if name in _LAZY:
+        from . import leakgym_env
+
+        return getattr(leakgym_env, name)
+    raise AttributeError(f"module 'leakgym.envs' has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY | {"Scenario", "load_scenario", "scenario_names", "register_envs", "registered_ids"})

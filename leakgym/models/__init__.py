@@ -1,1 +1,46 @@
-"""leakgym.models"""
+"""Models attacked and defended in LeakGym, the PRECODE bottleneck, and the task loss.
+
+Every model is ``body -> [PRECODE bottleneck] -> head`` (see :mod:`leakgym.models.base`, which also
+documents BatchNorm handling: clients compute updates in train mode; a batch of one needs BN in eval
+mode, see :func:`bn_eval_if_single`).
+
+========== ===================================================== ===============
+name       architecture                                          default width
+========== ===================================================== ===============
+lenet      DLG LeNet: 4 x conv5x5 + sigmoid, 1 linear layer       12 channels
+convnet    Inverting Gradients ConvNet: 8 conv-BN-ReLU, 2 pools   16 (IG: 64)
+mlp        PRECODE MLP: 4 x Linear-BN-ReLU                        1024
+resnet18   ResNet-18, CIFAR stem, BasicBlocks [2, 2, 2, 2]        64
+========== ===================================================== ===============
+"""
+
+from leakgym.models.base import LeakGymModel, bn_eval_if_single, has_batchnorm, task_loss
+from leakgym.models.build import MODEL_CLASSES, MODEL_NAMES, build_model
+from leakgym.models.convnet import ConvNet
+from leakgym.models.lenet import LeNet
+from leakgym.models.mlp import MLP
+from leakgym.models.precode import (
+    DEFAULT_PRECODE_BETA,
+    DEFAULT_PRECODE_DIM,
+    VariationalBottleneck,
+    precode_layer_split,
+)
+from leakgym.models.resnet import ResNet18
+
+__all__ = [
+    "DEFAULT_PRECODE_BETA",
+    "DEFAULT_PRECODE_DIM",
+    "MLP",
+    "MODEL_CLASSES",
+    "MODEL_NAMES",
+    "ConvNet",
+    "LeNet",
+    "LeakGymModel",
+    "ResNet18",
+    "VariationalBottleneck",
+    "bn_eval_if_single",
+    "build_model",
+    "has_batchnorm",
+    "precode_layer_split",
+    "task_loss",
+]

@@ -1,0 +1,42 @@
+"""The agent interface shared by scripted, adaptive and learned LeakGym agents."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+
+class Agent(ABC):
+    """Chooses one role's action each round.
+
+    ``act`` gets the role's observation, its ``MultiDiscrete`` action space and a NumPy generator
+    owned by the caller (the environment seeds it, so a seeded rollout is reproducible).
+    ``observe`` receives the role's reward and info after the round, for agents that adapt.
+    """
+
+    name: str = "agent"
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start of an episode (adaptive agents may keep what they learnt across episodes)."""
+
+    @abstractmethod
+    def act(self, observation: np.ndarray, action_space: spaces.MultiDiscrete, rng: np.random.Generator) -> np.ndarray:
+        """The action for this round."""
+
+    def observe(self, reward: float, info: dict[str, Any]) -> None:
+        """Feedback after the round (ignored by non-adaptive agents)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class UniformRandomAgent(Agent):
+    """Every action dimension uniformly at random (the randomised scripted opponent)."""
+
+    name = "random"
+
+    def act(self, observation, action_space, rng):
+        return rng.integers(0, action_space.nvec).astype(np.int64)

@@ -1,0 +1,192 @@
+"""The LeakGym multi-agent environment (PettingZoo ``ParallelEnv``).
+
+Agents ``"attacker"`` (the federated-learning server) and ``"defender"`` (the victim client) act
+at once; one step is one federated-learning round (see :mod:`leakgym.envs.game`)::
+
+    from leakgym.envs import parallel_env
+    env = parallel_env(scenario="digits", rounds=4)
+    obs, infos = env.reset(seed=0)
+    while env.agents:
+        actions = {a: env.action_space(a).sample() for a in env.agents}
+        obs, rewards, terminations, truncations, infos = env.step(actions)
+
+Spaces, observations and rewards are documented in :mod:`leakgym.envs.scenario`,
+:mod:`leakgym.envs.observations` and :mod:`leakgym.envs.rewards`. An episode lasts
+``scenario.rounds`` rounds and ends by truncation (nobody "wins" a round early). An invalid action
+raises ``ValueError`` naming the entry and its allowed range before any state changes; any other
+failure inside a round is re-raised as :class:`RoundError` carrying the round number and the
+actions, after the results of completed rounds have been kept in :attr:`history`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from gymnasium.utils import EzPickle
+from pettingzoo import ParallelEnv
+from pettingzoo.utils import parallel_to_aec, wrappers
+
+from .game import LeakGame, PendingRound, RoundOutcome, run_attacks
+from .rendering import figure_to_rgb, round_figure
+from .scenario import Scenario, load_scenario
+
+
+class RoundError(RuntimeError):
+    """A round failed for a reason other than an invalid action; names the round and the actions."""
+
+
+class LeakGymParallelEnv(ParallelEnv, EzPickle):
+    metadata = {
+        "render_modes": ["rgb_array", "png"],
+        "name": "leakgym_v0",
+        "render_fps": 2,
+        "is_parallelizable": True,
+    }
+    possible_agents = ["attacker", "defender"]
+
+    def __init__(
+        self,
+        scenario: str | Scenario = "digits",
+        render_mode: str | None = None,
+        render_dir: str | Path = "leakgym-renders",
+        device: str = "cpu",
+        **overrides: Any,
+    ) -> None:
+        EzPickle.__init__(self, scenario, render_mode, render_dir, device, **overrides)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r}; allowed: {self.metadata['render_modes']} or None")
+        self.scenario = load_scenario(scenario, **overrides)
+        self.render_mode = render_mode
+        self.render_dir = Path(render_dir)
+        self.game = LeakGame(self.scenario, device=device)
+        sizes = self.game.observation_sizes()
+        self._observation_spaces = {
+            a: spaces.Box(low=0.0, high=1.0, shape=(sizes[a],), dtype=np.float32) for a in self.possible_agents
+        }
+        self._action_spaces = {
+            "attacker": spaces.MultiDiscrete(self.scenario.attacker_nvec),
+            "defender": spaces.MultiDiscrete(self.scenario.defender_nvec),
+        }
+        self.agents: list[str] = []
+        self.history: list[dict[str, Any]] = []
+        self._closed = False
+        self._seed_rng = np.random.default_rng()
+
+    # PettingZoo wants the same object on every call.
+    def observation_space(self, agent: str) -> spaces.Box:
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.MultiDiscrete:
+        return self._action_spaces[agent]
+
+    # ------------------------------------------------------------------ reset / step
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        if options:
+            raise ValueError(f"reset options {sorted(options)} are not supported; LeakGym takes none")
+        if seed is not None:
+            self._seed_rng = np.random.default_rng(seed)
+        episode_seed = int(self._seed_rng.integers(2**31 - 1))
+        obs = self.game.reset(episode_seed)
+        self.agents = list(self.possible_agents)
+        self.history = []
+        infos = {a: {"round": 0} for a in self.agents}
+        return {a: obs[a].copy() for a in self.agents}, infos
+
+    def _check_actions(self, actions: dict[str, Any]) -> None:
+        if not self.agents:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        missing = [a for a in self.agents if a not in actions]
+        extra = [a for a in actions if a not in self.possible_agents]
+        if missing or extra:
+            raise ValueError(f"actions need exactly the agents {self.agents}; missing {missing}, unknown {extra}")
+
+    def begin_round(self, actions: dict[str, Any]) -> PendingRound:
+        """Phase 1 of a step (validate, defend). Used by the vector env to batch attacks."""
+        self._check_actions(actions)
+        return self.game.defend(np.asarray(actions["defender"]), np.asarray(actions["attacker"]))
+
+    def end_round(self, pending: PendingRound, result) -> tuple:
+        """Phase 3 of a step: score, aggregate, reward. Returns the PettingZoo step tuple."""
+        outcome: RoundOutcome = self.game.finish(pending, result)
+        self.history.append(
+            {
+                "round": self.game.round,
+                "strategy": pending.attack_settings["strategy"],
+                "defenses": list(pending.report.applied),
+                "rewards": dict(outcome.rewards),
+                **{f"{a}_{k}": v for a in outcome.infos for k, v in outcome.infos[a].items()},
+            }
+        )
+        agents = list(self.agents)
+        terminations = {a: False for a in agents}
+        truncations = {a: outcome.truncated for a in agents}
+        if outcome.truncated:
+            self.agents = []
+        obs = {a: outcome.observations[a].copy() for a in agents}
+        return obs, dict(outcome.rewards), terminations, truncations, outcome.infos
+
+    def step(self, actions: dict[str, Any]):
+        pending = self.begin_round(actions)  # ValueError for bad actions: raised before state changes
+        try:
+            (result,) = run_attacks([pending])
+            out = self.end_round(pending, result)
+        except Exception as exc:  # never die silently mid-rollout: say where and with what
+            raise RoundError(
+                f"round {self.game.round + 1} of scenario {self.scenario.name!r} failed with actions "
+                f"attacker={np.asarray(actions['attacker']).tolist()} "
+                f"defender={np.asarray(actions['defender']).tolist()}: {exc!r}; "
+                f"{len(self.history)} completed rounds are kept in env.history"
+            ) from exc
+        if self.render_mode == "png":
+            self.render()
+        return out
+
+    # ------------------------------------------------------------------ render / close
+    def render(self):
+        if self.render_mode is None:
+            return None
+        last = self.game.last
+        if "originals" not in last:
+            return None
+        title = (
+            f"round {self.game.round}: {last['strategy']} vs "
+            f"{', '.join(last['applied']) or 'no defense'} | SSIM {last['scores'].mean['ssim']:.3f}"
+        )
+        fig = round_figure(last["originals"], last["reconstructions"], last["scores"], title=title)
+        if self.render_mode == "png":
+            self.render_dir.mkdir(parents=True, exist_ok=True)
+            path = self.render_dir / f"round_{self.game.round:04d}.png"
+            fig.savefig(path)
+            return str(path)
+        return figure_to_rgb(fig)
+
+    def close(self) -> None:
+        self._closed = True  # nothing external to release; idempotent by construction
+
+    def state(self) -> np.ndarray:
+        obs = self.game.observations()
+        return np.concatenate([obs[a] for a in self.possible_agents])
+
+
+def parallel_env(scenario: str | Scenario = "digits", **overrides: Any) -> LeakGymParallelEnv:
+    """The parallel (simultaneous-move) LeakGym environment."""
+    return LeakGymParallelEnv(scenario=scenario, **overrides)
+
+
+def raw_env(scenario: str | Scenario = "digits", **overrides: Any):
+    """The AEC form, through PettingZoo's standard conversion."""
+    return parallel_to_aec(parallel_env(scenario, **overrides))
+
+
+def env(scenario: str | Scenario = "digits", **overrides: Any):
+    """The AEC form wrapped in PettingZoo's standard safety wrappers."""
+    aec = raw_env(scenario, **overrides)
+    aec = wrappers.AssertOutOfBoundsWrapper(aec)
+    aec = wrappers.OrderEnforcingWrapper(aec)
+    return aec
+
+
+__all__ = ["LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env"]

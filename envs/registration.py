@@ -1,0 +1,24 @@
+"""Gymnasium registration: one id per scenario TOML file (``gym_id`` key), done on ``import leakgym``."""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+from .scenario import scenario_gym_id, scenario_names
+
+
+def registered_ids() -> dict[str, str]:
+    """Gymnasium id -> scenario name."""
+    return {scenario_gym_id(name): name for name in scenario_names()}
+
+
+def register_envs() -> None:
+    for gym_id, name in registered_ids().items():
+        if gym_id in registry:
+            continue
+        register(
+            id=gym_id,
+            entry_point="leakgym.envs.single_agent:LeakGymSingleAgentEnv",
+            vector_entry_point="leakgym.envs.vector:LeakGymVectorEnv",
+            kwargs={"scenario": name},
+        )

@@ -1,0 +1,86 @@
+"""Reward formulas.
+
+Leakage ``L`` is the matched per-image reconstruction score, averaged over the private batch and
+mapped to [0, 1]:
+
+* ``ssim``: mean SSIM clipped to [0, 1];
+* ``psnr``: mean PSNR / 40 dB clipped to [0, 1] (40 dB is visually exact);
+* ``lpips``: 1 - mean LPIPS clipped to [0, 1] (needs the pretrained LPIPS weights);
+* ``ssim+psnr``: the mean of the two above.
+
+Attacker: ``r_A = L - w_cost * (iterations x restarts) / 1000``.
+
+Defender: ``r_D = -L + w_fid * fidelity + w_acc * accuracy - w_ovh * defense_units``, where
+fidelity is the cosine of the shared update to the clean update, accuracy the global model's last
+measured test accuracy and ``defense_units`` the defense's extra client compute in units of one
+clean gradient computation (:func:`defense_compute_units`; a deterministic count so that the same
+seed gives the same rewards, unlike wall time).
+"""
+
+from __future__ import annotations
+
+from leakgym.defenses import DefenseConfig
+from leakgym.metrics import ReconstructionScores
+
+from .scenario import PSNR_FOR_FULL_LEAKAGE, RewardWeights
+
+
+def _clip01(v: float) -> float:
+    return float(min(max(v, 0.0), 1.0))
+
+
+def leakage_score(scores: ReconstructionScores, metric: str) -> float:
+    ssim = _clip01(scores.mean["ssim"])
+    psnr = _clip01(scores.mean["psnr"] / PSNR_FOR_FULL_LEAKAGE)
+    if metric == "ssim":
+        return ssim
+    if metric == "psnr":
+        return psnr
+    if metric == "ssim+psnr":
+        return (ssim + psnr) / 2
+    if metric == "lpips":
+        return _clip01(1.0 - scores.mean["lpips"])
+    raise ValueError(f"leakage metric {metric!r}; allowed: ssim, psnr, lpips, ssim+psnr")
+
+
+def defense_compute_units(config: DefenseConfig, batch_size: int) -> float:
+    """Extra client compute of a defense, in clean-gradient evaluations (a documented cost model).
+
+    DCS²: ``steps`` synthesis steps per concealed sample plus one gradient for the mixed update;
+    CENSOR: one loss evaluation per trial (counted as 1/2 gradient); OASIS: the batch grows by one
+    copy per augmentation (``popcount(mask)`` extra gradients); LODA: its optimisation steps; the
+    rest (noise, clipping, pruning, top-k, Soteria) are free by comparison.
+    """
+    units = 0.0
+    if config.dcs2_lambda_g > 0:
+        units += config.dcs2_num_concealed * config.dcs2_steps + 1
+    if config.censor_trials > 0:
+        units += 0.5 * config.censor_trials
+    units += bin(int(config.oasis_mask)).count("1")
+    if config.loda_c > 0:
+        units += config.loda_steps
+    return float(units)
+
+
+def rewards(
+    *,
+    leakage: float,
+    attack_units: int,
+    fidelity: float,
+    accuracy: float,
+    defense_units: float,
+    weights: RewardWeights,
+) -> dict[str, float]:
+    parts = {
+        "attacker_leakage": leakage,
+        "attacker_cost": -weights.attack_cost * attack_units / 1000.0,
+        "defender_leakage": -leakage,
+        "defender_fidelity": weights.fidelity * fidelity,
+        "defender_accuracy": weights.accuracy * accuracy,
+        "defender_overhead": -weights.defense_overhead * defense_units,
+    }
+    parts["attacker"] = parts["attacker_leakage"] + parts["attacker_cost"]
+    parts["defender"] = (
+        parts["defender_leakage"] + parts["defender_fidelity"] + parts["defender_accuracy"] + parts["defender_overhead"]
+    )
+    return {k: float(v) for k, v in parts.items()}

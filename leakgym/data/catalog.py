@@ -1,0 +1,141 @@
+"""The datasets LeakGym knows: image geometry, class counts and normalisation statistics.
+
+Normalisation statistics are per-channel mean and standard deviation of the *training* images in
+``[0, 1]`` at native resolution, as used throughout the gradient-inversion literature:
+
+* MNIST ``0.1307 / 0.3081`` and Fashion-MNIST ``0.2860 / 0.3530``: the standard published values.
+* CIFAR-10 / CIFAR-100: the per-pixel values of the training sets as pinned in ``inversefed``'s and
+  ``breaching``'s ``consts.py`` (Geiping et al., "Inverting Gradients - How easy is it to break
+  privacy in federated learning?", NeurIPS 2020), so reconstructions are comparable with that work.
+* digits: computed once by :func:`leakgym.data.digits.digits_statistics` on LeakGym's fixed digits
+  training split at the default 16x16 size and stored here as constants (``tests/test_data.py``
+  recomputes them).
+
+The same statistics are used when ``image_size`` resizes a dataset (resizing changes them by well
+under 1% of the standard deviation for the default sizes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from leakgym.data.spec import DatasetSpec
+
+__all__ = ["DATASET_NAMES", "DatasetInfo", "dataset_info", "dataset_spec"]
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Static facts about one dataset.
+
+    Attributes:
+        name: the identifier accepted by ``load_dataset``.
+        channels: 1 (grey) or 3 (RGB).
+        native_size: side length of the images as published.
+        default_size: side length ``load_dataset`` returns when ``image_size`` is not given.
+        num_classes: number of labels.
+        mean, std: per-channel normalisation statistics of unit images (see module docstring).
+        source: where the data comes from, in words (shown in error messages and docs).
+    """
+
+    name: str
+    channels: int
+    native_size: int
+    default_size: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    source: str
+
+
+_INFOS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo(
+            name="digits",
+            channels=1,
+            native_size=8,
+            default_size=16,
+            num_classes=10,
+            mean=(0.3047,),
+            std=(0.3784,),
+            source="scikit-learn's bundled UCI optical handwritten digits (sklearn.datasets.load_digits)",
+        ),
+        DatasetInfo(
+            name="mnist",
+            channels=1,
+            native_size=28,
+            default_size=28,
+            num_classes=10,
+            mean=(0.1307,),
+            std=(0.3081,),
+            source="MNIST (LeCun et al.), IDX files; downloaded from torchvision's mirrors",
+        ),
+        DatasetInfo(
+            name="fashion-mnist",
+            channels=1,
+            native_size=28,
+            default_size=28,
+            num_classes=10,
+            mean=(0.2860,),
+            std=(0.3530,),
+            source="Fashion-MNIST (Zalando Research), IDX files; Debian package dataset-fashion-mnist "
+            "or downloaded from Zalando's mirror",
+        ),
+        DatasetInfo(
+            name="cifar10",
+            channels=3,
+            native_size=32,
+            default_size=32,
+            num_classes=10,
+            mean=(0.4914672374725342, 0.4822617471218109, 0.4467701315879822),
+            std=(0.24703224003314972, 0.24348513782024384, 0.26158785820007324),
+            source="CIFAR-10 (Krizhevsky, 2009), python pickled batches from www.cs.toronto.edu/~kriz",
+        ),
+        DatasetInfo(
+            name="cifar100",
+            channels=3,
+            native_size=32,
+            default_size=32,
+            num_classes=100,
+            mean=(0.5071598291397095, 0.4866936206817627, 0.44120192527770996),
+            std=(0.2673342823982239, 0.2564384639263153, 0.2761504650115967),
+            source="CIFAR-100 (Krizhevsky, 2009), python pickled batches from www.cs.toronto.edu/~kriz",
+        ),
+    )
+}
+
+#: Every name ``load_dataset`` accepts. ``digits`` is bundled with scikit-learn and works offline.
+DATASET_NAMES: tuple[str, ...] = tuple(_INFOS)
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """The :class:`DatasetInfo` for ``name``; ``ValueError`` listing the allowed names otherwise."""
+    if name not in _INFOS:
+        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}")
+    return _INFOS[name]
+
+
+def check_image_size(image_size: int | None) -> None:
+    """``ValueError`` unless ``image_size`` is ``None`` or an integer >= 2."""
+    if image_size is None:
+        return
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 2:
+        raise ValueError(f"image_size={image_size!r} must be None or an integer >= 2")
+
+
+def dataset_spec(name: str, image_size: int | None = None) -> DatasetSpec:
+    """The :class:`DatasetSpec` ``load_dataset(name, image_size=image_size)`` returns, without loading.
+
+    ``image_size=None`` means the dataset's default size (16 for digits, native for the others).
+    """
+    info = dataset_info(name)
+    check_image_size(image_size)
+    return DatasetSpec(
+        name=info.name,
+        channels=info.channels,
+        image_size=info.default_size if image_size is None else image_size,
+        num_classes=info.num_classes,
+        mean=info.mean,
+        std=info.std,
+    )

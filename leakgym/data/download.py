@@ -1,0 +1,132 @@
+"""Downloading dataset files and verifying them against known checksums before use.
+
+Every remote file LeakGym fetches is described by a :class:`RemoteFile` (its URLs and the MD5 digest of
+the official file, the same digests torchvision's dataset classes pin). :func:`download_file` fetches a
+file under a temporary ``.part`` name with torchvision's HTTP helper, checks its MD5 with
+:func:`verify_md5`, and only then moves it to its final name; archives are extracted by
+:func:`download_and_extract` only after that check passed. A corrupted or tampered download is deleted
+and never read.
+
+MD5 is what the upstream publishers and torchvision record for these files; it guards against
+truncated or corrupted transfers, not against a deliberate collision attack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchvision.datasets.utils import download_url, extract_archive
+
+__all__ = [
+    "ChecksumMismatchError",
+    "DownloadError",
+    "RemoteFile",
+    "download_and_extract",
+    "download_file",
+    "file_md5",
+    "verify_md5",
+]
+
+
+class ChecksumMismatchError(RuntimeError):
+    """A file's MD5 digest differs from the digest of the official file."""
+
+    def __init__(self, path: Path, expected: str, actual: str) -> None:
+        super().__init__(f"checksum mismatch for {path}: expected md5 {expected}, got {actual}")
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class DownloadError(RuntimeError):
+    """Every URL of a :class:`RemoteFile` failed (network error or checksum mismatch)."""
+
+    def __init__(self, filename: str, attempts: list[tuple[str, str]]) -> None:
+        lines = [f"could not download {filename}:"] + [f"  {url}: {error}" for url, error in attempts]
+        super().__init__("\n".join(lines))
+        self.filename = filename
+        self.attempts = attempts
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One official file: where it can be fetched and the MD5 digest it must have.
+
+    Attributes:
+        filename: name the file is stored under (also the last URL component).
+        md5: hex MD5 digest of the official file.
+        mirrors: base URLs tried in order; the file's URL is ``mirror + filename``.
+    """
+
+    filename: str
+    md5: str
+    mirrors: tuple[str, ...]
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return tuple(mirror + self.filename for mirror in self.mirrors)
+
+
+def file_md5(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
+    """Hex MD5 digest of a file, read in chunks (flagged not-for-security so it works under FIPS)."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_md5(path: str | os.PathLike[str], expected: str) -> None:
+    """Raise :class:`ChecksumMismatchError` unless ``path`` has MD5 digest ``expected``."""
+    actual = file_md5(path)
+    if actual != expected.lower():
+        raise ChecksumMismatchError(Path(path), expected, actual)
+
+
+def download_file(remote: RemoteFile, directory: str | os.PathLike[str]) -> Path:
+    """Fetch ``remote`` into ``directory`` and return its path once its MD5 digest has been verified.
+
+    Each mirror is tried in turn. The bytes land in ``<filename>.part``; a file whose digest is wrong
+    is deleted and the next mirror is tried. If the verified file is already present nothing is
+    fetched. Raises :class:`DownloadError` listing every URL tried and why it failed.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / remote.filename
+    if final.is_file():
+        try:
+            verify_md5(final, remote.md5)
+            return final
+        except ChecksumMismatchError:
+            final.unlink()
+    partial = directory / (remote.filename + ".part")
+    attempts: list[tuple[str, str]] = []
+    for url in remote.urls:
+        partial.unlink(missing_ok=True)
+        try:
+            # torchvision's helper follows redirects and falls back from https to http; it is given no
+            # digest so that the check below is the one place a download is accepted or rejected.
+            download_url(url, str(directory), partial.name, md5=None)
+            if not partial.is_file():
+                raise OSError(f"nothing was written to {partial}")
+            verify_md5(partial, remote.md5)
+        except (OSError, RuntimeError, ValueError) as error:  # URLError is an OSError
+            partial.unlink(missing_ok=True)
+            attempts.append((url, f"{type(error).__name__}: {error}"))
+            continue
+        partial.replace(final)
+        return final
+    raise DownloadError(remote.filename, attempts)
+
+
+def download_and_extract(remote: RemoteFile, directory: str | os.PathLike[str]) -> None:
+    """Download an archive, verify its checksum, then extract it into ``directory`` and delete it.
+
+    Extraction uses torchvision's ``extract_archive`` (tar members escaping ``directory`` are
+    rejected on Python >= 3.11.4). Nothing is extracted from an archive that failed verification.
+    """
+    archive = download_file(remote, directory)
+    extract_archive(str(archive), str(directory), remove_finished=True)

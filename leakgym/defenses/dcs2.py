@@ -1,0 +1,266 @@
+"""DCS²: Defense by Concealing Sensitive Samples (Wu, Hayat, Zhou & Harandi, AAAI 2024).
+
+The client hides the gradient of its sensitive batch ``x_s`` among the gradients of synthesised
+*concealed samples* ``x~_c`` that look nothing like ``x_s`` but have nearly the same gradient:
+
+1. **Synthesis** (Eq. 9): starting from ``x0`` (Algorithm 1, line 2), minimise
+
+   ``L_obj = 1 - cos(grad L(x~_c, y~_c), grad L(x_s, y_s))
+            + exp(-lambda_x * ||x~_c - x_s||)
+            + lambda_z * (||f(x~_c) - f(x_s)|| / ||f(x_s)|| - epsilon)``
+
+   over ``x~_c`` with Adam, ``f`` being the latent representation (``model.features``).
+2. **Mixing** (Eq. 10): ``g_c = grad{ L(x_s, y_s) + lambda_g L(x~_c, y~_c) + (1 - lambda_g) L(x~_c, y_s) }``.
+3. **Projection** (Eq. 11-12, after GEM, Lopez-Paz & Ranzato 2017): if ``<g, g_c> < 0``, share
+   ``g^_c = g_c + v* g`` with ``v* = argmin_{v >= 0} 1/2 g'g v^2 + g_c'g v``.
+
+Implementation notes and deviations (all deliberate):
+
+* The QP of Eq. 12 has one scalar variable and one constraint, so its exact solution is the clamp
+  ``v* = max(0, -<g_c, g> / <g, g>)``; a numerical QP solver (scipy, or quadprog as in the
+  authors' code) would only approximate this closed form. The projection is computed in float64.
+  The authors' code solves the QP with ``v >= 0.5`` (GEM's "margin"); we follow the paper's
+  ``v >= 0``, which makes the projected gradient exactly orthogonal to ``g`` when it triggers.
+* Eq. 10 is realised as the mean loss over the *augmented* batch (sensitive + concealed samples),
+  the concealed samples carrying the soft label ``lambda_g * onehot(y~_c) + (1 - lambda_g) *
+  onehot(y_s)``. Cross-entropy is linear in its target, so this is Eq. 10 up to a positive scale
+  for one concealed sample per sensitive sample, and for ``lambda_g = 1`` it is exactly "the
+  gradient of the mini-batch augmented by the concealed sample" of the paper's remark. The scale
+  keeps the shared gradient the size of an ordinary mean-loss gradient (the authors divide by 3).
+* ``num_concealed`` concealed samples are made *per sensitive sample* (the authors' ``per_adv``);
+  each is paired with its sensitive sample in the pixel and latent terms, while the gradient
+  cosine compares whole-batch gradients, as in the authors' code. Every sample of the batch is
+  sensitive (the paper's setting, "100% of the training data ... as sensitive samples").
+* Start points (Algorithm 1 line 2; Table 5): ``"random"``: standard-normal noise in normalised
+  space with a uniformly random label (the paper's Remark); ``"public"``: a random image of the
+  public split with its label ``y0``; ``"mixup"``: ``0.7 x0 + 0.3 x_s`` with ``x0`` a public image,
+  label ``y0``.
+* The optimiser follows the authors' script: Adam, learning rate divided by 10 at 3/8, 5/8 and 7/8
+  of the steps. Their optional early stop on the pixel distance is not in the paper and not used.
+
+The model is not modified: parameters are used through :func:`torch.func.functional_call`-style
+copies, and any buffers (BatchNorm statistics) are restored after the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from leakgym.models import task_loss
+
+#: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
+STARTS = ("random", "public", "mixup")
+#: Weight of the public image in the "mixup" start ``0.7 x0 + 0.3 x_s`` (paper, Table 5).
+MIXUP_START_WEIGHT = 0.7
+
+
+@contextlib.contextmanager
+def _buffers_restored(model: nn.Module) -> Iterator[None]:
+    """Run a block and put every buffer of ``model`` (e.g. BatchNorm statistics) back afterwards."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
+
+
+def _flat(tensors: list[Tensor] | tuple[Tensor, ...]) -> Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _soft(y: Tensor, num_classes: int, dtype: torch.dtype) -> Tensor:
+    return torch.nn.functional.one_hot(y, num_classes).to(dtype)
+
+
+def project_gradient(g: Tensor, g_c: Tensor) -> tuple[Tensor, bool, float]:
+    """Eq. 11-12: the closest vector to ``g_c`` with ``<g, g^_c> >= 0``.
+
+    Returns ``(g^_c, projected, v*)``. Computed in float64 and cast back to ``g_c``'s dtype.
+    """
+    g64, gc64 = g.double(), g_c.double()
+    dot = float(g64 @ gc64)
+    gg = float(g64 @ g64)
+    if dot >= 0 or gg == 0.0:
+        return g_c, False, 0.0
+    v = max(0.0, -dot / gg)
+    return (gc64 + v * g64).to(g_c.dtype), True, v
+
+
+def _validate(
+    x: Tensor, y: Tensor, lambda_g: float, lambda_x: float, lambda_z: float, epsilon: float,
+    num_concealed: int, steps: int, lr: float, start: str, public_x: Tensor | None,
+    public_y: Tensor | None,
+) -> None:
+    if x.ndim != 4 or y.ndim != 1 or y.shape[0] != x.shape[0] or x.shape[0] < 1:
+        raise ValueError(f"x must be (B, C, H, W) and y (B,); got {tuple(x.shape)} and {tuple(y.shape)}")
+    if y.dtype != torch.int64:
+        raise ValueError(f"DCS² needs hard int64 labels; got dtype {y.dtype}")
+    for name, value, lo, hi in (
+        ("lambda_g", lambda_g, 0.0, 1.0), ("lambda_x", lambda_x, 0.0, math.inf),
+        ("lambda_z", lambda_z, 0.0, math.inf), ("epsilon", epsilon, 0.0, math.inf),
+    ):
+        if not (lo <= value <= hi) or not math.isfinite(value):
+            raise ValueError(f"{name}={value}; allowed range [{lo}, {hi}]")
+    if num_concealed < 1:
+        raise ValueError(f"num_concealed={num_concealed}; must be >= 1")
+    if steps < 0:
+        raise ValueError(f"steps={steps}; must be >= 0")
+    if not lr > 0:
+        raise ValueError(f"lr={lr}; must be > 0")
+    if start not in STARTS:
+        raise ValueError(f"start={start!r}; allowed: {', '.join(map(repr, STARTS))}")
+    if start in ("public", "mixup"):
+        if public_x is None or public_y is None or public_x.shape[0] == 0:
+            raise ValueError(f"start={start!r} needs public_x and public_y (a non-empty public split)")
+        if public_x.shape[1:] != x.shape[1:] or public_y.shape[0] != public_x.shape[0]:
+            raise ValueError(
+                f"public_x {tuple(public_x.shape)} / public_y {tuple(public_y.shape)} do not match x {tuple(x.shape)}"
+            )
+
+
+def _start_points(
+    x_s: Tensor, num_classes: int, start: str, public_x: Tensor | None, public_y: Tensor | None,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """Algorithm 1 line 2: ``x~_c <- x0``, ``y~_c <- y0`` for every (already repeated) sensitive sample."""
+    m = x_s.shape[0]
+    if start == "random":
+        x0 = torch.randn(x_s.shape, generator=generator).to(x_s)
+        y0 = torch.randint(0, num_classes, (m,), generator=generator).to(x_s.device)
+        return x0, y0
+    assert public_x is not None and public_y is not None
+    pick = torch.randint(0, public_x.shape[0], (m,), generator=generator).to(public_x.device)
+    x0 = public_x[pick].to(x_s)
+    y0 = public_y[pick].to(device=x_s.device, dtype=torch.int64)
+    if start == "mixup":
+        x0 = MIXUP_START_WEIGHT * x0 + (1.0 - MIXUP_START_WEIGHT) * x_s
+    return x0, y0
+
+
+def dcs2_gradient(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    clean_grad: dict[str, Tensor],
+    *,
+    lambda_g: float,
+    lambda_x: float,
+    lambda_z: float,
+    epsilon: float,
+    num_concealed: int,
+    steps: int,
+    lr: float,
+    start: str,
+    public_x: Tensor | None,
+    public_y: Tensor | None,
+    generator: torch.Generator,
+) -> tuple[dict[str, Tensor], dict]:
+    """The gradient DCS² shares for one step on the sensitive batch ``(x, y)`` (Algorithm 1).
+
+    Args:
+        model: the current model (not modified).
+        x: ``(B, C, H, W)`` normalised sensitive images; ``y``: ``(B,)`` int64 labels.
+        clean_grad: ``g``, the gradient of the mean task loss on ``(x, y)``, keyed by parameter name.
+        lambda_g: weight of the concealed label in Eq. 10 (paper: 0.7).
+        lambda_x, lambda_z, epsilon: weights of Eq. 9 (authors' MNIST script: 0.01, 0.01, 0.01).
+        num_concealed: concealed samples per sensitive sample (authors: 1).
+        steps, lr: Adam steps and learning rate of the synthesis (authors: 1000, 0.1).
+        start: ``"random"``, ``"public"`` or ``"mixup"`` (see module docstring).
+        public_x, public_y: public split, normalised like ``x`` (needed by "public" and "mixup").
+        generator: source of all randomness (start points, random labels).
+
+    Returns:
+        ``(shared_grad, details)``: the gradient to share, keyed like ``clean_grad``, and a dict with
+        ``gradient_cosine`` (concealed vs sensitive gradient, Eq. 6, after synthesis),
+        ``gradient_cosine_init``, ``pixel_distance`` / ``pixel_distance_init`` (mean L2 between
+        each concealed sample and its sensitive sample, normalised space), ``latent_distance``
+        (relative, Eq. 8), ``objective`` (final Eq. 9 value), ``dot`` (``<g, g_c>``),
+        ``projected`` (whether Eq. 11 triggered), ``v`` (``v*``), ``shared_cosine`` (cosine of the
+        shared gradient to ``g``), ``augmented_batch_size`` and the ``concealed_x`` / ``concealed_y``.
+    """
+    _validate(x, y, lambda_g, lambda_x, lambda_z, epsilon, num_concealed, steps, lr, start, public_x, public_y)
+    names = [n for n, _ in model.named_parameters()]
+    missing = [n for n in names if n not in clean_grad]
+    if missing:
+        raise ValueError(f"clean_grad lacks parameter(s) {missing[:3]}{'...' if len(missing) > 3 else ''}")
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+    plist = [params[n] for n in names]
+    g = _flat([clean_grad[n].detach().to(params[n]) for n in names])
+    g_norm = g.norm().clamp_min(1e-12)
+
+    with _buffers_restored(model):
+        with torch.no_grad():
+            num_classes = int(model(x[:1]).shape[-1])
+            z_s = model.features(x).flatten(1)
+        x_s = x.repeat_interleave(num_concealed, dim=0)
+        y_s = y.repeat_interleave(num_concealed, dim=0)
+        z_rep = z_s.repeat_interleave(num_concealed, dim=0)
+        z_norm = z_rep.norm(dim=1).clamp_min(1e-12)
+        x0, y_c = _start_points(x_s, num_classes, start, public_x, public_y, generator)
+        y_c_soft = _soft(y_c, num_classes, x.dtype)
+
+        def objective(xc: Tensor, create_graph: bool) -> tuple[Tensor, float, float, float]:
+            """Eq. 9 and its three ingredients (gradient cosine, pixel distance, latent distance)."""
+            loss = task_loss(model, xc, y_c_soft, params=params)
+            grads = torch.autograd.grad(loss, plist, create_graph=create_graph)
+            gc = _flat(grads)
+            cos = (gc @ g) / (gc.norm().clamp_min(1e-12) * g_norm)
+            pix = (xc - x_s).flatten(1).norm(dim=1).mean()
+            lat = ((model.features(xc).flatten(1) - z_rep).norm(dim=1) / z_norm).mean()
+            obj = (1 - cos) + torch.exp(-lambda_x * pix) + lambda_z * (lat - epsilon)
+            return obj, float(cos), float(pix), float(lat)
+
+        xc = x0.detach().clone().requires_grad_(True)
+        _, cos0, pix0, _ = objective(xc, create_graph=False)
+        opt = torch.optim.Adam([xc], lr=lr)
+        milestones = sorted({int(steps * f) for f in (3 / 8, 5 / 8, 7 / 8)})
+        sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
+        for _ in range(steps):
+            obj, *_ = objective(xc, create_graph=True)
+            (grad_x,) = torch.autograd.grad(obj, [xc])
+            opt.zero_grad(set_to_none=True)
+            xc.grad = grad_x
+            opt.step()
+            sched.step()
+        xc = xc.detach()
+        obj, cos, pix, lat = objective(xc.clone().requires_grad_(True), create_graph=False)
+
+        # Eq. 10 as the mean loss of the augmented batch (see module docstring).
+        soft_c = lambda_g * y_c_soft + (1 - lambda_g) * _soft(y_s, num_classes, x.dtype)
+        x_aug = torch.cat([x, xc])
+        y_aug = torch.cat([_soft(y, num_classes, x.dtype), soft_c])
+        loss_aug = task_loss(model, x_aug, y_aug, params=params)
+        g_c = _flat(torch.autograd.grad(loss_aug, plist)).detach()
+
+    shared, projected, v = project_gradient(g, g_c)
+    dot = float(g.double() @ g_c.double())
+    shared_cos = float((shared.double() @ g.double()) / (shared.double().norm().clamp_min(1e-12) * g.double().norm()))
+    out: dict[str, Tensor] = {}
+    offset = 0
+    for n in names:
+        ref = clean_grad[n]
+        out[n] = shared[offset : offset + ref.numel()].view_as(ref).to(ref)
+        offset += ref.numel()
+    details = {
+        "gradient_cosine": cos,
+        "gradient_cosine_init": cos0,
+        "pixel_distance": pix,
+        "pixel_distance_init": pix0,
+        "latent_distance": lat,
+        "objective": float(obj),
+        "dot": dot,
+        "projected": projected,
+        "v": v,
+        "shared_cosine": shared_cos,
+        "augmented_batch_size": int(x_aug.shape[0]),
+        "concealed_x": xc,
+        "concealed_y": y_c,
+    }
+    return out, details

@@ -1,0 +1,66 @@
+"""Update perturbation baselines: additive Gaussian / Laplacian noise and L2 norm clipping.
+
+Noisy gradients (Zhu et al., "Deep Leakage from Gradients", NeurIPS 2019, §5; Wei et al. 2020)
+add i.i.d. noise to every entry of the shared update. Clipping bounds the update's global L2 norm
+(Abadi et al. 2016, Algorithm 1, applied here to the client's whole update rather than per example):
+``u <- u * min(1, C / ||u||_2)``. Clipping then noise is the DP-SGD recipe; note that clipping
+alone rescales the update and so leaves cosine-matching attacks (Geiping et al.) unaffected.
+
+All functions are pure: they return new dictionaries and never modify their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+Update = dict[str, Tensor]
+
+
+def laplace_like(t: Tensor, scale: float, generator: torch.Generator) -> Tensor:
+    """Laplace(0, b=scale) samples shaped like ``t``, by inverse CDF from generator-driven uniforms.
+
+    ``torch.distributions.Laplace`` takes no generator, so we draw ``u ~ U(-1/2, 1/2)`` and return
+    ``-b * sign(u) * log(1 - 2|u|)``.
+    """
+    u = torch.rand(t.shape, generator=generator, device=t.device, dtype=t.dtype) - 0.5
+    # 1 - 2|u| lies in (0, 1]; clamp keeps log finite for the (measure-zero) u = -1/2 draw.
+    return -scale * torch.sign(u) * torch.log1p(-2 * u.abs()).clamp(min=math.log(torch.finfo(t.dtype).tiny))
+
+
+def add_noise(update: Update, sigma: float, *, kind: str = "gaussian", generator: torch.Generator,
+              names: list[str] | None = None) -> Update:
+    """Add i.i.d. noise to the entries of ``update`` (only to ``names`` if given).
+
+    ``kind="gaussian"``: N(0, sigma^2). ``kind="laplace"``: Laplace(0, b=sigma) (variance 2 sigma^2).
+    """
+    if sigma < 0 or not math.isfinite(sigma):
+        raise ValueError(f"noise sigma={sigma!r}; allowed range [0, inf)")
+    if kind not in ("gaussian", "laplace"):
+        raise ValueError(f"noise kind={kind!r}; allowed: 'gaussian', 'laplace'")
+    selected = set(update) if names is None else set(names)
+    out: Update = {}
+    for name, t in update.items():
+        if name not in selected or sigma == 0:
+            out[name] = t.clone()
+        elif kind == "gaussian":
+            out[name] = t + sigma * torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
+        else:
+            out[name] = t + laplace_like(t, sigma, generator)
+    return out
+
+
+def global_norm(update: Update) -> Tensor:
+    """L2 norm of all entries of the update together."""
+    return torch.sqrt(sum((t.detach().double() ** 2).sum() for t in update.values()))
+
+
+def clip_norm(update: Update, max_norm: float) -> tuple[Update, float]:
+    """Scale the update so its global L2 norm is at most ``max_norm``; returns (update, factor)."""
+    if not (max_norm > 0) or not math.isfinite(max_norm):
+        raise ValueError(f"clip max_norm={max_norm!r}; allowed range (0, inf)")
+    norm = float(global_norm(update))
+    factor = min(1.0, max_norm / norm) if norm > 0 else 1.0
+    return {k: t * factor for k, t in update.items()}, factor

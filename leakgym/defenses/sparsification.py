@@ -1,0 +1,64 @@
+"""Update sparsification baselines: per-layer magnitude pruning and global top-k.
+
+* **Pruning / gradient compression** (Lin et al., "Deep Gradient Compression", ICLR 2018; used as a
+  defense by Zhu et al. 2019, §5, and as "GC" by Scheliga et al.'s PPP paper, §5.2): in *every
+  layer* (parameter tensor) the fraction ``p`` of entries with the smallest magnitude is set to zero.
+* **Top-k sparsification** (Aji & Heafield 2017; the CENSOR paper's Eq. for ``Top_k``): over the
+  *whole* update, only the ``k`` entries with the largest magnitude are kept, ``k = ceil(keep * N)``.
+
+Ties are broken by position (``torch.topk``/``argsort`` order), so exactly ``floor(p * n)`` entries
+per layer, resp. ``N - k`` entries overall, are zeroed. Pure functions; inputs are not modified.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+Update = dict[str, Tensor]
+
+
+def prune_smallest(update: Update, fraction: float, *, names: list[str] | None = None) -> Update:
+    """Zero the ``floor(fraction * numel)`` smallest-magnitude entries of each tensor (of ``names``)."""
+    if not (0.0 <= fraction < 1.0):
+        raise ValueError(f"pruning fraction={fraction!r}; allowed range [0, 1)")
+    selected = set(update) if names is None else set(names)
+    out: Update = {}
+    for name, t in update.items():
+        n_zero = int(math.floor(fraction * t.numel()))
+        if name not in selected or n_zero == 0:
+            out[name] = t.clone()
+            continue
+        flat = t.reshape(-1).clone()
+        smallest = torch.topk(flat.abs(), n_zero, largest=False, sorted=False).indices
+        flat[smallest] = 0
+        out[name] = flat.view_as(t)
+    return out
+
+
+def top_k(update: Update, keep: float) -> Update:
+    """Keep the ``ceil(keep * N)`` largest-magnitude entries of the whole update; zero the rest."""
+    if not (0.0 < keep <= 1.0):
+        raise ValueError(f"top-k keep fraction={keep!r}; allowed range (0, 1]")
+    names = list(update)
+    flat = torch.cat([update[n].reshape(-1) for n in names])
+    k = max(1, int(math.ceil(keep * flat.numel())))
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    mask[torch.topk(flat.abs(), k, largest=True, sorted=False).indices] = True
+    kept = torch.where(mask, flat, torch.zeros_like(flat))
+    out: Update = {}
+    offset = 0
+    for n in names:
+        size = update[n].numel()
+        out[n] = kept[offset:offset + size].view_as(update[n])
+        offset += size
+    return out
+
+
+def density(update: Update) -> float:
+    """Fraction of non-zero entries of the update."""
+    total = sum(t.numel() for t in update.values())
+    nonzero = sum(int(torch.count_nonzero(t)) for t in update.values())
+    return nonzero / total if total else 0.0

@@ -1,0 +1,67 @@
+"""The federated-learning server: holds the global model, aggregates updates, measures accuracy."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from leakgym.fl.update import SharedUpdate
+
+
+class Server:
+    """Global model + aggregation (FedSGD or FedAvg) + held-out evaluation.
+
+    Aggregation is the example-weighted mean of the clients' updates over the global model's
+    parameters (keys a maliciously modified model adds, such as an imprint block, are ignored).
+    FedSGD updates are gradients and are applied as ``w -= lr * mean_gradient``; FedAvg updates are
+    model differences ``w_before - w_after`` and are applied as ``w -= mean_delta`` (server learning
+    rate 1, the original FedAvg). BatchNorm running statistics are averaged from the clients'
+    ``buffers`` when they share them.
+    """
+
+    def __init__(self, model: nn.Module, *, lr: float, eval_x: Tensor, eval_y: Tensor) -> None:
+        if lr <= 0:
+            raise ValueError(f"server lr={lr}; must be > 0")
+        self.model = model
+        self.lr = float(lr)
+        self.eval_x = eval_x
+        self.eval_y = eval_y
+
+    @torch.no_grad()
+    def aggregate(self, updates: list[SharedUpdate], weights: list[float] | None = None) -> None:
+        if not updates:
+            return
+        if weights is None:
+            weights = [float(u.batch_size) for u in updates]
+        params = dict(self.model.named_parameters())
+        step = self.lr if updates[0].kind == "gradient" else 1.0
+        for name, param in params.items():
+            parts = [(w, u.tensors[name]) for w, u in zip(weights, updates) if name in u.tensors]
+            if not parts:
+                continue
+            wsum = sum(w for w, _ in parts)
+            mean = sum(w * t.to(param) for w, t in parts) / wsum
+            param.sub_(step * mean)
+        buffers = dict(self.model.named_buffers())
+        shared = [(w, u.buffers) for w, u in zip(weights, updates) if u.buffers]
+        for name, buf in buffers.items():
+            parts = [(w, b[name]) for w, b in shared if name in b]
+            if parts and buf.is_floating_point():
+                buf.copy_(sum(w * t.to(buf) for w, t in parts) / sum(w for w, _ in parts))
+
+    @torch.no_grad()
+    def evaluate(self, batch_size: int = 512) -> tuple[float, float]:
+        """Test accuracy and mean cross-entropy of the global model on the held-out split."""
+        was_training = self.model.training
+        self.model.eval()
+        correct, loss_sum = 0, 0.0
+        for start in range(0, len(self.eval_x), batch_size):
+            xb = self.eval_x[start : start + batch_size]
+            yb = self.eval_y[start : start + batch_size]
+            logits = self.model(xb)
+            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+            correct += int((logits.argmax(1) == yb).sum())
+        self.model.train(was_training)
+        n = len(self.eval_x)
+        return correct / n, loss_sum / n
