@@ -50,11 +50,12 @@ def _dataset(name: str, image_size: int | None):
 
 def defense_config_for(scenario: Scenario, settings: dict[str, Any]) -> DefenseConfig:
     """Decoded defender settings -> the DefenseConfig applied this round."""
-    from leakgym.defenses.oasis import oasis_mask
+    from leakgym.defenses.oasis import BIT_NAMES
 
+    bit_of = {name: bit for bit, name in BIT_NAMES.items()}
     values = dict(scenario.defense_defaults)
     values.update({k: v for k, v in settings.items() if k != "oasis"})
-    values["oasis_mask"] = oasis_mask(settings.get("oasis", []))
+    values["oasis"] = sum(bit_of[name] for name in settings.get("oasis", []))
     return DefenseConfig(**values)
 
 
@@ -273,7 +274,7 @@ class LeakGame:
         t_fl = time.perf_counter() - t1
 
         units = result.cost.units
-        defense_units = defense_compute_units(pending.defense, sc.batch_size)
+        defense_units = defense_compute_units(pending.defense)
         r = rewards(
             leakage=leak,
             attack_units=units,

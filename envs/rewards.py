@@ -20,6 +20,7 @@ seed gives the same rewards, unlike wall time).
 from __future__ import annotations
 
 from leakgym.defenses import DefenseConfig
+from leakgym.defenses.oasis import copies_per_image
 from leakgym.metrics import ReconstructionScores
 
 from .scenario import PSNR_FOR_FULL_LEAKAGE, RewardWeights
@@ -43,12 +44,13 @@ def leakage_score(scores: ReconstructionScores, metric: str) -> float:
     raise ValueError(f"leakage metric {metric!r}; allowed: ssim, psnr, lpips, ssim+psnr")
 
 
-def defense_compute_units(config: DefenseConfig, batch_size: int) -> float:
+def defense_compute_units(config: DefenseConfig) -> float:
     """Extra client compute of a defense, in clean-gradient evaluations (a documented cost model).
 
     DCS²: ``steps`` synthesis steps per concealed sample plus one gradient for the mixed update;
-    CENSOR: one loss evaluation per trial (counted as 1/2 gradient); OASIS: the batch grows by one
-    copy per augmentation (``popcount(mask)`` extra gradients); LODA: its optimisation steps; the
+    CENSOR: one loss evaluation per trial (counted as 1/2 gradient); OASIS: the batch grows by
+    ``copies_per_image(mask)`` copies of every image, one extra batch gradient each; LODA: its
+    optimisation steps; the
     rest (noise, clipping, pruning, top-k, Soteria) are free by comparison.
     """
     units = 0.0
@@ -56,7 +58,7 @@ def defense_compute_units(config: DefenseConfig, batch_size: int) -> float:
         units += config.dcs2_num_concealed * config.dcs2_steps + 1
     if config.censor_trials > 0:
         units += 0.5 * config.censor_trials
-    units += bin(int(config.oasis_mask)).count("1")
+    units += copies_per_image(config.oasis)
     if config.loda_c > 0:
         units += config.loda_steps
     return float(units)

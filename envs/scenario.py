@@ -94,7 +94,7 @@ class Scenario:
     defender_menu: dict[str, list[Any]] = field(
         default_factory=lambda: {
             "noise_sigma": [0.0, 0.01, 0.1],
-            "prune_fraction": [0.0, 0.5, 0.9],
+            "prune": [0.0, 0.5, 0.9],
             "dcs2_lambda_g": [0.0, 0.5],
             "censor_trials": [0, 5],
         }

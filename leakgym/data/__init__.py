@@ -1,5 +1,32 @@
-"""Datasets, normalisation and federated splits."""
+"""Datasets, normalisation and federated splits.
 
+``load_dataset(name)`` returns unit images for ``digits`` (bundled, offline), ``mnist``,
+``fashion-mnist``, ``cifar10`` and ``cifar100``; ``federated_split`` turns a dataset into a public
+pool, K client shards and a test set.
+"""
+
+from leakgym.data.catalog import DATASET_NAMES, DatasetInfo, dataset_info, dataset_spec
+from leakgym.data.download import ChecksumMismatchError, DownloadError
+from leakgym.data.federated import FederatedSplit, federated_split, label_skew
+from leakgym.data.images import resize_images, to_unit_images
+from leakgym.data.loading import Dataset, DatasetUnavailableError, data_root, load_dataset
 from leakgym.data.spec import DatasetSpec
 
-__all__ = ["DatasetSpec"]
+__all__ = [
+    "DATASET_NAMES",
+    "ChecksumMismatchError",
+    "Dataset",
+    "DatasetInfo",
+    "DatasetSpec",
+    "DatasetUnavailableError",
+    "DownloadError",
+    "FederatedSplit",
+    "data_root",
+    "dataset_info",
+    "dataset_spec",
+    "federated_split",
+    "label_skew",
+    "load_dataset",
+    "resize_images",
+    "to_unit_images",
+]

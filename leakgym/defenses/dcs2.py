@@ -215,7 +215,7 @@ def dcs2_gradient(
             pix = (xc - x_s).flatten(1).norm(dim=1).mean()
             lat = ((model.features(xc).flatten(1) - z_rep).norm(dim=1) / z_norm).mean()
             obj = (1 - cos) + torch.exp(-lambda_x * pix) + lambda_z * (lat - epsilon)
-            return obj, float(cos), float(pix), float(lat)
+            return obj, float(cos.detach()), float(pix.detach()), float(lat.detach())
 
         xc = x0.detach().clone().requires_grad_(True)
         _, cos0, pix0, _ = objective(xc, create_graph=False)
@@ -254,7 +254,7 @@ def dcs2_gradient(
         "pixel_distance": pix,
         "pixel_distance_init": pix0,
         "latent_distance": lat,
-        "objective": float(obj),
+        "objective": float(obj.detach()),
         "dot": dot,
         "projected": projected,
         "v": v,

@@ -1,0 +1,463 @@
+"""Analytic recovery of the input of a fully connected layer with bias.
+
+For a fully connected layer ``y = W x + b`` (``W`` of shape ``(m, n)``) and a single example, the
+gradient of any loss ``L`` satisfies, row by row,
+
+    dL/dW_i = (dL/dy_i) x      and      dL/db_i = dL/dy_i,
+
+so every row with a non-zero bias gradient gives the input exactly (DCS² paper, Eq. 3; OASIS paper,
+Eq. 6; Phong et al. 2017; Geiping et al. 2020, Prop. D.1):
+
+    x = dL/dW_i / dL/db_i.                                                      (DCS² Eq. 3)
+
+:func:`recover_linear_input` applies this to every row. On a batch the gradients are sums over the
+examples, so row ``i`` gives ``sum_j d_ij x_j / sum_j d_ij`` (``d_ij = dL_j/dy_i``): a *mixture* of the
+examples that reach row ``i`` (OASIS §III-A). Behind a ReLU only the examples that activate neuron
+``i`` contribute, and a row that a single example activates gives that example exactly. Several rows
+giving the *same* vector certify such single-example rows: mixtures of different examples, weighted by
+row-specific coefficients, do not coincide. :func:`select_candidates` uses that agreement (and, for
+images, whether a candidate lies inside the box of valid images) to choose which recovered vectors to
+return.
+
+:class:`AnalyticAttack` (registry name ``"analytic"``) runs this on one layer of the model as sent:
+
+* ``layer=None`` (default): the first ``nn.Linear`` executed in the forward pass. For the MLP this is
+  ``body.fc1`` on the flattened image, and the attack returns images (exact at batch size 1).
+* ``layer="bottleneck"``: the first linear layer inside PRECODE's bottleneck, i.e. its encoder. Its
+  input is the feature vector entering the bottleneck, which the attack recovers exactly at batch
+  size 1 (PPP paper §3.1). Those features are returned in :attr:`AnalyticResult.features`; images are
+  only reconstructed when the layer acts on the input itself, so here every image slot holds the
+  dataset-mean image (zeros in normalised space).
+* any other module-name prefix (``"body.fc2"``, ``"imprint.linear0"``): the first linear layer whose
+  name is that prefix or starts with it.
+
+Limits, stated plainly:
+
+* Batches. With ``B > 1`` a row yields an exact example only when one example alone reaches it. After
+  a ReLU that happens for some rows of an untrained network; without a nonlinearity right after the
+  layer (PRECODE's encoder) every row mixes the whole batch and nothing is certified. A layer followed
+  by a BatchNorm in train mode has a zero bias gradient at ``B > 1`` (BN removes the batch mean, so
+  ``sum_j dL/dy_ij = 0``): the MLP's first layer is then out of reach except at batch size 1, where
+  clients run BN in eval mode (:func:`leakgym.models.bn_eval_if_single`).
+* FedAvg. For a model delta after one local step, ``w_0 - w_1 = lr * grad``; the ratio is unchanged
+  and the recovery stays exact. After several steps the delta is a sum of gradients at different
+  weights, and the recovered vectors are approximations.
+
+The attack is deterministic: one "iteration", one "restart".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
+from torch import Tensor, nn
+
+from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult, seeded_generator
+from leakgym.attacks.labels import infer_labels
+from leakgym.data import DatasetSpec
+from leakgym.fl.update import SharedUpdate
+
+__all__ = [
+    "AnalyticAttack",
+    "AnalyticConfig",
+    "AnalyticResult",
+    "CandidateSelection",
+    "LinearLayerInfo",
+    "find_linear_layer",
+    "recover_linear_input",
+    "select_candidates",
+]
+
+
+# -- the maths ---------------------------------------------------------------------------------
+def recover_linear_input(
+    weight_grad: Tensor, bias_grad: Tensor, *, rel_tol: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """Per-row input candidates ``dL/dW_i / dL/db_i`` of a linear layer (DCS² Eq. 3).
+
+    Args:
+        weight_grad: ``(m, n)`` gradient (or one-step model delta) of the layer's weight.
+        bias_grad: ``(m,)`` gradient of its bias.
+        rel_tol: rows with ``|dL/db_i| <= rel_tol * max_i |dL/db_i|`` are treated as inactive (their
+            bias gradient is zero up to rounding); must lie in ``[0, 1)``.
+
+    Returns:
+        ``(candidates, rows)``: ``candidates`` is ``(K, n)`` float64, one recovered input per active
+        row, and ``rows`` the ``(K,)`` indices of those rows. ``K = 0`` when every bias gradient is zero.
+    """
+    if weight_grad.dim() != 2:
+        raise ValueError(f"weight_grad must be (out_features, in_features), got shape {tuple(weight_grad.shape)}")
+    if bias_grad.shape != (weight_grad.shape[0],):
+        raise ValueError(
+            f"bias_grad must have shape ({weight_grad.shape[0]},) to match weight_grad "
+            f"{tuple(weight_grad.shape)}, got {tuple(bias_grad.shape)}"
+        )
+    if not 0.0 <= rel_tol < 1.0:
+        raise ValueError(f"rel_tol={rel_tol}; allowed range [0, 1)")
+    w = weight_grad.detach().to(torch.float64)
+    b = bias_grad.detach().to(torch.float64)
+    scale = b.abs().max() if b.numel() else b.new_zeros(())
+    if not torch.isfinite(scale) or scale == 0:
+        return w.new_zeros((0, w.shape[1])), torch.zeros(0, dtype=torch.long, device=w.device)
+    rows = torch.nonzero(b.abs() > rel_tol * scale).flatten()
+    return w[rows] / b[rows, None], rows
+
+
+@dataclass
+class CandidateSelection:
+    """Which recovered vectors :func:`select_candidates` keeps, and why.
+
+    Attributes:
+        vectors: ``(k, n)`` the chosen vectors, best first (``k <= `` the number requested).
+        agreeing: ``(k,)`` bool, True where at least two rows gave this vector (a certified
+            single-example recovery).
+        in_box: ``(k,)`` bool, True where the vector lies inside the box of valid inputs (always True
+            when no box was given).
+        num_candidates: number of candidate vectors before grouping.
+        num_groups: number of distinct vectors after grouping agreeing candidates.
+    """
+
+    vectors: Tensor
+    agreeing: Tensor
+    in_box: Tensor
+    num_candidates: int
+    num_groups: int
+
+
+def select_candidates(
+    candidates: Tensor,
+    strength: Tensor,
+    k: int,
+    *,
+    match_tol: float = 1e-3,
+    lower: Tensor | None = None,
+    upper: Tensor | None = None,
+    box_tol: float = 0.05,
+) -> CandidateSelection:
+    """Group candidates that agree and return the ``k`` most credible distinct ones.
+
+    Two candidates agree when ``||c_a - c_b|| <= match_tol * max(||c_a||, ||c_b||)``; agreeing
+    candidates are merged (connected components), and each group is represented by its member with
+    the largest ``strength`` (the best-conditioned division). Groups are ranked by
+
+    1. agreement (two or more rows): a single example alone in several rows gives the same vector in
+       each, while mixtures weighted by row-specific coefficients differ;
+    2. lying inside the box ``[lower - box_tol * (upper - lower), upper + box_tol * (upper - lower)]``
+       of valid inputs (when given): a single example always does, a mixture with coefficients of
+       both signs usually does not;
+    3. ``strength`` (largest first).
+
+    Cost is ``O(K^2 n)`` for ``K`` candidates of size ``n`` (a few hundred to a few thousand rows).
+
+    Args:
+        candidates: ``(K, n)`` recovered vectors.
+        strength: ``(K,)`` nonnegative conditioning of each (e.g. ``|dL/db_i|``).
+        k: how many vectors to return at most (``>= 0``).
+        match_tol: relative distance under which two candidates count as the same vector, in (0, 1).
+        lower, upper: optional ``(n,)`` bounds of valid inputs (normalised-space image box).
+        box_tol: slack of the box test as a fraction of ``upper - lower``, ``>= 0``.
+    """
+    if candidates.dim() != 2:
+        raise ValueError(f"candidates must be (K, n), got shape {tuple(candidates.shape)}")
+    if strength.shape != (candidates.shape[0],):
+        raise ValueError(f"strength must have shape ({candidates.shape[0]},), got {tuple(strength.shape)}")
+    if k < 0:
+        raise ValueError(f"k={k}; must be >= 0")
+    if not 0.0 < match_tol < 1.0:
+        raise ValueError(f"match_tol={match_tol}; allowed range (0, 1)")
+    if box_tol < 0:
+        raise ValueError(f"box_tol={box_tol}; must be >= 0")
+    if (lower is None) != (upper is None):
+        raise ValueError("give both lower and upper bounds, or neither")
+
+    num, dim = candidates.shape
+    c = candidates.detach().to(torch.float64)
+    empty = CandidateSelection(
+        vectors=c.new_zeros((0, dim)),
+        agreeing=torch.zeros(0, dtype=torch.bool),
+        in_box=torch.zeros(0, dtype=torch.bool),
+        num_candidates=num,
+        num_groups=0,
+    )
+    finite = torch.isfinite(c).all(dim=1)
+    c, s = c[finite], strength.detach().to(torch.float64)[finite]
+    if c.shape[0] == 0 or k == 0:
+        return empty
+
+    # Group agreeing candidates: connected components of the "same vector" graph.
+    norms = c.norm(dim=1)
+    dist = torch.cdist(c, c)
+    scale = torch.maximum(norms[:, None], norms[None, :]).clamp_min(torch.finfo(torch.float64).tiny)
+    adjacency = (dist <= match_tol * scale).cpu().numpy()
+    num_groups, group_of = connected_components(csr_matrix(adjacency), directed=False)
+    group_of_t = torch.from_numpy(group_of.astype(np.int64)).to(c.device)
+    sizes = torch.bincount(group_of_t, minlength=num_groups)
+
+    # Representative of each group: its strongest member.
+    order = torch.argsort(s, descending=True)
+    rep = torch.full((num_groups,), -1, dtype=torch.long, device=c.device)
+    for idx in order.tolist():  # strongest first; the first member seen in a group represents it
+        g = int(group_of_t[idx])
+        if rep[g] < 0:
+            rep[g] = idx
+    vectors = c[rep]
+    agreeing = sizes >= 2
+
+    if lower is not None:
+        lo = lower.detach().to(torch.float64).reshape(1, -1).to(c.device)
+        hi = upper.detach().to(torch.float64).reshape(1, -1).to(c.device)
+        if lo.shape[1] != dim:
+            raise ValueError(f"bounds have {lo.shape[1]} entries; candidates have {dim}")
+        slack = box_tol * (hi - lo)
+        in_box = ((vectors >= lo - slack) & (vectors <= hi + slack)).all(dim=1)
+    else:
+        in_box = torch.ones(num_groups, dtype=torch.bool, device=c.device)
+
+    # Lexicographic rank: agreement, then box, then strength (stable sorts, least significant first).
+    rank = torch.argsort(s[rep], descending=True, stable=True)
+    rank = rank[torch.argsort(in_box[rank].to(torch.int8), descending=True, stable=True)]
+    rank = rank[torch.argsort(agreeing[rank].to(torch.int8), descending=True, stable=True)]
+    keep = rank[:k]
+    return CandidateSelection(
+        vectors=vectors[keep],
+        agreeing=agreeing[keep].cpu(),
+        in_box=in_box[keep].cpu(),
+        num_candidates=num,
+        num_groups=num_groups,
+    )
+
+
+# -- locating a layer ----------------------------------------------------------------------------
+@dataclass
+class LinearLayerInfo:
+    """A linear layer of a model, as found by :func:`find_linear_layer`."""
+
+    name: str            # module name, e.g. "body.fc1"; its parameters are "<name>.weight"/"<name>.bias"
+    module: nn.Linear
+    on_input: bool       # True when the layer's input is the flattened model input itself
+
+    @property
+    def weight_name(self) -> str:
+        return f"{self.name}.weight"
+
+    @property
+    def bias_name(self) -> str:
+        return f"{self.name}.bias"
+
+
+def find_linear_layer(
+    model: nn.Module, spec: DatasetSpec, prefix: str | None = None, *, seed: int = 0
+) -> LinearLayerInfo:
+    """The first ``nn.Linear`` with bias executed in ``model``'s forward pass whose name matches.
+
+    ``prefix=None`` matches every linear layer; otherwise a module matches when its name equals
+    ``prefix`` or starts with ``prefix + "."``. The execution order and the input each layer sees come
+    from one forward pass of a random probe image (eval mode, no gradients, the global RNG untouched);
+    ``on_input`` tells whether that input equals the flattened probe.
+    """
+    linears = {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.bias is not None
+        and (prefix is None or name == prefix or name.startswith(prefix + "."))
+    }
+    if not linears:
+        available = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        raise ValueError(
+            f"layer={prefix!r} matches no nn.Linear with bias in {type(model).__name__}; "
+            f"linear layers: {available}"
+        )
+    ref = next(iter(linears.values())).weight
+    probe = torch.randn(
+        (1, *spec.shape), generator=seeded_generator(seed), dtype=torch.float64
+    ).to(device=ref.device, dtype=ref.dtype)
+
+    seen: list[tuple[str, Tensor]] = []
+
+    def recorder(name: str):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            if all(name != n for n, _ in seen):
+                seen.append((name, args[0].detach()))
+        return hook
+
+    handles = [m.register_forward_hook(recorder(n)) for n, m in linears.items()]
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(probe)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, mode in modes.items():
+            m.training = mode
+    if not seen:
+        raise ValueError(f"no linear layer matching layer={prefix!r} runs in {type(model).__name__}'s forward pass")
+    name, layer_input = seen[0]
+    flat = probe.flatten(1)
+    on_input = layer_input.shape == flat.shape and torch.allclose(layer_input, flat, rtol=0.0, atol=1e-6)
+    return LinearLayerInfo(name=name, module=linears[name], on_input=bool(on_input))
+
+
+# -- results -------------------------------------------------------------------------------------
+@dataclass
+class AnalyticResult(AttackResult):
+    """An :class:`AttackResult` that also carries the recovered layer inputs.
+
+    Attributes:
+        features: ``(B, in_features)`` recovered inputs of the attacked layer (the flattened images
+            when the layer acts on the input, the bottleneck's input features for
+            ``layer="bottleneck"``); rows of unrecovered slots are zero.
+        recovered: ``(B,)`` bool, True for slots holding a recovered vector (the remaining image slots
+            hold the dataset-mean image, zeros in normalised space).
+        layer: name of the attacked module.
+    """
+
+    features: Tensor | None = None
+    recovered: Tensor | None = None
+    layer: str = ""
+
+
+def assemble_result(
+    selection: CandidateSelection,
+    knowledge: AttackerKnowledge,
+    update: SharedUpdate,
+    *,
+    layer: str,
+    on_input: bool,
+    labels: Tensor,
+) -> AnalyticResult:
+    """Pack chosen vectors into ``knowledge.batch_size`` slots (zeros elsewhere) as an :class:`AnalyticResult`.
+
+    The history records ``candidates`` (rows or bins with a non-zero bias gradient), ``recovered``
+    (slots filled with a recovered vector), ``agreeing`` (filled slots certified by two or more
+    agreeing rows) and ``in_box`` (filled slots inside the valid-image box).
+    """
+    batch = knowledge.batch_size
+    ref = next(iter(update.tensors.values()))
+    dtype = ref.dtype if ref.is_floating_point() else torch.float32
+    device = ref.device
+    dim = selection.vectors.shape[1]
+    got = selection.vectors.shape[0]
+    features = torch.zeros((batch, dim), dtype=dtype, device=device)
+    features[:got] = selection.vectors.to(device=device, dtype=dtype)
+    recovered = torch.zeros(batch, dtype=torch.bool, device=device)
+    recovered[:got] = True
+    images = torch.zeros((batch, *knowledge.spec.shape), dtype=dtype, device=device)
+    if on_input:
+        if dim != math.prod(knowledge.spec.shape):
+            raise ValueError(f"layer {layer!r} takes {dim} inputs; images have shape {knowledge.spec.shape}")
+        images = features.reshape(batch, *knowledge.spec.shape).clone()
+    history = {
+        "candidates": [float(selection.num_candidates)],
+        "recovered": [float(got)],
+        "agreeing": [float(selection.agreeing.sum())],
+        "in_box": [float(selection.in_box.sum())],
+    }
+    return AnalyticResult(
+        images=images,
+        labels=labels,
+        cost=AttackCost(iterations=1, restarts=1, wall_time_s=0.0),
+        history=history,
+        features=features,
+        recovered=recovered,
+        layer=layer,
+    )
+
+
+def image_box(spec: DatasetSpec, *, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """Flattened ``(C*H*W,)`` lower and upper bounds of valid normalised images."""
+    like = torch.zeros((1, *spec.shape), dtype=torch.float64, device=device)
+    lo, hi = spec.unit_bounds(like)
+    return lo.expand_as(like).flatten(), hi.expand_as(like).flatten()
+
+
+def attack_labels(update: SharedUpdate, knowledge: AttackerKnowledge) -> Tensor:
+    """Known labels when the attacker has them, else labels inferred from the last layer."""
+    if knowledge.labels is not None:
+        return knowledge.labels.clone()
+    return infer_labels(update, knowledge)
+
+
+# -- the attack ----------------------------------------------------------------------------------
+@dataclass
+class AnalyticConfig:
+    """Options of :class:`AnalyticAttack`."""
+
+    layer: str | None = None
+    """Module-name prefix of the attacked linear layer; None: the first one run; "bottleneck": PRECODE's encoder."""
+    rel_tol: float = 1e-6
+    """Rows with |dL/db_i| <= rel_tol * max |dL/db| count as inactive, in [0, 1)."""
+    match_tol: float = 1e-3
+    """Relative distance under which two rows' recovered vectors count as the same, in (0, 1)."""
+    box_tol: float = 0.05
+    """Slack of the valid-image box test, as a fraction of the box width, >= 0."""
+
+    def __post_init__(self) -> None:
+        if self.layer is not None and (not isinstance(self.layer, str) or not self.layer):
+            raise ValueError(f"layer={self.layer!r}; must be None or a non-empty module-name prefix")
+        if not 0.0 <= self.rel_tol < 1.0:
+            raise ValueError(f"rel_tol={self.rel_tol}; allowed range [0, 1)")
+        if not 0.0 < self.match_tol < 1.0:
+            raise ValueError(f"match_tol={self.match_tol}; allowed range (0, 1)")
+        if self.box_tol < 0:
+            raise ValueError(f"box_tol={self.box_tol}; must be >= 0")
+
+
+class AnalyticAttack(Attack):
+    """Closed-form recovery of a linear layer's input, ``x = dL/dW_i / dL/db_i`` (DCS² Eq. 3).
+
+    An honest-but-curious attack: the model is used as it is. See the module docstring for which layer
+    is attacked, what is returned, and the limits at batch sizes above one.
+    """
+
+    name: ClassVar[str] = "analytic"
+    Config: ClassVar[type] = AnalyticConfig
+
+    def _reconstruct_batch(
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
+    ) -> list[AnalyticResult]:
+        cfg: AnalyticConfig = self.config
+        results = []
+        for update, knowledge in zip(updates, knowledges):
+            layer = find_linear_layer(knowledge.model, knowledge.spec, cfg.layer, seed=seed)
+            weight_grad, bias_grad = layer_gradients(update, layer.weight_name, layer.bias_name)
+            candidates, rows = recover_linear_input(weight_grad, bias_grad, rel_tol=cfg.rel_tol)
+            box = image_box(knowledge.spec, device=candidates.device) if layer.on_input else (None, None)
+            selection = select_candidates(
+                candidates,
+                bias_grad.detach().to(torch.float64)[rows].abs(),
+                knowledge.batch_size,
+                match_tol=cfg.match_tol,
+                lower=box[0],
+                upper=box[1],
+                box_tol=cfg.box_tol,
+            )
+            results.append(
+                assemble_result(
+                    selection,
+                    knowledge,
+                    update,
+                    layer=layer.name,
+                    on_input=layer.on_input,
+                    labels=attack_labels(update, knowledge),
+                )
+            )
+        return results
+
+
+def layer_gradients(update: SharedUpdate, weight_name: str, bias_name: str) -> tuple[Tensor, Tensor]:
+    """The ``(weight, bias)`` tensors of one layer in ``update``, with a clear error when absent."""
+    missing = [n for n in (weight_name, bias_name) if n not in update.tensors]
+    if missing:
+        raise ValueError(
+            f"the update has no tensor(s) {missing}; it holds {len(update.tensors)} tensors, e.g. "
+            f"{list(update.tensors)[:6]} (was the model prepared by this attack's prepare_model?)"
+        )
+    return update.tensors[weight_name], update.tensors[bias_name]

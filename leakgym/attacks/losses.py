@@ -1,0 +1,198 @@
+"""Objectives of optimisation-based gradient inversion, batched over independent problems.
+
+Every function here takes tensors with a leading *problem* dimension ``P`` (victims x restarts) and
+returns one value per problem, shape ``(P,)``. Problems never mix: the gradient of
+``loss.sum()`` with respect to problem ``p``'s dummy images is the gradient of ``loss[p]`` alone,
+which is what lets the engine (:mod:`leakgym.attacks.engine`) optimise all of them in one
+computation.
+
+* :func:`gradient_distance` -- the matching term ``D(grad_dummy, grad_victim)``: squared Euclidean
+  distance (Zhu et al. 2019, DLG Eq. 4) or one minus cosine similarity over all matched layers
+  (Geiping et al. 2020, "Inverting Gradients", Eq. 4), optionally with per-layer weights.
+* :func:`total_variation` -- the anisotropic TV prior of Inverting Gradients (Eq. 4, ``alpha TV(x)``).
+* :func:`l2_prior` -- the image-norm prior ``R_l2`` of Yin et al. 2021 (GradInversion, Eq. 5).
+* :func:`bn_statistics_loss` -- the BatchNorm-statistics prior ``R_BN`` of GradInversion Eq. 6.
+* :func:`group_consistency` -- the group-consistency prior ``R_group`` of GradInversion Eq. 9.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+LAYER_WEIGHT_SCHEMES = ("equal", "linear", "exp")
+
+
+def layer_weights(names: Sequence[str], scheme: str | Mapping[str, float] = "equal") -> dict[str, float]:
+    """Per-layer weights of the matching term, keyed by parameter name.
+
+    Schemes follow the reference code of Inverting Gradients (``reconstruction_costs``,
+    github.com/JonasGeiping/invertinggradients): ``"equal"`` weighs every layer 1; ``"linear"``
+    decreases linearly from 1 at the first layer to ``1/L`` at the last; ``"exp"`` is a softmax over
+    ``L, L-1, ..., 1`` rescaled so that the first layer has weight 1 (later layers decay as
+    ``e^{-k}``). A mapping gives explicit weights; names it omits get weight 0.
+    """
+    n = len(names)
+    if n == 0:
+        raise ValueError("layer_weights needs at least one layer name; got an empty list")
+    if isinstance(scheme, Mapping):
+        unknown = sorted(set(scheme) - set(names))
+        if unknown:
+            raise ValueError(f"layer weights name unknown layers {unknown}; allowed: {list(names)}")
+        bad = {k: v for k, v in scheme.items() if not v >= 0}
+        if bad:
+            raise ValueError(f"layer weights {bad} must be >= 0")
+        return {k: float(scheme.get(k, 0.0)) for k in names}
+    if scheme == "equal":
+        w = torch.ones(n, dtype=torch.float64)
+    elif scheme == "linear":
+        w = torch.arange(n, 0, -1, dtype=torch.float64) / n
+    elif scheme == "exp":
+        w = torch.arange(n, 0, -1, dtype=torch.float64).softmax(dim=0)
+        w = w / w[0]
+    else:
+        raise ValueError(f"layer weight scheme {scheme!r}; allowed: {LAYER_WEIGHT_SCHEMES} or a mapping")
+    return {k: float(v) for k, v in zip(names, w)}
+
+
+def _per_problem_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Row-wise dot product of ``a (P, ...)`` with ``b (N, ...)`` where ``P = N * R``.
+
+    ``b`` is broadcast over the ``R`` restarts of each problem without being copied.
+    """
+    p, n = a.shape[0], b.shape[0]
+    if p == n:
+        return (a.reshape(p, -1) * b.reshape(n, -1)).sum(dim=1)
+    r = p // n
+    return (a.reshape(n, r, -1) * b.reshape(n, 1, -1)).sum(dim=2).reshape(p)
+
+
+def target_sq_norms(targets: Mapping[str, Tensor], weights: Mapping[str, float]) -> Tensor:
+    """``sum_l w_l ||t_l||^2`` per victim, shape ``(N,)`` (precomputed once per attack)."""
+    total = None
+    for name, t in targets.items():
+        w = weights[name]
+        if w == 0:
+            continue
+        term = w * t.reshape(t.shape[0], -1).pow(2).sum(dim=1)
+        total = term if total is None else total + term
+    if total is None:
+        raise ValueError("every matched layer has weight 0; at least one weight must be > 0")
+    return total
+
+
+def gradient_distance(
+    dummy: Mapping[str, Tensor],
+    targets: Mapping[str, Tensor],
+    weights: Mapping[str, float],
+    *,
+    distance: str = "cosine",
+    target_norm_sq: Tensor | None = None,
+) -> Tensor:
+    """Gradient-matching distance per problem, shape ``(P,)``.
+
+    Args:
+        dummy: the attacker's simulated update for each problem, ``name -> (P, *shape)``.
+        targets: the victim updates, ``name -> (N, *shape)`` with ``P = N * R`` (restarts of victim
+            ``n`` are rows ``n*R .. n*R+R-1`` of ``dummy``).
+        weights: per-layer weights ``w_l`` (see :func:`layer_weights`); only names in ``targets``
+            are matched.
+        distance: ``"l2"``: ``sum_l w_l ||g_l - t_l||^2`` (DLG Eq. 4). ``"cosine"``:
+            ``1 - sum_l w_l <g_l, t_l> / (sqrt(sum_l w_l ||g_l||^2) sqrt(sum_l w_l ||t_l||^2))``
+            (Inverting Gradients Eq. 4 with the layer weights of its reference code).
+        target_norm_sq: optional precomputed :func:`target_sq_norms` of ``targets``.
+    """
+    if distance not in ("l2", "cosine"):
+        raise ValueError(f"distance={distance!r}; allowed: 'l2', 'cosine'")
+    dot = None
+    dummy_sq = None
+    for name, t in targets.items():
+        w = weights[name]
+        if w == 0:
+            continue
+        g = dummy[name]
+        if distance == "l2":
+            p, n = g.shape[0], t.shape[0]
+            diff = g.reshape(n, p // n, -1) - t.reshape(n, 1, -1).to(g.dtype)
+            term = w * diff.pow(2).sum(dim=2).reshape(p)
+            dot = term if dot is None else dot + term
+        else:
+            d_term = w * _per_problem_dot(g, t.to(g.dtype))
+            s_term = w * g.reshape(g.shape[0], -1).pow(2).sum(dim=1)
+            dot = d_term if dot is None else dot + d_term
+            dummy_sq = s_term if dummy_sq is None else dummy_sq + s_term
+    if dot is None:
+        raise ValueError("every matched layer has weight 0; at least one weight must be > 0")
+    if distance == "l2":
+        return dot
+    if target_norm_sq is None:
+        target_norm_sq = target_sq_norms(targets, weights)
+    p, n = dot.shape[0], target_norm_sq.shape[0]
+    t_norm = target_norm_sq.to(dot.dtype).repeat_interleave(p // n).sqrt()
+    # The epsilon only guards the all-zero dummy gradient (e.g. a constant image); it is far below
+    # any gradient norm met in practice.
+    denom = (dummy_sq.sqrt() * t_norm).clamp_min(torch.finfo(dot.dtype).tiny)
+    return 1.0 - dot / denom
+
+
+def total_variation(x: Tensor) -> Tensor:
+    """Anisotropic total variation per problem, ``x (P, B, C, H, W) -> (P,)``.
+
+    ``TV(x) = mean|x[..., :, 1:] - x[..., :, :-1]| + mean|x[..., 1:, :] - x[..., :-1, :]|`` over the
+    problem's whole batch, as in the Inverting Gradients reference code.
+    """
+    if x.dim() != 5:
+        raise ValueError(f"total_variation expects (P, B, C, H, W), got shape {tuple(x.shape)}")
+    dx = (x[..., :, 1:] - x[..., :, :-1]).abs().flatten(1).mean(dim=1)
+    dy = (x[..., 1:, :] - x[..., :-1, :]).abs().flatten(1).mean(dim=1)
+    return dx + dy
+
+
+def l2_prior(x: Tensor) -> Tensor:
+    """Mean squared pixel value per problem (GradInversion's ``R_l2``), ``(P, ...) -> (P,)``."""
+    return x.flatten(1).pow(2).mean(dim=1)
+
+
+def bn_statistics_loss(
+    dummy_stats: Sequence[tuple[Tensor, Tensor]], target_stats: Sequence[tuple[Tensor, Tensor]]
+) -> Tensor:
+    """GradInversion Eq. 6: ``sum_l ||mu_l(x) - mu_l||_2 + ||var_l(x) - var_l||_2`` per problem.
+
+    Args:
+        dummy_stats: per BN layer, the dummy batch's ``(mean, var)`` at the layer input, each
+            ``(P, C_l)`` (biased variance: the statistic BN normalises with).
+        target_stats: per BN layer, the victim batch's ``(mean, var)``, each ``(N, C_l)``.
+    """
+    if len(dummy_stats) != len(target_stats):
+        raise ValueError(
+            f"bn_stats has {len(target_stats)} layers but the model has {len(dummy_stats)} BatchNorm layers"
+        )
+    total = None
+    for (mu, var), (t_mu, t_var) in zip(dummy_stats, target_stats):
+        p, n = mu.shape[0], t_mu.shape[0]
+        r = p // n
+        d_mu = (mu.reshape(n, r, -1) - t_mu.reshape(n, 1, -1).to(mu.dtype)).norm(dim=2)
+        d_var = (var.reshape(n, r, -1) - t_var.reshape(n, 1, -1).to(var.dtype)).norm(dim=2)
+        term = (d_mu + d_var).reshape(p)
+        total = term if total is None else total + term
+    if total is None:
+        raise ValueError("bn_statistics_loss got no BatchNorm layers")
+    return total
+
+
+def group_consistency(x: Tensor, restarts: int) -> Tensor:
+    """GradInversion Eq. 9: ``||x_g - E(x)||^2`` (pixel mean) towards the restarts' consensus.
+
+    ``x`` is ``(P, ...)`` with ``P = N * restarts``; the consensus ``E(x)`` of victim ``n`` is the
+    pixel-wise mean of its restarts, treated as a constant (detached), as the paper updates it
+    between optimisation steps. Yin et al. register (align) the restarts before averaging; LeakGym's
+    images are small and unaugmented, so the registration step is omitted.
+    """
+    p = x.shape[0]
+    if restarts < 1 or p % restarts:
+        raise ValueError(f"restarts={restarts} must divide the problem count {p}")
+    grouped = x.reshape(p // restarts, restarts, -1)
+    consensus = grouped.mean(dim=1, keepdim=True).detach()
+    return (grouped - consensus).pow(2).mean(dim=2).reshape(p)

@@ -1,0 +1,148 @@
+"""``load_dataset``: one entry point for every dataset, returning unit-image tensors.
+
+``digits`` comes from scikit-learn and always works. Every other dataset is read from its official
+on-disk format (see :mod:`leakgym.data.sources` for the directories searched); if no complete copy is
+found and ``download=True`` the official files are downloaded into the data root and verified
+against their MD5 digests before use. When that is impossible a single
+:class:`DatasetUnavailableError` says what was looked for, where, and how to provide it. LeakGym never
+substitutes another dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from leakgym.data.catalog import check_image_size, dataset_info, dataset_spec
+from leakgym.data.digits import load_digits_split
+from leakgym.data.download import DownloadError
+from leakgym.data.images import resize_images, uint8_to_unit
+from leakgym.data.sources import SOURCES
+from leakgym.data.spec import DatasetSpec
+
+__all__ = ["DEFAULT_DATA_ROOT", "Dataset", "DatasetUnavailableError", "data_root", "load_dataset"]
+
+#: Data root used when neither ``root=`` nor ``$LEAKGYM_DATA`` is given.
+DEFAULT_DATA_ROOT = Path("~/.cache/leakgym")
+
+
+class DatasetUnavailableError(RuntimeError):
+    """A dataset is not on disk and could not be downloaded.
+
+    Attributes:
+        name: the dataset requested.
+        searched: every directory that was looked in.
+        reason: why no download happened or why it failed.
+    """
+
+    def __init__(self, name: str, searched: list[tuple[Path, list[str]]], reason: str, hint: str) -> None:
+        lines = [f"dataset {name!r} is not available.", "Looked in:"]
+        for directory, missing in searched:
+            state = "directory does not exist" if not directory.is_dir() else "missing " + ", ".join(missing)
+            lines.append(f"  - {directory} ({state})")
+        lines.append(reason)
+        lines.append(
+            f"To provide it: {hint}; or call load_dataset({name!r}, download=True) on a machine with "
+            f"internet access; or set $LEAKGYM_DATA / pass root= to point at a directory that holds it."
+        )
+        lines.append("The bundled 'digits' dataset works offline: load_dataset('digits').")
+        super().__init__("\n".join(lines))
+        self.name = name
+        self.searched = [directory for directory, _ in searched]
+        self.reason = reason
+
+
+@dataclass
+class Dataset:
+    """A dataset in memory: unit float32 images ``(N, C, H, W)`` in ``[0, 1]`` and int64 labels ``(N,)``."""
+
+    spec: DatasetSpec
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+
+    def __post_init__(self) -> None:
+        for split, x, y in (("train", self.train_x, self.train_y), ("test", self.test_x, self.test_y)):
+            if x.dtype != torch.float32 or tuple(x.shape[1:]) != self.spec.shape:
+                raise ValueError(
+                    f"Dataset {self.spec.name!r}: {split}_x must be float32 (N, *{self.spec.shape}), "
+                    f"got {x.dtype} {tuple(x.shape)}"
+                )
+            if y.dtype != torch.int64 or tuple(y.shape) != (x.shape[0],):
+                raise ValueError(
+                    f"Dataset {self.spec.name!r}: {split}_y must be int64 ({x.shape[0]},), "
+                    f"got {y.dtype} {tuple(y.shape)}"
+                )
+            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.spec.num_classes):
+                raise ValueError(
+                    f"Dataset {self.spec.name!r}: {split} labels span [{int(y.min())}, {int(y.max())}], "
+                    f"allowed [0, {self.spec.num_classes - 1}]"
+                )
+
+
+def data_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """The data root: ``root`` if given, else ``$LEAKGYM_DATA`` if set, else ``~/.cache/leakgym``."""
+    if root is None:
+        root = os.environ.get("LEAKGYM_DATA") or DEFAULT_DATA_ROOT
+    return Path(root).expanduser()
+
+
+def load_dataset(
+    name: str,
+    *,
+    image_size: int | None = None,
+    root: str | os.PathLike[str] | None = None,
+    download: bool = True,
+) -> Dataset:
+    """Load ``name`` (one of ``DATASET_NAMES``) as unit images, resized to ``image_size`` if given.
+
+    Args:
+        name: ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10`` or ``cifar100``.
+        image_size: side length of the returned images (antialiased bilinear resize); ``None`` keeps
+            the dataset's default (16 for digits, native otherwise).
+        root: data root; defaults to ``$LEAKGYM_DATA`` or ``~/.cache/leakgym``. Ignored for digits.
+        download: fetch the official files into the root if no complete copy is found.
+
+    Raises:
+        ValueError: unknown ``name`` or bad ``image_size``.
+        DatasetUnavailableError: not found on disk and not downloadable.
+    """
+    info = dataset_info(name)
+    check_image_size(image_size)
+    spec = dataset_spec(name, image_size)
+    if name == "digits":
+        return Dataset(spec, *load_digits_split(spec.image_size))
+
+    source = SOURCES[name]
+    base = data_root(root)
+    searched = [(d, source.missing_files(d)) for d in source.candidates(base)]
+    directory = next((d for d, missing in searched if not missing), None)
+    if directory is None:
+        hint = source.layout_hint(base)
+        if not download:
+            raise DatasetUnavailableError(name, searched, "Download disabled (download=False).", hint)
+        try:
+            directory = source.download(base)
+        except DownloadError as error:
+            raise DatasetUnavailableError(name, searched, f"Download failed: {error}", hint) from error
+        except OSError as error:  # e.g. the root is not writable, extraction failed
+            raise DatasetUnavailableError(
+                name, searched, f"Download failed: {type(error).__name__}: {error}", hint
+            ) from error
+
+    train_x, train_y, test_x, test_y = source.read(directory)
+    train_x, test_x = uint8_to_unit(train_x), uint8_to_unit(test_x)
+    if train_x.shape[1] != info.channels:
+        raise ValueError(f"{directory}: images have {train_x.shape[1]} channels, {name} has {info.channels}")
+    return Dataset(
+        spec,
+        resize_images(train_x, spec.image_size),
+        torch.from_numpy(train_y),
+        resize_images(test_x, spec.image_size),
+        torch.from_numpy(test_y),
+    )

@@ -1,0 +1,278 @@
+"""LODA: Learning to Obscure Data (Wan, Xu, Liu, Ren, Fan & Tang, "Defense Against Gradient
+Leakage Attacks via Learning to Obscure Data").
+
+Every private image ``x*`` is replaced, before training, by an obscured image (Eq. 4)
+
+    ``E(x*) = argmin_{x' in X} ||g(x') - g(x*)||^2 - c ||x' - x*||^2``
+
+that a feature extractor ``g`` trained on public data sees like ``x*`` while its pixels are pushed
+away from ``x*``. Algorithm 1 (Appendix A): start from a random public image, take ``T`` steps of
+*normalised* gradient descent ``x' <- x' - tau * grad / ||grad||`` (per image) and project onto the
+valid image box after each step. The client then trains on ``(E(x*), y*)``.
+
+``g`` is the concatenated output of the first ``layers`` convolutional layers of the extractor
+(LODA1: five; LODA2: all, ``layers="all"``); a list of module names selects other layers.
+
+Deviations, and why:
+
+* The paper's extractor is a ResNet-18 trained on a *different* public dataset (CIFAR-100 for
+  CIFAR-10). LeakGym trains the extractor on the public split of the same dataset (the only public
+  data an offline environment has) and uses the library's ConvNet (Inverting Gradients' eight
+  conv-BN-ReLU blocks, width 16) by default, which has enough convolutional layers for LODA1's
+  "first five" and runs on a CPU; ``arch="resnet18"`` gives the paper's architecture.
+* The extractor is trained with Adam (lr 1e-3, batch 32, ``epochs`` epochs) and cached on disk;
+  the paper does not state its training recipe.
+
+Images in and out are normalised model inputs; ``public_x`` must be normalised the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from leakgym.data.spec import DatasetSpec
+from leakgym.models import build_model
+
+#: Default extractor architecture (see module docstring) and training epochs.
+DEFAULT_ARCH = "convnet"
+DEFAULT_EPOCHS = 30
+#: Extractor training hyper-parameters (not given in the paper).
+TRAIN_LR = 1e-3
+TRAIN_BATCH = 32
+
+LayerSpec = int | str | Sequence[str]
+
+
+def default_cache_dir() -> Path:
+    """``$LEAKGYM_DATA/loda`` if ``LEAKGYM_DATA`` is set, else ``~/.cache/leakgym/loda``."""
+    root = os.environ.get("LEAKGYM_DATA")
+    return Path(root) / "loda" if root else Path.home() / ".cache" / "leakgym" / "loda"
+
+
+def _fingerprint(public_x: Tensor, public_y: Tensor) -> str:
+    h = hashlib.sha256()
+    h.update(public_x.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    h.update(public_y.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _check_public(spec: DatasetSpec, public_x: Tensor | None, public_y: Tensor | None) -> tuple[Tensor, Tensor]:
+    if public_x is None or public_y is None or public_x.shape[0] == 0:
+        raise ValueError("LODA needs a non-empty public split (public_x, public_y)")
+    if tuple(public_x.shape[1:]) != spec.shape:
+        raise ValueError(f"public_x has image shape {tuple(public_x.shape[1:])}; spec {spec.name!r} needs {spec.shape}")
+    if public_y.shape != (public_x.shape[0],):
+        raise ValueError(f"public_y must have shape ({public_x.shape[0]},); got {tuple(public_y.shape)}")
+    return public_x, public_y
+
+
+def feature_extractor(
+    spec: DatasetSpec,
+    public_x: Tensor,
+    public_y: Tensor,
+    *,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    epochs: int = DEFAULT_EPOCHS,
+    arch: str = DEFAULT_ARCH,
+) -> nn.Module:
+    """The LODA feature extractor for this dataset and seed: trained once, then loaded from disk.
+
+    The classifier ``arch`` is trained on the normalised public split ``(public_x, public_y)``
+    and saved as a state dict under ``cache_dir`` (default :func:`default_cache_dir`), keyed by
+    dataset, image size, architecture, epochs, seed and a fingerprint of the public data. Later
+    calls load it with ``torch.load(weights_only=True)``. Returned in eval mode with frozen
+    parameters; its ``loaded_from_cache`` attribute tells whether it was loaded.
+    """
+    public_x, public_y = _check_public(spec, public_x, public_y)
+    if epochs < 0:
+        raise ValueError(f"epochs={epochs}; must be >= 0")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = f"{spec.name}-{spec.image_size}px-{arch}-ep{epochs}-seed{seed}-{_fingerprint(public_x, public_y)}.pt"
+    path = cache / key
+    model = build_model(arch, spec, seed=seed, device=public_x.device, dtype=public_x.dtype)
+    if path.exists():
+        state = torch.load(path, map_location=public_x.device, weights_only=True)
+        model.load_state_dict(state)
+        model.loaded_from_cache = True
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        opt = torch.optim.Adam(model.parameters(), lr=TRAIN_LR)
+        loss_fn = nn.CrossEntropyLoss()
+        model.train()
+        n = public_x.shape[0]
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen).to(public_x.device)
+            for start in range(0, n, TRAIN_BATCH):
+                idx = order[start : start + TRAIN_BATCH]
+                if idx.numel() < 2:  # BatchNorm needs two examples
+                    continue
+                opt.zero_grad(set_to_none=True)
+                loss_fn(model(public_x[idx]), public_y[idx]).backward()
+                opt.step()
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(model.state_dict(), tmp)
+        tmp.replace(path)  # atomic: concurrent readers never see a partial file
+        model.loaded_from_cache = False
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _select_layers(extractor: nn.Module, layers: LayerSpec) -> list[nn.Module]:
+    convs = [(n, m) for n, m in extractor.named_modules() if isinstance(m, nn.Conv2d)]
+    if isinstance(layers, bool):
+        raise ValueError(f"layers={layers!r}; allowed: int >= 1, 'all', or a list of module names")
+    if isinstance(layers, int):
+        if not 1 <= layers <= len(convs):
+            raise ValueError(f"layers={layers}; the extractor has {len(convs)} conv layers, allowed [1, {len(convs)}]")
+        return [m for _, m in convs[:layers]]
+    if layers == "all":
+        return [m for _, m in convs]
+    if isinstance(layers, str):
+        raise ValueError(f"layers={layers!r}; allowed: int >= 1, 'all', or a list of module names")
+    named = dict(extractor.named_modules())
+    unknown = [name for name in layers if name not in named]
+    if unknown or not layers:
+        raise ValueError(f"unknown extractor module(s) {unknown}; allowed: {sorted(n for n in named if n)}")
+    return [named[name] for name in layers]
+
+
+class LayerFeatures(nn.Module):
+    """``g(x)``: the flattened, concatenated outputs of chosen modules of an extractor (LODA Eq. 4)."""
+
+    def __init__(self, extractor: nn.Module, layers: LayerSpec) -> None:
+        super().__init__()
+        self.extractor = extractor
+        self.modules_ = _select_layers(extractor, layers)
+        self.last = self.modules_[-1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        outs: list[Tensor] = []
+        wanted = {id(m) for m in self.modules_}
+
+        def hook(module: nn.Module, _inp: tuple, out: Tensor) -> None:
+            if id(module) in wanted:
+                outs.append(out.flatten(1))
+                if module is self.last:
+                    raise _StopForward
+
+        handles = [m.register_forward_hook(hook) for m in self.modules_]
+        try:
+            self.extractor(x)
+        except _StopForward:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        return torch.cat(outs, dim=1)
+
+
+class _StopForward(Exception):
+    """Raised by the last hook: the rest of the extractor is not needed."""
+
+
+def obscure(
+    x: Tensor, g: nn.Module, x0: Tensor, *, c: float, steps: int, lr: float, lo: Tensor, hi: Tensor
+) -> tuple[Tensor, list[float]]:
+    """Algorithm 1 lines 4-8 for a batch: normalised gradient descent on Eq. 4 from ``x0``.
+
+    Returns the obscured images and the per-step mean objective.
+    """
+    with torch.no_grad():
+        target = g(x)
+    xp = x0.detach().clone()
+    history: list[float] = []
+    for _ in range(steps):
+        xp.requires_grad_(True)
+        per_image = (g(xp) - target).pow(2).sum(1) - c * (xp - x).flatten(1).pow(2).sum(1)
+        (grad,) = torch.autograd.grad(per_image.sum(), [xp])
+        history.append(float(per_image.detach().mean()))
+        norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
+        with torch.no_grad():
+            xp = torch.max(torch.min(xp - lr * grad / norm, hi), lo)
+    return xp.detach(), history
+
+
+def loda_obscure(
+    x: Tensor,
+    y: Tensor,
+    *,
+    spec: DatasetSpec,
+    c: float,
+    steps: int,
+    lr: float,
+    layers: LayerSpec,
+    public_x: Tensor,
+    public_y: Tensor,
+    seed: int,
+    cache_dir: str | Path | None = None,
+    epochs: int = DEFAULT_EPOCHS,
+    arch: str = DEFAULT_ARCH,
+) -> tuple[Tensor, dict]:
+    """Obscure a batch with LODA (Eq. 4, Algorithm 1); labels are kept.
+
+    Args:
+        x: ``(B, C, H, W)`` normalised private images; ``y``: their labels (unchanged by LODA).
+        spec: the dataset description (image box, cache key).
+        c: pixel-distance weight (paper: LODA1 c=20, LODA2 c=30).
+        steps, lr: normalised-gradient-descent steps ``T`` and step size ``tau`` (paper: 500, 0.1).
+        layers: which extractor layers form ``g`` (int: first k conv layers, paper LODA1: 5;
+            ``"all"``: every conv layer, LODA2; or module names).
+        public_x, public_y: normalised public split (extractor training and start images).
+        seed: extractor seed (cache key) and seed of the start-image draw.
+        cache_dir: extractor cache (default :func:`default_cache_dir`).
+
+    Returns:
+        ``(x_obscured, details)``; details has ``feature_distance`` / ``pixel_distance`` (mean per
+        image, relative feature distance ``||g(x')-g(x)|| / ||g(x)||`` and L2 in normalised space),
+        their values at the start image, ``objective`` (history), ``start_indices`` and
+        ``extractor_cached``.
+    """
+    if x.ndim != 4 or tuple(x.shape[1:]) != spec.shape:
+        raise ValueError(f"x must be (B, {', '.join(map(str, spec.shape))}); got {tuple(x.shape)}")
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"y has {y.shape[0]} labels for {x.shape[0]} images")
+    if not (c >= 0):
+        raise ValueError(f"c={c}; must be >= 0")
+    if steps < 0:
+        raise ValueError(f"steps={steps}; must be >= 0")
+    if not lr > 0:
+        raise ValueError(f"lr={lr}; must be > 0")
+    public_x, public_y = _check_public(spec, public_x, public_y)
+    extractor = feature_extractor(spec, public_x, public_y, seed=seed, cache_dir=cache_dir, epochs=epochs, arch=arch)
+    g = LayerFeatures(extractor, layers)
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randint(0, public_x.shape[0], (x.shape[0],), generator=gen).to(public_x.device)
+    x0 = public_x[pick].to(x)
+    lo, hi = spec.unit_bounds(x)
+    x0 = torch.max(torch.min(x0, hi), lo)
+    xp, history = obscure(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi)
+    with torch.no_grad():
+        fx = g(x)
+
+        def dists(z: Tensor) -> tuple[float, float]:
+            feat = ((g(z) - fx).norm(dim=1) / fx.norm(dim=1).clamp_min(1e-12)).mean()
+            pix = (z - x).flatten(1).norm(dim=1).mean()
+            return float(feat), float(pix)
+
+        f0, p0 = dists(x0)
+        f1, p1 = dists(xp)
+    details = {
+        "feature_distance": f1,
+        "pixel_distance": p1,
+        "feature_distance_init": f0,
+        "pixel_distance_init": p0,
+        "objective": history,
+        "start_indices": pick,
+        "extractor_cached": bool(getattr(extractor, "loaded_from_cache", False)),
+    }
+    return xp, details

@@ -1,0 +1,47 @@
+"""PPP: PRECODE with Partial gradient Perturbation (Scheliga et al., 2022).
+
+"Combining Variational Modeling with Partial Gradient Perturbation to Prevent Deep Gradient
+Leakage", §3.4: PRECODE's variational bottleneck already protects the gradients of every layer
+*after* it (their stochasticity defeats inversion, §3.2), but the layers *before* it still leak to
+the attack of §3.3 (Eq. 4), which matches only those gradients. PPP therefore perturbs **only the
+gradients of the layers preceding the bottleneck** (:func:`leakgym.models.precode_layer_split`),
+with one of the two perturbations of §5.2:
+
+* **NG** (noisy gradients): add ``N(0, sigma^2)`` to every entry; presets NG3, NG2, NG1, NG05 are
+  ``sigma = 1e-3, 1e-2, 1e-1, 0.5``.
+* **GC** (gradient compression): in every layer prune the fraction ``p`` of smallest-magnitude
+  entries to zero; presets GC90 and GC99 are ``p = 0.9, 0.99``.
+
+The presets are available as ``DefenseConfig.preset("PPP-NG1")`` etc. (names ``PPP-NG3``,
+``PPP-NG2``, ``PPP-NG1``, ``PPP-NG05``, ``PPP-GC90``, ``PPP-GC99``). PPP needs a PRECODE model,
+``build_model(..., precode=True)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from leakgym.defenses.perturbation import add_noise
+from leakgym.defenses.sparsification import prune_smallest
+from leakgym.models import precode_layer_split
+
+Update = dict[str, Tensor]
+
+
+def ppp(update: Update, model: nn.Module, mode: str, *, sigma: float, prune: float,
+        generator: torch.Generator) -> tuple[Update, dict]:
+    """Apply PPP-NG (``mode="ng"``) or PPP-GC (``mode="gc"``) to the pre-bottleneck layers.
+
+    Returns ``(update', {"mode": mode, "layers": [names perturbed]})``. Raises ``ValueError`` for a
+    model without a PRECODE bottleneck.
+    """
+    if mode not in ("ng", "gc"):
+        raise ValueError(f"PPP mode={mode!r}; allowed: 'ng', 'gc'")
+    before, _ = precode_layer_split(model)
+    layers = [n for n in before if n in update]
+    if mode == "ng":
+        out = add_noise(update, sigma, kind="gaussian", generator=generator, names=layers)
+    else:
+        out = prune_smallest(update, prune, names=layers)
+    return out, {"mode": mode, "layers": layers}

@@ -1,0 +1,114 @@
+"""Per-image reconstruction metrics as pure functions: MSE, PSNR, SSIM.
+
+All functions take two batches of *unit* images ``(N, C, H, W)`` (see ``docs/architecture.md``:
+metrics receive ``spec.denormalize(x_n)``) and return a tensor ``(N,)`` with one value per image pair.
+
+Input handling, shared by every metric:
+
+* Both inputs must be floating tensors of the same 4-D shape, with finite values; ``data_range`` must be
+  a finite number ``> 0``. Violations raise ``ValueError`` naming the bad value.
+* Values are **clamped** to ``[0, data_range]`` before scoring. Attacks return unconstrained images,
+  and a reconstruction is judged as the image a viewer would see (clipped to the valid range), the
+  convention of Inverting Gradients and breaching.
+
+Metric conventions:
+
+* ``mse``: mean over ``C, H, W`` of ``(a - b)^2``.
+* ``psnr``: ``10 log10(data_range^2 / mse)`` per image, capped at ``max_db`` (identical images have
+  ``mse = 0`` and would give ``+inf``; the cap keeps means finite).
+* ``ssim``: SSIM of Wang et al. (IEEE TIP 2004) via ``kornia.metrics.ssim``: Gaussian window
+  (sigma = 1.5), constants ``c1 = (0.01 L)^2, c2 = (0.03 L)^2``, ``padding="valid"`` (no border
+  padding, as in the reference MATLAB code), no denominator ``eps``; the per-image value is the mean of
+  the SSIM map over channels and positions. The default window is 7 taps: the usual 11 would leave
+  only a 6x6 map on the 16x16 digit images LeakGym uses by default; 7 (scikit-image's default window
+  length) leaves 10x10. Images must be at least ``window_size`` pixels on each side.
+
+  Note: the "SSIM" reported by the breaching library (Geiping et al.) is the complex-wavelet CW-SSIM,
+  a different quantity; its numbers are not comparable with the SSIM here (or in most papers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import kornia
+import torch
+from torch import Tensor
+
+DEFAULT_SSIM_WINDOW = 7
+"""Gaussian SSIM window (taps); valid for images of at least 7x7 pixels."""
+
+DEFAULT_MAX_DB = 100.0
+"""PSNR cap for identical images."""
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """What a metric is: its name, whether higher means a better reconstruction, its value range."""
+
+    name: str
+    higher_is_better: bool
+    lower_bound: float
+    upper_bound: float
+
+
+METRIC_INFO: dict[str, MetricInfo] = {
+    "mse": MetricInfo("mse", higher_is_better=False, lower_bound=0.0, upper_bound=math.inf),
+    "psnr": MetricInfo("psnr", higher_is_better=True, lower_bound=-math.inf, upper_bound=DEFAULT_MAX_DB),
+    "ssim": MetricInfo("ssim", higher_is_better=True, lower_bound=-1.0, upper_bound=1.0),
+    "lpips": MetricInfo("lpips", higher_is_better=False, lower_bound=0.0, upper_bound=math.inf),
+}
+"""Metric registry; ``higher_is_better`` tells whether a larger value means more leakage."""
+
+
+def check_image_pair(a: Tensor, b: Tensor, data_range: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Validate two unit-image batches and return them clamped to ``[0, data_range]``."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise ValueError(f"images must be torch.Tensors, got {type(a).__name__} and {type(b).__name__}")
+    if a.dim() != 4:
+        raise ValueError(f"images must be (N, C, H, W), got shape {tuple(a.shape)}")
+    if a.shape != b.shape:
+        raise ValueError(f"image batches must have equal shapes, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not a.is_floating_point() or not b.is_floating_point():
+        raise ValueError(f"images must be floating point, got {a.dtype} and {b.dtype}")
+    if not (isinstance(data_range, (int, float)) and math.isfinite(data_range) and data_range > 0):
+        raise ValueError(f"data_range={data_range!r} must be a finite number > 0")
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        raise ValueError("images contain NaN or inf values")
+    a = a.detach().clamp(0.0, data_range)
+    b = b.detach().clamp(0.0, data_range).to(a.dtype)
+    return a, b
+
+
+def mse(a: Tensor, b: Tensor, data_range: float = 1.0) -> Tensor:
+    """Per-image mean squared error ``(N,)`` (lower is better)."""
+    a, b = check_image_pair(a, b, data_range)
+    return (a - b).pow(2).flatten(1).mean(dim=1)
+
+
+def psnr(a: Tensor, b: Tensor, data_range: float = 1.0, max_db: float = DEFAULT_MAX_DB) -> Tensor:
+    """Per-image peak signal-to-noise ratio in dB ``(N,)``, capped at ``max_db`` (higher is better)."""
+    if not (isinstance(max_db, (int, float)) and math.isfinite(max_db) and max_db > 0):
+        raise ValueError(f"max_db={max_db!r} must be a finite number > 0")
+    err = mse(a, b, data_range)
+    with torch.no_grad():
+        safe = err.clamp_min(torch.finfo(err.dtype).tiny)
+        value = 20.0 * math.log10(data_range) - 10.0 * torch.log10(safe)
+        value = torch.where(err > 0, value, torch.full_like(value, max_db))
+    return value.clamp(max=max_db)
+
+
+def ssim(a: Tensor, b: Tensor, data_range: float = 1.0, window_size: int = DEFAULT_SSIM_WINDOW) -> Tensor:
+    """Per-image SSIM ``(N,)``: mean of the Gaussian-window SSIM map (higher is better, max 1)."""
+    a, b = check_image_pair(a, b, data_range)
+    h, w = a.shape[-2:]
+    if not isinstance(window_size, int) or window_size < 3 or window_size % 2 == 0:
+        raise ValueError(f"window_size={window_size!r} must be an odd int >= 3")
+    if window_size > min(h, w):
+        raise ValueError(f"window_size={window_size} exceeds the image size {h}x{w}; "
+                         f"use an odd window_size <= {min(h, w)}")
+    with torch.no_grad():
+        ssim_map = kornia.metrics.ssim(a, b, window_size, max_val=float(data_range), eps=0.0,
+                                       padding="valid")
+    return ssim_map.flatten(1).mean(dim=1)

@@ -1,0 +1,103 @@
+"""Optimal matching of reconstructions to originals, and order-free label accuracy.
+
+A batch attack returns reconstructions in an arbitrary order (the shared gradient is a sum over the
+batch, so it carries no order). Before scoring, each original image is paired with a distinct
+reconstruction by minimum-cost bipartite matching (the Hungarian algorithm,
+``scipy.optimize.linear_sum_assignment``), as breaching and Inverting Gradients do. With more
+reconstructions than originals (e.g. an attack that over-generates), the surplus is left unmatched.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+from leakgym.metrics.functional import mse, psnr, ssim
+
+MATCHING_COSTS = ("mse", "psnr", "ssim")
+
+
+def _check_batches(recon: Tensor, orig: Tensor) -> None:
+    if not isinstance(recon, Tensor) or not isinstance(orig, Tensor):
+        raise ValueError(f"images must be torch.Tensors, got {type(recon).__name__} and {type(orig).__name__}")
+    if recon.dim() != 4 or orig.dim() != 4:
+        raise ValueError(f"images must be (N, C, H, W), got shapes {tuple(recon.shape)} and {tuple(orig.shape)}")
+    if recon.shape[1:] != orig.shape[1:]:
+        raise ValueError(f"reconstructions {tuple(recon.shape[1:])} and originals {tuple(orig.shape[1:])} "
+                         f"must have the same (C, H, W)")
+    if orig.shape[0] < 1:
+        raise ValueError("need at least one original image")
+    if recon.shape[0] < orig.shape[0]:
+        raise ValueError(f"got {recon.shape[0]} reconstructions for {orig.shape[0]} originals; "
+                         f"need at least as many reconstructions as originals")
+
+
+def pairwise_cost(recon: Tensor, orig: Tensor, cost: str = "mse", data_range: float = 1.0) -> np.ndarray:
+    """Cost matrix ``(N_orig, M_recon)``: lower is a better match (PSNR and SSIM are negated)."""
+    if cost not in MATCHING_COSTS:
+        raise ValueError(f"cost={cost!r} is not supported; allowed: {', '.join(MATCHING_COSTS)}")
+    _check_batches(recon, orig)
+    n, m = orig.shape[0], recon.shape[0]
+    # Every (original, reconstruction) pair as one flat batch: row i * m + j is (orig i, recon j).
+    o = orig.repeat_interleave(m, dim=0)
+    r = recon.repeat(n, 1, 1, 1)
+    if cost == "mse":
+        values = mse(r, o, data_range)
+    elif cost == "psnr":
+        values = -psnr(r, o, data_range)
+    else:
+        values = -ssim(r, o, data_range)
+    return values.reshape(n, m).double().cpu().numpy()
+
+
+def match_reconstructions(recon: Tensor, orig: Tensor, cost: str = "mse", data_range: float = 1.0) -> np.ndarray:
+    """Assign a distinct reconstruction to every original by minimum total cost.
+
+    Args:
+        recon: reconstructions, unit images ``(M, C, H, W)`` with ``M >= N``.
+        orig: originals, unit images ``(N, C, H, W)``.
+        cost: ``"mse"`` (default), ``"psnr"`` or ``"ssim"`` (the latter two are maximised).
+
+    Returns:
+        ``int64`` array ``(N,)``: ``assignment[i]`` is the index in ``recon`` matched to ``orig[i]``;
+        ``recon[assignment]`` is aligned with ``orig``.
+    """
+    costs = pairwise_cost(recon, orig, cost, data_range)
+    rows, cols = linear_sum_assignment(costs)
+    assignment = np.empty(orig.shape[0], dtype=np.int64)
+    assignment[rows] = cols
+    return assignment
+
+
+def _as_label_list(labels: Tensor | np.ndarray | Sequence[int], name: str) -> list[int]:
+    if isinstance(labels, Tensor):
+        labels = labels.detach().cpu().numpy()
+    arr = np.asarray(labels)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of class indices, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer class indices, got dtype {arr.dtype}")
+    return [int(v) for v in arr]
+
+
+def label_accuracy(pred: Tensor | np.ndarray | Sequence[int], true: Tensor | np.ndarray | Sequence[int]) -> float:
+    """Order-free label accuracy: multiset overlap of predicted and true labels over ``len(true)``.
+
+    Labels inferred from a batch gradient (iDLG, LLG, ...) come as an unordered multiset: the gradient
+    tells *which* labels occur and how often, not which image has which label. The score is
+    ``sum_c min(#pred == c, #true == c) / len(true)``, in ``[0, 1]``; it is 1 exactly when the
+    multisets agree (for ``len(pred) == len(true)``). Extra predicted labels are not rewarded.
+    """
+    p = _as_label_list(pred, "pred_labels")
+    t = _as_label_list(true, "true_labels")
+    if not t:
+        raise ValueError("true_labels is empty")
+    overlap = Counter(p) & Counter(t)
+    return sum(overlap.values()) / len(t)
+
+
+__all__ = ["MATCHING_COSTS", "label_accuracy", "match_reconstructions", "pairwise_cost"]

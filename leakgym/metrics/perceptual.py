@@ -1,0 +1,134 @@
+"""LPIPS (Zhang et al., CVPR 2018) through the ``lpips`` package, strictly offline.
+
+LPIPS compares deep features of a pretrained backbone (AlexNet or VGG-16 from torchvision) with
+linear calibration layers learned on human judgements. The calibration layers ship inside the
+``lpips`` package; the backbone weights are torchvision's ImageNet checkpoints, which this library
+never downloads. Before building the metric we look for the exact file torchvision would use:
+
+* ``net="alex"``: ``$TORCH_HOME/hub/checkpoints/alexnet-owt-7be5be79.pth``
+* ``net="vgg"``: ``$TORCH_HOME/hub/checkpoints/vgg16-397923af.pth``
+
+(``torch.hub.get_dir()/checkpoints``; ``TORCH_HOME`` defaults to ``~/.cache/torch``). If the file is
+present, the LPIPS module is built with a *randomly initialised* backbone (so nothing is fetched) and
+the checkpoint's ``features.*`` tensors are then loaded into it with a strict key check, so LPIPS is
+never computed on a random backbone. If it is absent, :func:`lpips` returns NaN for every image and
+emits one :class:`LPIPSWeightsMissingWarning` per backbone and process naming the file and where to
+put it.
+
+Input preparation: unit images are clamped to ``[0, data_range]`` and mapped to ``[-1, 1]`` (what
+``lpips.LPIPS`` expects with ``normalize=False``); grayscale images are repeated to 3 channels; images
+whose shorter side is below ``min_size`` (default 32) are bilinearly upsampled so that it equals
+``min_size``: AlexNet's stride-4 stem and pooling reduce 16x16 inputs to an empty map. LPIPS values of
+upsampled tiny images are comparable among themselves, not with LPIPS values reported at 32x32 or
+larger.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from leakgym.metrics.functional import check_image_pair
+
+LPIPS_BACKBONE_FILES: dict[str, str] = {
+    "alex": "alexnet-owt-7be5be79.pth",  # torchvision AlexNet_Weights.IMAGENET1K_V1
+    "vgg": "vgg16-397923af.pth",  # torchvision VGG16_Weights.IMAGENET1K_V1
+}
+"""LPIPS backbone -> file name of torchvision's pretrained checkpoint."""
+
+DEFAULT_LPIPS_MIN_SIZE = 32
+
+
+class LPIPSWeightsMissingWarning(UserWarning):
+    """The pretrained LPIPS backbone checkpoint is not on disk; LPIPS values are NaN."""
+
+
+_WARNED: set[str] = set()
+_MODELS: dict[tuple[str, str, str], nn.Module] = {}
+
+
+def lpips_weights_path(net: str = "alex") -> Path:
+    """Where the torchvision checkpoint for LPIPS backbone ``net`` must be (may not exist)."""
+    if net not in LPIPS_BACKBONE_FILES:
+        raise ValueError(f"lpips net={net!r} is not supported; allowed: {', '.join(LPIPS_BACKBONE_FILES)}")
+    return Path(torch.hub.get_dir()) / "checkpoints" / LPIPS_BACKBONE_FILES[net]
+
+
+def lpips_available(net: str = "alex") -> bool:
+    """True if the backbone checkpoint for ``net`` is on disk (LPIPS will give real values)."""
+    return lpips_weights_path(net).is_file()
+
+
+def _build_lpips(net: str, path: Path) -> nn.Module:
+    import lpips as lpips_pkg  # the third-party package, imported lazily (heavy)
+
+    with warnings.catch_warnings():
+        # torchvision's deprecation notice for the ``pretrained=`` argument the lpips package uses.
+        warnings.simplefilter("ignore", UserWarning)
+        model = lpips_pkg.LPIPS(net=net, pretrained=True, pnet_rand=True, verbose=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    mapped = {}
+    for key in model.net.state_dict():  # e.g. "slice2.3.weight" <- torchvision "features.3.weight"
+        source = "features." + key.split(".", 1)[1]
+        if source not in state:
+            raise ValueError(f"{path} is not a torchvision {net} checkpoint: key {source!r} is missing")
+        mapped[key] = state[source]
+    model.net.load_state_dict(mapped, strict=True)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _get_lpips(net: str, device: torch.device) -> nn.Module | None:
+    path = lpips_weights_path(net)
+    if not path.is_file():
+        if net not in _WARNED:
+            _WARNED.add(net)
+            warnings.warn(
+                f"LPIPS ({net}) is unavailable: the pretrained torchvision backbone weights are missing. "
+                f"Copy the file {path.name} (torchvision's ImageNet checkpoint) to {path.parent}/ "
+                f"(torch.hub checkpoints dir; set TORCH_HOME to change it). LPIPS values are NaN until then.",
+                LPIPSWeightsMissingWarning,
+                stacklevel=3,
+            )
+        return None
+    key = (net, str(path), str(device))
+    if key not in _MODELS:
+        _MODELS[key] = _build_lpips(net, path).to(device)
+    return _MODELS[key]
+
+
+def lpips(a: Tensor, b: Tensor, *, net: str = "alex", data_range: float = 1.0,
+          min_size: int = DEFAULT_LPIPS_MIN_SIZE) -> Tensor:
+    """Per-image LPIPS distance ``(N,)`` (lower is better); NaN if the backbone weights are missing."""
+    a, b = check_image_pair(a, b, data_range)
+    if net not in LPIPS_BACKBONE_FILES:
+        raise ValueError(f"lpips net={net!r} is not supported; allowed: {', '.join(LPIPS_BACKBONE_FILES)}")
+    if not isinstance(min_size, int) or min_size < 1:
+        raise ValueError(f"min_size={min_size!r} must be a positive int")
+    channels = a.shape[1]
+    if channels not in (1, 3):
+        raise ValueError(f"LPIPS needs 1- or 3-channel images, got {channels} channels")
+    model = _get_lpips(net, a.device)
+    if model is None:
+        return torch.full((a.shape[0],), float("nan"), dtype=a.dtype, device=a.device)
+
+    def prepare(x: Tensor) -> Tensor:
+        x = x.float() * (2.0 / data_range) - 1.0
+        if channels == 1:
+            x = x.repeat(1, 3, 1, 1)
+        h, w = x.shape[-2:]
+        if min(h, w) < min_size:
+            scale = min_size / min(h, w)
+            size = (max(min_size, round(h * scale)), max(min_size, round(w * scale)))
+            x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+        return x
+
+    with torch.no_grad():
+        dist = model(prepare(a), prepare(b))
+    return dist.flatten().to(a.dtype)

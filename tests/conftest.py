@@ -1,0 +1,24 @@
+"""Shared fixtures: a cheap LeakGym scenario for API and determinism tests."""
+
+import pytest
+import torch
+
+# Two cores on CI; keep torch from oversubscribing them.
+torch.set_num_threads(2)
+
+#: overrides that make LeakGym-Digits-v0 cheap enough for API checkers (a few ms of attack per round)
+CHEAP = dict(
+    rounds=3,
+    num_clients=1,
+    eval_size=32,
+    iterations=[2, 4],
+    restarts=[1],
+    tv=[0.0, 1e-2],
+    strategies=["inverting-gradients", "dlg"],
+    defense_defaults={"dcs2_steps": 2},
+)
+
+
+@pytest.fixture
+def cheap_overrides():
+    return {k: (v.copy() if hasattr(v, "copy") else v) for k, v in CHEAP.items()}

@@ -1,0 +1,87 @@
+"""The PettingZoo environment: official API/seed checkers, rendering, errors, history."""
+
+import numpy as np
+import pytest
+from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
+
+from leakgym.envs import RoundError, env, parallel_env
+
+
+def test_parallel_api(cheap_overrides):
+    parallel_api_test(parallel_env("digits", **cheap_overrides), num_cycles=4)
+
+
+def test_aec_api(cheap_overrides):
+    api_test(env("digits", **cheap_overrides), num_cycles=4)
+
+
+def test_parallel_seed(cheap_overrides):
+    parallel_seed_test(lambda: parallel_env("digits", **cheap_overrides), num_cycles=3)
+
+
+def test_episode_runs_to_truncation_with_documented_infos(cheap_overrides):
+    e = parallel_env("digits", **cheap_overrides)
+    obs, infos = e.reset(seed=1)
+    assert set(obs) == {"attacker", "defender"}
+    steps = 0
+    while e.agents:
+        actions = {a: e.action_space(a).sample() for a in e.agents}
+        obs, rewards, terms, truncs, infos = e.step(actions)
+        steps += 1
+        for a in ("attacker", "defender"):
+            assert e.observation_space(a).contains(obs[a])
+            assert all(isinstance(v, float) for k, v in infos[a].items() if k != "round")
+        # rewards are the documented sums of their components
+        ia, idf = infos["attacker"], infos["defender"]
+        assert rewards["attacker"] == pytest.approx(ia["reward_leakage"] + ia["reward_cost"])
+        assert rewards["defender"] == pytest.approx(
+            idf["reward_leakage"] + idf["reward_fidelity"] + idf["reward_accuracy"] + idf["reward_overhead"]
+        )
+        assert 0.0 <= ia["leakage"] <= 1.0
+    assert steps == cheap_overrides["rounds"]
+    assert all(truncs.values()) and not any(terms.values())
+    assert len(e.history) == steps
+
+
+def test_invalid_action_raises_before_state_changes(cheap_overrides):
+    e = parallel_env("digits", **cheap_overrides)
+    e.reset(seed=0)
+    bad = {"attacker": np.array([0, 9, 0, 0]), "defender": e.action_space("defender").sample()}
+    with pytest.raises(ValueError, match=r"attacker action\[1\] \(iterations\) = 9; allowed range 0..1"):
+        e.step(bad)
+    assert e.game.round == 0
+    with pytest.raises(ValueError, match="missing"):
+        e.step({"attacker": e.action_space("attacker").sample()})
+
+
+def test_round_failure_is_reported_with_context_and_history_kept(cheap_overrides, monkeypatch):
+    e = parallel_env("digits", **cheap_overrides)
+    e.reset(seed=0)
+    e.step({a: e.action_space(a).sample() for a in e.agents})
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("engine exploded")
+
+    monkeypatch.setattr(e.game, "finish", boom)
+    with pytest.raises(RoundError, match="round 2 .* engine exploded.*1 completed rounds"):
+        e.step({a: e.action_space(a).sample() for a in e.agents})
+    assert len(e.history) == 1
+
+
+def test_render_rgb_array_and_png(cheap_overrides, tmp_path):
+    e = parallel_env("digits", render_mode="rgb_array", **cheap_overrides)
+    e.reset(seed=0)
+    assert e.render() is None  # nothing to show before the first round
+    e.step({a: e.action_space(a).sample() for a in e.agents})
+    frame = e.render()
+    assert frame.ndim == 3 and frame.shape[2] == 3 and frame.dtype == np.uint8
+    assert frame.std() > 0
+    e.close()
+    e.close()  # idempotent
+
+    p = parallel_env("digits", render_mode="png", render_dir=tmp_path, **cheap_overrides)
+    p.reset(seed=0)
+    p.step({a: p.action_space(a).sample() for a in p.agents})
+    assert (tmp_path / "round_0001.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="render_mode='human'"):
+        parallel_env("digits", render_mode="human", **cheap_overrides)
