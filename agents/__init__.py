@@ -1,1 +1,37 @@
-"""LeakGym agents (installed as leakgym.agents)."""
+"""LeakGym agents (installed as ``leakgym.agents``): scripted, adaptive and learned players.
+
+* :mod:`.base` — the :class:`Agent` interface (``reset`` / ``act`` / ``observe``);
+* :mod:`.scripted` — :class:`FixedAgent`, :class:`UniformRandomAgent`, :class:`RoundRobinAgent`;
+* :mod:`.presets` — each paper's recommended setting as a named preset (:data:`PRESETS`);
+* :mod:`.bandit` — :class:`EpsilonGreedyBandit`, which adapts to its opponent;
+* :mod:`.learned` — :class:`LearnedAgent`, a saved Stable-Baselines3 policy;
+* :mod:`.factory` — :func:`make_agent`, which turns a name, preset or policy path into an agent;
+* :mod:`.training` / :mod:`.selfplay` / :mod:`.evaluation` — ``leakgym train``, ``leakgym selfplay``
+  and ``leakgym eval`` (each exposes ``add_arguments(parser)`` and ``main(args)``).
+"""
+
+from .bandit import EpsilonGreedyBandit, default_arms
+from .base import Agent, UniformRandomAgent
+from .factory import allowed_names, make_agent
+from .learned import LearnedAgent
+from .presets import PRESETS, Preset, get_preset, preset_action, preset_names, valid_presets
+from .scripted import FixedAgent, RoundRobinAgent, fixed_from_settings
+
+__all__ = [
+    "Agent",
+    "EpsilonGreedyBandit",
+    "FixedAgent",
+    "LearnedAgent",
+    "PRESETS",
+    "Preset",
+    "RoundRobinAgent",
+    "UniformRandomAgent",
+    "allowed_names",
+    "default_arms",
+    "fixed_from_settings",
+    "get_preset",
+    "make_agent",
+    "preset_action",
+    "preset_names",
+    "valid_presets",
+]

@@ -109,7 +109,7 @@ class LeakGame:
         self.dataset = _dataset(scenario.dataset, scenario.image_size)
         self.spec = self.dataset.spec
         if scenario.leakage_metric in ("lpips",):
-            from leakgym.metrics.lpips import lpips_available
+            from leakgym.metrics import lpips_available
 
             if not lpips_available():
                 raise ValueError(
@@ -140,11 +140,7 @@ class LeakGame:
         self.benign = [(norm(x).to(dev), y.to(dev)) for x, y in split.clients[1:]]
         n_eval = min(sc.eval_size, len(split.test_x))
         eval_x, eval_y = norm(split.test_x[:n_eval]).to(dev), split.test_y[:n_eval].to(dev)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = build_model(
-                sc.model, self.spec, precode=sc.precode, width=sc.model_width
-            ).to(dev)
+        model = build_model(sc.model, self.spec, precode=sc.precode, width=sc.model_width, seed=seed, device=dev)
         self.server = Server(model, lr=sc.server_lr, eval_x=eval_x, eval_y=eval_y)
         self.accuracy, self.test_loss = self.server.evaluate()
         self.last = {

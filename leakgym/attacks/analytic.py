@@ -17,7 +17,9 @@ examples that reach row ``i`` (OASIS §III-A). Behind a ReLU only the examples t
 giving the *same* vector certify such single-example rows: mixtures of different examples, weighted by
 row-specific coefficients, do not coincide. :func:`select_candidates` uses that agreement (and, for
 images, whether a candidate lies inside the box of valid images) to choose which recovered vectors to
-return.
+return. :class:`AnalyticAttack` returns only certified vectors by default (``certified_only=True``):
+at batch size ``B > 1`` it returns the examples that some rows isolate, up to ``B`` of them, and the
+dataset-mean image in the remaining slots.
 
 :class:`AnalyticAttack` (registry name ``"analytic"``) runs this on one layer of the model as sent:
 
@@ -52,10 +54,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import connected_components
 from torch import Tensor, nn
 
 from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult, seeded_generator
@@ -135,16 +134,19 @@ def select_candidates(
     strength: Tensor,
     k: int,
     *,
-    match_tol: float = 1e-3,
+    match_tol: float = 1e-5,
     lower: Tensor | None = None,
     upper: Tensor | None = None,
     box_tol: float = 0.05,
+    require_agreement: bool = False,
 ) -> CandidateSelection:
     """Group candidates that agree and return the ``k`` most credible distinct ones.
 
-    Two candidates agree when ``||c_a - c_b|| <= match_tol * max(||c_a||, ||c_b||)``; agreeing
-    candidates are merged (connected components), and each group is represented by its member with
-    the largest ``strength`` (the best-conditioned division). Groups are ranked by
+    Two candidates agree when ``||c_a - c_b|| <= match_tol * max(||c_a||, ||c_b||)``. Groups are formed
+    around leaders: candidates are visited by decreasing number of agreeing candidates (then
+    ``strength``), and each unassigned one becomes a leader that takes its unassigned agreeing
+    candidates; the leader represents the group. (Connected components would chain: mixtures of the
+    same examples with slowly varying weights lie densely along a segment.) Groups are ranked by
 
     1. agreement (two or more rows): a single example alone in several rows gives the same vector in
        each, while mixtures weighted by row-specific coefficients differ;
@@ -162,6 +164,8 @@ def select_candidates(
         match_tol: relative distance under which two candidates count as the same vector, in (0, 1).
         lower, upper: optional ``(n,)`` bounds of valid inputs (normalised-space image box).
         box_tol: slack of the box test as a fraction of ``upper - lower``, ``>= 0``.
+        require_agreement: keep only groups of two or more agreeing candidates (certified
+            single-example recoveries).
     """
     if candidates.dim() != 2:
         raise ValueError(f"candidates must be (K, n), got shape {tuple(candidates.shape)}")
@@ -190,22 +194,28 @@ def select_candidates(
     if c.shape[0] == 0 or k == 0:
         return empty
 
-    # Group agreeing candidates: connected components of the "same vector" graph.
+    # Group agreeing candidates around leaders (no chaining: mixtures of the same examples with
+    # slowly varying weights lie densely along a segment and would chain into one component).
     norms = c.norm(dim=1)
     dist = torch.cdist(c, c)
     scale = torch.maximum(norms[:, None], norms[None, :]).clamp_min(torch.finfo(torch.float64).tiny)
-    adjacency = (dist <= match_tol * scale).cpu().numpy()
-    num_groups, group_of = connected_components(csr_matrix(adjacency), directed=False)
-    group_of_t = torch.from_numpy(group_of.astype(np.int64)).to(c.device)
-    sizes = torch.bincount(group_of_t, minlength=num_groups)
-
-    # Representative of each group: its strongest member.
-    order = torch.argsort(s, descending=True)
-    rep = torch.full((num_groups,), -1, dtype=torch.long, device=c.device)
-    for idx in order.tolist():  # strongest first; the first member seen in a group represents it
-        g = int(group_of_t[idx])
-        if rep[g] < 0:
-            rep[g] = idx
+    adjacency = dist <= match_tol * scale
+    degree = adjacency.sum(dim=1)
+    # Leaders in order of agreement, then strength: a leader takes all its unassigned neighbours.
+    order = torch.argsort(s, descending=True, stable=True)
+    order = order[torch.argsort(degree[order], descending=True, stable=True)]
+    assigned = torch.zeros(c.shape[0], dtype=torch.bool, device=c.device)
+    leaders, sizes_list = [], []
+    for idx in order.tolist():
+        if assigned[idx]:
+            continue
+        members = adjacency[idx] & ~assigned
+        assigned |= members
+        leaders.append(idx)
+        sizes_list.append(int(members.sum()))
+    rep = torch.tensor(leaders, dtype=torch.long, device=c.device)
+    sizes = torch.tensor(sizes_list, dtype=torch.long, device=c.device)
+    num_groups = len(leaders)
     vectors = c[rep]
     agreeing = sizes >= 2
 
@@ -223,6 +233,8 @@ def select_candidates(
     rank = torch.argsort(s[rep], descending=True, stable=True)
     rank = rank[torch.argsort(in_box[rank].to(torch.int8), descending=True, stable=True)]
     rank = rank[torch.argsort(agreeing[rank].to(torch.int8), descending=True, stable=True)]
+    if require_agreement:
+        rank = rank[agreeing[rank]]
     keep = rank[:k]
     return CandidateSelection(
         vectors=vectors[keep],
@@ -394,10 +406,14 @@ class AnalyticConfig:
     """Module-name prefix of the attacked linear layer; None: the first one run; "bottleneck": PRECODE's encoder."""
     rel_tol: float = 1e-6
     """Rows with |dL/db_i| <= rel_tol * max |dL/db| count as inactive, in [0, 1)."""
-    match_tol: float = 1e-3
-    """Relative distance under which two rows' recovered vectors count as the same, in (0, 1)."""
+    match_tol: float = 1e-5
+    """Relative distance under which two rows' recovered vectors count as the same, in (0, 1).
+
+    Single-example rows agree to ~1e-7 in float32; mixtures agree only by chance."""
     box_tol: float = 0.05
     """Slack of the valid-image box test, as a fraction of the box width, >= 0."""
+    certified_only: bool = True
+    """Return only vectors that two or more rows agree on (certified single examples); else fill every slot."""
 
     def __post_init__(self) -> None:
         if self.layer is not None and (not isinstance(self.layer, str) or not self.layer):
@@ -438,6 +454,7 @@ class AnalyticAttack(Attack):
                 lower=box[0],
                 upper=box[1],
                 box_tol=cfg.box_tol,
+                require_agreement=cfg.certified_only,
             )
             results.append(
                 assemble_result(

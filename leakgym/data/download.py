@@ -35,20 +35,27 @@ class ChecksumMismatchError(RuntimeError):
     """A file's MD5 digest differs from the digest of the official file."""
 
     def __init__(self, path: Path, expected: str, actual: str) -> None:
-        super().__init__(f"checksum mismatch for {path}: expected md5 {expected}, got {actual}")
+        super().__init__(path, expected, actual)  # args kept whole so the error pickles across processes
         self.path = path
         self.expected = expected
         self.actual = actual
+
+    def __str__(self) -> str:
+        return f"checksum mismatch for {self.path}: expected md5 {self.expected}, got {self.actual}"
 
 
 class DownloadError(RuntimeError):
     """Every URL of a :class:`RemoteFile` failed (network error or checksum mismatch)."""
 
     def __init__(self, filename: str, attempts: list[tuple[str, str]]) -> None:
-        lines = [f"could not download {filename}:"] + [f"  {url}: {error}" for url, error in attempts]
-        super().__init__("\n".join(lines))
+        super().__init__(filename, attempts)  # args kept whole so the error pickles across processes
         self.filename = filename
         self.attempts = attempts
+
+    def __str__(self) -> str:
+        lines = [f"could not download {self.filename}:"]
+        lines += [f"  {url}: {error}" for url, error in self.attempts]
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,9 @@ def label_skew(split: FederatedSplit) -> float:
     return float(0.5 * (per_client - pooled).abs().sum(dim=1).mean())
 
 
-def _dirichlet_partition(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
+def _dirichlet_partition(
+    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
+) -> list[np.ndarray]:
     """Positions into ``labels`` per client, class by class in Dirichlet proportions (Hsu et al. 2019)."""
     shards: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for c in np.unique(labels):

@@ -81,16 +81,21 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
     """Unpickler that refuses every global except those numpy needs to rebuild an ndarray.
 
     CIFAR batches are pickles; unpickling an arbitrary file can run arbitrary code. The official
-    batches reference only these globals, so anything else is rejected rather than imported.
+    (Python 2) batches reference only numpy's array-rebuilding globals; batches re-pickled by
+    Python 3 may also use ``_codecs.encode`` (protocol <= 2 bytes) or ``_frombuffer`` (protocol 5).
+    Anything else is rejected rather than imported.
     """
 
     _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
+        (module, name)
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")
+    } | {
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
     }
 
     def find_class(self, module: str, name: str) -> Any:

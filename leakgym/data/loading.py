@@ -37,9 +37,11 @@ class DatasetUnavailableError(RuntimeError):
         name: the dataset requested.
         searched: every directory that was looked in.
         reason: why no download happened or why it failed.
+        message: the full explanation (also ``str(error)``).
     """
 
     def __init__(self, name: str, searched: list[tuple[Path, list[str]]], reason: str, hint: str) -> None:
+        super().__init__(name, searched, reason, hint)  # args kept whole so the error pickles
         lines = [f"dataset {name!r} is not available.", "Looked in:"]
         for directory, missing in searched:
             state = "directory does not exist" if not directory.is_dir() else "missing " + ", ".join(missing)
@@ -50,10 +52,13 @@ class DatasetUnavailableError(RuntimeError):
             f"internet access; or set $LEAKGYM_DATA / pass root= to point at a directory that holds it."
         )
         lines.append("The bundled 'digits' dataset works offline: load_dataset('digits').")
-        super().__init__("\n".join(lines))
+        self.message = "\n".join(lines)
         self.name = name
         self.searched = [directory for directory, _ in searched]
         self.reason = reason
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass

@@ -116,7 +116,9 @@ class IdxSource(DiskSource):
         train_x, train_y, test_x, test_y = arrays
         for split, x, y in (("train", train_x, train_y), ("t10k", test_x, test_y)):
             if x.dtype != np.uint8 or x.ndim != 3:
-                raise ValueError(f"{directory}: {split} images must be uint8 (N, H, W), got {x.dtype} {x.shape}")
+                raise ValueError(
+                    f"{directory}: {split} images must be uint8 (N, H, W), got {x.dtype} {x.shape}"
+                )
             if y.ndim != 1 or y.shape[0] != x.shape[0]:
                 raise ValueError(f"{directory}: {split} labels {y.shape} do not match {x.shape[0]} images")
         return train_x, train_y.astype(np.int64), test_x, test_y.astype(np.int64)
@@ -180,7 +182,7 @@ class CifarSource(DiskSource):
 
 
 # URLs and MD5 digests are those torchvision pins in torchvision.datasets.MNIST / FashionMNIST /
-# CIFAR10 / CIFAR100 (tests/test_data_sources.py checks they still agree).
+# CIFAR10 / CIFAR100 (tests/test_data_download.py checks they still agree).
 _MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/")
 _FASHION_MIRRORS = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",)
 _KRIZ = ("https://www.cs.toronto.edu/~kriz/",)

@@ -152,20 +152,20 @@ class LayerFeatures(nn.Module):
     def __init__(self, extractor: nn.Module, layers: LayerSpec) -> None:
         super().__init__()
         self.extractor = extractor
-        self.modules_ = _select_layers(extractor, layers)
-        self.last = self.modules_[-1]
+        self.layers = _select_layers(extractor, layers)  # a plain list: already submodules of extractor
 
     def forward(self, x: Tensor) -> Tensor:
         outs: list[Tensor] = []
-        wanted = {id(m) for m in self.modules_}
+        wanted = {id(m) for m in self.layers}
+        last = self.layers[-1]
 
         def hook(module: nn.Module, _inp: tuple, out: Tensor) -> None:
             if id(module) in wanted:
                 outs.append(out.flatten(1))
-                if module is self.last:
+                if module is last:
                     raise _StopForward
 
-        handles = [m.register_forward_hook(hook) for m in self.modules_]
+        handles = [m.register_forward_hook(hook) for m in self.layers]
         try:
             self.extractor(x)
         except _StopForward:

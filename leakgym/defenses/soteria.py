@@ -17,7 +17,9 @@ What is computed here, following the official implementation (``jeremy313/Soteri
 ``defense_soteria``; also in the DCS² authors' code):
 
 * ``dr_{b,i}/dx_b`` for every example ``b`` of the victim's batch and every unit ``i``, as one
-  batched backward pass over the rows of the identity (``autograd.grad(..., is_grads_batched=True)``).
+  forward pass and a backward pass vmapped over the rows of the identity (``torch.func.vjp`` +
+  ``vmap``; ``autograd.grad(..., is_grads_batched=True)`` for models with BatchNorm in train mode,
+  whose in-place running-statistics update ``torch.func`` cannot trace).
 * the per-unit score ``s_i = sum_b ||dr_{b,i}/dx_b|| / (|r_{b,i}| + 0.1)`` — the inverse ratio with
   the official code's ``+ 0.1`` stabiliser, summed over the batch. We take ``|r|`` so signed
   representations (the PRECODE decoder output) cannot divide by ~0; for ReLU features it is ``r``.
@@ -46,15 +48,26 @@ def representation_scores(model: nn.Module, x: Tensor) -> Tensor:
 
     Units with a small score are those whose removal moves the reconstruction most.
     """
-    x = x.detach().requires_grad_(True)
-    r = model.features(x)
+    x = x.detach()
+    bn_training = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
+    if not bn_training:
+        r, vjp = torch.func.vjp(model.features, x)
+
+        def batched_vjp(cot: Tensor) -> Tensor:
+            return torch.vmap(vjp)(cot)[0]
+    else:
+        # torch.func cannot trace BatchNorm's in-place running-stat update; batch the backward instead.
+        xg = x.clone().requires_grad_(True)
+        r = model.features(xg)
+
+        def batched_vjp(cot: Tensor) -> Tensor:
+            return torch.autograd.grad(r, xg, grad_outputs=cot, is_grads_batched=True)[0]
     if r.dim() != 2:
         raise ValueError(f"model.features must return (N, D), got shape {tuple(r.shape)}")
     d = r.shape[1]
-    # One-hot cotangents e_i on every example: row i of the batched vjp is d(sum_b r_{b,i})/dx.
-    eye = torch.eye(d, dtype=r.dtype, device=r.device)
-    cot = eye[:, None, :].expand(d, r.shape[0], d)
-    (jac,) = torch.autograd.grad(r, x, grad_outputs=cot, is_grads_batched=True)  # (D, B, C, H, W)
+    # Cotangent i is e_i on every example: row i is d(sum_b r_{b,i})/dx, i.e. every dr_{b,i}/dx_b.
+    cot = torch.eye(d, dtype=r.dtype, device=r.device)[:, None, :].expand(d, r.shape[0], d)
+    jac = batched_vjp(cot)                                    # (D, B, C, H, W)
     dr_dx = jac.flatten(2).norm(dim=2)                       # (D, B)
     ratio = dr_dx / (r.detach().abs().T + STABILISER)         # (D, B)
     return ratio.sum(dim=1)

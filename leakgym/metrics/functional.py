@@ -65,7 +65,8 @@ METRIC_INFO: dict[str, MetricInfo] = {
 def check_image_pair(a: Tensor, b: Tensor, data_range: float = 1.0) -> tuple[Tensor, Tensor]:
     """Validate two unit-image batches and return them clamped to ``[0, data_range]``."""
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise ValueError(f"images must be torch.Tensors, got {type(a).__name__} and {type(b).__name__}")
+        raise ValueError(  # noqa: TRY004 - the library reports all bad input as ValueError
+            f"images must be torch.Tensors, got {type(a).__name__} and {type(b).__name__}")
     if a.dim() != 4:
         raise ValueError(f"images must be (N, C, H, W), got shape {tuple(a.shape)}")
     if a.shape != b.shape:

@@ -23,7 +23,8 @@ MATCHING_COSTS = ("mse", "psnr", "ssim")
 
 def _check_batches(recon: Tensor, orig: Tensor) -> None:
     if not isinstance(recon, Tensor) or not isinstance(orig, Tensor):
-        raise ValueError(f"images must be torch.Tensors, got {type(recon).__name__} and {type(orig).__name__}")
+        raise ValueError(  # noqa: TRY004 - the library reports all bad input as ValueError
+            f"images must be torch.Tensors, got {type(recon).__name__} and {type(orig).__name__}")
     if recon.dim() != 4 or orig.dim() != 4:
         raise ValueError(f"images must be (N, C, H, W), got shapes {tuple(recon.shape)} and {tuple(orig.shape)}")
     if recon.shape[1:] != orig.shape[1:]:

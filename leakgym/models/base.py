@@ -17,13 +17,14 @@ BatchNorm handling
 ------------------
 ConvNet, MLP and ResNet-18 contain BatchNorm. Clients compute their updates in **train** mode, so
 BN normalises with the statistics of the private batch (this is what makes BN statistics leak, and
-what attacks that know ``bn_stats`` exploit); running statistics are updated as a side effect,
-including under ``functional_call`` when no buffers are passed in ``params``. A batch of a single
-example cannot be normalised by its own statistics (``BatchNorm1d`` raises on one sample, and
+what attacks that know ``bn_stats`` exploit). Running statistics are updated as a side effect of a
+train-mode forward, but not when :func:`task_loss` is given ``params``: it then runs on copies of the
+buffers, because ``torch.func.grad`` forbids in-place updates of captured tensors. A batch of a
+single example cannot be normalised by its own statistics (``BatchNorm1d`` raises on one sample,
 ``BatchNorm2d`` would normalise each channel by one image's spatial statistics), so for batch size 1
 the BN layers must be in **eval** mode: use :func:`bn_eval_if_single` around the update computation.
-``vmap`` over a BN model in train mode is not supported by torch (in-place running-stat updates);
-put the BN layers in eval mode or use BN-free models for vmapped work.
+``vmap`` over a BN model in train mode is not supported by torch (in-place running-stat updates on
+batched values); put the BN layers in eval mode or use BN-free models for vmapped work.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class LeakGymModel(nn.Module):
                  precode_beta: float = DEFAULT_PRECODE_BETA) -> None:
         super().__init__()
         check_spec_for(type(self), spec)
-        if precode_beta < 0 or precode_beta != precode_beta:
+        if not precode_beta >= 0:  # also rejects NaN
             raise ValueError(f"precode_beta={precode_beta} must be a number >= 0")
         self.spec = spec
         self.body = body
@@ -76,11 +77,12 @@ class LeakGymModel(nn.Module):
     def feature_dim(self) -> int:
         return self.head.in_features
 
-    def insert_bottleneck(self, *, precode_dim: int | None = None, precode_beta: float = DEFAULT_PRECODE_BETA) -> None:
+    def insert_bottleneck(self, *, precode_dim: int | None = None,
+                          precode_beta: float = DEFAULT_PRECODE_BETA) -> None:
         """Insert a freshly initialised PRECODE bottleneck before the head (in place)."""
         if self.bottleneck is not None:
             raise ValueError(f"{type(self).__name__} already has a PRECODE bottleneck")
-        if precode_beta < 0 or precode_beta != precode_beta:
+        if not precode_beta >= 0:  # also rejects NaN
             raise ValueError(f"precode_beta={precode_beta} must be a number >= 0")
         dim = DEFAULT_PRECODE_DIM if precode_dim is None else int(precode_dim)
         ref = self.head.weight
@@ -137,7 +139,11 @@ def task_loss(model: nn.Module, x: Tensor, y: Tensor, params: dict[str, Tensor] 
         y: hard labels ``int64 (N,)`` or soft labels ``float (N, num_classes)`` (rows are
             probability vectors; used by Mixup/InstaHide-style encodings).
         params: optional ``dict`` of parameters (and optionally buffers) by name, evaluated with
-            ``torch.func.functional_call``; names missing from it fall back to the module's own.
+            ``torch.func.functional_call``; parameters missing from it fall back to the module's own.
+            Buffers missing from it are used as copies, so a functional call is side-effect free:
+            BN running statistics of the module are *not* updated (pass buffers in ``params`` to
+            control them; under ``torch.func.grad`` close over them rather than differentiating
+            with respect to them). Without ``params``, a train-mode call updates them as usual.
 
     Returns:
         0-dim tensor ``CE + precode_beta * KL`` (PPP paper Eq. 3); ``CE`` alone without PRECODE.
@@ -159,7 +165,12 @@ def task_loss(model: nn.Module, x: Tensor, y: Tensor, params: dict[str, Tensor] 
     if params is None:
         logits, kl = model(x, return_kl=True)
     else:
-        logits, kl = functional_call(model, params, (x,), {"return_kl": True})
+        # Buffers missing from ``params`` are passed as fresh copies: BatchNorm in train mode updates
+        # its running statistics in place, which torch.func transforms forbid on captured tensors;
+        # the copies absorb the update, so a functional call never changes the module.
+        tensors = {name: buf.clone() for name, buf in model.named_buffers() if name not in params}
+        tensors.update(params)
+        logits, kl = functional_call(model, tensors, (x,), {"return_kl": True})
     loss = F.cross_entropy(logits, y)
     if getattr(model, "bottleneck", None) is not None:
         loss = loss + model.precode_beta * kl

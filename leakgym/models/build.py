@@ -47,7 +47,7 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
     if precode_dim is not None and (not isinstance(precode_dim, int) or precode_dim < 1):
         raise ValueError(f"precode_dim={precode_dim!r} must be a positive int or None")
     cls = MODEL_CLASSES[name]
-    kwargs = dict(precode=precode, precode_dim=precode_dim, precode_beta=precode_beta)
+    kwargs = {"precode": precode, "precode_dim": precode_dim, "precode_beta": precode_beta}
     if width is not None:
         kwargs["width"] = width
     if seed is None:

@@ -117,7 +117,7 @@ def precode_layer_split(model: nn.Module) -> tuple[list[str], list[str]]:
     """
     bottleneck = getattr(model, "bottleneck", None)
     if not isinstance(bottleneck, VariationalBottleneck):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - the library reports all bad input as ValueError
             f"precode_layer_split needs a model with a PRECODE bottleneck; {type(model).__name__} has "
             f"bottleneck={bottleneck!r} (build it with build_model(..., precode=True))"
         )

@@ -1,0 +1,71 @@
+"""Argument helpers shared by ``leakgym train``, ``leakgym selfplay`` and ``leakgym eval``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import yaml
+
+
+def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str, Any]:
+    """``["rounds=2", "iterations=[1,2]"]`` -> ``{"rounds": 2, "iterations": [1, 2]}``.
+
+    Values are parsed as YAML scalars or flow sequences (numbers, booleans, lists, strings).
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what} {pair!r} must look like key=value (e.g. rounds=2 or iterations=[1,2])")
+        try:
+            out[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{what} {pair!r}: cannot parse the value ({exc})") from None
+    return out
+
+
+def split_agent_list(text: str) -> list[str]:
+    """Split a comma-separated agent list, keeping ``fixed:1,0,2`` together.
+
+    A token made only of digits continues the preceding ``fixed:`` spec: ``"random,fixed:1,0,dlg-paper"``
+    -> ``["random", "fixed:1,0", "dlg-paper"]``.
+    """
+    specs: list[str] = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        if token.isdigit() and specs and specs[-1].startswith("fixed:"):
+            specs[-1] += "," + token
+        else:
+            specs.append(token)
+    if not specs:
+        raise ValueError(f"agent list {text!r} is empty")
+    return specs
+
+
+def resolve_env(env: str) -> tuple[str, str]:
+    """A Gymnasium id or a scenario name -> ``(gym_id, scenario_name)``."""
+    from leakgym.envs.registration import registered_ids
+
+    ids = registered_ids()
+    if env in ids:
+        return env, ids[env]
+    by_name = {name: gym_id for gym_id, name in ids.items()}
+    if env in by_name:
+        return by_name[env], env
+    raise ValueError(f"unknown environment {env!r}; allowed ids: {sorted(ids)} (or scenario names {sorted(by_name)})")
+
+
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--env", default="LeakGym-Digits-v0", help="Gymnasium id (or scenario name), e.g. LeakGym-Digits-v0"
+    )
+    parser.add_argument(
+        "--overrides",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="scenario overrides, e.g. rounds=2 'iterations=[5,10]' (values parsed as YAML)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="base random seed")

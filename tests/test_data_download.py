@@ -1,0 +1,151 @@
+"""Tests for downloads: checksums are verified before anything is extracted or read, failures turn
+into one DatasetUnavailableError, and the pinned URLs/digests agree with torchvision's. No network:
+torchvision's HTTP helper is replaced by a function that copies a small local file."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import pickle
+import shutil
+import tarfile
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torchvision
+
+from leakgym.data import ChecksumMismatchError, DatasetUnavailableError, DownloadError, load_dataset, sources
+from leakgym.data import download as download_module
+from leakgym.data.download import RemoteFile, download_and_extract, file_md5, verify_md5
+
+
+def _tiny_cifar10_archive(directory: Path) -> Path:
+    """A cifar-10-python.tar.gz in the official layout holding 1 image per batch."""
+    staging = directory / "staging" / "cifar-10-batches-py"
+    staging.mkdir(parents=True)
+    for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"]):
+        entry = {"data": np.full((1, 3072), 10 * i, np.uint8), "labels": [i], "batch_label": name}
+        with open(staging / name, "wb") as f:
+            pickle.dump(entry, f, protocol=2)
+    archive = directory / "upload" / "cifar-10-python.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(staging, arcname="cifar-10-batches-py")
+    return archive
+
+
+@pytest.fixture
+def fake_server(monkeypatch):
+    """Serve local files in place of URLs; records every URL requested."""
+    served: dict[str, Path] = {}
+    requested: list[str] = []
+
+    def fake_download_url(url, root, filename=None, md5=None):
+        requested.append(url)
+        if url not in served:
+            raise urllib.error.URLError("Temporary failure in name resolution")
+        shutil.copyfile(served[url], Path(root) / (filename or Path(url).name))
+
+    monkeypatch.setattr(download_module, "download_url", fake_download_url)
+    return served, requested
+
+
+def _use_remote(monkeypatch, md5: str) -> RemoteFile:
+    remote = RemoteFile("cifar-10-python.tar.gz", md5, ("https://mirror-a.test/", "https://mirror-b.test/"))
+    monkeypatch.setitem(
+        sources.SOURCES, "cifar10", dataclasses.replace(sources.SOURCES["cifar10"], remote=remote)
+    )
+    return remote
+
+
+def test_verify_md5_rejects_a_corrupted_file(tmp_path: Path) -> None:
+    path = tmp_path / "archive.bin"
+    path.write_bytes(b"official bytes")
+    good = file_md5(path)
+    assert good == hashlib.md5(b"official bytes").hexdigest()
+    verify_md5(path, good)
+    path.write_bytes(b"official bytez")  # one byte flipped
+    with pytest.raises(ChecksumMismatchError) as info:
+        verify_md5(path, good)
+    assert info.value.expected == good and info.value.actual == file_md5(path) != good
+
+
+def test_corrupted_archive_is_rejected_before_extraction(tmp_path: Path, fake_server) -> None:
+    served, requested = fake_server
+    archive = _tiny_cifar10_archive(tmp_path)
+    remote = RemoteFile(
+        "cifar-10-python.tar.gz", "0" * 32, ("https://mirror-a.test/", "https://mirror-b.test/")
+    )
+    served[remote.urls[0]] = archive
+    served[remote.urls[1]] = archive
+    target = tmp_path / "data"
+    with pytest.raises(DownloadError, match="checksum mismatch") as info:
+        download_and_extract(remote, target)
+    assert requested == list(remote.urls)  # every mirror was tried
+    assert len(info.value.attempts) == 2
+    # Nothing was extracted and no (partial) download was left behind.
+    assert sorted(p.name for p in target.iterdir()) == []
+
+    # With the archive's real digest the same call verifies, extracts and removes the archive.
+    download_and_extract(dataclasses.replace(remote, md5=file_md5(archive)), target)
+    assert sorted(p.name for p in target.iterdir()) == ["cifar-10-batches-py"]
+
+
+def test_load_dataset_downloads_verifies_and_loads(tmp_path: Path, fake_server, monkeypatch) -> None:
+    served, requested = fake_server
+    archive = _tiny_cifar10_archive(tmp_path)
+    remote = _use_remote(monkeypatch, file_md5(archive))
+    served[remote.urls[1]] = archive  # first mirror is down, second works
+    dataset = load_dataset("cifar10", root=tmp_path / "data", download=True)
+    assert requested == list(remote.urls)
+    assert dataset.train_y.tolist() == [0, 1, 2, 3, 4] and dataset.test_y.tolist() == [5]
+    assert float(dataset.train_x[3].mean()) == pytest.approx(30 / 255)
+    # Second call finds the extracted copy and does not download again.
+    load_dataset("cifar10", root=tmp_path / "data", download=True)
+    assert len(requested) == 2
+
+
+def test_load_dataset_with_bad_checksum_raises_unavailable(tmp_path: Path, fake_server, monkeypatch) -> None:
+    served, _ = fake_server
+    archive = _tiny_cifar10_archive(tmp_path)
+    remote = _use_remote(monkeypatch, "f" * 32)
+    served[remote.urls[0]] = archive
+    with pytest.raises(DatasetUnavailableError) as info:
+        load_dataset("cifar10", root=tmp_path / "data", download=True)
+    message = str(info.value)
+    assert "checksum mismatch" in message and "expected md5 " + "f" * 32 in message
+    assert isinstance(info.value.__cause__, DownloadError)
+    # The errors survive pickling (vectorised environments re-raise worker errors in the parent).
+    for error in (info.value, info.value.__cause__):
+        clone = pickle.loads(pickle.dumps(error))
+        assert type(clone) is type(error) and str(clone) == str(error)
+    mismatch = ChecksumMismatchError(Path("a.tar.gz"), "0" * 32, "1" * 32)
+    assert str(pickle.loads(pickle.dumps(mismatch))) == str(mismatch)
+    assert not (tmp_path / "data" / "cifar-10-batches-py").exists()
+
+
+def test_network_failure_raises_one_unavailable_error(tmp_path: Path, fake_server, monkeypatch) -> None:
+    monkeypatch.setattr(sources, "DEBIAN_DATASETS_DIR", tmp_path / "no-debian")
+    with pytest.raises(DatasetUnavailableError) as info:
+        load_dataset("fashion-mnist", root=tmp_path / "data", download=True)
+    message = str(info.value)
+    assert "Download failed" in message and "name resolution" in message
+    assert "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/train-images-idx3-ubyte.gz" in message
+    assert str(tmp_path / "data" / "fashion-mnist") in message and "load_dataset('digits')" in message
+
+
+def test_pinned_urls_and_digests_match_torchvision() -> None:
+    datasets = torchvision.datasets
+    for name, cls in (("mnist", datasets.MNIST), ("fashion-mnist", datasets.FashionMNIST)):
+        remote = sources.SOURCES[name].remote
+        assert [(r.filename, r.md5) for r in remote] == list(cls.resources)
+        assert all(r.mirrors == tuple(cls.mirrors) for r in remote)
+    for name, cls in (("cifar10", datasets.CIFAR10), ("cifar100", datasets.CIFAR100)):
+        remote = sources.SOURCES[name].remote
+        assert remote.urls == (cls.url,) and remote.md5 == cls.tgz_md5
+        assert sources.SOURCES[name].folder == cls.base_folder
+        assert sources.SOURCES[name].train_files + sources.SOURCES[name].test_files == tuple(
+            f for f, _ in cls.train_list + cls.test_list
+        )

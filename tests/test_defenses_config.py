@@ -1,0 +1,67 @@
+"""DefenseConfig: default is no defense, validation messages name value and range, presets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from leakgym.defenses import PIPELINE_ORDER, PRESETS, DefenseConfig
+
+
+def test_default_is_no_defense():
+    cfg = DefenseConfig()
+    assert cfg.is_identity and cfg.active() == []
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("noise_sigma", -0.1, "DefenseConfig.noise_sigma=-0.1; allowed range [0, inf)"),
+        ("prune", 1.0, "DefenseConfig.prune=1.0; allowed range [0, 1)"),
+        ("topk", 0.0, "DefenseConfig.topk=0.0; allowed range (0, 1]"),
+        ("soteria", 1.5, "DefenseConfig.soteria=1.5; allowed range [0, 1)"),
+        ("clip", float("nan"), "DefenseConfig.clip=nan; allowed range [0, inf)"),
+        ("oasis", 32, "DefenseConfig.oasis=32; allowed: integers in [0, 31]"),
+        ("censor_trials", -1, "DefenseConfig.censor_trials=-1; allowed: integers >= 0"),
+        ("censor_step", 0.0, "DefenseConfig.censor_step=0.0; allowed range (0, inf)"),
+        ("ppp", "noise", "DefenseConfig.ppp='noise'; allowed: 'off', 'ng', 'gc'"),
+        ("noise_kind", "uniform", "DefenseConfig.noise_kind='uniform'; allowed: 'gaussian', 'laplace'"),
+        ("dcs2_lambda_g", 1.2, "DefenseConfig.dcs2_lambda_g=1.2; allowed range [0, 1]"),
+        ("dcs2_start", "zeros", "DefenseConfig.dcs2_start='zeros'; allowed: 'random', 'public', 'mixup'"),
+        ("loda_steps", 0, "DefenseConfig.loda_steps=0; allowed: integers >= 1"),
+        ("mixup_k", 1, "DefenseConfig.mixup_k=1 mixes nothing"),
+        ("instahide_k", 2.5, "DefenseConfig.instahide_k=2.5; allowed: integers >= 0"),
+    ],
+)
+def test_validation_messages_name_value_and_range(field, value, message):
+    with pytest.raises(ValueError) as err:
+        DefenseConfig(**{field: value})
+    assert message in str(err.value)
+
+
+def test_mixup_and_instahide_are_exclusive_and_replace_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="set at most one"):
+        DefenseConfig(mixup_k=2, instahide_k=4)
+    with pytest.raises(ValueError, match=r"unknown DefenseConfig field\(s\) \['sigma'\]"):
+        DefenseConfig().replace(sigma=1.0)
+
+
+def test_active_follows_pipeline_order_regardless_of_field_order():
+    cfg = DefenseConfig(noise_sigma=0.1, clip=1.0, topk=0.5, prune=0.5, soteria=0.5, ppp="ng",
+                        censor_trials=2, dcs2_lambda_g=0.7, mixup_k=2, loda_c=1.0, oasis=1)
+    assert cfg.active() == list(PIPELINE_ORDER[:3]) + list(PIPELINE_ORDER[4:])
+    assert DefenseConfig(instahide_k=2).active() == ["instahide"]
+
+
+def test_presets_and_round_trip():
+    assert DefenseConfig.preset("ppp-ng1") == DefenseConfig(ppp="ng", ppp_sigma=0.1)
+    assert DefenseConfig.preset("PPP-GC99").ppp_prune == 0.99
+    assert PRESETS["none"].is_identity
+    assert all(not cfg.is_identity for name, cfg in PRESETS.items() if name != "none")
+    cfg = PRESETS["censor"]
+    assert DefenseConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown defense preset 'nope'"):
+        DefenseConfig.preset("nope")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.censor_trials = 3  # type: ignore[misc]

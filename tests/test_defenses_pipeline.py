@@ -1,0 +1,125 @@
+"""apply_defense: identity without defense, canonical composition order, report fields, FedAvg."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leakgym.data import dataset_spec
+from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
+from leakgym.defenses.perturbation import add_noise, clip_norm, global_norm
+from leakgym.defenses.pipeline import derived_generator
+from leakgym.defenses.sparsification import density, prune_smallest, top_k
+from leakgym.fl.client import compute_update
+from leakgym.models import build_model, task_loss
+
+SPEC = dataset_spec("digits", image_size=16)
+
+
+def _batch(n: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 1, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def test_no_defense_shares_the_clean_gradient_exactly():
+    model = build_model("lenet", SPEC, seed=0)
+    x, y = _batch()
+    upd, rep = apply_defense(model, x, y, DefenseConfig())
+    ref = torch.autograd.grad(task_loss(model, x, y), list(model.parameters()))
+    for (name, _), g in zip(model.named_parameters(), ref):
+        assert torch.equal(upd.tensors[name], g), name
+    assert isinstance(rep, DefenseReport)
+    assert rep.applied == [] and rep.fidelity == 1.0 and rep.overhead_s == 0.0
+    assert rep.details["examples_used"] == 2 and upd.batch_size == 2 and upd.kind == "gradient"
+
+
+def test_update_side_composition_follows_canonical_order_exactly():
+    """prune -> top-k -> clip -> noise, reproduced by hand from the clean gradient with the same generators."""
+    model = build_model("lenet", SPEC, seed=0)
+    x, y = _batch(3)
+    cfg = DefenseConfig(noise_sigma=1e-3, clip=0.5, topk=0.2, prune=0.5)
+    upd, rep = apply_defense(model, x, y, cfg, seed=7)
+    assert rep.applied == ["prune", "topk", "clip", "noise"]
+    clean = compute_update(model, x, y).tensors
+    manual, _ = clip_norm(top_k(prune_smallest(clean, 0.5), 0.2), 0.5)
+    manual = add_noise(manual, 1e-3, generator=derived_generator(7, "noise"))
+    for name in clean:
+        torch.testing.assert_close(upd.tensors[name], manual[name], rtol=0, atol=0)
+    assert density(upd.tensors) == 1.0  # noise comes last, so nothing stays pruned
+    assert 0.0 < rep.fidelity < 1.0 and rep.overhead_s >= 0.0
+    assert rep.details["clip"]["factor"] < 1.0 and rep.details["topk"]["density"] <= 0.2 + 1e-4
+
+
+def test_input_per_step_and_update_side_stages_compose_with_report_details():
+    model = build_model("lenet", SPEC, seed=0)
+    x, y = _batch(2)
+    cfg = DefenseConfig(oasis=1 | 8, censor_trials=4, soteria=0.5, topk=0.5)
+    upd, rep = apply_defense(model, x, y, cfg, seed=3)
+    assert rep.applied == ["oasis", "censor", "soteria", "topk"]
+    assert upd.batch_size == 2  # declared B: the client does not tell the server about OASIS copies
+    assert rep.details["examples_used"] == 2 * (1 + 3 + 1)
+    assert rep.details["declared_batch_size"] == 2
+    assert len(rep.details["censor"]) == 1 and {"chosen_trial", "initial_loss", "best_loss", "trial_losses"} <= set(
+        rep.details["censor"][0]
+    )
+    assert rep.details["soteria"]["pruned_units"] == 96  # floor(0.5 * 192) LeNet representation units
+    assert abs(rep.fidelity) < 0.5  # CENSOR's update is (layer-wise) orthogonal to the clean one
+
+
+def test_model_and_global_rng_are_untouched_and_results_reproducible():
+    model = build_model("lenet", SPEC, seed=0, precode=True)  # PRECODE samples from the global RNG
+    x, y = _batch(2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(123)
+    rng = torch.get_rng_state()
+    cfg = DefenseConfig(ppp="ng", ppp_sigma=0.1, oasis=2)
+    a, rep_a = apply_defense(model, x, y, cfg, seed=5)
+    assert torch.equal(torch.get_rng_state(), rng)
+    b, rep_b = apply_defense(model, x, y, cfg, seed=5)
+    c, _ = apply_defense(model, x, y, cfg, seed=6)
+    assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+    assert not all(torch.equal(a.tensors[k], c.tensors[k]) for k in a.tensors)
+    assert rep_a.fidelity == rep_b.fidelity
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    clean_a, rep = apply_defense(model, x, y, None, seed=5)
+    assert rep.fidelity == 1.0  # with PRECODE too: clean and "defended" runs share the seeded draws
+
+
+def test_fedavg_pipeline_no_defense_equals_compute_update_and_clip_bounds_the_delta():
+    model = build_model("lenet", SPEC, seed=4)
+    x, y = _batch(3)
+    upd, rep = apply_defense(model, x, y, None, update_kind="model_delta", local_steps=2, local_lr=0.05)
+    ref = compute_update(model, x, y, kind="model_delta", local_steps=2, local_lr=0.05)
+    assert rep.fidelity == 1.0 and upd.kind == "model_delta" and upd.local_steps == 2
+    assert all(torch.equal(upd.tensors[k], ref.tensors[k]) for k in ref.tensors)
+    clipped, rep = apply_defense(model, x, y, DefenseConfig(clip=1e-3), update_kind="model_delta",
+                                 local_steps=2, local_lr=0.05)
+    assert float(global_norm(clipped.tensors)) == pytest.approx(1e-3, rel=1e-5)
+    assert rep.fidelity == pytest.approx(1.0, abs=1e-6)  # clipping rescales only
+
+
+def test_mixup_encoding_through_the_pipeline_trains_on_soft_labels():
+    model = build_model("lenet", SPEC, seed=0)
+    x, y = _batch(4)
+    upd, rep = apply_defense(model, x, y, DefenseConfig(mixup_k=2), seed=1)
+    assert rep.applied == ["mixup"] and rep.details["examples_used"] == 4 and upd.batch_size == 4
+    mixing = rep.details["mixup"]["mixing_matrix"]
+    x_enc = torch.einsum("ij,jchw->ichw", mixing, x)
+    y_soft = mixing @ torch.nn.functional.one_hot(y, 10).float()
+    ref = compute_update(model, x_enc, y_soft)
+    for k in ref.tensors:
+        torch.testing.assert_close(upd.tensors[k], ref.tensors[k])
+
+
+def test_bad_inputs_raise_value_errors():
+    model = build_model("lenet", SPEC, seed=0)
+    x, y = _batch(2)
+    with pytest.raises(ValueError, match="config must be a DefenseConfig"):
+        apply_defense(model, x, y, {"noise_sigma": 0.1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="y has 1 entries but x has 2 images"):
+        apply_defense(model, x, y[:1])
+    with pytest.raises(ValueError, match="public_x and public_y must be given together"):
+        apply_defense(model, x, y, public_x=torch.rand(3, 1, 16, 16))
+    with pytest.raises(ValueError, match="PRECODE bottleneck"):
+        apply_defense(model, x, y, DefenseConfig(ppp="gc"))

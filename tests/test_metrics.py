@@ -1,0 +1,247 @@
+"""Tests for leakgym.metrics: known answers for MSE/PSNR/SSIM, matching, label accuracy, LPIPS plumbing."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torchvision.models import AlexNet
+
+from leakgym.metrics import (
+    LPIPS_BACKBONE_FILES,
+    METRIC_INFO,
+    LPIPSWeightsMissingWarning,
+    label_accuracy,
+    lpips,
+    lpips_available,
+    match_reconstructions,
+    mse,
+    perceptual,
+    psnr,
+    score_reconstruction,
+    ssim,
+)
+
+
+def unit_images(n: int = 4, c: int = 1, size: int = 16, seed: int = 0) -> torch.Tensor:
+    """Smooth random images in [0, 1] (SSIM is meaningful on structured content)."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(n, c, size // 4, size // 4, generator=g)
+    return torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
+
+
+def noisy(x: torch.Tensor, sigma: float, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return x + sigma * torch.randn(x.shape, generator=g)
+
+
+# ---------------------------------------------------------------- known answers
+
+
+def test_identical_images():
+    x = unit_images(5, 3, 32)
+    assert torch.equal(mse(x, x), torch.zeros(5))
+    assert torch.equal(psnr(x, x), torch.full((5,), 100.0))
+    assert torch.equal(psnr(x, x, max_db=60.0), torch.full((5,), 60.0))
+    torch.testing.assert_close(ssim(x, x), torch.ones(5), atol=1e-6, rtol=0)
+    flat = torch.zeros(2, 1, 16, 16)  # constant images: SSIM 1 too (no eps in the denominator)
+    torch.testing.assert_close(ssim(flat, flat), torch.ones(2), atol=1e-6, rtol=0)
+
+
+def test_psnr_matches_formula_for_gaussian_noise():
+    """Images at 0.5 plus N(0, 0.05^2) noise never reach the clamp; PSNR = 10 log10(1 / MSE).
+
+    Expected about 10 log10(1 / 0.0025) = 26.02 dB (sampling sd ~0.1 dB on 64x64 images); measured
+    25.96, 25.99, 25.99, 26.05 dB; bar 0.3 dB.
+    """
+    x = torch.full((4, 1, 64, 64), 0.5)
+    y = noisy(x, 0.05)
+    assert y.min() > 0 and y.max() < 1
+    err = ((x - y) ** 2).mean(dim=(1, 2, 3))
+    torch.testing.assert_close(mse(x, y), err)
+    torch.testing.assert_close(psnr(x, y), 10 * torch.log10(1.0 / err))
+    assert torch.all((psnr(x, y) - 26.02).abs() < 0.3)
+    # data_range scales consistently: images in [0, 255] give the same PSNR.
+    torch.testing.assert_close(psnr(255 * x, 255 * y, data_range=255.0), psnr(x, y), rtol=1e-5, atol=1e-4)
+
+
+def test_values_are_clamped_to_data_range():
+    a = torch.full((1, 1, 8, 8), 0.5)
+    b = torch.full((1, 1, 8, 8), 1.7)  # clamped to 1.0
+    assert mse(a, b).item() == pytest.approx(0.25)
+    assert mse(a, -b).item() == pytest.approx(0.25)  # clamped to 0.0
+
+
+def test_ssim_decreases_with_noise_and_metric_directions():
+    """Measured on 16x16 smooth images: SSIM 0.98 / 0.73 / 0.29 for sigma 0.02 / 0.1 / 0.3."""
+    x = unit_images(6)
+    scores = {k: [] for k in ("mse", "psnr", "ssim")}
+    for sigma in (0.02, 0.1, 0.3):
+        y = noisy(x, sigma)
+        scores["mse"].append(mse(x, y).mean().item())
+        scores["psnr"].append(psnr(x, y).mean().item())
+        scores["ssim"].append(ssim(x, y).mean().item())
+    for name, values in scores.items():
+        # More noise is a worse reconstruction: values move against ``higher_is_better``.
+        sign = 1 if METRIC_INFO[name].higher_is_better else -1
+        assert all(sign * (a - b) > 0 for a, b in itertools.pairwise(values)), (name, values)
+    assert scores["ssim"][0] > 0.9 and scores["ssim"][2] < 0.5
+
+
+def test_ssim_window_choice():
+    x, y = unit_images(2), noisy(unit_images(2), 0.1)
+    assert ssim(x, y, window_size=11).shape == (2,)
+    with pytest.raises(ValueError, match="odd"):
+        ssim(x, y, window_size=6)
+    with pytest.raises(ValueError, match="exceeds the image size"):
+        ssim(x, y, window_size=17)
+
+
+# ---------------------------------------------------------------- matching and scoring
+
+
+def test_permuted_batch_is_matched_back():
+    x = unit_images(8)
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(3))
+    recon = x[perm]
+    assignment = match_reconstructions(recon, x)
+    assert torch.equal(recon[torch.as_tensor(assignment)], x)
+    assert np.array_equal(perm[torch.as_tensor(assignment)].numpy(), np.arange(8))
+    scores = score_reconstruction(recon, x)
+    assert np.array_equal(scores.assignment, assignment)
+    assert np.all(scores.per_image["mse"] == 0) and np.all(scores.per_image["psnr"] == 100.0)
+    assert scores.mean["ssim"] == pytest.approx(1.0, abs=1e-6)
+    assert scores.label_accuracy is None
+    for cost in ("psnr", "ssim"):
+        assert np.array_equal(match_reconstructions(recon, x, cost=cost), assignment)
+
+
+def test_rectangular_matching_uses_distinct_reconstructions():
+    """5 reconstructions for 3 originals: noisy copies of originals 2, 0, 1 plus two decoys."""
+    x = unit_images(3, seed=0)
+    decoys = unit_images(2, seed=9)
+    recon = torch.cat([noisy(x[[2]], 0.05, 1), decoys[:1], noisy(x[[0]], 0.05, 2), decoys[1:],
+                       noisy(x[[1]], 0.05, 3)])
+    assignment = match_reconstructions(recon, x)
+    assert assignment.tolist() == [2, 4, 0]
+    assert len(set(assignment.tolist())) == 3
+    scores = score_reconstruction(recon, x)
+    assert all(v.shape == (3,) for v in scores.per_image.values())
+    assert scores.mean["psnr"] > 24  # about 26 dB for sigma = 0.05 before clamping
+
+
+def test_hungarian_beats_greedy():
+    """Greedy nearest-neighbour would give original 0 its best match and leave original 1 a bad one."""
+    o = torch.stack([torch.full((1, 4, 4), 0.5), torch.full((1, 4, 4), 0.6)])
+    r = torch.stack([torch.full((1, 4, 4), 0.55), torch.full((1, 4, 4), 0.2)])
+    # costs: o0-r0 0.0025, o0-r1 0.09, o1-r0 0.0025, o1-r1 0.16 -> optimum o0->r1, o1->r0 (0.0925)
+    assert match_reconstructions(r, o).tolist() == [1, 0]
+
+
+def test_label_accuracy_is_order_free():
+    assert label_accuracy([1, 1, 2], [2, 1, 1]) == 1.0
+    assert label_accuracy(torch.tensor([1, 1, 1]), torch.tensor([1, 2, 3])) == pytest.approx(1 / 3)
+    assert label_accuracy(np.array([4, 5]), [1, 2, 3, 4]) == 0.25
+    assert label_accuracy([1, 2, 3, 4], [1, 2]) == 1.0  # surplus predictions are not rewarded
+    x = unit_images(3)
+    s = score_reconstruction(x, x, pred_labels=torch.tensor([3, 1, 1]), true_labels=torch.tensor([1, 3, 2]))
+    assert s.label_accuracy == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="empty"):
+        label_accuracy([1], [])
+    with pytest.raises(ValueError, match="integer"):
+        label_accuracy([0.5], [1])
+    with pytest.raises(ValueError, match="1-D"):
+        label_accuracy([[1]], [1])
+
+
+def test_input_validation():
+    x = unit_images(2)
+    with pytest.raises(ValueError, match="equal shapes"):
+        mse(x, unit_images(3))
+    with pytest.raises(ValueError, match="N, C, H, W"):
+        psnr(x[0], x[0])
+    with pytest.raises(ValueError, match="data_range"):
+        ssim(x, x, data_range=0.0)
+    with pytest.raises(ValueError, match="max_db"):
+        psnr(x, x, max_db=-1.0)
+    with pytest.raises(ValueError, match="NaN"):
+        mse(x, torch.full_like(x, float("nan")))
+    with pytest.raises(ValueError, match="floating"):
+        mse(x.long(), x.long())
+    with pytest.raises(ValueError, match="at least as many reconstructions"):
+        match_reconstructions(x[:1], x)
+    with pytest.raises(ValueError, match="cost"):
+        match_reconstructions(x, x, cost="l1")
+    with pytest.raises(ValueError, match="same \\(C, H, W\\)"):
+        match_reconstructions(unit_images(2, size=8), x)
+    with pytest.raises(ValueError, match="alex, vgg"):
+        lpips(x, x, net="squeeze")
+
+
+# ---------------------------------------------------------------- LPIPS
+
+
+@pytest.fixture
+def torch_home(tmp_path, monkeypatch):
+    """An empty TORCH_HOME, a fresh warn-once registry and model cache."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.hub, "_hub_dir", None)
+    monkeypatch.setattr(perceptual, "_WARNED", set())
+    monkeypatch.setattr(perceptual, "_MODELS", {})
+    return tmp_path
+
+
+def test_lpips_missing_weights_gives_nan_and_warns_once(torch_home):
+    x = unit_images(3)
+    assert not lpips_available("alex")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = lpips(x, x)
+        second = score_reconstruction(x, x, lpips=True)
+    assert torch.isnan(first).all() and first.shape == (3,)
+    assert np.isnan(second.per_image["lpips"]).all() and math.isnan(second.mean["lpips"])
+    assert second.mean["ssim"] == pytest.approx(1.0, abs=1e-6)  # other metrics unaffected
+    relevant = [w for w in caught if issubclass(w.category, LPIPSWeightsMissingWarning)]
+    assert len(relevant) == 1
+    message = str(relevant[0].message)
+    expected_dir = torch_home / "hub" / "checkpoints"
+    assert LPIPS_BACKBONE_FILES["alex"] in message and str(expected_dir) in message
+
+
+def test_lpips_plumbing_with_random_backbone_checkpoint(torch_home):
+    """PLUMBING TEST ONLY, not a real LPIPS value.
+
+    The checkpoint written here holds a *randomly initialised* torchvision AlexNet's ``features.*``
+    tensors (the real ``alexnet-owt-7be5be79.pth`` also has ``classifier.*`` entries, which LPIPS
+    ignores) under the file name torchvision uses. It checks that weights are found under
+    ``$TORCH_HOME/hub/checkpoints``, loaded without network access, and that LPIPS returns finite
+    per-image values of the right shape (0 for identical images) on upsampled grayscale 16x16 input.
+    """
+    ckpt_dir = torch_home / "hub" / "checkpoints"
+    ckpt_dir.mkdir(parents=True)
+    torch.manual_seed(0)
+    features = AlexNet().features
+    torch.save({f"features.{k}": v for k, v in features.state_dict().items()},
+               ckpt_dir / LPIPS_BACKBONE_FILES["alex"])
+    assert lpips_available("alex")
+    x, y = unit_images(3), noisy(unit_images(3), 0.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LPIPSWeightsMissingWarning)
+        d = lpips(x, y)
+        same = lpips(x, x)
+    assert d.shape == (3,) and torch.isfinite(d).all() and (d > 0).all()
+    torch.testing.assert_close(same, torch.zeros(3), atol=1e-6, rtol=0)
+    loaded = perceptual._MODELS[next(iter(perceptual._MODELS))]
+    torch.testing.assert_close(loaded.net.slice1[0].weight, features[0].weight)  # checkpoint, not random
+
+
+def test_lpips_rejects_checkpoint_that_is_not_alexnet(torch_home):
+    ckpt_dir = torch_home / "hub" / "checkpoints"
+    ckpt_dir.mkdir(parents=True)
+    torch.save({"something.else": torch.zeros(1)}, ckpt_dir / LPIPS_BACKBONE_FILES["alex"])
+    with pytest.raises(ValueError, match="not a torchvision alex checkpoint"):
+        lpips(unit_images(1), unit_images(1))
