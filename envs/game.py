@@ -39,7 +39,7 @@ from leakgym.metrics import ReconstructionScores, score_reconstruction
 from leakgym.models import build_model
 
 from .observations import attacker_observation, attacker_obs_size, defender_observation, defender_obs_size
-from .rewards import attack_cost, defense_compute_units, leakage_score, rewards
+from .rewards import defense_compute_units, leakage_score, rewards
 from .scenario import Scenario
 
 
@@ -195,7 +195,7 @@ class LeakGame:
         t0 = time.perf_counter()
         idx = self.rng.choice(len(self.victim_x), size=sc.batch_size, replace=len(self.victim_x) < sc.batch_size)
         x, y = self.victim_x[idx], self.victim_y[idx]
-        sent_model = attack.prepare_model(self.server.model, self.spec)
+        sent_model = attack.prepare_model(self.server.model, self.spec, public_x=self.public_x)
         update, report = apply_defense(
             sent_model,
             x,

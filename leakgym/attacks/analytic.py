@@ -17,11 +17,12 @@ examples that reach row ``i`` (OASIS §III-A). Behind a ReLU only the examples t
 giving the *same* vector certify such single-example rows: mixtures of different examples, weighted by
 row-specific coefficients, do not coincide. :func:`select_candidates` uses that agreement (and, for
 images, whether a candidate lies inside the box of valid images) to choose which recovered vectors to
-return. :class:`AnalyticAttack` returns only certified vectors by default (``certified_only=True``):
-at batch size ``B > 1`` it returns the examples that some rows isolate, up to ``B`` of them, and the
-dataset-mean image in the remaining slots.
+return.
 
-:class:`AnalyticAttack` (registry name ``"analytic"``) runs this on one layer of the model as sent:
+:class:`AnalyticAttack` (registry name ``"analytic"``) runs this on one layer of the model as sent and
+by default returns only certified vectors (``certified_only=True``): at batch size ``B > 1``, the
+examples that some rows isolate (up to ``B``), and the dataset-mean image in the remaining slots.
+Which layer:
 
 * ``layer=None`` (default): the first ``nn.Linear`` executed in the forward pass. For the MLP this is
   ``body.fc1`` on the flattened image, and the attack returns images (exact at batch size 1).
@@ -68,7 +69,11 @@ __all__ = [
     "AnalyticResult",
     "CandidateSelection",
     "LinearLayerInfo",
+    "assemble_result",
+    "attack_labels",
     "find_linear_layer",
+    "image_box",
+    "layer_gradients",
     "recover_linear_input",
     "select_candidates",
 ]

@@ -93,8 +93,12 @@ class Attack(ABC):
         self.config = config
 
     # -- malicious servers -------------------------------------------------------------------
-    def prepare_model(self, model: nn.Module, spec: DatasetSpec) -> nn.Module:
-        """Return the model the server sends to clients. Honest attacks send it unchanged."""
+    def prepare_model(self, model: nn.Module, spec: DatasetSpec, *, public_x: Tensor | None = None) -> nn.Module:
+        """Return the model the server sends to clients. Honest attacks send it unchanged.
+
+        ``public_x`` (unit images of the public split) lets a malicious server calibrate the
+        layers it inserts.
+        """
         return model
 
     # -- reconstruction ----------------------------------------------------------------------

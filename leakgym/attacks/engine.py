@@ -463,6 +463,8 @@ class MatchingOutput:
     """``(N, B, num_classes)`` optimised label distributions (None when labels were given)."""
     matching_loss: Tensor
     """``(N,)`` matching loss of the returned images."""
+    total_loss: Tensor
+    """``(N,)`` full objective (matching loss plus weighted priors) of the returned images."""
     history: Tensor
     """``(iterations, N)`` matching loss per iteration of the returned restart."""
     best_restart: Tensor
@@ -698,7 +700,7 @@ def run_gradient_matching(
     images = best_x[pick].detach()
     soft = None if best_logits is None else best_logits[pick].softmax(dim=-1)
     return MatchingOutput(
-        images=images, soft_labels=soft, matching_loss=best_match[pick],
+        images=images, soft_labels=soft, matching_loss=best_match[pick], total_loss=best_total[pick],
         history=history[:, pick], best_restart=best_r, iterations=schedule.iterations, restarts=r,
     )
 

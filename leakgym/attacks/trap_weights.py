@@ -132,7 +132,7 @@ class TrapWeightsAttack(Attack):
     #: Name of the inserted block; its layers are ``trap.linear0`` and ``trap.linear2``.
     block_name: ClassVar[str] = "trap"
 
-    def prepare_model(self, model: nn.Module, spec: DatasetSpec) -> nn.Module:
+    def prepare_model(self, model: nn.Module, spec: DatasetSpec, *, public_x: Tensor | None = None) -> nn.Module:
         """A copy of ``model`` with the trap layer before it; ``model`` itself is unchanged."""
         cfg: TrapWeightsConfig = self.config
         d = math.prod(spec.shape)

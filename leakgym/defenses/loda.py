@@ -18,7 +18,7 @@ Deviations, and why:
 * The paper's extractor is a ResNet-18 trained on a *different* public dataset (CIFAR-100 for
   CIFAR-10). LeakGym trains the extractor on the public split of the same dataset (the only public
   data an offline environment has) and uses the library's ConvNet (Inverting Gradients' eight
-  conv-BN-ReLU blocks, width 16) by default, which has enough convolutional layers for LODA1's
+  conv-BN-ReLU blocks, width 8) by default, which has enough convolutional layers for LODA1's
   "first five" and runs on a CPU; ``arch="resnet18"`` gives the paper's architecture.
 * The extractor is trained with Adam (lr 1e-3, batch 32, ``epochs`` epochs) and cached on disk;
   the paper does not state its training recipe.
@@ -41,7 +41,8 @@ from leakgym.models import build_model
 
 #: Default extractor architecture (see module docstring) and training epochs.
 DEFAULT_ARCH = "convnet"
-DEFAULT_EPOCHS = 30
+DEFAULT_WIDTH = 8
+DEFAULT_EPOCHS = 20
 #: Extractor training hyper-parameters (not given in the paper).
 TRAIN_LR = 1e-3
 TRAIN_BATCH = 32
@@ -81,6 +82,7 @@ def feature_extractor(
     cache_dir: str | Path | None = None,
     epochs: int = DEFAULT_EPOCHS,
     arch: str = DEFAULT_ARCH,
+    width: int | None = DEFAULT_WIDTH,
 ) -> nn.Module:
     """The LODA feature extractor for this dataset and seed: trained once, then loaded from disk.
 
@@ -94,9 +96,10 @@ def feature_extractor(
     if epochs < 0:
         raise ValueError(f"epochs={epochs}; must be >= 0")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = f"{spec.name}-{spec.image_size}px-{arch}-ep{epochs}-seed{seed}-{_fingerprint(public_x, public_y)}.pt"
+    key = (f"{spec.name}-{spec.image_size}px-{arch}-w{width}-ep{epochs}-seed{seed}-"
+           f"{_fingerprint(public_x, public_y)}.pt")
     path = cache / key
-    model = build_model(arch, spec, seed=seed, device=public_x.device, dtype=public_x.dtype)
+    model = build_model(arch, spec, width=width, seed=seed, device=public_x.device, dtype=public_x.dtype)
     if path.exists():
         state = torch.load(path, map_location=public_x.device, weights_only=True)
         model.load_state_dict(state)
@@ -217,6 +220,7 @@ def loda_obscure(
     cache_dir: str | Path | None = None,
     epochs: int = DEFAULT_EPOCHS,
     arch: str = DEFAULT_ARCH,
+    width: int | None = DEFAULT_WIDTH,
 ) -> tuple[Tensor, dict]:
     """Obscure a batch with LODA (Eq. 4, Algorithm 1); labels are kept.
 
@@ -248,7 +252,9 @@ def loda_obscure(
     if not lr > 0:
         raise ValueError(f"lr={lr}; must be > 0")
     public_x, public_y = _check_public(spec, public_x, public_y)
-    extractor = feature_extractor(spec, public_x, public_y, seed=seed, cache_dir=cache_dir, epochs=epochs, arch=arch)
+    extractor = feature_extractor(
+        spec, public_x, public_y, seed=seed, cache_dir=cache_dir, epochs=epochs, arch=arch, width=width
+    )
     g = LayerFeatures(extractor, layers)
     gen = torch.Generator().manual_seed(seed)
     pick = torch.randint(0, public_x.shape[0], (x.shape[0],), generator=gen).to(public_x.device)
