@@ -12,21 +12,21 @@
 
 from .bandit import EpsilonGreedyBandit, default_arms
 from .base import Agent, UniformRandomAgent
-from .factory import allowed_names, make_agent
+from .factory import agent_names, make_agent
 from .learned import LearnedAgent
 from .presets import PRESETS, Preset, get_preset, preset_action, preset_names, valid_presets
 from .scripted import FixedAgent, RoundRobinAgent, fixed_from_settings
 
 __all__ = [
+    "PRESETS",
     "Agent",
     "EpsilonGreedyBandit",
     "FixedAgent",
     "LearnedAgent",
-    "PRESETS",
     "Preset",
     "RoundRobinAgent",
     "UniformRandomAgent",
-    "allowed_names",
+    "agent_names",
     "default_arms",
     "fixed_from_settings",
     "get_preset",

@@ -69,3 +69,20 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         help="scenario overrides, e.g. rounds=2 'iterations=[5,10]' (values parsed as YAML)",
     )
     parser.add_argument("--seed", type=int, default=0, help="base random seed")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: LeakGym's per-round models are tiny and extra threads "
+        "mostly spin; 0 = torch's default)",
+    )
+
+
+def apply_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` unless ``threads`` is 0 (keep torch's default)."""
+    if threads < 0:
+        raise ValueError(f"threads={threads}; must be >= 0 (0 = torch's default)")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)

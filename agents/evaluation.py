@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .base import Agent
-from .cli_common import add_env_arguments, parse_overrides, resolve_env, split_agent_list
+from .cli_common import add_env_arguments, apply_threads, parse_overrides, resolve_env, split_agent_list
 from .factory import make_agent
 
 #: metrics reported per pair (each as mean and 95% CI)
@@ -167,9 +167,8 @@ def evaluate(
     progress: bool = True,
 ) -> PayoffTable:
     """Play every attacker against every defender for ``episodes`` episodes (see module docstring)."""
-    from tqdm.auto import tqdm
-
     from leakgym.envs.leakgym_env import parallel_env
+    from tqdm.auto import tqdm
 
     if episodes < 1:
         raise ValueError(f"episodes={episodes}; must be >= 1")
@@ -341,26 +340,39 @@ def write_heatmap(table: PayoffTable, path: Path) -> None:
 
 
 def write_gallery(table: PayoffTable, path: Path, max_images: int = 4) -> None:
-    """Per pair one row: the last round's originals, then their matched reconstructions."""
-    rows = [p for p in table.pairs if "originals" in p.last_round]
-    if not rows:
+    """A grid like the payoff table: one block per (attacker row, defender column) holding the
+    last round's private images (top) over their matched reconstructions (bottom, with SSIM)."""
+    by_pair = {(p.attacker, p.defender): p for p in table.pairs if "originals" in p.last_round}
+    if not by_pair:
         raise ValueError("no pair has a finished round to show")
-    n = min(max_images, min(len(p.last_round["originals"]) for p in rows))
-    fig = _figure(figsize=(1.1 * 2 * n + 2.6, 1.25 * len(rows) + 0.6), dpi=100)
-    axes = fig.subplots(len(rows), 2 * n, squeeze=False)
-    for r, pair in enumerate(rows):
-        orig, recon, scores = pair.last_round["originals"], pair.last_round["reconstructions"], pair.last_round["scores"]
-        for k in range(n):
-            matched = recon[int(scores.assignment[k])]
-            for c, (img, title) in enumerate(((orig[k], "original"), (matched, f"SSIM {scores.per_image['ssim'][k]:.2f}"))):
-                ax = axes[r][k + c * n]
-                arr = img.detach().cpu().clamp(0, 1).numpy()
-                ax.imshow(arr[0] if arr.shape[0] == 1 else np.transpose(arr, (1, 2, 0)), cmap="gray", vmin=0, vmax=1)
-                ax.set_title(title, fontsize=6)
-                ax.set_xticks([])
-                ax.set_yticks([])
-        axes[r][0].set_ylabel(f"{pair.attacker}\nvs {pair.defender}", fontsize=6, rotation=0, ha="right", va="center")
-    fig.suptitle(f"{table.env_id}: last round of each pair (left originals, right reconstructions)", fontsize=8)
+    n = min(max_images, min(len(p.last_round["originals"]) for p in by_pair.values()))
+    na, nd = len(table.attackers), len(table.defenders)
+    fig = _figure(figsize=(1.0 * n * nd + 1.6, 2.1 * na + 0.8), dpi=100)
+    axes = fig.subplots(2 * na, n * nd, squeeze=False)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+    for i, a in enumerate(table.attackers):
+        axes[2 * i][0].set_ylabel(f"{a}\noriginal", fontsize=6)
+        axes[2 * i + 1][0].set_ylabel(f"{a}\nreconstruction", fontsize=6)
+        for j, d in enumerate(table.defenders):
+            if i == 0:
+                axes[0][j * n].set_title(d, fontsize=7, loc="left")
+            pair = by_pair.get((a, d))
+            if pair is None:
+                continue
+            orig, recon, scores = (pair.last_round[k] for k in ("originals", "reconstructions", "scores"))
+            for k in range(n):
+                shown = (orig[k], recon[int(scores.assignment[k])])
+                for r, img in enumerate(shown):
+                    ax = axes[2 * i + r][j * n + k]
+                    arr = img.detach().cpu().clamp(0, 1).numpy()
+                    ax.imshow(arr[0] if arr.shape[0] == 1 else np.transpose(arr, (1, 2, 0)), cmap="gray",
+                              vmin=0, vmax=1)
+                ax.set_xlabel(f"SSIM {scores.per_image['ssim'][k]:.2f}", fontsize=6)
+    fig.suptitle(f"{table.env_id}: last round of each pair (rows: attackers, columns: defenders)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -392,6 +404,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``leakgym eval``: play all pairs, write the four files, print who beats whom."""
+    apply_threads(args.threads)
     table = evaluate(
         args.env,
         split_agent_list(args.attackers),

@@ -32,7 +32,7 @@ from .scripted import FixedAgent, RoundRobinAgent, check_role
 SCRIPTED_NAMES = ("random", "round-robin", "bandit")
 
 
-def allowed_names() -> list[str]:
+def agent_names() -> list[str]:
     """Every name :func:`make_agent` understands (besides policy paths and ``fixed:...``)."""
     return [*SCRIPTED_NAMES, "fixed:<comma-separated action>", *preset_names(), "<path to policy .zip>"]
 
@@ -60,7 +60,9 @@ def make_agent(spec: Any, *, role: str, scenario: Any) -> Agent:
     if isinstance(spec, Path):
         spec = str(spec)
     if not isinstance(spec, str):
-        raise ValueError(f"agent spec {spec!r} must be an Agent or a string; allowed names: {allowed_names()}")
+        raise ValueError(  # noqa: TRY004 - the project reports every bad input as ValueError
+            f"agent spec {spec!r} must be an Agent or a string; allowed names: {agent_names()}"
+        )
     sc = _resolve_scenario(scenario)
     nvec = sc.attacker_nvec if role == "attacker" else sc.defender_nvec
     if spec == "random":
@@ -85,7 +87,7 @@ def make_agent(spec: Any, *, role: str, scenario: Any) -> Agent:
         return FixedAgent(preset_action(spec, sc, role), name=spec)
     if spec.endswith(".zip") or Path(spec).is_file():
         return LearnedAgent(spec)
-    raise ValueError(f"unknown agent {spec!r}; allowed: {allowed_names()}")
+    raise ValueError(f"unknown agent {spec!r}; allowed: {agent_names()}")
 
 
-__all__ = ["SCRIPTED_NAMES", "allowed_names", "make_agent"]
+__all__ = ["SCRIPTED_NAMES", "agent_names", "make_agent"]

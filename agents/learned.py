@@ -69,7 +69,6 @@ class LearnedAgent(Agent):
         self.model = algorithm_class(self.algo).load(path, device=device)
         self.deterministic = deterministic
         self.name = f"{self.algo}:{path}"
-        self._checked = False
 
     def check_spaces(self, observation: np.ndarray, action_space) -> None:
         """Raise ``ValueError`` when the policy was trained on different spaces than it is given."""
@@ -88,9 +87,7 @@ class LearnedAgent(Agent):
             )
 
     def act(self, observation, action_space, rng):
-        if not self._checked:
-            self.check_spaces(observation, action_space)
-            self._checked = True
+        self.check_spaces(observation, action_space)
         action, _ = self.model.predict(np.asarray(observation, dtype=np.float32), deterministic=self.deterministic)
         return np.asarray(action, dtype=np.int64)
 

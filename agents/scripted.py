@@ -30,9 +30,11 @@ def as_action(action: Any, what: str = "action") -> np.ndarray:
     arr = np.asarray(action)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{what} {action!r} must be a non-empty 1-D sequence of integers")
-    if not np.issubdtype(arr.dtype, np.integer):
-        if not (np.issubdtype(arr.dtype, np.number) and np.all(np.mod(arr, 1) == 0)):
-            raise ValueError(f"{what} {action!r} must contain integers only")
+    integral = np.issubdtype(arr.dtype, np.integer) or (
+        np.issubdtype(arr.dtype, np.number) and bool(np.all(np.mod(arr, 1) == 0))
+    )
+    if not integral:
+        raise ValueError(f"{what} {action!r} must contain integers only")
     return arr.astype(np.int64)
 
 
@@ -102,8 +104,8 @@ def fixed_from_settings(scenario, role: str, settings: dict[str, Any], name: str
 
 
 __all__ = [
-    "FixedAgent",
     "ROLES",
+    "FixedAgent",
     "RoundRobinAgent",
     "UniformRandomAgent",
     "as_action",

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cli_common import add_env_arguments, parse_overrides, resolve_env
+from .cli_common import add_env_arguments, apply_threads, parse_overrides, resolve_env
 from .evaluation import evaluate, json_safe
 from .learned import ALGORITHMS
 from .training import TrainConfig, train
@@ -77,8 +77,8 @@ def selfplay(
     t0 = time.perf_counter()
     for k in range(1, iterations + 1):
         folder = out / f"iter_{k:02d}"
-        common = dict(env_id=gym_id, algo=algo, timesteps=timesteps, overrides=overrides,
-                      hyperparams=dict(hyperparams or {}), progress=progress)
+        common = {"env_id": gym_id, "algo": algo, "timesteps": timesteps, "overrides": overrides,
+                  "hyperparams": dict(hyperparams or {}), "progress": progress}
         att = train(TrainConfig(role="attacker", opponent=defender, out=folder / "attacker", seed=seed + 2 * k, **common))
         attacker = str(att.policy_path)
         dfd = train(TrainConfig(role="defender", opponent=attacker, out=folder / "defender", seed=seed + 2 * k + 1, **common))
@@ -116,6 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    apply_threads(args.threads)
     summary = selfplay(
         args.env,
         iterations=args.iterations,

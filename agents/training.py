@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from .cli_common import add_env_arguments, parse_overrides, resolve_env
+from .cli_common import add_env_arguments, apply_threads, parse_overrides, resolve_env
 from .learned import ALGORITHMS, algorithm_class, metadata_path
 from .scripted import ROLES, check_role
 
@@ -224,6 +224,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def main(args: argparse.Namespace) -> int:
     """Run ``leakgym train``; prints where the policy went."""
+    apply_threads(args.threads)
     config = config_from_args(args)
     result = train(config)
     print(f"saved {result.policy_path} ({result.metadata['timesteps']} steps, {result.metadata['wall_time_s']:.1f} s)")

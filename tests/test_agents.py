@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gymnasium import spaces
-
 from leakgym.agents import (
     PRESETS,
     EpsilonGreedyBandit,

@@ -81,3 +81,113 @@ def test_instahide_cross_dataset_mixes_public_images_and_private_labels_only():
         w = lams[i, :2] / lams[i, :2].sum()
         expected = torch.zeros(10).index_add_(0, y[priv[i, :2]], w)
         torch.testing.assert_close(y_soft[i], expected)
+
+
+@pytest.fixture(scope="module")
+def digits_batch():
+    from leakgym.data import federated_split, load_dataset
+
+    split = federated_split(load_dataset("digits", image_size=16), num_clients=4, seed=0)
+    spec = split.spec
+    xu, y = split.clients[0][0][:4], split.clients[0][1][:4]
+    return spec, xu, y
+
+
+def _ssim(spec, x_n, xu):
+    from leakgym.metrics import score_reconstruction
+
+    return score_reconstruction(spec.denormalize(x_n), xu).mean["ssim"]
+
+
+def test_mixup_demixing_with_the_known_matrix_recovers_the_batch(digits_batch):
+    """Stage 2 of MixupDecoding (LODA Eq. 3) on exact Mixup encodings, k=4, batch 4.
+
+    Measured SSIM vs the private images: encodings themselves 0.85; demixed from one round 0.96,
+    from three rounds of fresh encodings 0.997."""
+    from leakgym.attacks.mixup_decoding import demix
+
+    spec, xu, y = digits_batch
+    x = spec.normalize(xu)
+    lo, hi = spec.unit_bounds(x)
+    g = torch.Generator().manual_seed(0)
+    encs, mats = [], []
+    for _ in range(3):
+        xe, _, info = mixup_encode(x, y, k=4, num_classes=10, generator=g)
+        encs.append(xe)
+        mats.append(info["mixing_matrix"])
+    enc, mix = torch.cat(encs), torch.cat(mats)
+    decoded, hist = demix(enc, mix, torch.zeros_like(enc), scheme="mixup", steps=1000, lr=0.01, lower=lo, upper=hi,
+                          generator=torch.Generator().manual_seed(0))
+    assert hist[-1] < 1e-2 * hist[0]
+    assert _ssim(spec, decoded, xu) > 0.98 > _ssim(spec, encs[0], xu)
+
+
+def test_instahide_demixing_fits_the_absolute_values_but_not_the_signs(digits_batch):
+    """The abs() regression (LODA Eq. 3) is solved -- |M X| matches |E| -- but it cannot tell a
+    pixel column's sign across the batch (X[:, p] -> -X[:, p] leaves |M X| unchanged), and the box
+    only fixes it for bright pixels. Measured SSIM: encodings 0.09, decoded 0.09-0.10 from 1 or 3
+    rounds: decoding does NOT raise SSIM for InstaHide here (documented, not hidden)."""
+    from leakgym.attacks.mixup_decoding import demix
+
+    spec, xu, y = digits_batch
+    x = spec.normalize(xu)
+    lo, hi = spec.unit_bounds(x)
+    xe, _, info = instahide_encode(x, y, k=4, num_classes=10, generator=torch.Generator().manual_seed(0))
+    decoded, hist = demix(xe, info["mixing_matrix"], torch.zeros_like(xe), scheme="instahide", steps=1000,
+                          lr=0.01, lower=lo, upper=hi, generator=torch.Generator().manual_seed(0))
+    assert hist[-1] < 0.1 * hist[0]
+    assert _ssim(spec, decoded, xu) < 0.5
+
+
+def test_mixup_decoding_needs_the_encoding_metadata(digits_batch):
+    from leakgym.attacks.base import AttackerKnowledge
+    from leakgym.attacks.mixup_decoding import MixupDecoding
+    from leakgym.fl.update import SharedUpdate
+    from leakgym.models import build_model
+
+    spec, _, y = digits_batch
+    model = build_model("lenet", spec, seed=0)
+    update = SharedUpdate({n: torch.zeros_like(p) for n, p in model.named_parameters()}, batch_size=4)
+    knowledge = AttackerKnowledge(model=model, spec=spec, batch_size=4, labels=y)
+    with pytest.raises(ValueError, match="metadata"):
+        MixupDecoding(iterations=1).reconstruct(update, knowledge)
+    with pytest.raises(ValueError, match="decode_steps"):
+        MixupDecoding(decode_steps=-1)
+
+
+@pytest.mark.slow
+def test_mixup_decoding_against_plain_inversion_of_encoded_updates(digits_batch):
+    """End to end, LeNet, batch 2, Mixup k=2, Inverting Gradients 150 iterations.
+
+    Measured: no defense SSIM 0.99 (batch 4: 0.997); plain inversion of one Mixup update 0.83
+    (the encodings themselves 0.89: k=2 barely hides a digit); per-round decoding 0.66 -- WORSE,
+    because a single round's 2x2 mixing matrix is ill-conditioned and amplifies the inversion
+    error. Joint decoding of 4 rounds re-encoding the same batch (LODA: "combine the reconstructed
+    images from 50 iterations") is what this test asserts to beat plain inversion."""
+    from leakgym.attacks.base import AttackerKnowledge
+    from leakgym.attacks.inverting_gradients import InvertingGradients
+    from leakgym.attacks.mixup_decoding import MixupDecoding
+    from leakgym.fl.update import SharedUpdate
+    from leakgym.models import build_model, task_loss
+
+    spec, xu, y = digits_batch
+    xu, y = xu[:2], y[:2]
+    x = spec.normalize(xu)
+    model = build_model("lenet", spec, seed=0)
+
+    def grad(xx, yy):
+        gs = torch.autograd.grad(task_loss(model, xx, yy), list(model.parameters()))
+        return {n: g.detach() for (n, _), g in zip(model.named_parameters(), gs)}
+
+    gen = torch.Generator().manual_seed(0)
+    updates = []
+    for _ in range(4):
+        xe, ys, info = mixup_encode(x, y, k=2, num_classes=10, generator=gen)
+        meta = {"encoding": {"scheme": "mixup", "mixing_matrix": info["mixing_matrix"], "labels": ys}}
+        updates.append(SharedUpdate(grad(xe, ys), batch_size=2, metadata=meta))
+    kns = [AttackerKnowledge(model=model, spec=spec, batch_size=2, labels=y) for _ in updates]
+    plain = InvertingGradients(iterations=150).reconstruct_batch(updates, kns)
+    s_plain = sum(_ssim(spec, r.images, xu) for r in plain) / len(plain)
+    decoded = MixupDecoding(iterations=150, joint=True).reconstruct_batch(updates, kns)
+    s_decoded = _ssim(spec, decoded[0].images, xu)
+    assert s_decoded > s_plain, (s_plain, s_decoded)

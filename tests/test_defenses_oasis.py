@@ -30,7 +30,7 @@ def test_batch_composition_and_labels_follow_eq7():
                      "minor_rotation:30", "minor_rotation:45", "minor_rotation:60",
                      "shear:0.55", "shear:1", "shear:0.9", "hflip", "vflip"]
     # Combination "major rotation + shearing" = union of both sets of copies.
-    xc, yc, names_c = augment(x, y, 1 | 4)
+    xc, _yc, names_c = augment(x, y, 1 | 4)
     assert xc.shape[0] == 3 * 7 and names_c == names[:3] + names[6:9]
     assert torch.equal(augment(x, y, 0)[0], x)
 

@@ -49,8 +49,8 @@ def test_fedavg_delta_equals_manual_sgd_steps():
         grads = torch.autograd.grad(loss, list(manual.values()))
         manual = {n: (p - 0.05 * g).detach().requires_grad_(True) for (n, p), g in zip(manual.items(), grads)}
     assert upd.kind == "model_delta" and upd.local_steps == 3 and upd.local_lr == 0.05
-    for n in w0:
-        torch.testing.assert_close(upd.tensors[n], w0[n] - manual[n].detach(), rtol=1e-5, atol=1e-7)
+    for n, w in w0.items():
+        torch.testing.assert_close(upd.tensors[n], w - manual[n].detach(), rtol=1e-5, atol=1e-7)
 
 
 def test_batchnorm_model_buffers_shared_but_model_untouched_and_single_example_works():
@@ -90,10 +90,10 @@ def test_gradient_transform_is_called_every_local_step_with_current_model():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(kind="delta"), "kind='delta'"),
-        (dict(local_steps=0, kind="model_delta"), "local_steps=0"),
-        (dict(local_steps=2), "FedSGD takes exactly 1 step"),
-        (dict(local_lr=0.0, kind="model_delta"), "local_lr=0.0"),
+        ({"kind": "delta"}, "kind='delta'"),
+        ({"local_steps": 0, "kind": "model_delta"}, "local_steps=0"),
+        ({"local_steps": 2}, "FedSGD takes exactly 1 step"),
+        ({"local_lr": 0.0, "kind": "model_delta"}, "local_lr=0.0"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_the_value(kwargs, match):

@@ -243,7 +243,7 @@ class ProblemSet:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         use_bn_stats: bool = False,
-    ) -> "ProblemSet":
+    ) -> ProblemSet:
         """Stack N compatible problems.
 
         Args:
@@ -357,7 +357,7 @@ class ProblemSet:
             lower=lower.reshape(-1, 1, 1), upper=upper.reshape(-1, 1, 1), bn_targets=bn_targets,
         )
 
-    def subset(self, index: int) -> "ProblemSet":
+    def subset(self, index: int) -> ProblemSet:
         """Problem ``index`` alone (used by the sequential reference path)."""
         pick = (lambda t: t[index:index + 1]) if self.batched else (lambda t: t)
         return dataclasses.replace(

@@ -21,8 +21,9 @@ the weight-based rule), so ``signal="auto"`` uses the bias when the update conta
 row sums otherwise. Both are valid for FedAvg model differences too: ``w_before - w_after`` is
 ``local_lr`` times the sum of the local gradients, which keeps the sign pattern for small step counts.
 
-Measured (``tests/test_attacks_optim.py``): 100% at batch size 1; LLG on untrained LeNet, 16x16
-digits, batch size 8, 20 random batches: see the test docstring for the number.
+Measured (``tests/test_attacks_optim.py``): 100% at batch size 1 (LeNet with and without PRECODE,
+30 images); LLG at batch size 8 on untrained LeNet, 16x16 digits, 20 random batches with repeated
+labels: 83.1% of labels recovered (multiset overlap).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def head_parameter_names(model: nn.Module) -> tuple[str, str | None]:
     """Names of the classifier head's weight and bias in ``model.named_parameters()``."""
     head = getattr(model, "head", None)
     if not isinstance(head, nn.Linear):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 -- LeakGym reports every bad input as ValueError
             f"label inference needs model.head to be an nn.Linear classifier; got {type(head).__name__}"
         )
     weight_name = bias_name = None

@@ -36,7 +36,13 @@ from torch import Tensor
 
 from leakgym.attacks.base import AttackerKnowledge, AttackResult, seeded_generator
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
-from leakgym.defenses.loda import DEFAULT_ARCH, DEFAULT_EPOCHS, DEFAULT_WIDTH, LayerFeatures, feature_extractor
+from leakgym.defenses.loda import (
+    DEFAULT_ARCH,
+    DEFAULT_EPOCHS,
+    DEFAULT_WIDTH,
+    LayerFeatures,
+    feature_extractor,
+)
 from leakgym.fl.update import SharedUpdate
 
 STARTS = ("public", "random")

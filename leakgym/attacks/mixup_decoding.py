@@ -57,6 +57,8 @@ class MixupDecodingConfig(InvertingGradientsConfig):
     """Adam steps of the demixing regression (GradAttack: 1000)."""
     decode_lr: float = 0.01
     """Adam learning rate of the demixing regression (LODA Sec. 5.1: 0.01)."""
+    joint: bool = False
+    """Treat the call's updates as rounds re-encoding one private batch and demix them together."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,17 +105,21 @@ def demix(
     encoded: Tensor, mixing: Tensor, offset: Tensor, *, scheme: str, steps: int, lr: float,
     lower: Tensor, upper: Tensor, generator: torch.Generator,
 ) -> tuple[Tensor, list[float]]:
-    """LODA Eq. 3: recover ``X`` from (recovered) encodings by regression under the known ``M``.
+    """LODA Eq. 3: recover ``X`` (``B`` images) from (recovered) encodings under known mixing.
 
-    ``scheme="mixup"`` fits ``M X + O`` to ``encoded``; ``"instahide"`` fits absolute values.
-    ``X`` starts from small noise (``abs`` has a saddle at 0) and is kept in the image box.
+    ``encoded`` is ``(R*B, C, H, W)``: ``R >= 1`` encodings of the same batch stacked (one per
+    observed round), ``mixing`` the matching ``(R*B, B)`` stacked mixing matrices and ``offset`` the
+    ``(R*B, C, H, W)`` public contributions. ``scheme="mixup"`` fits ``M X + O`` to ``encoded``;
+    ``"instahide"`` fits absolute values. ``X`` starts from small noise (``abs`` has a saddle at 0)
+    and is kept in the image box.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme={scheme!r}; allowed: {SCHEMES}")
     target = encoded.detach()
     m = mixing.to(target)
     o = offset.to(target)
-    x = (0.1 * torch.randn(target.shape, generator=generator)).to(target).requires_grad_(True)
+    b = m.shape[1]
+    x = (0.1 * torch.randn(b, *target.shape[1:], generator=generator)).to(target).requires_grad_(True)
     opt = torch.optim.Adam([x], lr=lr)
     history: list[float] = []
     for _ in range(steps):
@@ -132,7 +138,13 @@ def demix(
 
 
 class MixupDecoding(InvertingGradients):
-    """Gradient inversion of Mixup/InstaHide encodings, then demixing with the known mixing matrix."""
+    """Gradient inversion of Mixup/InstaHide encodings, then demixing with the known mixing matrix.
+
+    With ``joint=True`` the updates of one call are taken to be successive rounds in which the
+    *same* private batch was re-encoded with fresh coefficients (LODA Sec. 5.1: "we combine the
+    reconstructed images from 50 iterations"); their recovered encodings are demixed together,
+    which makes the regression over-determined, and every result holds the same decoded batch.
+    """
 
     name = "mixup-decoding"
     Config = MixupDecodingConfig
@@ -142,43 +154,67 @@ class MixupDecoding(InvertingGradients):
     ) -> list[AttackResult]:
         cfg = self.config
         dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-        results: list[AttackResult] = []
+        encodings = []
         for i, (u, k) in enumerate(zip(updates, knowledges)):
             if u.batch_size != k.batch_size:
                 raise ValueError(f"update {i}: batch_size={u.batch_size} but knowledge.batch_size={k.batch_size}")
-            scheme, mixing, soft, offset = _encoding(u, k, i)
-            device = self._device(k)
+            encodings.append(_encoding(u, k, i))
+        schemes = {e[0] for e in encodings}
+        if cfg.joint and (len(schemes) > 1 or len({k.batch_size for k in knowledges}) > 1):
+            raise ValueError("joint=True needs updates of one scheme and one batch size (one private batch)")
+
+        # Stage 1: invert every update's encodings, one engine call per scheme.
+        recovered: list[Tensor | None] = [None] * len(updates)
+        stage1: list[tuple[int, int, float, list[float]]] = [(0, 0, math.nan, [])] * len(updates)
+        for scheme in sorted(schemes):
+            idx = [i for i, e in enumerate(encodings) if e[0] == scheme]
             objective, schedule = self.objective(), self.schedule()
             if scheme == "instahide":  # sign-flipped encodings are neither valid nor smooth images
                 objective = dataclasses.replace(objective, tv=0.0)
                 schedule = dataclasses.replace(schedule, boxed=False)
+            u0, k0 = updates[idx[0]], knowledges[idx[0]]
             problems = ProblemSet.from_updates(
-                [u], [k], names=self.matched_names(u, k), labels=None, device=device, dtype=dtype
+                [updates[i] for i in idx], [knowledges[i] for i in idx], names=self.matched_names(u0, k0),
+                labels=None, device=self._device(k0), dtype=dtype,
             )
-            gen = seeded_generator(seed + i)
-            init = self.initial_images(k, None, schedule.restarts, gen).unsqueeze(0)
-            label_init = soft.clamp_min(1e-6).log().expand(schedule.restarts, -1, -1).unsqueeze(0)
+            inits, label_inits = [], []
+            for i in idx:
+                inits.append(self.initial_images(knowledges[i], None, schedule.restarts, seeded_generator(seed + i)))
+                label_inits.append(encodings[i][2].clamp_min(1e-6).log().expand(schedule.restarts, -1, -1))
             out = run_gradient_matching(
-                problems, objective, schedule, init, seed=seed + i, vectorize=self.vectorize, label_init=label_init
+                problems, objective, schedule, torch.stack(inits), seed=seed + idx[0], vectorize=self.vectorize,
+                label_init=torch.stack(label_inits),
             )
-            recovered, rec_soft = out.images[0], out.soft_labels[0]
-            # Put the recovered encodings in encoding order (the batch gradient is order-free).
-            cost = torch.cdist(rec_soft.double().cpu(), soft, p=1).numpy()
-            rows, cols = linear_sum_assignment(cost)
-            order = np.empty(len(cols), dtype=np.int64)
-            order[cols] = rows
-            encoded = recovered[torch.from_numpy(order).to(recovered.device)]
-            lower, upper = k.spec.unit_bounds(encoded)
+            for j, i in enumerate(idx):
+                # Put the recovered encodings in encoding order (a batch gradient is order-free).
+                cost = torch.cdist(out.soft_labels[j].double().cpu(), encodings[i][2], p=1).numpy()
+                rows, cols = linear_sum_assignment(cost)
+                order = np.empty(len(cols), dtype=np.int64)
+                order[cols] = rows
+                recovered[i] = out.images[j][torch.from_numpy(order).to(out.images.device)]
+                stage1[i] = (out.iterations, out.restarts, float(out.matching_loss[j]), out.history[:, j].tolist())
+
+        # Stage 2: demix, per update or jointly over all updates.
+        groups = [list(range(len(updates)))] if cfg.joint else [[i] for i in range(len(updates))]
+        results: list[AttackResult | None] = [None] * len(updates)
+        for group in groups:
+            k0 = knowledges[group[0]]
+            enc = torch.cat([recovered[i] for i in group])
+            lower, upper = k0.spec.unit_bounds(enc)
             decoded, hist = demix(
-                encoded, mixing, offset, scheme=scheme, steps=cfg.decode_steps, lr=cfg.decode_lr,
-                lower=lower, upper=upper, generator=gen,
+                enc, torch.cat([encodings[i][1] for i in group]), torch.cat([encodings[i][3] for i in group]),
+                scheme=encodings[group[0]][0], steps=cfg.decode_steps, lr=cfg.decode_lr, lower=lower, upper=upper,
+                generator=seeded_generator(seed + group[0]),
             )
-            labels = k.labels.detach().long().cpu() if k.labels is not None else soft.argmax(dim=1)
-            results.append(AttackResult(
-                images=decoded,
-                labels=labels,
-                cost=AttackCost(iterations=out.iterations + cfg.decode_steps, restarts=out.restarts, wall_time_s=0.0),
-                history={"matching_loss": out.history[:, 0].tolist(), "decode_loss": hist},
-                final_loss=float(out.matching_loss[0]),
-            ))
-        return results
+            for i in group:
+                k = knowledges[i]
+                iters, restarts, loss, match_hist = stage1[i]
+                labels = k.labels.detach().long().cpu() if k.labels is not None else encodings[i][2].argmax(dim=1)
+                results[i] = AttackResult(
+                    images=decoded.clone(),
+                    labels=labels,
+                    cost=AttackCost(iterations=iters + cfg.decode_steps, restarts=restarts, wall_time_s=0.0),
+                    history={"matching_loss": match_hist, "decode_loss": hist},
+                    final_loss=loss,
+                )
+        return results  # type: ignore[return-value]

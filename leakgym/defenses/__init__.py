@@ -8,4 +8,4 @@ compose and :mod:`leakgym.defenses.config` for every parameter and the named pre
 from leakgym.defenses.config import PIPELINE_ORDER, PRESETS, DefenseConfig
 from leakgym.defenses.pipeline import DefenseReport, apply_defense
 
-__all__ = ["DefenseConfig", "DefenseReport", "PIPELINE_ORDER", "PRESETS", "apply_defense"]
+__all__ = ["PIPELINE_ORDER", "PRESETS", "DefenseConfig", "DefenseReport", "apply_defense"]

@@ -161,7 +161,7 @@ class DefenseConfig:
         """True when no defense is switched on (the shared update is the clean one)."""
         return not self.active()
 
-    def replace(self, **changes: Any) -> "DefenseConfig":
+    def replace(self, **changes: Any) -> DefenseConfig:
         """A copy with some fields changed (validated); unknown names raise ``ValueError``."""
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - known)
@@ -173,11 +173,11 @@ class DefenseConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "DefenseConfig":
+    def from_dict(cls, values: dict[str, Any]) -> DefenseConfig:
         return cls().replace(**values)
 
     @classmethod
-    def preset(cls, name: str) -> "DefenseConfig":
+    def preset(cls, name: str) -> DefenseConfig:
         """A named setting from :data:`PRESETS` (case-insensitive)."""
         key = name.lower()
         table = {k.lower(): v for k, v in PRESETS.items()}

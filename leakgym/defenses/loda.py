@@ -120,7 +120,7 @@ def feature_extractor(
                 loss_fn(model(public_x[idx]), public_y[idx]).backward()
                 opt.step()
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
         torch.save(model.state_dict(), tmp)
         tmp.replace(path)  # atomic: concurrent readers never see a partial file
         model.loaded_from_cache = False
@@ -133,7 +133,7 @@ def feature_extractor(
 def _select_layers(extractor: nn.Module, layers: LayerSpec) -> list[nn.Module]:
     convs = [(n, m) for n, m in extractor.named_modules() if isinstance(m, nn.Conv2d)]
     if isinstance(layers, bool):
-        raise ValueError(f"layers={layers!r}; allowed: int >= 1, 'all', or a list of module names")
+        raise ValueError(f"layers={layers!r}; allowed: int >= 1, 'all', or a list of module names")  # noqa: TRY004
     if isinstance(layers, int):
         if not 1 <= layers <= len(convs):
             raise ValueError(f"layers={layers}; the extractor has {len(convs)} conv layers, allowed [1, {len(convs)}]")
@@ -141,7 +141,7 @@ def _select_layers(extractor: nn.Module, layers: LayerSpec) -> list[nn.Module]:
     if layers == "all":
         return [m for _, m in convs]
     if isinstance(layers, str):
-        raise ValueError(f"layers={layers!r}; allowed: int >= 1, 'all', or a list of module names")
+        raise ValueError(f"layers={layers!r}; allowed: int >= 1, 'all', or a list of module names")  # noqa: TRY004
     named = dict(extractor.named_modules())
     unknown = [name for name in layers if name not in named]
     if unknown or not layers:

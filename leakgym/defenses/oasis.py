@@ -34,6 +34,8 @@ dataset spec (``fill``) is a parameter.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
@@ -107,14 +109,14 @@ def augment(x: Tensor, y: Tensor, mask: int, *, fill: Tensor | None = None) -> t
     if mask & MINOR_ROTATION:
         for angle in MINOR_ANGLES:
             a = torch.full((b,), angle, dtype=x.dtype, device=x.device)
-            blocks.append(_with_fill(lambda t: KT.rotate(t, a, mode="bilinear", padding_mode="zeros"), x, fill))
+            blocks.append(_with_fill(partial(KT.rotate, angle=a, mode="bilinear", padding_mode="zeros"), x, fill))
             names.append(f"minor_rotation:{angle:g}")
     if mask & SHEAR:
         for mu in SHEAR_FACTORS:
             # Eq. (5) samples the input at (i + mu j, j); kornia's factors move *points* by
             # x_out = x + shx * y, i.e. sample the input at x_out - shx * y, hence shx = -mu.
             s = torch.tensor([[-mu, 0.0]], dtype=x.dtype, device=x.device).expand(b, 2)
-            blocks.append(_with_fill(lambda t: KT.shear(t, s, mode="bilinear", padding_mode="zeros"), x, fill))
+            blocks.append(_with_fill(partial(KT.shear, shear=s, mode="bilinear", padding_mode="zeros"), x, fill))
             names.append(f"shear:{mu:g}")
     if mask & HFLIP:
         blocks.append(torch.flip(x, dims=(-1,)))

@@ -39,9 +39,9 @@ from __future__ import annotations
 import copy
 import time
 import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -56,6 +56,10 @@ from leakgym.defenses.sparsification import density, prune_smallest, top_k
 from leakgym.fl.client import compute_update
 from leakgym.fl.update import SharedUpdate, UpdateKind, cosine_similarity
 from leakgym.models import bn_eval_if_single
+
+#: LODA's ``seed`` keys its feature extractor, which a client trains once on public data and caches
+#: ("once for all", LODA §1); it is fixed so that the extractor is not retrained for every update.
+LODA_EXTRACTOR_SEED = 0
 
 
 @dataclass
@@ -124,7 +128,7 @@ def apply_defense(
     """
     config = DefenseConfig() if config is None else config
     if not isinstance(config, DefenseConfig):
-        raise ValueError(f"config must be a DefenseConfig, got {type(config).__name__}")
+        raise ValueError(f"config must be a DefenseConfig, got {type(config).__name__}")  # noqa: TRY004 (contract)
     if x.dim() != 4 or x.shape[0] < 1:
         raise ValueError(f"x must be a non-empty (B, C, H, W) batch, got shape {tuple(x.shape)}")
     if y.shape[0] != x.shape[0]:
@@ -159,7 +163,8 @@ def apply_defense(
 
         x_in, info = loda_obscure(
             x_in, y_in, spec=spec, c=config.loda_c, steps=config.loda_steps, lr=config.loda_lr,
-            layers=config.loda_layers, public_x=public_x, public_y=public_y, seed=seed, cache_dir=None,
+            layers=config.loda_layers, public_x=public_xn, public_y=public_y, seed=LODA_EXTRACTOR_SEED,
+            cache_dir=None,
         )
         details["loda"] = info
     if "mixup" in applied or "instahide" in applied:

@@ -78,7 +78,7 @@ def soteria_mask(model: nn.Module, x: Tensor, fraction: float) -> tuple[Tensor, 
     if not (0.0 <= fraction < 1.0):
         raise ValueError(f"Soteria fraction={fraction!r}; allowed range [0, 1)")
     scores = representation_scores(model, x)
-    n_prune = int(math.floor(fraction * scores.numel()))
+    n_prune = math.floor(fraction * scores.numel())
     keep = torch.ones_like(scores, dtype=torch.bool)
     if n_prune:
         keep[torch.topk(scores, n_prune, largest=False).indices] = False

@@ -27,7 +27,7 @@ def prune_smallest(update: Update, fraction: float, *, names: list[str] | None =
     selected = set(update) if names is None else set(names)
     out: Update = {}
     for name, t in update.items():
-        n_zero = int(math.floor(fraction * t.numel()))
+        n_zero = math.floor(fraction * t.numel())
         if name not in selected or n_zero == 0:
             out[name] = t.clone()
             continue
@@ -44,7 +44,7 @@ def top_k(update: Update, keep: float) -> Update:
         raise ValueError(f"top-k keep fraction={keep!r}; allowed range (0, 1]")
     names = list(update)
     flat = torch.cat([update[n].reshape(-1) for n in names])
-    k = max(1, int(math.ceil(keep * flat.numel())))
+    k = max(1, math.ceil(keep * flat.numel()))
     mask = torch.zeros_like(flat, dtype=torch.bool)
     mask[torch.topk(flat.abs(), k, largest=True, sorted=False).indices] = True
     kept = torch.where(mask, flat, torch.zeros_like(flat))
