@@ -84,8 +84,8 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
 
     # ------------------------------------------------------------------ reset / step
     def reset(self, seed: int | None = None, options: dict | None = None):
-        if options:
-            raise ValueError(f"reset options {sorted(options)} are not supported; LeakGym takes none")
+        # ``options`` is accepted for API compatibility (PettingZoo's checker passes some); LeakGym
+        # has no reset options: a game is configured by its scenario.
         if seed is not None:
             self._seed_rng = np.random.default_rng(seed)
         episode_seed = int(self._seed_rng.integers(2**31 - 1))

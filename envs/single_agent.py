@@ -53,8 +53,8 @@ class LeakGymSingleAgentEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        if options:
-            raise ValueError(f"reset options {sorted(options)} are not supported; LeakGym takes none")
+        # ``options`` is accepted for API compatibility (PettingZoo's checker passes some); LeakGym
+        # has no reset options: a game is configured by its scenario.
         episode_seed, opponent_seed = (int(s) for s in self.np_random.integers(2**31 - 1, size=2))
         obs, infos = self.parallel.reset(seed=episode_seed)
         self._opponent_rng = np.random.default_rng(opponent_seed)

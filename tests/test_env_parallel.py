@@ -63,7 +63,7 @@ def test_round_failure_is_reported_with_context_and_history_kept(cheap_overrides
         raise RuntimeError("engine exploded")
 
     monkeypatch.setattr(e.game, "finish", boom)
-    with pytest.raises(RoundError, match="round 2 .* engine exploded.*1 completed rounds"):
+    with pytest.raises(RoundError, match="round 2 .*engine exploded.*1 completed rounds"):
         e.step({a: e.action_space(a).sample() for a in e.agents})
     assert len(e.history) == 1
 
