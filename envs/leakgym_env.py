@@ -30,7 +30,7 @@ from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
 from .game import LeakGame, PendingRound, RoundOutcome, run_attacks
-from .rendering import figure_to_rgb, round_figure
+from .rendering import figure_to_rgb, placeholder_figure, round_figure
 from .scenario import Scenario, load_scenario
 
 
@@ -149,8 +149,9 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if self.render_mode is None:
             return None
         last = self.game.last
-        if "originals" not in last:
-            return None
+        if "originals" not in last:  # before the first round: an empty, labelled frame
+            fig = placeholder_figure(f"{self.scenario.name}: no round played yet")
+            return figure_to_rgb(fig) if self.render_mode == "rgb_array" else None
         title = (
             f"round {self.game.round}: {last['strategy']} vs "
             f"{', '.join(last['applied']) or 'no defense'} | SSIM {last['scores'].mean['ssim']:.3f}"

@@ -42,6 +42,15 @@ def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str 
     return fig
 
 
+def placeholder_figure(text: str):
+    """A figure with only ``text``: what ``render()`` shows before the first round."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3.2, 1.2), dpi=80)
+    fig.text(0.5, 0.5, text, ha="center", va="center", fontsize=8)
+    return fig
+
+
 def figure_to_rgb(fig) -> np.ndarray:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

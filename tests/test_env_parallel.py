@@ -71,7 +71,7 @@ def test_round_failure_is_reported_with_context_and_history_kept(cheap_overrides
 def test_render_rgb_array_and_png(cheap_overrides, tmp_path):
     e = parallel_env("digits", render_mode="rgb_array", **cheap_overrides)
     e.reset(seed=0)
-    assert e.render() is None  # nothing to show before the first round
+    assert e.render().ndim == 3  # a labelled placeholder before the first round
     e.step({a: e.action_space(a).sample() for a in e.agents})
     frame = e.render()
     assert frame.ndim == 3 and frame.shape[2] == 3 and frame.dtype == np.uint8
