@@ -97,10 +97,11 @@ def test_bn_buffers_are_restored():
 
     spec = dataset_spec("digits", image_size=16)
     model = build_model("convnet", spec, width=4, seed=0).train()
-    buffers = {n: b.clone() for n, b in model.named_buffers()}
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(3, *spec.shape, generator=gen), torch.tensor([0, 1, 2])
-    dcs2_gradient(model, x, y, _grad(model, x, y), **PAPER, steps=2, start="random", public_x=None,
+    g = _grad(model, x, y)  # (updates the running statistics itself, in train mode)
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    dcs2_gradient(model, x, y, g, **PAPER, steps=2, start="random", public_x=None,
                   public_y=None, generator=gen)
     for n, b in model.named_buffers():
         assert torch.equal(b, buffers[n]), n

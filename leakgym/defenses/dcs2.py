@@ -197,8 +197,9 @@ def dcs2_gradient(
 
     with _buffers_restored(model):
         with torch.no_grad():
-            num_classes = int(model(x[:1]).shape[-1])
             z_s = model.features(x).flatten(1)
+            head = getattr(model, "head", None)
+            num_classes = int(head.out_features) if isinstance(head, nn.Linear) else int(model(x).shape[-1])
         x_s = x.repeat_interleave(num_concealed, dim=0)
         y_s = y.repeat_interleave(num_concealed, dim=0)
         z_rep = z_s.repeat_interleave(num_concealed, dim=0)
