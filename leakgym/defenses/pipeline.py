@@ -234,6 +234,18 @@ def apply_defense(
         tensors = add_noise(tensors, config.noise_sigma, kind=config.noise_kind, generator=gen["noise"])
         details["noise"] = {"kind": config.noise_kind, "sigma": config.noise_sigma}
     shared.tensors = tensors
+    for scheme in ("mixup", "instahide"):
+        if scheme in applied:
+            # The encoding's mixing matrix travels with the update for the *upper-bound* threat model
+            # of the decoding attack (GradAttack's evaluation, see leakgym.attacks.mixup_decoding):
+            # an attacker that estimated M perfectly. Sign masks and coefficients per pixel stay secret.
+            info = details[scheme]
+            shared.metadata["encoding"] = {
+                "scheme": scheme,
+                "mixing_matrix": info["mixing_matrix"].detach(),
+                "labels": y_in.detach(),
+                **({"public_matrix": info["public_matrix"].detach()} if "public_matrix" in info else {}),
+            }
     t_def = time.perf_counter() - t1
 
     report = DefenseReport(
