@@ -121,3 +121,47 @@ def test_cli_arguments():
     assert parser.parse_args(["all"]).paper == "all"
     with pytest.raises(SystemExit):
         parser.parse_args(["nope"])
+
+
+# -- one reduced run per paper (slow) ------------------------------------------------------------------
+def _reduced(name: str, images: int, tmp_path) -> dict:
+    return run_paper(paper_spec(name), images=images, out=tmp_path, utility=False, progress=False)
+
+
+def _m(result, defense, attack, key, setting=None):
+    return cell(result, defense, attack, setting)[key]
+
+
+@pytest.mark.slow
+def test_dcs2_reduced(tmp_path):
+    """DCS² Table 1, 4 images, no utility. Default run (8 images): SSIM None 1.00, DP-Gaussian 0.99,
+    Prune 0.45, Soteria 0.47, DCS² 0.35; PSNR None 45.9, DP-Gaussian 30.6."""
+    r = _reduced("dcs2", 4, tmp_path)
+    gs = "GS (Inverting Gradients)"
+    assert _m(r, "None", gs, "ssim") > 0.9
+    assert _m(r, "DCS²", gs, "ssim") < _m(r, "None", gs, "ssim") - 0.4
+    assert _m(r, "DP-Gaussian", gs, "psnr") < _m(r, "None", gs, "psnr")
+
+
+@pytest.mark.slow
+def test_ppp_reduced(tmp_path):
+    """PPP Tables I-II, 4 images, no utility. Default run (8 images): SSIM Baseline 1.00, PRECODE* (plain
+    IG) -0.02, PRECODE (layer skipping) 0.96, NG1 0.06, PPP-NG1 0.01, GC99 0.33; Kendall tau 0.98."""
+    r = _reduced("ppp", 4, tmp_path)
+    assert _m(r, "Baseline", "IG", "ssim") > 0.9
+    assert _m(r, "PRECODE*", "IG", "ssim") < 0.3
+    assert _m(r, "PRECODE", "IG layer-skipping", "ssim") > 0.8
+    assert _m(r, "PPP-NG1", "IG layer-skipping", "ssim") < 0.2
+
+
+@pytest.mark.slow
+def test_oasis_reduced(tmp_path):
+    """OASIS Figs. 5-6, 16 images at B=8 (64 at B=64), no utility. Default run (64 images at B=8): RTF
+    WO 97.3 dB mean (62/64 recovered), MR 18.5 dB; CAH MR+SH 19.9 dB (B=8), 11.4 dB (B=64)."""
+    r = _reduced("oasis", 16, tmp_path)
+    rtf, cah = "RTF (imprint)", "CAH (trap weights)"
+    assert _m(r, "WO", rtf, "psnr", "B=8") >= 60
+    assert _m(r, "MR", rtf, "psnr", "B=8") < 30
+    for setting in ("B=8", "B=64"):
+        assert _m(r, "MR+SH", cah, "psnr", setting) < 30
+        assert _m(r, "MR+SH", cah, "psnr", setting) < _m(r, "WO", cah, "psnr", setting)
