@@ -36,10 +36,11 @@ def _measure(gym_id: str, num_envs: int, steps: int, device: str, queue) -> None
     import leakgym  # noqa: F401  (registers the ids)
 
     try:
-        kwargs = {"device": device}
+        kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
         env = gym.make_vec(gym_id, num_envs=num_envs, **kwargs) if num_envs > 1 else gym.make(gym_id, **kwargs)
     except Exception as exc:  # dataset missing offline, etc.: recorded, not hidden
-        queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {exc}"})
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {first_line}"})
         return
     games = [e.parallel.game for e in env.envs] if num_envs > 1 else [env.unwrapped.parallel.game]
     action = np.zeros(env.action_space.shape, dtype=np.int64)
@@ -47,7 +48,9 @@ def _measure(gym_id: str, num_envs: int, steps: int, device: str, queue) -> None
     split = {"defense_s": 0.0, "attack_s": 0.0, "score_s": 0.0, "fl_s": 0.0}
     start = time.perf_counter()
     for _ in range(steps):
-        env.step(action)
+        _, _, terminated, truncated, _ = env.step(action)
+        if num_envs == 1 and (terminated or truncated):
+            env.reset()  # the vector env resets its games itself
         for g in games:
             for k in split:
                 split[k] += g.timings.get(k, 0.0)
@@ -75,8 +78,11 @@ def run(ids: list[str], steps: int, num_envs: int, device: str) -> list[dict]:
             queue = ctx.Queue()
             proc = ctx.Process(target=_measure, args=(gym_id, n, steps, device, queue))
             proc.start()
+            try:
+                rows.append(queue.get(timeout=3600))
+            except Exception:  # the worker died without reporting (e.g. killed for memory)
+                rows.append({"env": gym_id, "num_envs": n, "error": f"worker exited with code {proc.exitcode}"})
             proc.join()
-            rows.append(queue.get() if not queue.empty() else {"env": gym_id, "num_envs": n, "error": "crashed"})
     return rows
 
 
@@ -89,7 +95,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['env']} | {r['num_envs']} | unavailable: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r['env']} | {r['num_envs']} | unavailable: {r['error'][:100]} | | | | | |")
             continue
         lines.append(
             f"| {r['env']} | {r['num_envs']} | {r['env_steps_per_s']:.2f} | {r['peak_rss_mb']:.0f} | "
