@@ -5,6 +5,7 @@
     leakgym eval ...                  play every attacker against every defender, write payoff files
     leakgym train ...                 train a learned attacker or defender with Stable-Baselines3
     leakgym selfplay ...              alternating best responses
+    leakgym reproduce dcs2|ppp|oasis|censor|loda|all   re-run each paper's main table (docs/results/)
     leakgym bench attacks|defenses|env --json PATH
 """
 
@@ -19,6 +20,7 @@ COMMANDS = {
     "eval": ("leakgym.agents.evaluation", "play attackers against defenders and write payoff tables"),
     "train": ("leakgym.agents.training", "train a learned agent with Stable-Baselines3"),
     "selfplay": ("leakgym.agents.selfplay", "alternating best responses between learned agents"),
+    "reproduce": ("leakgym.reproduce", "scaled-down re-runs of each paper's main table"),
 }
 BENCHMARKS = {
     "attacks": ("leakgym.bench.attacks", "batched attack engine vs a sequential loop"),

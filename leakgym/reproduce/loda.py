@@ -14,9 +14,10 @@ the batch must hold k = 6 images; the paper attacks one gradient per image); 12 
 attack iterations; accuracy from a 100-round FedSGD run with 2 clients that both encode their batch
 every round (the paper retrains a model on the encoded training set).
 
-Without an adaptive attack, Mixup/InstaHide reconstructions are the recovered *encodings*; the paper
-compares each with its largest-weight Mixup component, we match each to one private image by optimal
-assignment (:func:`leakgym.metrics.score_reconstruction`) -- close, but not identical.
+Without an adaptive attack, Mixup/InstaHide updates are attacked by Inverting Gradients with labels
+inferred from the gradient (the attacker does not know the encoding); the paper compares each
+reconstruction with its largest-weight Mixup component, we match each to one private image by
+optimal assignment (:func:`leakgym.metrics.score_reconstruction`) -- close, but not identical.
 """
 
 from __future__ import annotations
@@ -92,8 +93,10 @@ def rows(size: str) -> list[DefenseRow]:
 def columns(size: str) -> list[AttackColumn]:
     return [
         AttackColumn(IG, "inverting-gradients", note="cosine + TV; labels known"),
-        AttackColumn(IG_ENC, "mixup-decoding", {"decode_steps": 0},
-                     note="stage 1 of the decoding attack only: inversion of the encodings (soft labels)"),
+        AttackColumn(IG_ENC, "inverting-gradients", labels_known=False,
+                     note="the non-adaptive attacker: IG with labels inferred from the gradient, unaware of the "
+                          "encoding (mixup-decoding with decode_steps=0 returns its demixing start, not the "
+                          "recovered encodings, so it cannot serve here)"),
         AttackColumn(DECODE, "mixup-decoding", note="inversion + demixing with the known mixing matrix (Adam, lr 0.01)"),
         AttackColumn(LODA_INV1, "loda-inversion", {"c": 1.0, "inversion_steps": 100, "layers": 5},
                      note="LODA Eq. 6, c=1, 100 steps (paper)"),
@@ -123,7 +126,9 @@ def verdicts(result: dict) -> list[dict]:
         verdict("InstaHide protects better than Mixup without the adaptive attack (lower PSNR, k=4 and k=6)",
                 all(p1[f"InstaHide k={k}"] < p1[f"Mixup k={k}"] for k in (4, 6)),
                 ours=", ".join(f"k={k}: {p1[f'InstaHide k={k}']:.2f} vs {p1[f'Mixup k={k}']:.2f}" for k in (4, 6)),
-                paper="9.51 vs 15.01, 9.98 vs 14.2", why="see the per-image values."),
+                paper="9.51 vs 15.01, 9.98 vs 14.2",
+                why="our non-adaptive attacker infers hard labels from a soft-label gradient and recovers little "
+                    "from either encoding, so both sit near the floor of the metric."),
         verdict("Under the adaptive attacks LODA leaks less than Mixup (lower Table 2 PSNR than both Mixup rows)",
                 max(p2["LODA1"], p2["LODA2"]) < min(p2["Mixup k=4"], p2["Mixup k=6"]),
                 ours=", ".join(f"{r} {p2[r]:.2f}" for r in ROWS[3:]),
@@ -147,6 +152,14 @@ def verdicts(result: dict) -> list[dict]:
     acc = {r: accuracy(result, r) for r in ROWS}
     if acc["No Defense"] is None or any(acc[r] is None for r in ("LODA1", "InstaHide k=4")):
         out.append(verdict("LODA costs at most as much accuracy as InstaHide", None, why="utility not measured"))
+    elif max(acc["LODA1"], acc["InstaHide k=4"]) <= 15.0:
+        out.append(verdict("LODA1 costs at most as much accuracy as InstaHide k=4", None,
+                           ours=f"No Defense {acc['No Defense']:.1f}%, InstaHide k=4 {acc['InstaHide k=4']:.1f}%, "
+                                f"LODA1 {acc['LODA1']:.1f}% (chance level: nothing learned)",
+                           paper="95.20 / 91.80 / 89.50",
+                           why="both utility runs stayed at chance, so the comparison says nothing; our FedSGD run "
+                               "re-encodes every batch every round (the paper encodes the training set once and "
+                               "retrains to convergence)."))
     else:
         out.append(verdict("LODA1 costs at most as much accuracy as InstaHide k=4 (within 2 points)",
                            acc["LODA1"] >= acc["InstaHide k=4"] - 2.0,
@@ -210,8 +223,11 @@ PAPER_SPEC = Paper(
         "LODA obscuring shortened (small: 100 steps; full: 500 = paper).",
         ("Mixup/InstaHide decoding uses one round's encodings (the paper combines 50); the attacker is given the "
         "mixing matrix (the upper-bound threat model of leakgym.attacks.mixup_decoding)."),
-        ("Without the adaptive attack, encodings are matched to private images by optimal assignment, not to their "
-        "largest-weight component."),
+        ("Without the adaptive attack, Mixup/InstaHide are attacked by IG with inferred labels (the attacker does "
+         "not know the encoding) and its reconstructions are matched to private images by optimal assignment, "
+         "not to their largest-weight component."),
+        ("Utility: 2 clients x 100 FedSGD rounds (LODA obscuring every batch every round is the cost); the "
+         "encoded rows did not learn (chance accuracy), see the verdicts."),
         ("Gradient pruning is attacked with plain IG on the whole (pruned) update (paper: matching only the "
         "unpruned part)."),
         "LPIPS not measured.",

@@ -198,9 +198,9 @@ PAPER_SPEC = Paper(
     deviations=[
         "Digits 16x16 instead of MNIST 28x28; MLP width 128 in the small run (1024 in full).",
         "Attack iterations capped (small: 300; the paper runs up to 24k with early stopping).",
-        "Accuracy from a 100-round FedSGD run (SGD, server lr 0.1) instead of FL training with Adam to convergence. "
+        ("Accuracy from a 100-round FedSGD run (SGD, server lr 0.1) instead of FL training with Adam to convergence. "
         "With the server lr 0.5 of the other papers' runs, the PRECODE model diverged (loss NaN after ~50 rounds) "
-        "under PPP-NG2/NG1/NG05/GC99 while the plain MLP did not; lr 0.1 is stable for every row.",
+        "under PPP-NG2/NG1/NG05/GC99 while the plain MLP did not; lr 0.1 is stable for every row."),
         ("The layer-skipping attack matches the pre-bottleneck layers even when PPP-GC zeroes most of them "
         "(skip_zeros=False), as in PPP Eq. 4."),
     ],
