@@ -24,4 +24,15 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'leakgym.envs' has no attribute {name!r}")
 
 
-__all__ = sorted(_LAZY | {"Scenario", "load_scenario", "scenario_names", "register_envs", "registered_ids"})
+__all__ = [
+    "LeakGymParallelEnv",
+    "RoundError",
+    "Scenario",
+    "env",
+    "load_scenario",
+    "parallel_env",
+    "raw_env",
+    "register_envs",
+    "registered_ids",
+    "scenario_names",
+]

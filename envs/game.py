@@ -35,10 +35,10 @@ from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
 from leakgym.fl.client import compute_update
 from leakgym.fl.server import Server
 from leakgym.fl.update import SharedUpdate
-from leakgym.metrics import ReconstructionScores, score_reconstruction
+from leakgym.metrics import score_reconstruction
 from leakgym.models import build_model
 
-from .observations import attacker_observation, attacker_obs_size, defender_observation, defender_obs_size
+from .observations import attacker_obs_size, attacker_observation, defender_obs_size, defender_observation
 from .rewards import defense_compute_units, leakage_score, rewards
 from .scenario import Scenario
 

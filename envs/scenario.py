@@ -231,7 +231,7 @@ class Scenario:
         )
 
     # -- construction ---------------------------------------------------------------------------
-    def replace(self, **overrides: Any) -> "Scenario":
+    def replace(self, **overrides: Any) -> Scenario:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
@@ -239,7 +239,7 @@ class Scenario:
         return dataclasses.replace(self, **overrides)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Scenario":
+    def from_dict(cls, data: dict[str, Any]) -> Scenario:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known - {"gym_id"})
         if unknown:

@@ -5,4 +5,4 @@ Importing ``leakgym`` registers the Gymnasium ids (``LeakGym-Digits-v0``, ``Leak
 
 __version__ = "0.1.0"
 
-from leakgym.envs import registration as _registration  # noqa: E402,F401  (registers the Gymnasium ids)
+from leakgym.envs import registration as _registration  # noqa: F401  (registers the Gymnasium ids)

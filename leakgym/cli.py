@@ -33,6 +33,7 @@ DEMO_DEFENDERS = "none,noise-0.1,prune-0.9,dcs2-paper"
 
 
 def _list(_: argparse.Namespace) -> int:
+    from leakgym.agents import agent_names
     from leakgym.attacks import ATTACKS
     from leakgym.data import DATASET_NAMES
     from leakgym.defenses import PIPELINE_ORDER
@@ -44,12 +45,7 @@ def _list(_: argparse.Namespace) -> int:
     print("attacks:      " + ", ".join(sorted(ATTACKS)))
     print("defenses:     " + ", ".join(PIPELINE_ORDER) + " (pipeline order)")
     print("environments: " + ", ".join(f"{gid} ({name})" for gid, name in sorted(registered_ids().items())))
-    try:
-        from leakgym.agents import agent_names
-
-        print("agents:       " + ", ".join(agent_names()))
-    except ImportError:  # pragma: no cover - agents package always ships
-        pass
+    print("agents:       " + ", ".join(agent_names()))
     return 0
 
 

@@ -7,16 +7,16 @@ import torch
 torch.set_num_threads(1)
 
 #: overrides that make LeakGym-Digits-v0 cheap enough for API checkers (a few ms of attack per round)
-CHEAP = dict(
-    rounds=3,
-    num_clients=1,
-    eval_size=32,
-    iterations=[2, 4],
-    restarts=[1],
-    tv=[0.0, 1e-2],
-    strategies=["inverting-gradients", "dlg"],
-    defense_defaults={"dcs2_steps": 2},
-)
+CHEAP = {
+    "rounds": 3,
+    "num_clients": 1,
+    "eval_size": 32,
+    "iterations": [2, 4],
+    "restarts": [1],
+    "tv": [0.0, 1e-2],
+    "strategies": ["inverting-gradients", "dlg"],
+    "defense_defaults": {"dcs2_steps": 2},
+}
 
 
 @pytest.fixture

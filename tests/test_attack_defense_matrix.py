@@ -43,7 +43,7 @@ def test_attack_runs_on_defended_update(attack, defense, setting):
     fields = {f for f in cls.Config.__dataclass_fields__}
     atk = build_attack(attack, **{k: v for k, v in TINY.items() if k in fields})
     sent = atk.prepare_model(model, spec, public_x=split.public_x)
-    update, report = apply_defense(
+    update, _ = apply_defense(
         sent, x, y, DEFENSES[defense], seed=0, public_x=split.public_x, public_y=split.public_y
     )
     if defense in ("mixup", "instahide"):

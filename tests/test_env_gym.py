@@ -60,12 +60,12 @@ def test_make_vec_runs_lockstep_and_batches_attacks(cheap_overrides, monkeypatch
     obs, _ = venv.reset(seed=0)
     assert obs.shape == (3,) + venv.single_observation_space.shape
     actions = np.zeros((3, 4), dtype=np.int64)  # same strategy and budget everywhere
-    obs, rewards, terms, truncs, infos = venv.step(actions)
+    obs, rewards, _, truncs, _ = venv.step(actions)
     assert calls == [3], "three rounds with one attack configuration must be one engine call"
     assert rewards.shape == (3,) and np.all(np.isfinite(rewards))
     # episodes end together and auto-reset on the next step
     for _ in range(cheap_overrides["rounds"] - 1):
-        obs, rewards, terms, truncs, infos = venv.step(actions)
+        obs, rewards, _, truncs, _ = venv.step(actions)
     assert truncs.all()
     obs, *_ = venv.step(actions)
     assert np.all(obs[:, 0] == 0.0)  # round fraction restarted

@@ -2,9 +2,8 @@
 
 import numpy as np
 import pytest
-from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
-
 from leakgym.envs import RoundError, env, parallel_env
+from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
 
 
 def test_parallel_api(cheap_overrides):

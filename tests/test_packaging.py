@@ -33,7 +33,7 @@ def test_wheel_contains_the_three_packages(wheel):
         "leakgym/defenses/__init__.py",
     ):
         assert required in names, f"{required} missing from {wheel.name}"
-    assert not any(n.startswith("envs/") or n.startswith("agents/") for n in names), "top-level envs/agents leaked"
+    assert not any(n.startswith(("envs/", "agents/")) for n in names), "top-level envs/agents leaked"
 
 
 def test_console_script_declared(wheel):

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from leakgym.envs.scenario import Scenario, check_action, load_scenario, scenario_gym_id, scenario_names
 
 

@@ -62,14 +62,14 @@ def build_attack(name: str, **overrides: Any) -> Attack:
 
 __all__ = [
     "ATTACKS",
+    "DLG",
+    "EOT",
     "AnalyticAttack",
     "AnalyticResult",
     "Attack",
     "AttackCost",
     "AttackResult",
     "AttackerKnowledge",
-    "DLG",
-    "EOT",
     "GradInversion",
     "ImprintAttack",
     "InvertingGradients",

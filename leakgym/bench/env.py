@@ -38,7 +38,7 @@ def _measure(gym_id: str, num_envs: int, steps: int, device: str, queue) -> None
     try:
         kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
         env = gym.make_vec(gym_id, num_envs=num_envs, **kwargs) if num_envs > 1 else gym.make(gym_id, **kwargs)
-    except Exception as exc:  # dataset missing offline, etc.: recorded, not hidden
+    except Exception as exc:  # noqa: BLE001 - dataset missing offline, etc.: recorded in the table, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {first_line}"})
         return
@@ -80,7 +80,7 @@ def run(ids: list[str], steps: int, num_envs: int, device: str) -> list[dict]:
             proc.start()
             try:
                 rows.append(queue.get(timeout=3600))
-            except Exception:  # the worker died without reporting (e.g. killed for memory)
+            except Exception:  # noqa: BLE001 - the worker died without reporting (e.g. killed for memory)
                 rows.append({"env": gym_id, "num_envs": n, "error": f"worker exited with code {proc.exitcode}"})
             proc.join()
     return rows

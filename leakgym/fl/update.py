@@ -42,7 +42,7 @@ class SharedUpdate:
     def names(self) -> list[str]:
         return list(self.tensors)
 
-    def to(self, device: torch.device | str) -> "SharedUpdate":
+    def to(self, device: torch.device | str) -> SharedUpdate:
         return SharedUpdate(
             tensors={k: v.to(device) for k, v in self.tensors.items()},
             kind=self.kind,
@@ -53,7 +53,7 @@ class SharedUpdate:
             metadata=dict(self.metadata),
         )
 
-    def detached(self) -> "SharedUpdate":
+    def detached(self) -> SharedUpdate:
         return SharedUpdate(
             tensors={k: v.detach().clone() for k, v in self.tensors.items()},
             kind=self.kind,
