@@ -21,7 +21,7 @@ def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str 
     from matplotlib.figure import Figure
 
     n = min(len(originals), max_images)
-    fig = Figure(figsize=(1.6 * n + 0.4, 3.6), dpi=80)
+    fig = Figure(figsize=(max(1.6 * n + 0.4, 4.8), 3.8), dpi=80)
     axes = fig.subplots(2, n, squeeze=False)
     assignment = scores.assignment
     for i in range(n):
@@ -37,7 +37,9 @@ def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str 
             ax.set_xticks([])
             ax.set_yticks([])
     if title:
-        fig.suptitle(title, fontsize=8)
+        import textwrap
+
+        fig.suptitle("\n".join(textwrap.wrap(title, width=60)), fontsize=8)
     fig.tight_layout()
     return fig
 
