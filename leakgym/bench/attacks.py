@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from leakgym.bench import device_label
+
 DEFAULT_MODELS = "lenet,resnet18"
 DEFAULT_NS = "1,16,64"
 
@@ -106,7 +108,7 @@ def measure(model_name: str, n: int, iterations: int, image_size: int, device: s
         "batched_ms_per_iter": 1000 * t_batched / iterations,
         "sequential_ms_per_iter": 1000 * t_seq / iterations,
         "speedup": t_seq / t_batched,
-        "device": device,
+        "device": device_label(device),
     }
 
 
@@ -157,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
             rows.append(row)
             print(json.dumps(row))
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-               f"{torch.get_num_threads()} torch threads, device {args.device}")
+               f"{torch.get_num_threads()} torch threads, device {device_label(args.device)}")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))

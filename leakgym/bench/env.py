@@ -18,6 +18,8 @@ import resource
 import time
 from pathlib import Path
 
+from leakgym.bench import device_label
+
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
 
 
@@ -65,7 +67,7 @@ def _measure(gym_id: str, num_envs: int, steps: int, device: str, queue) -> None
             "env_steps_per_s": steps * num_envs / elapsed,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             **{f"share_{k[:-2]}": v / total for k, v in split.items()},
-            "device": device,
+            "device": device_label(device),
         }
     )
 
@@ -109,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps={args.steps} and --num-envs={args.num_envs} must be >= 1")
     ids = [s.strip() for s in args.envs.split(",") if s.strip()]
     rows = run(ids, args.steps, args.num_envs, args.device)
-    machine = f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, device {args.device}"
+    machine = f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, device {device_label(args.device)}"
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
