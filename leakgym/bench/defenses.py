@@ -49,7 +49,7 @@ import torch
 
 #: Rows of the default run, in table order.
 DEFAULT_DEFENSES = (
-    "none", "gaussian", "laplace", "clip+gaussian", "prune", "topk", "soteria", "censor", "oasis",
+    "none", "gaussian", "laplace", "clip+gaussian", "prune", "topk", "soteria", "dcs2", "censor", "oasis",
     "mixup", "instahide", "loda", "precode", "PPP-NG1", "PPP-GC90",
 )
 #: Bench-only changes to a preset (documented in the table): per-update optimisations kept short.
