@@ -52,6 +52,7 @@ The attack is deterministic: one "iteration", one "restart".
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -483,3 +484,46 @@ def layer_gradients(update: SharedUpdate, weight_name: str, bias_name: str) -> t
             f"{list(update.tensors)[:6]} (was the model prepared by this attack's prepare_model?)"
         )
     return update.tensors[weight_name], update.tensors[bias_name]
+
+
+class InputBlockAttack(Attack):
+    """Shared recovery loop of the malicious attacks that insert a linear block after the input.
+
+    Subclasses (imprint, trap weights) build the block in ``prepare_model`` under ``block_name`` and
+    implement :meth:`_candidates`, their own maths: per-row input candidates from the block's
+    weight and bias gradients, and a strength per candidate. Selecting B images, the valid-image
+    box, labels and the result are the same for both.
+    """
+
+    malicious: ClassVar[bool] = True
+    block_name: ClassVar[str] = "block"
+
+    @property
+    def layer(self) -> str:
+        return f"{self.block_name}.linear0"
+
+    @abstractmethod
+    def _candidates(
+        self, update: SharedUpdate, knowledge: AttackerKnowledge, weight_grad: Tensor, bias_grad: Tensor
+    ) -> tuple[Tensor, Tensor, dict]:
+        """``(candidates (R, d), strength (R,), extra select_candidates options)`` of one update."""
+
+    def _reconstruct_batch(
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
+    ) -> list[AnalyticResult]:
+        results = []
+        for update, knowledge in zip(updates, knowledges):
+            weight_grad, bias_grad = layer_gradients(update, f"{self.layer}.weight", f"{self.layer}.bias")
+            candidates, strength, options = self._candidates(update, knowledge, weight_grad, bias_grad)
+            lower, upper = image_box(knowledge.spec, device=candidates.device)
+            selection = select_candidates(
+                candidates, strength, knowledge.batch_size, lower=lower, upper=upper,
+                box_tol=self.config.box_tol, **options,
+            )
+            results.append(
+                assemble_result(
+                    selection, knowledge, update, layer=self.layer, on_input=True,
+                    labels=attack_labels(update, knowledge),
+                )
+            )
+        return results

@@ -62,17 +62,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leakgym.attacks.analytic import (
-    AnalyticResult,
-    assemble_result,
-    attack_labels,
+    InputBlockAttack,
     image_box,
-    layer_gradients,
     recover_linear_input,
-    select_candidates,
 )
-from leakgym.attacks.base import Attack, AttackerKnowledge, seeded_generator
+from leakgym.attacks.base import seeded_generator
 from leakgym.data import DatasetSpec
-from leakgym.fl.update import SharedUpdate
 
 __all__ = [
     "IMPRINT_MEASUREMENTS",
@@ -229,7 +224,7 @@ class ImprintConfig:
             raise ValueError(f"box_tol={self.box_tol}; must be >= 0")
 
 
-class ImprintAttack(Attack):
+class ImprintAttack(InputBlockAttack):
     """Robbing the Fed (Fowl et al. 2022): imprint bins before the model, invert bin differences.
 
     ``prepare_model(model, spec, public_x=None)`` returns a wrapped copy (see the module docstring);
@@ -274,30 +269,13 @@ class ImprintAttack(Attack):
             block.linear2.bias.zero_()
         return insert_input_block(model, block, self.block_name)
 
-    def _reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
-    ) -> list[AnalyticResult]:
-        cfg: ImprintConfig = self.config
-        layer = f"{self.block_name}.linear0"
-        results = []
-        for update, knowledge in zip(updates, knowledges):
-            weight_grad, bias_grad = layer_gradients(update, f"{layer}.weight", f"{layer}.bias")
-            params = dict(knowledge.model.named_parameters())
-            if f"{layer}.bias" not in params:
-                raise ValueError(
-                    f"knowledge.model has no parameter {layer + '.bias'!r}; pass the model returned by prepare_model"
-                )
-            candidates, strength = recover_imprint_bins(
-                weight_grad, bias_grad, params[f"{layer}.bias"], rel_tol=cfg.rel_tol
+    def _candidates(self, update, knowledge, weight_grad, bias_grad):
+        params = dict(knowledge.model.named_parameters())
+        if f"{self.layer}.bias" not in params:
+            raise ValueError(
+                f"knowledge.model has no parameter {self.layer + '.bias'!r}; pass the model returned by prepare_model"
             )
-            lower, upper = image_box(knowledge.spec, device=candidates.device)
-            selection = select_candidates(
-                candidates, strength, knowledge.batch_size, lower=lower, upper=upper, box_tol=cfg.box_tol
-            )
-            results.append(
-                assemble_result(
-                    selection, knowledge, update, layer=layer, on_input=True,
-                    labels=attack_labels(update, knowledge),
-                )
-            )
-        return results
+        candidates, strength = recover_imprint_bins(
+            weight_grad, bias_grad, params[f"{self.layer}.bias"], rel_tol=self.config.rel_tol
+        )
+        return candidates, strength, {}

@@ -49,18 +49,12 @@ import torch
 from torch import Tensor, nn
 
 from leakgym.attacks.analytic import (
-    AnalyticResult,
-    assemble_result,
-    attack_labels,
-    image_box,
-    layer_gradients,
+    InputBlockAttack,
     recover_linear_input,
-    select_candidates,
 )
-from leakgym.attacks.base import Attack, AttackerKnowledge, seeded_generator
+from leakgym.attacks.base import seeded_generator
 from leakgym.attacks.imprint import ImprintBlock, insert_input_block
 from leakgym.data import DatasetSpec
-from leakgym.fl.update import SharedUpdate
 
 __all__ = ["TrapWeightsAttack", "TrapWeightsConfig", "trap_weights"]
 
@@ -119,7 +113,7 @@ class TrapWeightsConfig:
             raise ValueError(f"box_tol={self.box_tol}; must be >= 0")
 
 
-class TrapWeightsAttack(Attack):
+class TrapWeightsAttack(InputBlockAttack):
     """Curious Abandon Honesty (Boenisch et al.): a trap-weight layer before the model.
 
     ``prepare_model(model, spec)`` returns a wrapped copy; :meth:`reconstruct` inverts every active
@@ -152,30 +146,8 @@ class TrapWeightsAttack(Attack):
             block.linear2.bias.zero_()
         return insert_input_block(model, block, self.block_name)
 
-    def _reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
-    ) -> list[AnalyticResult]:
+    def _candidates(self, update, knowledge, weight_grad, bias_grad):
         cfg: TrapWeightsConfig = self.config
-        layer = f"{self.block_name}.linear0"
-        results = []
-        for update, knowledge in zip(updates, knowledges):
-            weight_grad, bias_grad = layer_gradients(update, f"{layer}.weight", f"{layer}.bias")
-            candidates, rows = recover_linear_input(weight_grad, bias_grad, rel_tol=cfg.rel_tol)
-            lower, upper = image_box(knowledge.spec, device=candidates.device)
-            selection = select_candidates(
-                candidates,
-                bias_grad.detach().to(torch.float64)[rows].abs(),
-                knowledge.batch_size,
-                match_tol=cfg.match_tol,
-                lower=lower,
-                upper=upper,
-                box_tol=cfg.box_tol,
-                require_agreement=cfg.certified_only,
-            )
-            results.append(
-                assemble_result(
-                    selection, knowledge, update, layer=layer, on_input=True,
-                    labels=attack_labels(update, knowledge),
-                )
-            )
-        return results
+        candidates, rows = recover_linear_input(weight_grad, bias_grad, rel_tol=cfg.rel_tol)
+        strength = bias_grad.detach().to(torch.float64)[rows].abs()
+        return candidates, strength, {"match_tol": cfg.match_tol, "require_agreement": cfg.certified_only}
