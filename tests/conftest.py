@@ -22,3 +22,20 @@ CHEAP = {
 @pytest.fixture
 def cheap_overrides():
     return {k: (v.copy() if hasattr(v, "copy") else v) for k, v in CHEAP.items()}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` run only where a CUDA device is present (they skip elsewhere)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (see shared/device/README.md)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cuda_device():
+    if not torch.cuda.is_available():  # pragma: no cover - guarded by the marker as well
+        pytest.skip("needs a CUDA device")
+    return torch.device("cuda")
