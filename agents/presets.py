@@ -2,7 +2,8 @@
 
 A preset is a role plus a *settings dict* in the scenario's own vocabulary: for the defender,
 :class:`~leakgym.defenses.DefenseConfig` field names (and ``"oasis"``: a list of OASIS
-augmentation names); for the attacker, ``strategy`` / ``iterations`` / ``restarts`` / ``tv``.
+augmentation names); for the attacker, ``strategy`` and fields of that attack's config
+(``iterations``, ``restarts``, ``tv``, ...), which the scenario's attacker menu must offer.
 :func:`preset_action` maps it to the scenario's ``MultiDiscrete`` menu through
 ``scenario.encode_defender`` / ``scenario.encode_attacker``, which pick the *nearest* menu value
 (so DCS²'s ``lambda_g = 0.7`` becomes 0.5 in a menu ``[0, 0.5]``, and a paper's 24,000 attack
@@ -86,10 +87,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("prior-init-dcs2",     "attacker", {"strategy": "prior-init", "iterations": "max",
                                                "restarts": 1, "tv": 1e-4},
            "DCS² Table 4: GS attack started from the class-average image"),
-    Preset("imprint-oasis",       "attacker", {"strategy": "imprint", "iterations": 1, "restarts": 1, "tv": 0.0},
+    Preset("imprint-oasis",       "attacker", {"strategy": "imprint"},
            "OASIS §IV: Robbing the Fed (imprint module, analytic)"),
-    Preset("trap-oasis",          "attacker", {"strategy": "trap-weights", "iterations": 1, "restarts": 1,
-                                               "tv": 0.0},
+    Preset("trap-oasis",          "attacker", {"strategy": "trap-weights"},
            "OASIS §IV: Curious Abandon Honesty (trap weights, analytic)"),
 ]}
 # fmt: on
@@ -135,10 +135,22 @@ def _attacker_action(preset: Preset, scenario, where: str) -> np.ndarray:
         raise ValueError(
             f"{where}: strategy {settings['strategy']!r} is not in the scenario's strategy menu {scenario.strategies}"
         )
-    for key in ("iterations", "restarts", "tv"):
-        if key in settings:
-            settings[key] = _menu_value(getattr(scenario, key), settings[key])
-    return scenario.encode_attacker(settings)
+    import dataclasses
+
+    from leakgym.attacks import ATTACKS
+
+    fields = {f.name for f in dataclasses.fields(ATTACKS[settings["strategy"]].Config)}
+    menu: dict[str, list[Any]] = scenario.attacker_menu
+    out = {"strategy": settings.pop("strategy")}
+    for key, wanted in settings.items():
+        if key in menu:
+            out[key] = _menu_value(menu[key], wanted)
+        elif key in fields:
+            raise ValueError(
+                f"{where}: setting {key!r} is not in the scenario's attacker menu; menu: "
+                + ", ".join(f"{k}={v}" for k, v in menu.items())
+            )
+    return scenario.encode_attacker(out)
 
 
 def _defender_action(preset: Preset, scenario, where: str) -> np.ndarray:
@@ -166,7 +178,7 @@ def _defender_action(preset: Preset, scenario, where: str) -> np.ndarray:
         settings[key] = wanted
     action = scenario.encode_defender(settings)
     # A switched-on setting must not collapse onto the dimension's "off" value (index 0).
-    for i, key in enumerate(menu):
+    for i, key in enumerate(menu):  # the menu's value dimensions come first, in menu order
         if key in settings and action[i] == 0 and settings[key] != menu[key][0]:
             raise ValueError(
                 f"{where}: {key}={settings[key]!r} maps to the menu's off value {menu[key][0]!r} "

@@ -1,7 +1,7 @@
 """The LeakGym multi-agent environment (PettingZoo ``ParallelEnv``).
 
 Agents ``"attacker"`` (the federated-learning server) and ``"defender"`` (the victim client) act
-at once; one step is one federated-learning round (see :mod:`leakgym.envs.game`)::
+at once; one step is one federated-learning round, played by :class:`leakgym.envs.round.Round`::
 
     from leakgym.envs import parallel_env
     env = parallel_env(scenario="digits", rounds=4)
@@ -14,8 +14,9 @@ Spaces, observations and rewards are documented in :mod:`leakgym.envs.scenario`,
 :mod:`leakgym.envs.observations` and :mod:`leakgym.envs.rewards`. An episode lasts
 ``scenario.rounds`` rounds and ends by truncation (nobody "wins" a round early). An invalid action
 raises ``ValueError`` naming the entry and its allowed range before any state changes; any other
-failure inside a round is re-raised as :class:`RoundError` carrying the round number and the
-actions, after the results of completed rounds have been kept in :attr:`history`.
+failure inside a round is raised as :class:`RoundError` (the env's one documented error type for
+failed rounds) naming the round and the actions; the game is left exactly as it was before the
+round, and the completed rounds are kept in :attr:`history`.
 """
 
 from __future__ import annotations
@@ -29,13 +30,10 @@ from gymnasium.utils import EzPickle
 from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
-from .game import LeakGame, PendingRound, RoundOutcome, run_attacks
+from .game import LeakGame, RoundOutcome
 from .rendering import figure_to_rgb, placeholder_figure, round_figure
+from .round import Round, RoundError
 from .scenario import Scenario, load_scenario
-
-
-class RoundError(RuntimeError):
-    """A round failed for a reason other than an invalid action; names the round and the actions."""
 
 
 class LeakGymParallelEnv(ParallelEnv, EzPickle):
@@ -72,7 +70,6 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         }
         self.agents: list[str] = []
         self.history: list[dict[str, Any]] = []
-        self._closed = False
         self._seed_rng = np.random.default_rng()
 
     # PettingZoo wants the same object on every call.
@@ -95,27 +92,29 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         infos = {a: {"round": 0} for a in self.agents}
         return {a: obs[a].copy() for a in self.agents}, infos
 
-    def _check_actions(self, actions: dict[str, Any]) -> None:
+    def check_actions(self, actions: dict[str, Any]) -> tuple[Any, Any]:
+        """Validate a step's actions (agents, shape, dtype, range); returns (defender, attacker).
+
+        Raises ``ValueError`` (``RuntimeError`` on a finished episode) and changes nothing.
+        """
         if not self.agents:
             raise RuntimeError("step() called on a finished episode; call reset() first")
+        if not isinstance(actions, dict):
+            raise ValueError(f"actions must be a dict {{agent: action}}, got {type(actions).__name__}")  # noqa: TRY004
         missing = [a for a in self.agents if a not in actions]
         extra = [a for a in actions if a not in self.possible_agents]
         if missing or extra:
             raise ValueError(f"actions need exactly the agents {self.agents}; missing {missing}, unknown {extra}")
+        self.game.plan(actions["defender"], actions["attacker"])
+        return actions["defender"], actions["attacker"]
 
-    def begin_round(self, actions: dict[str, Any]) -> PendingRound:
-        """Phase 1 of a step (validate, defend). Used by the vector env to batch attacks."""
-        self._check_actions(actions)
-        return self.game.defend(np.asarray(actions["defender"]), np.asarray(actions["attacker"]))
-
-    def end_round(self, pending: PendingRound, result) -> tuple:
-        """Phase 3 of a step: score, aggregate, reward. Returns the PettingZoo step tuple."""
-        outcome: RoundOutcome = self.game.finish(pending, result)
+    def record(self, outcome: RoundOutcome) -> tuple:
+        """Bookkeeping after a played round; returns the PettingZoo step tuple."""
         self.history.append(
             {
                 "round": self.game.round,
-                "strategy": pending.attack_settings["strategy"],
-                "defenses": list(pending.report.applied),
+                "strategy": outcome.record.strategy,
+                "defenses": list(outcome.record.applied),
                 "rewards": dict(outcome.rewards),
                 **{f"{a}_{k}": v for a in outcome.infos for k, v in outcome.infos[a].items()},
             }
@@ -126,37 +125,28 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if outcome.truncated:
             self.agents = []
         obs = {a: outcome.observations[a].copy() for a in agents}
+        if self.render_mode == "png":
+            self.render()
         return obs, dict(outcome.rewards), terminations, truncations, outcome.infos
 
     def step(self, actions: dict[str, Any]):
-        pending = self.begin_round(actions)  # ValueError for bad actions: raised before state changes
-        try:
-            (result,) = run_attacks([pending])
-            out = self.end_round(pending, result)
-        except Exception as exc:  # never die silently mid-rollout: say where and with what
-            raise RoundError(
-                f"round {self.game.round + 1} of scenario {self.scenario.name!r} failed with actions "
-                f"attacker={np.asarray(actions['attacker']).tolist()} "
-                f"defender={np.asarray(actions['defender']).tolist()}: {exc!r}; "
-                f"{len(self.history)} completed rounds are kept in env.history"
-            ) from exc
-        if self.render_mode == "png":
-            self.render()
-        return out
+        defender, attacker = self.check_actions(actions)  # ValueError before any state changes
+        (outcome,) = Round([self.game]).play([(defender, attacker)])  # RoundError: game left unchanged
+        return self.record(outcome)
 
     # ------------------------------------------------------------------ render / close
     def render(self):
         if self.render_mode is None:
             return None
         last = self.game.last
-        if "originals" not in last:  # before the first round: an empty, labelled frame
+        if last is None:  # before the first round: an empty, labelled frame
             fig = placeholder_figure(f"{self.scenario.name}: no round played yet")
             return figure_to_rgb(fig) if self.render_mode == "rgb_array" else None
         title = (
-            f"round {self.game.round}: {last['strategy']} vs "
-            f"{', '.join(last['applied']) or 'no defense'} | SSIM {last['scores'].mean['ssim']:.3f}"
+            f"round {last.round}: {last.strategy} vs "
+            f"{', '.join(last.applied) or 'no defense'} | SSIM {last.scores.mean['ssim']:.3f}"
         )
-        fig = round_figure(last["originals"], last["reconstructions"], last["scores"], title=title)
+        fig = round_figure(last.originals, last.reconstructions, last.scores, title=title)
         if self.render_mode == "png":
             self.render_dir.mkdir(parents=True, exist_ok=True)
             path = self.render_dir / f"round_{self.game.round:04d}.png"
@@ -165,7 +155,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         return figure_to_rgb(fig)
 
     def close(self) -> None:
-        self._closed = True  # nothing external to release; idempotent by construction
+        """Nothing external to release (figures are closed after each render)."""
 
     def state(self) -> np.ndarray:
         obs = self.game.observations()

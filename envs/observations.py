@@ -11,9 +11,11 @@ Attacker (the server) sees
      per layer group (4 contiguous groups of the update's tensors): log10-norm mapped to [0, 1],
      per layer group: fraction of exact zeros,
      noise statistics of the whole update: (tanh(excess kurtosis / 10) + 1) / 2 and mean|u| / rms(u),
-     its last gradient-matching loss as (tanh(log10(loss) / 4) + 1) / 2,
+     its last gradient-matching loss as (tanh(log10(loss) / 4) + 1) / 2 (0 for attacks without one),
      its last action (index / (n - 1))]
-Before the first round the update summary is all zeros. Neither party ever sees the private images
+Before the first round the update summary is all zeros. The "last action" entries come from the
+scenario's :class:`~leakgym.envs.menus.Menu` (``Menu.features``). Every entry is finite and in
+[0, 1] by construction: non-finite statistics (a diverged model) map to 0. Neither party ever sees the private images
 or ground-truth reconstruction metrics.
 """
 
@@ -26,12 +28,13 @@ import torch
 
 from leakgym.fl.update import SharedUpdate
 
+from .menus import Menu
+
 LAYER_GROUPS = 4
 
 
-def _action_features(action: np.ndarray, nvec: np.ndarray) -> np.ndarray:
-    denom = np.maximum(nvec - 1, 1)
-    return (np.asarray(action, dtype=np.float64) / denom).astype(np.float32)
+def _unit_interval(obs: np.ndarray) -> np.ndarray:
+    return np.clip(np.nan_to_num(obs, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0).astype(np.float32)
 
 
 def defender_obs_size(nvec: np.ndarray) -> int:
@@ -45,15 +48,15 @@ def defender_observation(
     loss: float,
     num_classes: int,
     last_action: np.ndarray,
-    nvec: np.ndarray,
+    menu: Menu,
     audit_leakage: float,
     fidelity: float,
 ) -> np.ndarray:
-    loss_feature = min(max(loss / (2 * math.log(num_classes)), 0.0), 1.0)
+    loss_feature = loss / (2 * math.log(num_classes)) if math.isfinite(loss) else 1.0
     head = [round_fraction, accuracy, loss_feature]
     tail = [audit_leakage, (fidelity + 1) / 2]
-    obs = np.concatenate([np.array(head, np.float32), _action_features(last_action, nvec), np.array(tail, np.float32)])
-    return np.clip(obs, 0.0, 1.0).astype(np.float32)
+    obs = np.concatenate([np.array(head, np.float32), menu.features(last_action), np.array(tail, np.float32)])
+    return _unit_interval(obs)
 
 
 def attacker_obs_size(nvec: np.ndarray) -> int:
@@ -64,7 +67,7 @@ def update_summary(update: SharedUpdate | None) -> np.ndarray:
     """Fixed-size summary of a shared update: group log-norms, zero fractions, noise statistics."""
     if update is None:
         return np.zeros(2 * LAYER_GROUPS + 2, np.float32)
-    tensors = [t.detach().reshape(-1).double().cpu() for t in update.tensors.values()]
+    tensors = [torch.nan_to_num(t.detach().reshape(-1).double().cpu()) for t in update.tensors.values()]
     groups = np.array_split(np.arange(len(tensors)), LAYER_GROUPS)
     norms, zeros = [], []
     for g in groups:
@@ -90,11 +93,11 @@ def attacker_observation(
     *,
     round_fraction: float,
     update: SharedUpdate | None,
-    matching_loss: float,
+    matching_loss: float | None,
     last_action: np.ndarray,
-    nvec: np.ndarray,
+    menu: Menu,
 ) -> np.ndarray:
-    if math.isfinite(matching_loss) and matching_loss > 0:
+    if matching_loss is not None and math.isfinite(matching_loss) and matching_loss > 0:
         loss_feature = (math.tanh(math.log10(matching_loss) / 4) + 1) / 2
     else:
         loss_feature = 0.0
@@ -103,7 +106,7 @@ def attacker_observation(
             np.array([round_fraction], np.float32),
             update_summary(update),
             np.array([loss_feature], np.float32),
-            _action_features(last_action, nvec),
+            menu.features(last_action),
         ]
     )
-    return np.clip(obs, 0.0, 1.0).astype(np.float32)
+    return _unit_interval(obs)

@@ -18,7 +18,7 @@ def register_envs() -> None:
             continue
         register(
             id=gym_id,
-            entry_point="leakgym.envs.single_agent:LeakGymSingleAgentEnv",
-            vector_entry_point="leakgym.envs.vector:LeakGymVectorEnv",
+            entry_point="leakgym.agents.gym_entry_points:make_single_agent_env",
+            vector_entry_point="leakgym.agents.gym_entry_points:make_vector_env",
             kwargs={"scenario": name},
         )

@@ -7,22 +7,33 @@ Named scenarios are TOML files in ``envs/scenarios/``; each registers a Gymnasiu
 
 Action menus
 ------------
-The defender's action is a ``MultiDiscrete`` vector with one dimension per entry of
-``defender_menu`` (a :class:`~leakgym.defenses.DefenseConfig` field name and the values it may take)
-followed by one binary dimension per OASIS augmentation in ``oasis_bits``. The attacker's action is
-``MultiDiscrete([len(strategies), len(iterations), len(restarts), len(tv)])``. Index 0 of every
-defender dimension should be "off" so that the all-zero action means "no defense".
+Both actions are ``MultiDiscrete`` vectors whose dimensions are :mod:`leakgym.envs.menus` objects:
+
+* defender: one dimension per entry of ``defender_menu`` (a
+  :class:`~leakgym.defenses.DefenseConfig` field and the values it may take), then one on/off
+  dimension per OASIS augmentation in ``oasis_bits``. Index 0 of every defender dimension should be
+  "off" so that the all-zero action means "no defense".
+* attacker: one dimension per entry of ``attacker_menu``: ``strategy`` (attack registry names) first,
+  then any field of the strategies' configs (``iterations``, ``restarts``, ``tv``, imprint's
+  ``num_bins``, ...). A field applies to the strategies whose config has it. ``strategies``,
+  ``iterations``, ``restarts`` and ``tv`` are accepted as shorthands for those menu entries.
+
+Every menu value is validated through the real config class when the scenario is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .menus import BitDimension, Menu, ValueDimension, check_action
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -103,20 +114,24 @@ class Scenario:
     oasis_bits: list[str] = field(default_factory=lambda: ["major_rotation", "hflip"])
     #: fixed DefenseConfig settings that apply whatever the action (e.g. synthesis steps)
     defense_defaults: dict[str, Any] = field(default_factory=dict)
-    #: attacker menus: strategy names from the attack registry and budget levels
-    strategies: list[str] = field(
-        default_factory=lambda: ["inverting-gradients", "dlg", "prior-init", "layer-skipping"]
+    #: attacker menu: "strategy" (attack registry names) first, then attack-config fields and levels
+    attacker_menu: dict[str, list[Any]] = field(
+        default_factory=lambda: {
+            "strategy": ["inverting-gradients", "dlg", "prior-init", "layer-skipping"],
+            "iterations": [20, 60, 150],
+            "restarts": [1, 2],
+            "tv": [0.0, 1e-4, 1e-2],
+        }
     )
-    iterations: list[int] = field(default_factory=lambda: [20, 60, 150])
-    restarts: list[int] = field(default_factory=lambda: [1, 2])
-    tv: list[float] = field(default_factory=lambda: [0.0, 1e-4, 1e-2])
     #: fixed attack-config settings applied to every strategy that has the field
     attack_defaults: dict[str, Any] = field(default_factory=dict)
     rewards: RewardWeights = field(default_factory=RewardWeights)
+    #: lift the documented upper bounds of :data:`LIMITS` (for users who mean it)
+    allow_large: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.rewards, dict):
-            self.rewards = RewardWeights(**self.rewards)
+        _coerce_fields(self)
+        self.rewards = _reward_weights(self.name, self.rewards)
         self.validate()
 
     # -- validation ----------------------------------------------------------------------------
@@ -124,6 +139,14 @@ class Scenario:
         def need(cond: bool, what: str) -> None:
             if not cond:
                 raise ValueError(f"scenario {self.name!r}: {what}")
+
+        need(self.update_kind != "gradient" or self.local_steps == 1,
+             f"local_steps={self.local_steps} needs update_kind='model_delta' (FedSGD shares one gradient)")
+        _check_limits(self)
+        mixup = [v for v in self.defender_menu.get("mixup_k", []) + [self.defense_defaults.get("mixup_k", 0)] if v]
+        need(all(k <= self.batch_size for k in mixup),
+             f"defender_menu mixup_k={mixup} mixes up to k images of the private batch; needs k <= batch_size "
+             f"(batch_size={self.batch_size})")
 
         need(self.batch_size >= 1, f"batch_size={self.batch_size}; must be >= 1")
         need(self.num_clients >= 0, f"num_clients={self.num_clients}; must be >= 0")
@@ -138,52 +161,79 @@ class Scenario:
             f"leakage_metric={self.leakage_metric!r}; allowed {LEAKAGE_METRICS}",
         )
         need(self.audit_iterations >= 0, f"audit_iterations={self.audit_iterations}; must be >= 0")
-        for menu_name in ("strategies", "iterations", "restarts", "tv"):
-            need(len(getattr(self, menu_name)) >= 1, f"attacker menu {menu_name!r} is empty")
-        need(all(i >= 1 for i in self.iterations), f"iterations={self.iterations}; each must be >= 1")
-        need(all(r >= 1 for r in self.restarts), f"restarts={self.restarts}; each must be >= 1")
+        need(isinstance(self.attacker_menu, dict) and "strategy" in self.attacker_menu,
+             f"attacker_menu={self.attacker_menu!r} needs a 'strategy' entry")
+        need(list(self.attacker_menu)[0] == "strategy", "attacker_menu must list 'strategy' first")
+        for key, values in self.attacker_menu.items():
+            need(isinstance(values, list) and len(values) >= 1, f"attacker menu {key!r} is empty")
         for key, values in self.defender_menu.items():
-            need(len(values) >= 1, f"defender menu {key!r} is empty")
+            need(isinstance(values, list) and len(values) >= 1, f"defender menu {key!r} is empty")
+        _validate_menus(self)
 
-    # -- spaces ------------------------------------------------------------------------------
+    # -- menus and spaces ------------------------------------------------------------------------
+    @property
+    def defender_menu_dims(self) -> Menu:
+        """The defender's :class:`~leakgym.envs.menus.Menu` (menu entries, then OASIS bits)."""
+        from leakgym.defenses.oasis import BIT_NAMES
+
+        bit_of = {name: bit for bit, name in BIT_NAMES.items()}
+        dims = [ValueDimension(k, tuple(v)) for k, v in self.defender_menu.items()]
+        dims += [BitDimension("oasis", bit_of[b], b) for b in self.oasis_bits]
+        return Menu("defender", dims, where=f"scenario {self.name!r}: ")
+
+    @property
+    def attacker_menu_dims(self) -> Menu:
+        """The attacker's :class:`~leakgym.envs.menus.Menu` (strategy, then attack-config fields)."""
+        dims = [ValueDimension(k, tuple(v)) for k, v in self.attacker_menu.items()]
+        return Menu("attacker", dims, where=f"scenario {self.name!r}: ")
+
+    def menu(self, role: str) -> Menu:
+        if role not in ("attacker", "defender"):
+            raise ValueError(f"role={role!r}; allowed: 'attacker', 'defender'")
+        return self.attacker_menu_dims if role == "attacker" else self.defender_menu_dims
+
+    @property
+    def strategies(self) -> list[str]:
+        return list(self.attacker_menu["strategy"])
+
+    @property
+    def iterations(self) -> list[int]:
+        return list(self.attacker_menu.get("iterations", []))
+
+    @property
+    def restarts(self) -> list[int]:
+        return list(self.attacker_menu.get("restarts", []))
+
+    @property
+    def tv(self) -> list[float]:
+        return list(self.attacker_menu.get("tv", []))
+
     @property
     def defender_nvec(self) -> np.ndarray:
-        sizes = [len(v) for v in self.defender_menu.values()] + [2] * len(self.oasis_bits)
-        return np.array(sizes, dtype=np.int64)
+        return self.defender_menu_dims.nvec
 
     @property
     def attacker_nvec(self) -> np.ndarray:
-        return np.array(
-            [len(self.strategies), len(self.iterations), len(self.restarts), len(self.tv)], dtype=np.int64
-        )
+        return self.attacker_menu_dims.nvec
 
     @property
     def defender_dims(self) -> list[str]:
         """Names of the defender's action dimensions, in order."""
-        return list(self.defender_menu) + [f"oasis_{b}" for b in self.oasis_bits]
+        return self.defender_menu_dims.names
 
     @property
     def attacker_dims(self) -> list[str]:
-        return ["strategy", "iterations", "restarts", "tv"]
+        return self.attacker_menu_dims.names
 
     def decode_defender(self, action: np.ndarray) -> dict[str, Any]:
-        """Defender action -> settings dict (menu values, plus the OASIS bit names switched on)."""
-        action = check_action(action, self.defender_nvec, "defender", self.defender_dims)
-        settings: dict[str, Any] = {}
-        for i, (key, values) in enumerate(self.defender_menu.items()):
-            settings[key] = values[int(action[i])]
-        offset = len(self.defender_menu)
-        settings["oasis"] = [b for j, b in enumerate(self.oasis_bits) if action[offset + j] == 1]
+        """Defender action -> readable settings (menu values; ``oasis`` lists the augmentations on)."""
+        settings = self.defender_menu_dims.read(action)
+        settings.setdefault("oasis", [])
         return settings
 
     def decode_attacker(self, action: np.ndarray) -> dict[str, Any]:
-        action = check_action(action, self.attacker_nvec, "attacker", self.attacker_dims)
-        return {
-            "strategy": self.strategies[int(action[0])],
-            "iterations": int(self.iterations[int(action[1])]),
-            "restarts": int(self.restarts[int(action[2])]),
-            "tv": float(self.tv[int(action[3])]),
-        }
+        """Attacker action -> readable settings (``strategy`` and the menu's config fields)."""
+        return self.attacker_menu_dims.read(action)
 
     def encode_defender(self, settings: dict[str, Any]) -> np.ndarray:
         """Settings -> the defender action whose menu values are nearest to them.
@@ -191,84 +241,254 @@ class Scenario:
         Keys not named in ``settings`` are off (index 0). ``settings["oasis"]`` lists the OASIS
         augmentations to switch on. Unknown keys raise ``ValueError``.
         """
-        allowed = set(self.defender_menu) | {"oasis"}
-        unknown = sorted(set(settings) - allowed)
-        if unknown:
-            raise ValueError(
-                f"scenario {self.name!r}: defender settings {unknown} are not in its menu; allowed: {sorted(allowed)}"
-            )
-        action = np.zeros(len(self.defender_nvec), dtype=np.int64)
-        for i, (key, values) in enumerate(self.defender_menu.items()):
-            if key in settings:
-                action[i] = _nearest(values, settings[key])
-        offset = len(self.defender_menu)
-        for name in settings.get("oasis", []):
-            if name not in self.oasis_bits:
-                raise ValueError(
-                    f"scenario {self.name!r}: OASIS augmentation {name!r} is not in its menu {self.oasis_bits}"
-                )
-            action[offset + self.oasis_bits.index(name)] = 1
-        return action
+        settings = dict(settings)
+        if not self.oasis_bits and not settings.get("oasis", True):
+            settings.pop("oasis")
+        return self.defender_menu_dims.encode(settings)
 
     def encode_attacker(self, settings: dict[str, Any]) -> np.ndarray:
-        allowed = {"strategy", "iterations", "restarts", "tv"}
-        unknown = sorted(set(settings) - allowed)
-        if unknown:
-            raise ValueError(f"attacker settings {unknown} unknown; allowed: {sorted(allowed)}")
-        strategy = settings.get("strategy", self.strategies[0])
-        if strategy not in self.strategies:
-            raise ValueError(
-                f"scenario {self.name!r}: strategy {strategy!r} not in its menu {self.strategies}"
-            )
-        return np.array(
-            [
-                self.strategies.index(strategy),
-                _nearest(self.iterations, settings.get("iterations", self.iterations[0])),
-                _nearest(self.restarts, settings.get("restarts", self.restarts[0])),
-                _nearest(self.tv, settings.get("tv", self.tv[0])),
-            ],
-            dtype=np.int64,
-        )
+        """Settings -> the attacker action with the nearest menu values (unmentioned: index 0)."""
+        return self.attacker_menu_dims.encode(settings)
 
     # -- construction ---------------------------------------------------------------------------
     def replace(self, **overrides: Any) -> Scenario:
+        """A copy with fields changed (validated); ``strategies``/``iterations``/``restarts``/``tv``
+        replace those entries of ``attacker_menu``."""
+        overrides = _fold_shorthands(overrides, dict(self.attacker_menu))
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise ValueError(f"unknown scenario option(s) {unknown}; allowed: {sorted(known)}")
+            raise ValueError(f"unknown scenario option(s) {unknown}; allowed: {sorted(known | set(SHORTHANDS))}")
         return dataclasses.replace(self, **overrides)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        data = _fold_shorthands({k: v for k, v in data.items() if k != "gym_id"}, None)
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known - {"gym_id"})
+        unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown scenario key(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**{k: v for k, v in data.items() if k != "gym_id"})
+            raise ValueError(f"unknown scenario key(s) {unknown}; allowed: {sorted(known | set(SHORTHANDS))}")
+        return cls(**data)
 
 
-def _nearest(values: list[Any], wanted: Any) -> int:
-    if wanted in values:
-        return values.index(wanted)
+#: Documented upper bounds: one step must finish and fit in memory. ``allow_large=True`` lifts them.
+LIMITS: dict[str, int] = {
+    "batch_size": 64, "num_clients": 64, "rounds": 100_000, "local_steps": 100, "eval_size": 10_000,
+    "image_size": 256, "model_width": 512, "audit_iterations": 30_000,
+    "iterations": 30_000, "restarts": 64,  # attacker menu levels (IG's paper budget is 24,000)
+}
+#: Upper bound on the estimated working memory of one round (bytes); see :func:`estimated_round_bytes`.
+MEMORY_LIMIT_BYTES = 8 * 2**30
+
+_INT_MIN = {"batch_size": 1, "num_clients": 0, "rounds": 1, "local_steps": 1, "eval_every": 1, "eval_size": 1,
+            "audit_iterations": 0}
+_OPTIONAL_INT_MIN = {"image_size": 8, "model_width": 1}
+#: float field -> (lower bound, lower bound excluded, upper bound, upper bound excluded)
+_FLOATS = {"local_lr": (0.0, True, math.inf, False), "server_lr": (0.0, True, math.inf, False),
+           "public_fraction": (0.0, True, 1.0, True)}
+_OPTIONAL_FLOATS = {"dirichlet_alpha": (0.0, True, math.inf, False)}
+_BOOLS = ("precode", "known_labels", "allow_large")
+_STRINGS = ("name", "dataset", "model", "update_kind", "threat_model", "leakage_metric")
+_DICTS = ("defender_menu", "defense_defaults", "attacker_menu", "attack_defaults")
+
+
+def _bad(sc_name: Any, key: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"scenario {sc_name!r}: {key}={value!r}; allowed: {allowed}")
+
+
+def _as_int(sc_name: Any, key: str, value: Any, low: int) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise _bad(sc_name, key, value, f"integers >= {low}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise _bad(sc_name, key, value, f"integers >= {low}")
+    return int(value)
+
+
+def _as_float(sc_name: Any, key: str, value: Any, bounds: tuple[float, bool, float, bool]) -> float:
+    low, low_open, high, high_open = bounds
+    shown = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise _bad(sc_name, key, value, f"finite numbers in {shown}") from None
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        raise _bad(sc_name, key, value, f"finite numbers in {shown}")
+    return float(value)
+
+
+def _as_bool(sc_name: Any, key: str, value: Any) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if not isinstance(value, (bool, np.bool_)):
+        raise _bad(sc_name, key, value, "true or false")
+    return bool(value)
+
+
+def _coerce_fields(sc: Scenario) -> None:
+    """Types and ranges of the scalar fields; strings from the CLI or RLlib are coerced like TOML values."""
+    from leakgym.data import DATASET_NAMES
+    from leakgym.models import MODEL_NAMES
+
+    name = sc.name
+    for key in _STRINGS:
+        if not isinstance(getattr(sc, key), str):
+            raise _bad(name, key, getattr(sc, key), "a string")
+    for key, low in _INT_MIN.items():
+        setattr(sc, key, _as_int(name, key, getattr(sc, key), low))
+    for key, low in _OPTIONAL_INT_MIN.items():
+        if getattr(sc, key) is not None:
+            setattr(sc, key, _as_int(name, key, getattr(sc, key), low))
+    for key, bounds in _FLOATS.items():
+        setattr(sc, key, _as_float(name, key, getattr(sc, key), bounds))
+    for key, bounds in _OPTIONAL_FLOATS.items():
+        if getattr(sc, key) is not None:
+            setattr(sc, key, _as_float(name, key, getattr(sc, key), bounds))
+    for key in _BOOLS:
+        setattr(sc, key, _as_bool(name, key, getattr(sc, key)))
+    for key in _DICTS:
+        if not isinstance(getattr(sc, key), dict):
+            raise _bad(name, key, getattr(sc, key), "a table {name: value}")
+    if not isinstance(sc.oasis_bits, list) or not all(isinstance(b, str) for b in sc.oasis_bits):
+        raise _bad(name, "oasis_bits", sc.oasis_bits, "a list of OASIS augmentation names")
+    choices = {"dataset": DATASET_NAMES, "model": MODEL_NAMES, "update_kind": UPDATE_KINDS,
+               "threat_model": THREAT_MODELS, "leakage_metric": LEAKAGE_METRICS}
+    for key, allowed in choices.items():
+        if getattr(sc, key) not in allowed:
+            raise _bad(name, key, getattr(sc, key), ", ".join(map(str, allowed)))
+
+
+def _reward_weights(sc_name: Any, value: Any) -> RewardWeights:
+    if isinstance(value, RewardWeights):
+        value = dataclasses.asdict(value)
+    if not isinstance(value, dict):
+        raise _bad(sc_name, "rewards", value, "a table with " + ", ".join(f.name for f in dataclasses.fields(RewardWeights)))
+    known = [f.name for f in dataclasses.fields(RewardWeights)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"scenario {sc_name!r}: unknown reward weight(s) {unknown}; allowed: {known}")
+    return RewardWeights(**{k: _as_float(sc_name, f"rewards.{k}", v, (0.0, False, math.inf, False))
+                            for k, v in value.items()})
+
+
+def estimated_round_bytes(sc: Scenario) -> int:
+    """A coarse upper estimate of one round's working memory (bytes), checked against :data:`MEMORY_LIMIT_BYTES`.
+
+    Dominated by the attack: ``restarts x B`` dummy images, each carrying about 64 activation maps of
+    the image's size through the double backward, plus the dataset split held per game.
+    """
+    from leakgym.data import dataset_spec
+
+    spec = dataset_spec(sc.dataset)
+    side = sc.image_size or spec.image_size
+    pixels = spec.channels * side * side
+    restarts = max([int(r) for r in sc.attacker_menu.get("restarts", [1])] + [1])
+    attack = 4 * 64 * restarts * sc.batch_size * pixels
+    clients = 4 * 64 * (sc.num_clients + 1) * max(sc.batch_size, 8) * pixels
+    return int(attack + clients)
+
+
+def _check_limits(sc: Scenario) -> None:
+    if sc.allow_large:
+        return
+    hint = "; pass allow_large=True to lift the documented limits"
+    for key, cap in LIMITS.items():
+        if key in ("iterations", "restarts"):
+            values = sc.attacker_menu.get(key, [])
+        else:
+            values = [getattr(sc, key)] if getattr(sc, key) is not None else []
+        too_big = [v for v in values if isinstance(v, (int, float)) and v > cap]
+        if too_big:
+            raise ValueError(f"scenario {sc.name!r}: {key}={too_big[0]!r} exceeds the limit {cap}{hint}")
+    need = estimated_round_bytes(sc)
+    if need > MEMORY_LIMIT_BYTES:
+        raise ValueError(
+            f"scenario {sc.name!r}: one round needs about {need / 2**30:.1f} GiB (batch_size x restarts x "
+            f"image size) > {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB{hint}"
+        )
+
+
+#: shorthand option -> attacker_menu entry it sets
+SHORTHANDS = {"strategies": "strategy", "iterations": "iterations", "restarts": "restarts", "tv": "tv"}
+
+
+def _fold_shorthands(options: dict[str, Any], base_menu: dict[str, list[Any]] | None) -> dict[str, Any]:
+    """Move ``strategies``/``iterations``/``restarts``/``tv`` options into ``attacker_menu``."""
+    given = {k: options[k] for k in SHORTHANDS if k in options}
+    if not given:
+        return options
+    out = {k: v for k, v in options.items() if k not in SHORTHANDS}
+    if base_menu is None:
+        base_menu = dict(out.get("attacker_menu", {}))
+    elif "attacker_menu" in out:
+        base_menu = dict(out["attacker_menu"])
+    menu = {"strategy": given.get("strategies", base_menu.get("strategy"))}
+    for key, values in base_menu.items():
+        if key != "strategy" and (_used_by(key, menu["strategy"]) or "strategies" not in given):
+            menu[key] = values  # inherited entries that none of the new strategies has are dropped
+    for short, key in SHORTHANDS.items():
+        if short in given and key != "strategy":
+            menu[key] = given[short]
+    out["attacker_menu"] = menu
+    return out
+
+
+def _used_by(key: str, strategies: list[str] | None) -> bool:
+    from leakgym.attacks import ATTACKS
+
+    return any(s in ATTACKS and key in {f.name for f in dataclasses.fields(ATTACKS[s].Config)}
+               for s in strategies or [])
+
+
+def _validate_menus(sc: Scenario) -> None:
+    """Every menu value through the real config classes; attack names against the registry."""
+    from leakgym.attacks import ATTACKS
+    from leakgym.defenses import DefenseConfig
+    from leakgym.defenses.oasis import BIT_NAMES
+
+    where = f"scenario {sc.name!r}"
     try:
-        return int(np.argmin([abs(float(v) - float(wanted)) for v in values]))
-    except (TypeError, ValueError):
-        raise ValueError(f"value {wanted!r} is not in the menu {values}") from None
-
-
-def check_action(action: Any, nvec: np.ndarray, who: str, dims: list[str]) -> np.ndarray:
-    """Validate a MultiDiscrete action; raise ``ValueError`` naming the bad entry and its range."""
-    arr = np.asarray(action)
-    if arr.shape != nvec.shape:
-        raise ValueError(f"{who} action has shape {arr.shape}; expected {nvec.shape} ({dims})")
-    if not np.issubdtype(arr.dtype, np.integer):
-        if not np.all(np.equal(np.mod(arr, 1), 0)):
-            raise ValueError(f"{who} action {arr.tolist()} must be integers")
-        arr = arr.astype(np.int64)
-    for i, (a, n) in enumerate(zip(arr, nvec)):
-        if not 0 <= a < n:
-            raise ValueError(f"{who} action[{i}] ({dims[i]}) = {int(a)}; allowed range 0..{int(n) - 1}")
-    return arr.astype(np.int64)
+        base = DefenseConfig(**sc.defense_defaults)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: defense_defaults={sc.defense_defaults!r}: {exc}") from None
+    for key, values in sc.defender_menu.items():
+        for value in values:
+            try:
+                base.replace(**{key: value})
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: defender_menu {key}={values!r}: {exc}") from None
+    bad_bits = [b for b in sc.oasis_bits if b not in BIT_NAMES.values()]
+    if bad_bits:
+        raise ValueError(f"{where}: oasis_bits {bad_bits} unknown; allowed: {list(BIT_NAMES.values())}")
+    strategies = sc.attacker_menu["strategy"]
+    unknown = [s for s in strategies if s not in ATTACKS]
+    if unknown:
+        raise ValueError(f"{where}: attacker_menu strategy {unknown} unknown; allowed: {sorted(ATTACKS)}")
+    configs = {s: {f.name for f in dataclasses.fields(ATTACKS[s].Config)} for s in strategies}
+    for key, values in sc.attacker_menu.items():
+        if key == "strategy":
+            continue
+        owners = [s for s in strategies if key in configs[s]]
+        if not owners:
+            raise ValueError(
+                f"{where}: attacker_menu {key!r} is a field of none of the strategies {strategies}"
+            )
+        for s in owners:
+            fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
+            for value in values:
+                try:
+                    ATTACKS[s].Config(**{**fixed, key: value})
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{where}: attacker_menu {key}={values!r} for {s!r}: {exc}") from None
+    for key in sc.attack_defaults:
+        if not any(key in fields for fields in configs.values()):
+            raise ValueError(f"{where}: attack_defaults {key!r} is a field of none of the strategies {strategies}")
 
 
 def scenario_names() -> list[str]:
@@ -280,14 +500,49 @@ def scenario_gym_id(name: str) -> str:
         return tomllib.load(fh)["gym_id"]
 
 
-def load_scenario(name: str | Scenario = "digits", **overrides: Any) -> Scenario:
-    """A named scenario (TOML file in ``envs/scenarios``) or a Scenario, with overrides applied."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def read_scenario_file(path: str | Path) -> Scenario:
+    """A scenario from a TOML file the user names explicitly; errors name the file and the key."""
+    path = Path(path)
+    if path.suffix != ".toml" or not path.is_file():
+        raise ValueError(f"scenario file {str(path)!r} is not an existing .toml file")
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"scenario file {str(path)!r}: not valid TOML: {exc}") from None
+    try:
+        return Scenario.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"scenario file {str(path)!r}: {exc}") from None
+
+
+def load_scenario(name: str | Path | Scenario = "digits", **overrides: Any) -> Scenario:
+    """A scenario with overrides applied: a packaged name (``envs/scenarios/<name>.toml``), an
+    explicit path to a ``.toml`` file, or a :class:`Scenario`.
+
+    Only the packaged folder is searched by name; any other file must be named by its path.
+    """
     if isinstance(name, Scenario):
         return name.replace(**overrides) if overrides else name
-    path = SCENARIO_DIR / f"{name}.toml"
-    if not path.exists():
-        raise ValueError(f"unknown scenario {name!r}; available: {scenario_names()}")
-    with open(path, "rb") as fh:
-        data = tomllib.load(fh)
-    scenario = Scenario.from_dict(data)
+    if isinstance(name, Path) or (isinstance(name, str) and name.endswith(".toml")):
+        scenario = read_scenario_file(name)
+    elif isinstance(name, str) and _NAME.match(name) and (SCENARIO_DIR / f"{name}.toml").is_file():
+        scenario = read_scenario_file(SCENARIO_DIR / f"{name}.toml")
+    else:
+        raise ValueError(f"unknown scenario {name!r}; available: {scenario_names()} or a path to a .toml file")
     return scenario.replace(**overrides) if overrides else scenario
+
+
+__all__ = [
+    "LEAKAGE_METRICS",
+    "SHORTHANDS",
+    "RewardWeights",
+    "Scenario",
+    "check_action",
+    "load_scenario",
+    "scenario_gym_id",
+    "scenario_names",
+]

@@ -1,29 +1,76 @@
 """Gymnasium single-agent views of the LeakGym game: play one role against a fixed opponent.
 
 ``gym.make("LeakGym-Digits-v0", role="attacker", opponent="random")`` returns the attacker's view
-against a uniformly randomised scripted defender (the default). ``opponent`` is anything
-:func:`leakgym.agents.make_agent` accepts: an :class:`~leakgym.agents.base.Agent`, a scripted
-agent or preset name, or the path of a saved Stable-Baselines3 policy. The opponent's randomness is
-drawn from a generator seeded by ``reset(seed=...)``, so the view is deterministic for SB3's and
-Gymnasium's ``check_env``.
+against a uniformly randomised scripted defender (the default). The Gymnasium entry point
+(:mod:`leakgym.agents.gym_entry_points`) turns ``opponent`` names, presets and policy paths into
+agents; this class itself takes the opponent *object*: anything with
+``act(observation, action_space, rng) -> action`` (optionally ``reset(seed)`` and
+``observe(reward, info)``, as :class:`leakgym.agents.Agent` has), or a plain callable
+``f(observation, action_space, rng) -> action``. The opponent's randomness is drawn from a generator
+seeded by ``reset(seed=...)``, so the view is deterministic for SB3's and Gymnasium's ``check_env``.
+
+A step first validates the learner's action, then lets the opponent act, then plays the round
+(:class:`leakgym.envs.round.Round`); a rejected action or a failed round leaves the view, its
+opponent generator and its game exactly as they were.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from .game import PendingRound, run_attacks
-from .leakgym_env import LeakGymParallelEnv, RoundError
+from .game import RoundOutcome
+from .leakgym_env import LeakGymParallelEnv
+from .round import Round
 from .scenario import Scenario
 
 ROLES = ("attacker", "defender")
-DEFAULT_OPPONENT = {"attacker": "random", "defender": "random"}
+
+
+class CallableOpponent:
+    """Adapts ``f(observation, action_space, rng) -> action`` to the opponent protocol."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "callable")
+
+    def reset(self, seed: int | None = None) -> None:
+        pass
+
+    def act(self, observation, action_space, rng):
+        return self.fn(observation, action_space, rng)
+
+    def observe(self, reward: float, info: dict[str, Any]) -> None:
+        pass
+
+
+def as_opponent(opponent: Any) -> Any:
+    """An opponent object from an agent-like object or a callable; ``ValueError`` otherwise."""
+    if hasattr(opponent, "act"):
+        return opponent
+    if callable(opponent):
+        return CallableOpponent(opponent)
+    raise ValueError(
+        f"opponent={opponent!r}: expected an object with act(observation, action_space, rng) or such a "
+        "callable; names, presets and policy files are resolved by gym.make(...) or "
+        "leakgym.agents.make_agent"
+    )
 
 
 class LeakGymSingleAgentEnv(gym.Env):
+    """One role of the LeakGym game (attacker or defender) against a fixed opponent.
+
+    Args:
+        scenario: a scenario name or :class:`~leakgym.envs.scenario.Scenario`.
+        role: ``"attacker"`` or ``"defender"``: the role the learner plays.
+        opponent: the other role's agent object or callable (see the module docstring).
+        render_mode: ``None``, ``"rgb_array"`` or ``"png"``.
+        **overrides: scenario overrides (``rounds=4``, ``device="cuda"``, ...).
+    """
+
     metadata = {"render_modes": ["rgb_array", "png"], "render_fps": 2}
 
     def __init__(
@@ -36,6 +83,9 @@ class LeakGymSingleAgentEnv(gym.Env):
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role={role!r}; allowed: {ROLES}")
+        if opponent is None:
+            raise ValueError("opponent is required: an agent object or callable (gym.make resolves names)")
+        self.opponent = as_opponent(opponent)
         self.parallel = LeakGymParallelEnv(scenario, render_mode=render_mode, **overrides)
         self.scenario = self.parallel.scenario
         self.role = role
@@ -43,11 +93,6 @@ class LeakGymSingleAgentEnv(gym.Env):
         self.render_mode = render_mode
         self.observation_space = self.parallel.observation_space(role)
         self.action_space = self.parallel.action_space(role)
-        from leakgym.agents import make_agent
-
-        self.opponent = make_agent(
-            DEFAULT_OPPONENT[role] if opponent is None else opponent, role=self.other, scenario=self.scenario
-        )
         self._other_obs: np.ndarray | None = None
         self._opponent_rng = np.random.default_rng(0)
 
@@ -58,35 +103,52 @@ class LeakGymSingleAgentEnv(gym.Env):
         episode_seed, opponent_seed = (int(s) for s in self.np_random.integers(2**31 - 1, size=2))
         obs, infos = self.parallel.reset(seed=episode_seed)
         self._opponent_rng = np.random.default_rng(opponent_seed)
-        self.opponent.reset(opponent_seed)
+        if hasattr(self.opponent, "reset"):
+            self.opponent.reset(opponent_seed)
         self._other_obs = obs[self.other]
         return obs[self.role], infos[self.role]
 
-    # The two phases let LeakGymVectorEnv batch the attacks of many environments.
-    def begin_step(self, action: Any) -> PendingRound:
+    # The three parts of a step let LeakGymVectorEnv play the rounds of many views as one Round.
+    def prepare_step(self, action: Any) -> tuple[Any, Any]:
+        """Validate the learner's action, let the opponent act; returns (defender, attacker) actions.
+
+        On any error the opponent's generator is restored, so a rejected step changes nothing.
+        """
         if self._other_obs is None:
             raise RuntimeError("step() called before reset()")
-        other_action = self.opponent.act(self._other_obs, self.parallel.action_space(self.other), self._opponent_rng)
-        return self.parallel.begin_round({self.role: np.asarray(action), self.other: np.asarray(other_action)})
+        self.scenario.menu(self.role).check(action)  # before the opponent draws anything
+        saved = copy.deepcopy(self._opponent_rng.bit_generator.state)
+        try:
+            other_action = self.opponent.act(
+                self._other_obs, self.parallel.action_space(self.other), self._opponent_rng
+            )
+            return self.parallel.check_actions({self.role: action, self.other: other_action})
+        except Exception:
+            self.undo_prepare(saved)
+            raise
 
-    def end_step(self, pending: PendingRound, result):
-        obs, rewards, terms, truncs, infos = self.parallel.end_round(pending, result)
-        self.opponent.observe(rewards[self.other], infos[self.other])
+    def opponent_state(self) -> dict:
+        return copy.deepcopy(self._opponent_rng.bit_generator.state)
+
+    def undo_prepare(self, state: dict) -> None:
+        self._opponent_rng.bit_generator.state = state
+
+    def finish_step(self, outcome: RoundOutcome):
+        obs, rewards, terms, truncs, infos = self.parallel.record(outcome)
+        if hasattr(self.opponent, "observe"):
+            self.opponent.observe(rewards[self.other], infos[self.other])
         self._other_obs = obs[self.other]
-        if self.render_mode == "png":
-            self.parallel.render()
         return obs[self.role], rewards[self.role], terms[self.role], truncs[self.role], infos[self.role]
 
     def step(self, action: Any):
-        pending = self.begin_step(action)
+        saved = self.opponent_state()
+        defender, attacker = self.prepare_step(action)
         try:
-            (result,) = run_attacks([pending])
-            return self.end_step(pending, result)
-        except Exception as exc:
-            raise RoundError(
-                f"round {self.parallel.game.round + 1} of {self.scenario.name!r} ({self.role} view) failed: "
-                f"{exc!r}; completed rounds are kept in env.unwrapped.parallel.history"
-            ) from exc
+            (outcome,) = Round([self.parallel.game]).play([(defender, attacker)])
+        except Exception:
+            self.undo_prepare(saved)
+            raise
+        return self.finish_step(outcome)
 
     def render(self):
         return self.parallel.render()

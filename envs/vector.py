@@ -1,10 +1,12 @@
-"""N LeakGym games in lockstep, with every round's attacks batched into one engine call per config.
+"""N LeakGym games in lockstep, each vector step played as one :class:`~leakgym.envs.round.Round`.
 
 ``gym.make_vec("LeakGym-Digits-v0", num_envs=16)`` builds this (it is the ids' vector entry point).
-Each step runs phase 1 (defend) of all N games, then :func:`leakgym.envs.game.run_attacks` on the N
-pending rounds — rounds whose attacks share a configuration become one batched
-``Attack.reconstruct_batch`` call — then phase 3 of all games. Sub-environments reset
-automatically on the step after their episode ends (Gymnasium's ``NEXT_STEP`` autoreset mode).
+A step validates every learner action first (a bad one raises ``ValueError`` and changes nothing in
+any sub-environment), lets every opponent act, then plays one Round over all active games: attacks
+that share a configuration become one batched ``Attack.reconstruct_batch`` call, and every game
+keeps its own seed, so game ``i`` plays the same trajectory alone or beside any neighbours.
+Sub-environments reset automatically on the step after their episode ends (Gymnasium's
+``NEXT_STEP`` autoreset mode).
 """
 
 from __future__ import annotations
@@ -15,29 +17,42 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from .game import run_attacks
+from .round import Round
 from .single_agent import LeakGymSingleAgentEnv
 
 
 class LeakGymVectorEnv(VectorEnv):
+    """``num_envs`` single-agent views whose rounds are played together.
+
+    Args:
+        num_envs: number of games.
+        opponents: one opponent object per game (agents keep per-episode state), or use
+            ``opponent=`` with a factory through :func:`leakgym.agents.gym_entry_points.make_vector_env`.
+        **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
+    """
+
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, num_envs: int = 1, render_mode: str | None = None, **kwargs: Any) -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs={num_envs}; must be >= 1")
-        self.envs = [LeakGymSingleAgentEnv(render_mode=render_mode, **kwargs) for _ in range(num_envs)]
-        self.num_envs = num_envs
+    def __init__(self, num_envs: int = 1, opponents: list[Any] | None = None, render_mode: str | None = None,
+                 **kwargs: Any) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
+        if opponents is None or len(opponents) != num_envs:
+            raise ValueError(f"need one opponent per game: got {None if opponents is None else len(opponents)} "
+                             f"for num_envs={num_envs}")
+        self.envs = [LeakGymSingleAgentEnv(render_mode=render_mode, opponent=o, **kwargs) for o in opponents]
+        self.num_envs = int(num_envs)
         self.render_mode = render_mode
         self.single_observation_space = self.envs[0].observation_space
         self.single_action_space = self.envs[0].action_space
-        self.observation_space = batch_space(self.single_observation_space, num_envs)
-        self.action_space = batch_space(self.single_action_space, num_envs)
-        self._autoreset = np.zeros(num_envs, dtype=bool)
-        self._obs = create_empty_array(self.single_observation_space, num_envs)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._autoreset = np.zeros(self.num_envs, dtype=bool)
+        self._obs = create_empty_array(self.single_observation_space, self.num_envs)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
-        if seed is None or isinstance(seed, int):
-            seeds = [None if seed is None else seed + i for i in range(self.num_envs)]
+        if seed is None or isinstance(seed, (int, np.integer)):
+            seeds = [None if seed is None else int(seed) + i for i in range(self.num_envs)]
         else:
             if len(seed) != self.num_envs:
                 raise ValueError(f"got {len(seed)} seeds for {self.num_envs} environments")
@@ -55,22 +70,31 @@ class LeakGymVectorEnv(VectorEnv):
         actions = np.asarray(actions)
         if actions.shape != self.action_space.shape:
             raise ValueError(f"actions have shape {actions.shape}; expected {self.action_space.shape}")
+        active = [i for i in range(self.num_envs) if not self._autoreset[i]]
+        for i in active:  # validate every learner action before anything draws or changes
+            try:
+                self.envs[i].scenario.menu(self.envs[i].role).check(actions[i])
+            except ValueError as exc:
+                raise ValueError(f"sub-environment {i}: {exc}") from None
+        saved = {i: self.envs[i].opponent_state() for i in active}
+        try:
+            pairs = [self.envs[i].prepare_step(actions[i]) for i in active]
+            outcomes = Round([self.envs[i].parallel.game for i in active]).play(pairs) if active else []
+        except Exception:
+            for i, state in saved.items():
+                self.envs[i].undo_prepare(state)
+            raise
         rewards = np.zeros(self.num_envs)
         terminations = np.zeros(self.num_envs, dtype=bool)
         truncations = np.zeros(self.num_envs, dtype=bool)
         obs: list[np.ndarray] = [None] * self.num_envs  # type: ignore[list-item]
         infos: dict = {}
-        pending, active = [], []
-        for i, env in enumerate(self.envs):
+        for i in range(self.num_envs):
             if self._autoreset[i]:
-                obs[i], info = env.reset()
+                obs[i], info = self.envs[i].reset()
                 infos = self._add_info(infos, info, i)
-            else:
-                pending.append(env.begin_step(actions[i]))
-                active.append(i)
-        results = run_attacks(pending)
-        for i, p, r in zip(active, pending, results):
-            obs[i], rewards[i], terminations[i], truncations[i], info = self.envs[i].end_step(p, r)
+        for i, outcome in zip(active, outcomes):
+            obs[i], rewards[i], terminations[i], truncations[i], info = self.envs[i].finish_step(outcome)
             infos = self._add_info(infos, info, i)
         self._autoreset = np.logical_or(terminations, truncations)
         self._obs = concatenate(self.single_observation_space, obs, self._obs)

@@ -51,9 +51,9 @@ def test_make_vec_runs_lockstep_and_batches_attacks(cheap_overrides, monkeypatch
     calls = []
     original = Attack.reconstruct_batch
 
-    def spy(self, updates, knowledges, *, seed=0):
+    def spy(self, updates, knowledges, **seeds):
         calls.append(len(updates))
-        return original(self, updates, knowledges, seed=seed)
+        return original(self, updates, knowledges, **seeds)
 
     monkeypatch.setattr(Attack, "reconstruct_batch", spy)
     venv = gym.make_vec("LeakGym-Digits-v0", num_envs=3, **cheap_overrides)

@@ -23,11 +23,10 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 
-from leakgym.bench import device_label
+from leakgym.bench import device_label, markdown_table, write_results
 
 DEFAULT_MODELS = "lenet,resnet18"
 DEFAULT_NS = "1,16,64"
@@ -113,21 +112,14 @@ def measure(model_name: str, n: int, iterations: int, image_size: int, device: s
 
 
 def to_markdown(rows: list[dict], machine: str) -> str:
-    lines = [
+    return markdown_table(
         f"Batched attack engine vs sequential loop, Inverting Gradients, one image per problem ({machine})",
-        "",
-        "| model | N | iterations | batched ms/iter | sequential ms/iter | speedup | device |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['n']} | | failed: {r['error'][:80]} | | | {r['device']} |")
-            continue
-        lines.append(
-            f"| {r['model']} | {r['n']} | {r['iterations']} | {r['batched_ms_per_iter']:.1f} | "
-            f"{r['sequential_ms_per_iter']:.1f} | {r['speedup']:.2f}x | {r['device']} |"
-        )
-    return "\n".join(lines) + "\n"
+        [("model", lambda r: r["model"]), ("N", lambda r: str(r["n"])), ("iterations", lambda r: str(r["iterations"])),
+         ("batched ms/iter", lambda r: f"{r['batched_ms_per_iter']:.1f}"),
+         ("sequential ms/iter", lambda r: f"{r['sequential_ms_per_iter']:.1f}"),
+         ("speedup", lambda r: f"{r['speedup']:.2f}x"), ("device", lambda r: r["device"])],
+        rows, key=["model", "n"], error_width=80,
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -160,10 +152,5 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps(row))
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                f"{torch.get_num_threads()} torch threads, device {device_label(args.device)}")
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    table = to_markdown(rows, machine)
-    out.with_suffix(".md").write_text(table)
-    print(table)
+    write_results(args.json, machine, rows, to_markdown(rows, machine))
     return 0

@@ -11,14 +11,12 @@ where the next optimisation should go. Results go to a JSON file and a markdown 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import platform
 import resource
 import time
-from pathlib import Path
 
-from leakgym.bench import device_label
+from leakgym.bench import device_label, markdown_table, write_results
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
 
@@ -32,18 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _measure(gym_id: str, num_envs: int, steps: int, device: str, queue) -> None:
+    try:
+        queue.put(_measure_row(gym_id, num_envs, steps, device))
+    except Exception as exc:  # noqa: BLE001 - dataset missing offline, a failed round, ...: recorded, not hidden
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {first_line}"})
+
+
+def _measure_row(gym_id: str, num_envs: int, steps: int, device: str) -> dict:
     import gymnasium as gym
     import numpy as np
 
     import leakgym  # noqa: F401  (registers the ids)
 
-    try:
-        kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
-        env = gym.make_vec(gym_id, num_envs=num_envs, **kwargs) if num_envs > 1 else gym.make(gym_id, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - dataset missing offline, etc.: recorded in the table, not hidden
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
-        queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {first_line}"})
-        return
+    kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
+    env = gym.make_vec(gym_id, num_envs=num_envs, **kwargs) if num_envs > 1 else gym.make(gym_id, **kwargs)
     games = [e.parallel.game for e in env.envs] if num_envs > 1 else [env.unwrapped.parallel.game]
     action = np.zeros(env.action_space.shape, dtype=np.int64)
     env.reset(seed=0)
@@ -59,17 +60,15 @@ def _measure(gym_id: str, num_envs: int, steps: int, device: str, queue) -> None
     elapsed = time.perf_counter() - start
     env.close()
     total = sum(split.values()) or 1.0
-    queue.put(
-        {
-            "env": gym_id,
-            "num_envs": num_envs,
-            "steps": steps,
-            "env_steps_per_s": steps * num_envs / elapsed,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            **{f"share_{k[:-2]}": v / total for k, v in split.items()},
-            "device": device_label(device),
-        }
-    )
+    return {
+        "env": gym_id,
+        "num_envs": num_envs,
+        "steps": steps,
+        "env_steps_per_s": steps * num_envs / elapsed,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **{f"share_{k[:-2]}": v / total for k, v in split.items()},
+        "device": device_label(device),
+    }
 
 
 def run(ids: list[str], steps: int, num_envs: int, device: str) -> list[dict]:
@@ -80,30 +79,27 @@ def run(ids: list[str], steps: int, num_envs: int, device: str) -> list[dict]:
             queue = ctx.Queue()
             proc = ctx.Process(target=_measure, args=(gym_id, n, steps, device, queue))
             proc.start()
-            try:
-                rows.append(queue.get(timeout=3600))
-            except Exception:  # noqa: BLE001 - the worker died without reporting (e.g. killed for memory)
-                rows.append({"env": gym_id, "num_envs": n, "error": f"worker exited with code {proc.exitcode}"})
+            row = None
+            while row is None:
+                try:
+                    row = queue.get(timeout=5)
+                except Exception:  # noqa: BLE001 - queue.Empty: is the worker still alive?
+                    if not proc.is_alive() and queue.empty():  # died without reporting (e.g. killed for memory)
+                        row = {"env": gym_id, "num_envs": n, "error": f"worker exited with code {proc.exitcode}"}
+            rows.append(row)
             proc.join()
     return rows
 
 
 def to_markdown(rows: list[dict], machine: str) -> str:
-    lines = [
+    return markdown_table(
         f"Environment throughput ({machine})",
-        "",
-        "| env | N | env steps/s | peak RSS (MB) | defense | attack | scoring | FL round |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"| {r['env']} | {r['num_envs']} | unavailable: {r['error'][:100]} | | | | | |")
-            continue
-        lines.append(
-            f"| {r['env']} | {r['num_envs']} | {r['env_steps_per_s']:.2f} | {r['peak_rss_mb']:.0f} | "
-            f"{r['share_defense']:.0%} | {r['share_attack']:.0%} | {r['share_score']:.0%} | {r['share_fl']:.0%} |"
-        )
-    return "\n".join(lines) + "\n"
+        [("env", lambda r: r["env"]), ("N", lambda r: str(r["num_envs"])),
+         ("env steps/s", lambda r: f"{r['env_steps_per_s']:.2f}"), ("peak RSS (MB)", lambda r: f"{r['peak_rss_mb']:.0f}"),
+         ("defense", lambda r: f"{r['share_defense']:.0%}"), ("attack", lambda r: f"{r['share_attack']:.0%}"),
+         ("scoring", lambda r: f"{r['share_score']:.0%}"), ("FL round", lambda r: f"{r['share_fl']:.0%}")],
+        rows, key=["env", "num_envs"],
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -112,10 +108,5 @@ def main(args: argparse.Namespace) -> int:
     ids = [s.strip() for s in args.envs.split(",") if s.strip()]
     rows = run(ids, args.steps, args.num_envs, args.device)
     machine = f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, device {device_label(args.device)}"
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    table = to_markdown(rows, machine)
-    out.with_suffix(".md").write_text(table)
-    print(table)
+    write_results(args.json, machine, rows, to_markdown(rows, machine))
     return 0

@@ -7,13 +7,14 @@ the game's round for every cell, exactly as ``docs/architecture.md`` draws it:
 
 1. the server builds the model (``build_model(scale.model, spec, precode=row.precode, seed=seed)``);
    a malicious column modifies it with ``attack.prepare_model(model, spec, public_x=...)``;
-2. the victim (client 0 of :func:`leakgym.data.federated_split`) shares
-   ``apply_defense(model, x, y, row.config, seed=..., public_x=..., public_y=...)`` for each of its
+2. the victim (client 0 of :func:`leakgym.data.federated_split`) shares its update through the
+   round's defend phase (:func:`leakgym.envs.round.share_update`) for each of its
    ``scale.images // scale.batch_size`` private batches (FedSGD, one gradient per batch);
-3. the column's attack reconstructs **all** batches of **all** rows that share one model in a single
-   ``reconstruct_batch`` call (the engine batches the N problems);
-4. :func:`leakgym.metrics.score_reconstruction` scores each reconstruction against the unit images
-   of its batch (optimal matching), and the cell keeps the per-image PSNR / SSIM / MSE.
+3. the round's attack phase (:func:`leakgym.envs.round.reconstruct_all`) reconstructs **all**
+   batches of **all** rows that share one model in a single ``reconstruct_batch`` call, each
+   problem with its own seed;
+4. the round's scoring phase (:func:`leakgym.envs.round.score_all`) scores each reconstruction
+   against its batch (optimal matching), and the cell keeps the per-image PSNR / SSIM / MSE.
 
 Utility (:func:`measure_utility`) is a short FedSGD run in which every client (or, with
 ``Scale.utility_defended="victim"``, only client 0) applies the row's defense, evaluated on the
@@ -176,18 +177,6 @@ def victim_batches(split, scale: Scale, seed: int) -> list[tuple[Tensor, Tensor]
     return [(cx[idx[i:i + b]].clone(), cy[idx[i:i + b]].clone()) for i in range(0, scale.images, b)]
 
 
-def _encoding_metadata(details: dict) -> dict | None:
-    """The Mixup/InstaHide secret the (upper-bound) decoding attacker is given."""
-    for scheme in ("mixup", "instahide"):
-        info = details.get(scheme)
-        if isinstance(info, dict) and "mixing_matrix" in info:
-            enc = {"scheme": scheme, "mixing_matrix": info["mixing_matrix"]}
-            if "public_matrix" in info:
-                enc["public_matrix"] = info["public_matrix"]
-            return enc
-    return None
-
-
 def build_models(scale: Scale, spec, seed: int, precode_flags: set[bool]) -> dict[bool, torch.nn.Module]:
     from leakgym.models import build_model
 
@@ -217,8 +206,7 @@ def run_grid(
     from tqdm import tqdm
 
     from leakgym.attacks.base import AttackerKnowledge
-    from leakgym.defenses import apply_defense
-    from leakgym.metrics import score_reconstruction
+    from leakgym.envs.round import AttackJob, reconstruct_all, score_all, share_update
 
     names = [c.name for c in columns]
     for row in rows:
@@ -239,36 +227,33 @@ def run_grid(
             group = [r for r in applicable if r.precode == flag]
             if not group:
                 continue
-            updates, knowledges, origs, owners, fids, overheads = [], [], [], [], {}, {}
+            jobs, origs, owners, fids, overheads = [], [], [], {}, {}
             for row in tqdm(group, desc=f"{column.name}: defenses", leave=False, disable=not progress):
                 for j, (xu, y) in enumerate(batches):
-                    upd, rep = apply_defense(model, spec.normalize(xu), y, row.config, seed=seed * 1000 + j,
-                                             public_x=split.public_x, public_y=split.public_y)
-                    enc = _encoding_metadata(rep.details)
-                    if enc is not None:
-                        upd.metadata["encoding"] = enc
-                    updates.append(upd.detached())
-                    knowledges.append(AttackerKnowledge(
+                    upd, rep = share_update(model, spec.normalize(xu), y, row.config, seed=seed * 1000 + j,
+                                            public_x=split.public_x, public_y=split.public_y)
+                    knowledge = AttackerKnowledge(
                         model=model, spec=spec, batch_size=upd.batch_size,
                         labels=y.clone() if column.labels_known else None,
-                        public_x=split.public_x, public_y=split.public_y))
-                    origs.append(xu)
+                        public_x=split.public_x, public_y=split.public_y)
+                    jobs.append(AttackJob(attack=attack, update=upd.detached(), knowledge=knowledge,
+                                          seed=seed + len(jobs)))
+                    origs.append(spec.normalize(xu))
                     owners.append(row.name)
                     fids.setdefault(row.name, []).append(rep.fidelity)
                     overheads.setdefault(row.name, []).append(rep.overhead_s)
             start = time.perf_counter()
-            results = attack.reconstruct_batch(updates, knowledges, seed=seed)
+            results, _ = reconstruct_all(jobs)
             elapsed = time.perf_counter() - start
             per_row: dict[str, dict[str, list[float]]] = {}
-            for owner, res, xu in zip(owners, results, origs):
-                s = score_reconstruction(spec.denormalize(res.images.detach()), xu)
+            for owner, s in zip(owners, score_all(spec, results, origs)):
                 acc = per_row.setdefault(owner, {k: [] for k in METRICS})
                 for k in METRICS:
                     acc[k].extend(float(v) for v in s.per_image[k])
             for row in group:
                 cells[(row.name, column.name)] = Cell(
                     defense=row.name, attack=column.name, per_image=per_row[row.name],
-                    attack_s=elapsed * len(fids[row.name]) / len(updates),
+                    attack_s=elapsed * len(fids[row.name]) / len(jobs),
                     fidelity=float(np.mean(fids[row.name])), overhead_ms=1000 * float(np.mean(overheads[row.name])),
                 )
     return cells
@@ -284,7 +269,7 @@ def measure_utility(row: DefenseRow, scale: Scale, *, split, seed: int = 0, prog
     """
     from tqdm import tqdm
 
-    from leakgym.defenses import apply_defense
+    from leakgym.envs.round import share_update
     from leakgym.fl.server import Server
 
     if not row.utility:
@@ -305,10 +290,10 @@ def measure_utility(row: DefenseRow, scale: Scale, *, split, seed: int = 0, prog
         for k, (cx, cy) in enumerate(clients):
             idx = torch.randperm(len(cx), generator=gen)[: scale.utility_batch]
             defends = scale.utility_defended == "all" or k == 0
-            upd, _ = apply_defense(server.model, spec.normalize(cx[idx]), cy[idx],
-                                   row.config if defends else DefenseConfig(),
-                                   seed=seed * 100_003 + rnd * 101 + k, public_x=split.public_x,
-                                   public_y=split.public_y)
+            upd, _ = share_update(server.model, spec.normalize(cx[idx]), cy[idx],
+                                  row.config if defends else DefenseConfig(),
+                                  seed=seed * 100_003 + rnd * 101 + k, public_x=split.public_x,
+                                  public_y=split.public_y)
             updates.append(upd)
         server.aggregate(updates)
     accuracy, loss = server.evaluate()

@@ -1,0 +1,55 @@
+"""Gymnasium entry points of the LeakGym ids: resolve the ``opponent`` spec, then build the view.
+
+``gym.make("LeakGym-Digits-v0", role="attacker", opponent="random")`` and
+``gym.make_vec(..., num_envs=N)`` land here (see :mod:`leakgym.envs.registration`). Turning a name,
+preset or policy path into an agent is the agents package's job (:func:`leakgym.agents.make_agent`);
+the environments themselves only take agent objects, so ``leakgym.envs`` never imports
+``leakgym.agents``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leakgym.envs.scenario import Scenario, load_scenario
+from leakgym.envs.single_agent import ROLES, LeakGymSingleAgentEnv
+from leakgym.envs.vector import LeakGymVectorEnv
+
+from .factory import make_agent
+
+#: the opponent each role meets when ``opponent`` is not given
+DEFAULT_OPPONENT = {"attacker": "random", "defender": "random"}
+
+
+def _opponent(spec: Any, role: str, scenario: Scenario):
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}; allowed: {ROLES}")
+    other = "defender" if role == "attacker" else "attacker"
+    return make_agent(DEFAULT_OPPONENT[role] if spec is None else spec, role=other, scenario=scenario)
+
+
+def make_single_agent_env(
+    scenario: str | Scenario = "digits", role: str = "attacker", opponent: Any = None, **kwargs: Any
+) -> LeakGymSingleAgentEnv:
+    """The single-agent view, with ``opponent`` resolved by :func:`leakgym.agents.make_agent`."""
+    overrides = {k: v for k, v in kwargs.items() if k not in ("render_mode", "device")}
+    sc = load_scenario(scenario, **overrides)
+    rest = {k: v for k, v in kwargs.items() if k in ("render_mode", "device")}
+    return LeakGymSingleAgentEnv(sc, role=role, opponent=_opponent(opponent, role, sc), **rest)
+
+
+def make_vector_env(
+    num_envs: int = 1, scenario: str | Scenario = "digits", role: str = "attacker", opponent: Any = None,
+    **kwargs: Any,
+) -> LeakGymVectorEnv:
+    """The vector env; every game gets its own opponent agent (agents keep per-episode state)."""
+    overrides = {k: v for k, v in kwargs.items() if k not in ("render_mode", "device")}
+    sc = load_scenario(scenario, **overrides)
+    rest = {k: v for k, v in kwargs.items() if k in ("render_mode", "device")}
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
+    opponents = [_opponent(opponent, role, sc) for _ in range(num_envs)]
+    return LeakGymVectorEnv(num_envs=num_envs, opponents=opponents, scenario=sc, role=role, **rest)
+
+
+__all__ = ["DEFAULT_OPPONENT", "make_single_agent_env", "make_vector_env"]

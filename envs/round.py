@@ -1,0 +1,205 @@
+"""One federated-learning round, for one game or many: defend -> attack -> score -> aggregate -> reward.
+
+:class:`Round` is the only place that plays a round. The PettingZoo env, the Gymnasium single-agent
+view and the vector env hand it their games and actions; the reproduction harness calls its phase
+functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Reading
+:meth:`Round.play` top to bottom is reading a round:
+
+1. **plan** — every action is validated and decoded into a :class:`~leakgym.defenses.DefenseConfig`
+   and an :class:`~leakgym.attacks.base.Attack` (:meth:`LeakGame.plan`). A bad action raises
+   ``ValueError`` here, before any game draws a random number or changes state.
+2. **defend** — each victim draws its private batch and shares its defended update
+   (:meth:`LeakGame.defend` -> :func:`share_update`); a malicious server's model modification
+   comes first, because the server sends the model before the client trains.
+3. **attack** — :func:`reconstruct_all` runs the attacks of all games, one batched engine call per
+   attack configuration, each game with its *own* seed (``Attack.reconstruct_batch(..., seeds=...)``),
+   so a game's reconstruction does not depend on which other games share its configuration.
+4. **score** — :func:`score_all` matches and scores reconstructions against the private batches;
+   the leakage score of :mod:`leakgym.envs.rewards`; the defender's optional self-audit.
+5. **aggregate** — benign clients' updates, server aggregation and evaluation
+   (:meth:`LeakGame.federated_step`).
+6. **reward** — rewards, infos and observations (:meth:`LeakGame.conclude`).
+
+Atomicity: every game is snapshotted before phase 2; if anything fails, every game of the round is
+restored to exactly its state before the round (model, generator, round counter, last record) and
+the failure is raised as :class:`RoundError`, naming the round, the actions and the cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from leakgym.attacks.base import Attack, AttackerKnowledge, AttackResult
+from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
+from leakgym.fl.update import SharedUpdate
+from leakgym.metrics import ReconstructionScores, score_reconstruction
+
+if TYPE_CHECKING:
+    from .game import LeakGame, RoundOutcome, RoundPlan
+
+
+class RoundError(RuntimeError):
+    """A round failed for a reason other than an invalid action.
+
+    The message names the scenario, the round and the actions; ``__cause__`` is the original
+    exception. Every game of the round is left exactly as it was before the round.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Phase functions (also used by the reproduction harness)
+# --------------------------------------------------------------------------------------------------
+def share_update(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    defense: DefenseConfig,
+    *,
+    seed: int,
+    update_kind: str = "gradient",
+    local_steps: int = 1,
+    local_lr: float = 0.1,
+    public_x: Tensor | None = None,
+    public_y: Tensor | None = None,
+) -> tuple[SharedUpdate, DefenseReport]:
+    """Phase 2 for one client: the update it shares under ``defense`` (``x`` normalised)."""
+    return apply_defense(
+        model, x, y, defense, update_kind=update_kind, local_steps=local_steps, local_lr=local_lr,
+        seed=seed, public_x=public_x, public_y=public_y,
+    )
+
+
+@dataclasses.dataclass
+class AttackJob:
+    """One reconstruction problem: an attack, the update it targets, what the server knows, a seed."""
+
+    attack: Attack
+    update: SharedUpdate
+    knowledge: AttackerKnowledge
+    seed: int
+
+
+def reconstruct_all(jobs: Sequence[AttackJob]) -> tuple[list[AttackResult], list[float]]:
+    """Phase 3: run every job, one ``reconstruct_batch`` call per attack configuration.
+
+    Jobs are grouped by (attack class, config, and for malicious attacks the modified model they
+    sent); each job keeps its own seed. Returns the results in job order and each job's share of
+    its group's wall time.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for i, job in enumerate(jobs):
+        key = (type(job.attack), repr(job.attack.config), id(job.knowledge.model) if job.attack.malicious else 0)
+        groups.setdefault(key, []).append(i)
+    results: list[AttackResult | None] = [None] * len(jobs)
+    seconds = [0.0] * len(jobs)
+    for members in groups.values():
+        t0 = time.perf_counter()
+        out = jobs[members[0]].attack.reconstruct_batch(
+            [jobs[i].update for i in members],
+            [jobs[i].knowledge for i in members],
+            seeds=[jobs[i].seed for i in members],
+        )
+        elapsed = time.perf_counter() - t0
+        for i, r in zip(members, out):
+            results[i] = r
+            seconds[i] = elapsed / len(members)
+    return results, seconds  # type: ignore[return-value]
+
+
+def score_all(
+    spec,
+    results: Sequence[AttackResult],
+    originals: Sequence[Tensor],
+    *,
+    true_labels: Sequence[Tensor] | None = None,
+    lpips: bool = False,
+) -> list[ReconstructionScores]:
+    """Phase 4: match and score each reconstruction (normalised) against its originals (normalised)."""
+    scores = []
+    for i, (res, x) in enumerate(zip(results, originals)):
+        scores.append(
+            score_reconstruction(
+                spec.denormalize(res.images.detach()).clamp(0, 1),
+                spec.denormalize(x).clamp(0, 1),
+                pred_labels=res.labels if true_labels is not None else None,
+                true_labels=None if true_labels is None else true_labels[i],
+                lpips=lpips,
+            )
+        )
+    return scores
+
+
+# --------------------------------------------------------------------------------------------------
+# The round
+# --------------------------------------------------------------------------------------------------
+class Round:
+    """Plays one round of each of ``games`` (one game for the PettingZoo env, N for a vector)."""
+
+    def __init__(self, games: Sequence[LeakGame]) -> None:
+        if not games:
+            raise ValueError("a Round needs at least one game")
+        self.games = list(games)
+
+    def plan(self, actions: Sequence[tuple[Any, Any]]) -> list[RoundPlan]:
+        """Validate and decode ``(defender_action, attacker_action)`` per game; changes nothing."""
+        if len(actions) != len(self.games):
+            raise ValueError(f"got {len(actions)} action pairs for {len(self.games)} games")
+        return [g.plan(d, a) for g, (d, a) in zip(self.games, actions)]
+
+    def play(self, actions: Sequence[tuple[Any, Any]]) -> list[RoundOutcome]:
+        """One round of every game. ``ValueError`` for bad actions (nothing changed); ``RoundError``
+        for any other failure (every game restored to its state before the round)."""
+        plans = self.plan(actions)
+        snapshots = [g.snapshot() for g in self.games]
+        try:
+            defended = [g.defend(p) for g, p in zip(self.games, plans)]
+            t0 = time.perf_counter()
+            results, attack_s = reconstruct_all([d.attack_job for d in defended])
+            audits = self._self_audits(defended)
+            t_attack = time.perf_counter() - t0
+            outcomes = []
+            for g, p, d, r, a_s, audit in zip(self.games, plans, defended, results, attack_s, audits):
+                d.timings["attack_s"] = a_s if len(self.games) > 1 else t_attack
+                scored = g.score(d, r, audit)
+                g.federated_step(d)
+                outcomes.append(g.conclude(p, d, r, scored))
+        except Exception as exc:
+            for g, snap in zip(self.games, snapshots):
+                g.restore(snap)
+            raise RoundError(self._describe_failure(plans, exc)) from exc
+        return outcomes
+
+    def _self_audits(self, defended) -> list[float | None]:
+        """The defender's self-audit (scenario ``audit_iterations``): it attacks its own update."""
+        jobs, owners = [], []
+        for i, (g, d) in enumerate(zip(self.games, defended)):
+            job = g.audit_job(d)
+            if job is not None:
+                jobs.append(job)
+                owners.append(i)
+        audits: list[float | None] = [None] * len(self.games)
+        if jobs:
+            results, _ = reconstruct_all(jobs)
+            for i, res in zip(owners, results):
+                s = score_all(self.games[i].spec, [res], [defended[i].x])[0]
+                audits[i] = float(np.clip(s.mean["ssim"], 0.0, 1.0))
+        return audits
+
+    def _describe_failure(self, plans, exc: BaseException) -> str:
+        parts = []
+        for i, (g, p) in enumerate(zip(self.games, plans)):
+            game = f"game {i}: " if len(self.games) > 1 else ""
+            parts.append(
+                f"{game}round {g.round + 1} of scenario {g.scenario.name!r} with actions "
+                f"attacker={p.attacker_action.tolist()} defender={p.defender_action.tolist()}"
+            )
+        return "; ".join(parts) + f" failed: {exc!r}; every game is left as it was before the round"
+
+
+__all__ = ["AttackJob", "Round", "RoundError", "reconstruct_all", "score_all", "share_update"]

@@ -1,0 +1,213 @@
+"""The Round: one owner for a round, per-game seeds, atomic failures, validate-then-act."""
+
+import copy
+
+import gymnasium as gym
+import leakgym  # noqa: F401  (registers the ids)
+import numpy as np
+import pytest
+import torch
+from leakgym.agents.base import UniformRandomAgent
+from leakgym.agents.scripted import FixedAgent
+from leakgym.envs import RoundError, parallel_env
+from leakgym.envs.round import Round
+
+
+def _scrub(info):
+    """Infos minus wall-clock values (the only entries allowed to differ between identical rounds)."""
+    return {k: v for k, v in info.items() if not k.endswith("_s")}
+
+
+def _assert_same_step(a, b):
+    obs_a, r_a, te_a, tr_a, info_a = a
+    obs_b, r_b, te_b, tr_b, info_b = b
+    np.testing.assert_array_equal(obs_a, obs_b)
+    assert r_a == r_b and te_a == te_b and tr_a == tr_b
+    assert _scrub(info_a) == _scrub(info_b)
+
+
+def _vector_info(infos, i):
+    """Game ``i``'s info out of a vector env's batched infos (nested dicts included)."""
+    out = {}
+    for k, v in infos.items():
+        if k.startswith("_") or not infos[f"_{k}"][i]:
+            continue
+        out[k] = _vector_info(v, i) if isinstance(v, dict) else v[i].item() if hasattr(v[i], "item") else v[i]
+    return out
+
+
+def test_a_game_plays_the_same_alone_or_beside_any_neighbours(cheap_overrides):
+    """Game 0's trajectory is identical alone, in a vector of 2 and of 64, whatever the neighbours do."""
+    overrides = dict(cheap_overrides, rounds=2)
+    seed, rounds = 11, overrides["rounds"]
+    mine = [np.array([1, 0, 0, 1]), np.array([0, 1, 0, 0])]  # IG then DLG, different budgets
+
+    single = gym.make("LeakGym-Digits-v0", opponent=FixedAgent([1, 2, 1, 0, 1, 0]), **overrides)
+    single.reset(seed=seed)
+    alone = [single.step(a) for a in mine]
+
+    for n in (2, 64):
+        vec = gym.make_vec("LeakGym-Digits-v0", num_envs=n, opponent=FixedAgent([1, 2, 1, 0, 1, 0]), **overrides)
+        neighbour_seeds = list(range(100, 100 + n - 1))
+        vec.reset(seed=[seed, *neighbour_seeds])
+        rng = np.random.default_rng(n)
+        for t in range(rounds):
+            actions = vec.action_space.sample()
+            actions[1:] = rng.integers(0, vec.single_action_space.nvec, size=(n - 1, 4))
+            actions[0] = mine[t]
+            # half the neighbours play exactly game 0's action: they share its attack group
+            actions[1 : n // 2] = mine[t]
+            obs, rew, te, tr, infos = vec.step(actions)
+            _assert_same_step(alone[t], (obs[0], rew[0], te[0], tr[0], _vector_info(infos, 0)))
+        vec.close()
+
+
+def test_games_of_a_vector_with_different_seeds_differ(cheap_overrides):
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, opponent=FixedAgent([0] * 6), **cheap_overrides)
+    obs, _ = vec.reset(seed=[1, 2, 1])
+    obs, rew, _, _, infos = vec.step(np.array([[0, 1, 0, 0]] * 3))
+    ssim = infos["leakage_ssim"]
+    assert rew[0] == rew[2] and ssim[0] == ssim[2]
+    assert rew[0] != rew[1] and ssim[0] != ssim[1]
+    np.testing.assert_array_equal(obs[0], obs[2])
+    assert not np.array_equal(obs[0], obs[1])
+
+
+def _state(e):
+    g = e.game
+    return (
+        {k: v.clone() for k, v in g.server.model.state_dict().items()},
+        copy.deepcopy(g.rng.bit_generator.state),
+        g.round, g.accuracy, g.test_loss, g.last, list(e.history), e.agents,
+    )
+
+
+def _assert_state_equal(s1, s2):
+    m1, r1, *rest1 = s1
+    m2, r2, *rest2 = s2
+    assert m1.keys() == m2.keys() and all(torch.equal(m1[k], m2[k]) for k in m1)
+    assert r1 == r2
+    assert rest1 == rest2
+
+
+@pytest.mark.parametrize("phase", ["defend", "score", "federated_step", "conclude"])
+def test_a_failing_round_leaves_the_game_exactly_as_it_was(cheap_overrides, monkeypatch, phase):
+    e = parallel_env("digits", **cheap_overrides)
+    e.reset(seed=3)
+    first = {"attacker": np.array([0, 1, 0, 1]), "defender": np.array([1, 1, 1, 1, 1, 0])}
+    second = {"attacker": np.array([1, 0, 0, 0]), "defender": np.array([2, 0, 0, 0, 0, 1])}
+    e.step(first)
+    before = _state(e)
+    original = getattr(type(e.game), phase)
+
+    def late_failure(self, *args, **kwargs):
+        original(self, *args, **kwargs)  # the phase runs (and changes state) ... then fails
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(type(e.game), phase, late_failure)
+    with pytest.raises(RoundError, match=r"round 2 of scenario 'digits' with actions attacker=\[1, 0, 0, 0\].*disk on fire"):
+        e.step(second)
+    _assert_state_equal(before, _state(e))
+    monkeypatch.setattr(type(e.game), phase, original)
+
+    # ... and the game goes on exactly as if the failed round had never been tried
+    after_failure = e.step(second)
+    ref = parallel_env("digits", **cheap_overrides)
+    ref.reset(seed=3)
+    ref.step(first)
+    expected = ref.step(second)
+    for a in ("attacker", "defender"):
+        np.testing.assert_array_equal(after_failure[0][a], expected[0][a])
+        assert after_failure[1][a] == expected[1][a]
+
+
+def test_a_failing_game_restores_every_game_of_the_round(cheap_overrides, monkeypatch):
+    envs = [parallel_env("digits", **cheap_overrides) for _ in range(3)]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    before = [_state(e) for e in envs]
+    calls = {"n": 0}
+    original = type(envs[0].game).federated_step
+
+    def third_fails(self, *args, **kwargs):
+        calls["n"] += 1
+        original(self, *args, **kwargs)
+        if calls["n"] == 3:
+            raise RuntimeError("third game failed")
+
+    monkeypatch.setattr(type(envs[0].game), "federated_step", third_fails)
+    actions = [(np.zeros(6, np.int64), np.zeros(4, np.int64))] * 3
+    with pytest.raises(RoundError, match="game 2: round 1.*third game failed"):
+        Round([e.game for e in envs]).play(actions)
+    for e, b in zip(envs, before):
+        _assert_state_equal(b, _state(e))
+
+
+BAD_ACTIONS = [
+    np.array([0, 9, 0, 0]),  # out of range
+    np.array([0, 0, 0]),  # wrong shape
+    np.array([0.5, 0, 0, 0]),  # not whole
+    np.array([np.nan, 0, 0, 0]),  # not finite
+    np.array([True, False, False, False]),  # booleans
+    np.array(["0", "0", "0", "0"]),  # strings
+    np.array([1 + 0j, 0, 0, 0]),  # complex
+]
+
+
+@pytest.mark.parametrize("bad", BAD_ACTIONS, ids=lambda a: str(a.dtype) + str(a.shape))
+def test_a_rejected_action_changes_nothing_single_view(cheap_overrides, bad):
+    def run(with_bad):
+        e = gym.make("LeakGym-Digits-v0", opponent=UniformRandomAgent(), **cheap_overrides)
+        e.reset(seed=5)
+        out = [e.step(np.array([0, 1, 0, 1]))]
+        if with_bad:
+            with pytest.raises(ValueError, match="attacker action"):
+                e.step(bad)
+        out.append(e.step(np.array([1, 0, 0, 0])))
+        return out
+
+    for a, b in zip(run(False), run(True)):
+        _assert_same_step(a, b)
+
+
+def test_a_rejected_action_changes_nothing_parallel_and_vector(cheap_overrides):
+    def parallel(with_bad):
+        e = parallel_env("digits", **cheap_overrides)
+        e.reset(seed=5)
+        good = {"attacker": np.array([1, 1, 0, 1]), "defender": np.array([1, 0, 1, 0, 1, 0])}
+        if with_bad:
+            with pytest.raises(ValueError, match="defender action"):
+                e.step({"attacker": good["attacker"], "defender": np.array([1, 0, 1, 0, 1, 7])})
+        return e.step(good)
+
+    a, b = parallel(False), parallel(True)
+    for agent in ("attacker", "defender"):
+        np.testing.assert_array_equal(a[0][agent], b[0][agent])
+        assert a[1][agent] == b[1][agent]
+
+    def vector(with_bad):
+        v = gym.make_vec("LeakGym-Digits-v0", num_envs=3, opponent="random", **cheap_overrides)
+        v.reset(seed=9)
+        good = np.array([[0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 0, 1]])
+        if with_bad:
+            bad = good.copy()
+            bad[2, 1] = 5  # the last game's action is bad: the first two must not have played
+            with pytest.raises(ValueError, match=r"sub-environment 2: attacker action\[1\]"):
+                v.step(bad)
+        return v.step(good)
+
+    a, b = vector(False), vector(True)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_infos_carry_the_decoded_actions(cheap_overrides):
+    e = parallel_env("digits", **cheap_overrides)
+    e.reset(seed=0)
+    _, _, _, _, infos = e.step({"attacker": np.array([1, 1, 0, 1]), "defender": np.array([2, 0, 0, 0, 1, 0])})
+    assert infos["attacker"]["strategy"] == "dlg"
+    assert infos["attacker"]["attack_settings"] == {"strategy": "dlg", "iterations": 4, "restarts": 1, "tv": 1e-2}
+    assert infos["defender"]["defense_settings"]["noise_sigma"] == 0.1
+    assert infos["defender"]["defense_settings"]["oasis"] == ["major_rotation"]
+    assert infos["defender"]["defenses"] == ["oasis", "noise"]
+    assert e.game.last.strategy == "dlg" and e.game.last.round == 1
