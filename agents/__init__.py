@@ -6,14 +6,18 @@
 * :mod:`.bandit` — :class:`EpsilonGreedyBandit`, which adapts to its opponent;
 * :mod:`.learned` — :class:`LearnedAgent`, a saved Stable-Baselines3 policy;
 * :mod:`.factory` — :func:`make_agent`, which turns a name, preset or policy path into an agent;
+* :mod:`.gym_entry_points` — the Gymnasium entry points: resolve ``opponent`` specs, build the views;
 * :mod:`.training` / :mod:`.selfplay` / :mod:`.evaluation` — ``leakgym train``, ``leakgym selfplay``
-  and ``leakgym eval`` (each exposes ``add_arguments(parser)`` and ``main(args)``).
+  and ``leakgym eval`` (each exposes ``add_arguments(parser)`` and ``main(args)``); evaluation is
+  split into :mod:`.play` (episodes of a pair), :mod:`.payoff` (per-pair statistics),
+  :mod:`.analysis` (best responses, equilibria), :mod:`.reporting` (payoff files, gallery) and
+  :mod:`.episode_log` (per-episode rows written as pairs finish; ``--resume``).
 """
 
 from .bandit import EpsilonGreedyBandit, default_arms
 from .base import Agent, UniformRandomAgent
 from .factory import agent_names, make_agent
-from .learned import LearnedAgent
+from .learned import LearnedAgent, load_policy, save_policy
 from .presets import PRESETS, Preset, get_preset, preset_action, preset_names, valid_presets
 from .scripted import FixedAgent, RoundRobinAgent, fixed_from_settings
 
@@ -30,8 +34,10 @@ __all__ = [
     "default_arms",
     "fixed_from_settings",
     "get_preset",
+    "load_policy",
     "make_agent",
     "preset_action",
     "preset_names",
+    "save_policy",
     "valid_presets",
 ]

@@ -7,6 +7,9 @@ from typing import Any
 
 import yaml
 
+#: exit status of ``leakgym eval`` / ``train`` / ``selfplay`` after Ctrl-C (128 + SIGINT, as shells report it)
+INTERRUPTED = 130
+
 
 def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str, Any]:
     """``["rounds=2", "iterations=[1,2]"]`` -> ``{"rounds": 2, "iterations": [1, 2]}``.

@@ -11,7 +11,7 @@ an :class:`Agent` instance      itself
 ``"bandit"``                    :class:`EpsilonGreedyBandit` over the role's default arms
 ``"fixed:<a0>,<a1>,..."``       :class:`FixedAgent` playing that raw action
 a preset name (``"dcs2-paper"``)  :class:`FixedAgent` playing the preset (see :mod:`.presets`)
-a path to a ``.zip``            :class:`LearnedAgent` (a saved Stable-Baselines3 policy)
+a path to a ``.zip``            :class:`LearnedAgent`: a policy saved by ``leakgym train`` (``.zip`` + ``.json``)
 ==============================  ===============================================================
 
 Used by the Gymnasium single-agent view for its ``opponent`` argument, by ``leakgym eval`` and by
@@ -86,7 +86,7 @@ def make_agent(spec: Any, *, role: str, scenario: Any) -> Agent:
     if spec in PRESETS:
         return FixedAgent(preset_action(spec, sc, role), name=spec)
     if spec.endswith(".zip") or Path(spec).is_file():
-        return LearnedAgent(spec)
+        return LearnedAgent(spec, role=role, scenario=sc)
     raise ValueError(f"unknown agent {spec!r}; allowed: {agent_names()}")
 
 

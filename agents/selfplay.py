@@ -16,20 +16,36 @@ Output::
     OUT/iter_01/attacker/policy.zip (+ policy.json, checkpoints/, tb/)
     OUT/iter_01/defender/policy.zip ...
     OUT/summary.json   settings, per-iteration policy paths and evaluation numbers
+
+``summary.json`` is rewritten after every iteration. Ctrl-C (``KeyboardInterrupt``) saves the policy
+being trained (see :mod:`leakgym.agents.training`), records the unfinished iteration in the summary
+(its ``interrupted`` entry names the stage: attacker training, defender training or evaluation)
+and raises :class:`SelfPlayInterrupted`; ``leakgym selfplay`` then exits with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .cli_common import add_env_arguments, apply_threads, parse_overrides, resolve_env
-from .evaluation import evaluate, json_safe
+from .cli_common import INTERRUPTED, add_env_arguments, apply_threads, parse_overrides, resolve_env
 from .learned import ALGORITHMS
-from .training import TrainConfig, train
+from .play import evaluate
+from .reporting import json_safe
+from .training import TrainConfig, TrainingInterrupted, train
+
+
+class SelfPlayInterrupted(KeyboardInterrupt):
+    """Ctrl-C during self-play, after the summary (and the policy being trained) were saved."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        stop = summary["interrupted"]
+        super().__init__(f"self-play interrupted in iteration {stop['iteration']} ({stop['stage']})")
+        self.summary = summary
 
 
 def _eval_pair(env_id: str, attacker: str, defender: str, episodes: int, seed: int, overrides: dict) -> dict[str, Any]:
@@ -75,28 +91,43 @@ def selfplay(
     }
     defender: str = initial_defender
     t0 = time.perf_counter()
+
+    def write_summary() -> None:
+        summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
+        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, default=str))
+
     for k in range(1, iterations + 1):
         folder = out / f"iter_{k:02d}"
         common = {"env_id": gym_id, "algo": algo, "timesteps": timesteps, "overrides": overrides,
                   "hyperparams": dict(hyperparams or {}), "progress": progress}
-        att = train(TrainConfig(role="attacker", opponent=defender, out=folder / "attacker", seed=seed + 2 * k, **common))
-        attacker = str(att.policy_path)
-        dfd = train(TrainConfig(role="defender", opponent=attacker, out=folder / "defender", seed=seed + 2 * k + 1, **common))
-        entry: dict[str, Any] = {
-            "iteration": k,
-            "attacker": attacker,
-            "defender": str(dfd.policy_path),
-            "attacker_opponent": defender,
-        }
-        if eval_episodes:
-            entry["attacker_vs_previous_defender"] = _eval_pair(gym_id, attacker, defender, eval_episodes, seed, overrides)
-            entry["attacker_vs_new_defender"] = _eval_pair(
-                gym_id, attacker, str(dfd.policy_path), eval_episodes, seed, overrides
-            )
+        entry: dict[str, Any] = {"iteration": k}
+        stage = "attacker"
+        try:
+            att = train(TrainConfig(role="attacker", opponent=defender, out=folder / "attacker", seed=seed + 2 * k, **common))
+            attacker = entry["attacker"] = str(att.policy_path)
+            stage = "defender"
+            dfd = train(TrainConfig(role="defender", opponent=attacker, out=folder / "defender", seed=seed + 2 * k + 1, **common))
+            entry["defender"] = str(dfd.policy_path)
+            entry["attacker_opponent"] = defender
+            stage = "evaluation"
+            if eval_episodes:
+                entry["attacker_vs_previous_defender"] = _eval_pair(gym_id, attacker, defender, eval_episodes, seed, overrides)
+                entry["attacker_vs_new_defender"] = _eval_pair(
+                    gym_id, attacker, str(dfd.policy_path), eval_episodes, seed, overrides
+                )
+        except KeyboardInterrupt as stop:
+            if isinstance(stop, TrainingInterrupted):  # the policy reached so far was saved
+                entry[stage] = str(stop.result.policy_path)
+            entry.setdefault("attacker_opponent", defender)
+            where = {"attacker": "attacker training", "defender": "defender training"}.get(stage, stage)
+            entry["interrupted"] = where
+            summary["history"].append(entry)
+            summary["interrupted"] = {"iteration": k, "stage": where}
+            write_summary()
+            raise SelfPlayInterrupted(summary) from None
         summary["history"].append(entry)
-        defender = str(dfd.policy_path)
-        summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
-        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, default=str))  # after every iteration
+        defender = entry["defender"]
+        write_summary()  # after every iteration
     return summary
 
 
@@ -117,19 +148,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
-    summary = selfplay(
-        args.env,
-        iterations=args.iterations,
-        timesteps=args.timesteps,
-        out=args.out,
-        seed=args.seed,
-        algo=args.algo,
-        initial_defender=args.initial_defender,
-        overrides=parse_overrides(args.overrides),
-        hyperparams=parse_overrides(args.hyperparams, "hyperparameter"),
-        eval_episodes=args.eval_episodes,
-        progress=not args.no_progress,
-    )
+    try:
+        summary = selfplay(
+            args.env,
+            iterations=args.iterations,
+            timesteps=args.timesteps,
+            out=args.out,
+            seed=args.seed,
+            algo=args.algo,
+            initial_defender=args.initial_defender,
+            overrides=parse_overrides(args.overrides),
+            hyperparams=parse_overrides(args.hyperparams, "hyperparameter"),
+            eval_episodes=args.eval_episodes,
+            progress=not args.no_progress,
+        )
+    except SelfPlayInterrupted as stop:
+        where = stop.summary["interrupted"]
+        print(f"interrupted in iteration {where['iteration']} ({where['stage']}); the policies reached so far and "
+              f"{Path(args.out) / 'summary.json'} are saved", file=sys.stderr)
+        return INTERRUPTED
     for entry in summary["history"]:
         line = f"iteration {entry['iteration']}: {entry['attacker']} / {entry['defender']}"
         if "attacker_vs_new_defender" in entry:
@@ -141,4 +178,4 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_arguments", "main", "selfplay"]
+__all__ = ["SelfPlayInterrupted", "add_arguments", "main", "selfplay"]

@@ -13,9 +13,16 @@ one section per algorithm (``ppo:``, ``a2c:``) holding ``n_timesteps``, ``n_envs
 A run writes, under ``OUT``::
 
     policy.zip          the final policy (SB3 format; load with make_agent("OUT/policy.zip", ...))
-    policy.json         algorithm, env id, role, opponent, overrides, hyperparameters, wall time
-    checkpoints/        policy_<steps>_steps.zip every ``checkpoint_freq`` environment steps
+    policy.json         spaces and network architecture (what loading it needs, see
+                        :mod:`leakgym.agents.learned`), algorithm, env id, role, opponent, overrides,
+                        hyperparameters, steps, wall time, ``interrupted``
+    checkpoints/        policy_<steps>_steps.zip (+ .json) every ``checkpoint_freq`` environment steps
     tb/                 TensorBoard logs (``tensorboard --logdir OUT/tb``)
+
+Ctrl-C (``KeyboardInterrupt``) during learning saves the policy as it is then to ``policy.zip`` /
+``policy.json`` (with ``"interrupted": true`` and the steps done) and raises
+:class:`TrainingInterrupted`, itself a ``KeyboardInterrupt`` carrying the :class:`TrainResult`;
+``leakgym train`` then says where the policy went and exits with status 130.
 
 The progress bar is a small tqdm callback (SB3's own needs ``rich``, which LeakGym does not require).
 """
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +39,8 @@ from typing import Any
 
 import yaml
 
-from .cli_common import add_env_arguments, apply_threads, parse_overrides, resolve_env
-from .learned import ALGORITHMS, algorithm_class, metadata_path
+from .cli_common import INTERRUPTED, add_env_arguments, apply_threads, parse_overrides, resolve_env
+from .learned import ALGORITHMS, algorithm_class, policy_spec, save_policy
 from .scripted import ROLES, check_role
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
@@ -92,6 +99,8 @@ class TrainConfig:
     """Show a tqdm progress bar."""
     device: str = "cpu"
     """Torch device of the policy network."""
+    callback: Any = None
+    """Extra Stable-Baselines3 callback (or list of callbacks) run during learning."""
 
 
 @dataclass
@@ -99,6 +108,16 @@ class TrainResult:
     policy_path: Path
     out: Path
     metadata: dict[str, Any]
+    interrupted: bool = False
+    """True when learning was stopped by Ctrl-C (the policy is the one reached by then)."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during learning, after the current policy was saved; ``result`` says where."""
+
+    def __init__(self, result: TrainResult) -> None:
+        super().__init__(f"training interrupted after {result.metadata['timesteps']} steps; saved {result.policy_path}")
+        self.result = result
 
 
 def _progress_callback(total: int):
@@ -121,6 +140,24 @@ def _progress_callback(total: int):
     return TqdmCallback()
 
 
+def _checkpoint_callback(save_freq: int, folder: Path, metadata: dict[str, Any]):
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class PolicyCheckpoints(BaseCallback):
+        """``folder/policy_<steps>_steps.zip`` and its JSON file every ``save_freq`` calls."""
+
+        def _init_callback(self) -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+
+        def _on_step(self) -> bool:
+            if self.n_calls % save_freq == 0:
+                path = folder / f"policy_{self.num_timesteps}_steps.zip"
+                save_policy(self.model, path, {**metadata, "timesteps": int(self.num_timesteps)})
+            return True
+
+    return PolicyCheckpoints()
+
+
 def make_training_env(config: TrainConfig, n_envs: int):
     """A monitored ``DummyVecEnv`` of ``n_envs`` single-agent views, seeded from ``config.seed``."""
     from stable_baselines3.common.env_util import make_vec_env
@@ -131,8 +168,13 @@ def make_training_env(config: TrainConfig, n_envs: int):
 
 
 def train(config: TrainConfig) -> TrainResult:
-    """Train one policy; see the module docstring for what is written to ``config.out``."""
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    """Train one policy; see the module docstring for what is written to ``config.out``.
+
+    Raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) after saving the current policy
+    when learning is interrupted.
+    """
+    import stable_baselines3
+    from stable_baselines3.common.callbacks import CallbackList
 
     check_role(config.role)
     if config.algo not in ALGORITHMS:
@@ -145,6 +187,9 @@ def train(config: TrainConfig) -> TrainResult:
     n_envs = int(params.pop("n_envs", 1))
     policy = params.pop("policy", "MlpPolicy")
     params.pop("n_timesteps", None)
+    freq = config.checkpoint_freq or max(timesteps // 4, 1)
+    if freq < 1:
+        raise ValueError(f"checkpoint_freq={freq}; must be >= 1")
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -152,38 +197,48 @@ def train(config: TrainConfig) -> TrainResult:
     model = algorithm_class(config.algo)(
         policy, env, seed=config.seed, tensorboard_log=str(out / "tb"), device=config.device, verbose=0, **params
     )
-    freq = config.checkpoint_freq or max(timesteps // 4, 1)
-    if freq < 1:
-        raise ValueError(f"checkpoint_freq={freq}; must be >= 1")
-    callbacks = [CheckpointCallback(save_freq=max(freq // n_envs, 1), save_path=str(out / "checkpoints"),
-                                    name_prefix="policy")]
-    if config.progress:
-        callbacks.append(_progress_callback(timesteps))
-    t0 = time.perf_counter()
-    model.learn(total_timesteps=timesteps, callback=CallbackList(callbacks), tb_log_name=f"{config.algo}_{config.role}")
-    wall = time.perf_counter() - t0
-    policy_path = out / "policy.zip"
-    model.save(policy_path)
-    env.close()
-
-    import stable_baselines3
-
-    opponent = config.opponent if isinstance(config.opponent, str) else repr(config.opponent)
-    metadata = {
+    try:
+        policy_spec(model)  # fails now, not after training, if the policy could not be saved safely
+    except ValueError:
+        env.close()
+        raise
+    metadata: dict[str, Any] = {
         "algo": config.algo,
         "env_id": gym_id,
         "scenario": scenario_name,
         "role": config.role,
-        "opponent": opponent,
-        "timesteps": int(model.num_timesteps),
+        "opponent": config.opponent if isinstance(config.opponent, str) else repr(config.opponent),
         "seed": config.seed,
         "overrides": config.overrides,
         "hyperparams": {"policy": policy, "n_envs": n_envs, **params},
-        "wall_time_s": round(wall, 3),
         "stable_baselines3": stable_baselines3.__version__,
     }
-    metadata_path(policy_path).write_text(json.dumps(metadata, indent=2, default=str))
-    return TrainResult(policy_path=policy_path, out=out, metadata=metadata)
+    callbacks = [_checkpoint_callback(max(freq // n_envs, 1), out / "checkpoints", metadata)]
+    if config.progress:
+        callbacks.append(_progress_callback(timesteps))
+    if isinstance(config.callback, list):
+        callbacks += config.callback
+    elif config.callback is not None:
+        callbacks.append(config.callback)
+    t0 = time.perf_counter()
+    interrupted = False
+    try:
+        model.learn(total_timesteps=timesteps, callback=CallbackList(callbacks), tb_log_name=f"{config.algo}_{config.role}")
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        for callback in callbacks:
+            if hasattr(callback, "bar"):
+                callback.bar.close()
+        env.close()
+    metadata.update(timesteps=int(model.num_timesteps), wall_time_s=round(time.perf_counter() - t0, 3),
+                    interrupted=interrupted)
+    policy_path = out / "policy.zip"
+    save_policy(model, policy_path, metadata)
+    result = TrainResult(policy_path=policy_path, out=out, metadata=metadata, interrupted=interrupted)
+    if interrupted:
+        raise TrainingInterrupted(result)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -226,11 +281,26 @@ def main(args: argparse.Namespace) -> int:
     """Run ``leakgym train``; prints where the policy went."""
     apply_threads(args.threads)
     config = config_from_args(args)
-    result = train(config)
+    try:
+        result = train(config)
+    except TrainingInterrupted as stop:
+        meta = stop.result.metadata
+        print(f"interrupted after {meta['timesteps']} steps; saved the policy reached so far to "
+              f"{stop.result.policy_path} (policy.json says \"interrupted\": true)", file=sys.stderr)
+        return INTERRUPTED
     print(f"saved {result.policy_path} ({result.metadata['timesteps']} steps, {result.metadata['wall_time_s']:.1f} s)")
     print(f"TensorBoard: tensorboard --logdir {result.out / 'tb'}")
     return 0
 
 
-__all__ = ["TrainConfig", "TrainResult", "add_arguments", "hyperparams_file", "load_hyperparams", "main", "train"]
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "TrainingInterrupted",
+    "add_arguments",
+    "hyperparams_file",
+    "load_hyperparams",
+    "main",
+    "train",
+]
 

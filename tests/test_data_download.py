@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import pickle
+import re
 import shutil
 import tarfile
 import urllib.error
@@ -18,7 +20,7 @@ import torchvision
 
 from leakgym.data import ChecksumMismatchError, DatasetUnavailableError, DownloadError, load_dataset, sources
 from leakgym.data import download as download_module
-from leakgym.data.download import RemoteFile, download_and_extract, file_md5, verify_md5
+from leakgym.data.download import RemoteFile, download_and_extract, extract_tar, file_md5, verify_md5
 
 
 def _tiny_cifar10_archive(directory: Path) -> Path:
@@ -149,3 +151,67 @@ def test_pinned_urls_and_digests_match_torchvision() -> None:
         assert sources.SOURCES[name].train_files + sources.SOURCES[name].test_files == tuple(
             f for f, _ in cls.train_list + cls.test_list
         )
+
+
+def _tar_with(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _file(name: str) -> tarfile.TarInfo:
+    return tarfile.TarInfo(name)
+
+
+def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        (_file("../evil.txt"), b"written outside"),
+        (_file("cifar-10-batches-py/../../evil.txt"), b"written outside"),
+        (_file("/tmp/leakgym-test-absolute-evil.txt"), b"absolute"),
+        (_link("cifar-10-batches-py/escape", "../../evil.txt", tarfile.SYMTYPE), None),
+        (_link("cifar-10-batches-py/hard", "/etc/passwd", tarfile.LNKTYPE), None),
+    ],
+    ids=["dotdot", "nested-dotdot", "absolute", "symlink", "hardlink"],
+)
+def test_archive_members_outside_the_target_are_refused(tmp_path: Path, fake_server, hostile) -> None:
+    served, _ = fake_server
+    good = (_file("cifar-10-batches-py/data_batch_1"), b"extracted first if anything were")
+    archive = _tar_with(tmp_path / "cifar-10-python.tar.gz", [good, hostile])
+    remote = RemoteFile("cifar-10-python.tar.gz", file_md5(archive), ("https://mirror-a.test/",))
+    served[remote.urls[0]] = archive
+    target = tmp_path / "data" / "root"
+    with pytest.raises(ValueError, match=f"member {re.escape(repr(hostile[0].name))} .*nothing was extracted"):
+        download_and_extract(remote, target)  # the checksum is right: only the member check stops it
+    assert not (tmp_path / "data" / "evil.txt").exists() and not (tmp_path / "evil.txt").exists()
+    assert not Path("/tmp/leakgym-test-absolute-evil.txt").exists()
+    assert sorted(p.name for p in target.iterdir()) == ["cifar-10-python.tar.gz"]  # nothing extracted
+
+
+def test_dotdot_archive_is_really_hostile_without_the_check(tmp_path: Path) -> None:
+    """The archive of the test above writes outside its target when extracted without any filter."""
+    archive = _tar_with(tmp_path / "a.tar.gz", [(_file("../evil.txt"), b"written outside")])
+    (tmp_path / "target").mkdir()
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "target", **({"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}))
+    assert (tmp_path / "evil.txt").read_bytes() == b"written outside"
+
+
+def test_extract_tar_names_a_truncated_archive(tmp_path: Path) -> None:
+    archive = _tiny_cifar10_archive(tmp_path)
+    data = archive.read_bytes()
+    archive.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=f"{archive}: not a readable tar archive, or truncated"):
+        extract_tar(archive, tmp_path / "out")
+    archive.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"{archive}: not a readable tar archive"):
+        extract_tar(archive, tmp_path / "out")

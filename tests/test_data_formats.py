@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
+import shlex
 import struct
 from pathlib import Path
 
@@ -157,18 +158,99 @@ def test_cifar100_python_files_use_fine_labels(tmp_path: Path) -> None:
     assert dataset.train_y.tolist() == train_labels and dataset.test_y.tolist() == test_labels
 
 
-class _Exploit:
+class _RunsCommand:
+    """Un-pickling this runs ``command`` with os.system."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
     def __reduce__(self):
-        return (os.getcwd, ())
+        return (os.system, (self.command,))
 
 
-def test_cifar_reader_refuses_non_numpy_pickles(tmp_path: Path) -> None:
-    path = tmp_path / "evil_batch"
-    with open(path, "wb") as f:
-        pickle.dump({"data": _Exploit(), "labels": [0]}, f, protocol=2)
-    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-        read_cifar_batch(path, "labels")
-    with open(path, "wb") as f:
+def test_cifar_reader_refuses_a_pickle_that_would_run_a_command(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"data": _RunsCommand(f"touch {shlex.quote(str(marker))}"), "labels": [0]}, protocol=2)
+    pickle.loads(payload)  # armed: plain un-pickling runs the command
+    assert marker.exists()
+    marker.unlink()
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        _cifar_batch(folder / name, 1, "labels", 10, seed=0)
+    (folder / "data_batch_3").write_bytes(payload)
+    with pytest.raises(ValueError, match=r"data_batch_3: refused: the pickle names \w+\.system"):
+        load_dataset("cifar10", root=tmp_path, download=False)
+    assert not marker.exists()
+    with open(folder / "data_batch_3", "wb") as f:
         pickle.dump({"data": np.zeros((1, 3072), np.uint8)}, f, protocol=2)
     with pytest.raises(ValueError, match="'labels'"):
+        read_cifar_batch(folder / "data_batch_3", "labels")
+
+
+def test_cifar_reader_names_the_file_for_broken_batches(tmp_path: Path) -> None:
+    path = tmp_path / "data_batch_1"
+    _cifar_batch(path, 3, "labels", 10, seed=0)
+    whole = path.read_bytes()
+    for cut in (1, 40, len(whole) // 2, len(whole) - 1):
+        path.write_bytes(whole[:cut])
+        with pytest.raises(ValueError, match=f"{path}: truncated or not a CIFAR python batch"):
+            read_cifar_batch(path, "labels")
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"{path}: empty file"):
         read_cifar_batch(path, "labels")
+    path.write_bytes(gzip.compress(whole))
+    with pytest.raises(ValueError, match=f"{path}: gzip-compressed"):
+        read_cifar_batch(path, "labels")
+    path.write_bytes(b"PK\x03\x04" + whole)
+    with pytest.raises(ValueError, match=f"{path}: truncated or not a CIFAR python batch"):
+        read_cifar_batch(path, "labels")
+
+
+def test_idx_reader_names_the_file_for_empty_truncated_and_damaged_files(tmp_path: Path) -> None:
+    good = _idx_bytes(np.arange(60, dtype=np.uint8).reshape(3, 4, 5), 0x08, "u1")
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    path.write_bytes(b"")
+    with pytest.raises(ValueError, match=f"{path}: empty file"):
+        read_idx(path)
+    compressed = gzip.compress(good)
+    path.write_bytes(compressed[: len(compressed) // 2])
+    with pytest.raises(ValueError, match=f"{path}: truncated or damaged gzip data"):
+        read_idx(path)
+    damaged = bytearray(compressed)
+    damaged[-8] ^= 0xFF  # the CRC in the gzip trailer
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(ValueError, match=f"{path}: truncated or damaged gzip data .*CRC"):
+        read_idx(path)
+    path.write_bytes(gzip.compress(good[:-7]))  # a complete gzip stream of a truncated IDX file
+    with pytest.raises(ValueError, match=r"IDX payload has 53 bytes but dimensions \(3, 4, 5\) of uint8 need 60"):
+        read_idx(path)
+    path.write_bytes(gzip.compress(good + b"extra"))
+    with pytest.raises(ValueError, match="IDX payload has more than 60 bytes"):
+        read_idx(path)
+    path.write_bytes(gzip.compress(b"\x08\x03\x00\x00" + good[4:]))
+    with pytest.raises(ValueError, match="not an IDX file"):
+        read_idx(path)
+    # Through load_dataset, the error still names the file.
+    folder = tmp_path / "mnist"
+    _mnist_like(folder, gz=True)
+    labels = folder / "t10k-labels-idx1-ubyte.gz"
+    labels.write_bytes(labels.read_bytes()[:-3])
+    with pytest.raises(ValueError, match=f"{labels}: truncated or damaged gzip data"):
+        load_dataset("mnist", root=tmp_path, download=False)
+
+
+def test_idx_header_with_huge_dimensions_is_rejected_before_allocating(tmp_path: Path) -> None:
+    huge = bytes([0, 0, 0x08, 3]) + struct.pack(">3I", 2**32 - 1, 2**32 - 1, 2**32 - 1)  # ~8e28 bytes
+    path = tmp_path / "huge.idx"
+    path.write_bytes(huge + bytes(16))
+    with pytest.raises(ValueError, match=r"IDX payload has 16 bytes but dimensions \(4294967295, 4294967295, "):
+        read_idx(path)
+    # (2**16)**2 doubles overflow a 64-bit product to 0, which the old check compared with an empty payload.
+    path.write_bytes(bytes([0, 0, 0x0E, 4]) + struct.pack(">4I", 2**16, 2**16, 2**16, 2**16))
+    with pytest.raises(ValueError, match="need 147573952589676412928"):
+        read_idx(path)
+    gz = tmp_path / "huge.idx.gz"
+    gz.write_bytes(gzip.compress(huge + bytes(1000)))
+    with pytest.raises(ValueError, match=r"more than a \d+-byte gzip file can hold"):
+        read_idx(gz)

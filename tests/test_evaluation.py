@@ -17,18 +17,6 @@ from scipy import stats
 TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The models are tiny: one intra-op thread avoids thread spin overhead (measured 25x less CPU
-    per round on a loaded 2-core machine)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_t_interval_matches_scipy():
     x = np.array([0.2, 0.4, 0.35, 0.1, 0.3])
     mean, low, high = ev.t_interval(x)

@@ -16,18 +16,6 @@ TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 TINY_ARGS = [f"{k}={v}" for k, v in TINY.items()]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The models are tiny: one intra-op thread avoids thread spin overhead (measured 25x less CPU
-    per round on a loaded 2-core machine)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_hyperparams_files_load_for_every_role_and_algo():
     for role in ("attacker", "defender"):
         assert tr.hyperparams_file("LeakGym-Digits-v0", role).name == f"LeakGym-Digits-v0_{role}.yml"
@@ -64,7 +52,7 @@ def test_train_cli_writes_policy_tensorboard_checkpoints_and_loads(tmp_path):
     sc = load_scenario("digits", **TINY)
     agent = make_agent(str(tmp_path / "policy.zip"), role="attacker", scenario=sc)
     assert isinstance(agent, LearnedAgent) and agent.algo == "ppo"
-    obs = np.zeros(agent.model.observation_space.shape, np.float32)
+    obs = np.zeros(agent.policy.observation_space.shape, np.float32)
     from gymnasium import spaces
 
     action = agent.act(obs, spaces.MultiDiscrete(sc.attacker_nvec), np.random.default_rng(0))

@@ -5,7 +5,10 @@ the official file, the same digests torchvision's dataset classes pin). :func:`d
 file under a temporary ``.part`` name with torchvision's HTTP helper, checks its MD5 with
 :func:`verify_md5`, and only then moves it to its final name; archives are extracted by
 :func:`download_and_extract` only after that check passed. A corrupted or tampered download is deleted
-and never read.
+and never read. Extraction (:func:`extract_tar`) checks every member first and extracts nothing from an
+archive holding a member that would land outside the target folder (an absolute path, ``..``, or a
+link, device or other special file); the members are then extracted with ``tarfile``'s ``"data"``
+filter where the Python version has it.
 
 MD5 is what the upstream publishers and torchvision record for these files; it guards against
 truncated or corrupted transfers, not against a deliberate collision attack.
@@ -15,10 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchvision.datasets.utils import download_url, extract_archive
+from torchvision.datasets.utils import download_url
 
 __all__ = [
     "ChecksumMismatchError",
@@ -26,6 +31,7 @@ __all__ = [
     "RemoteFile",
     "download_and_extract",
     "download_file",
+    "extract_tar",
     "file_md5",
     "verify_md5",
 ]
@@ -129,11 +135,49 @@ def download_file(remote: RemoteFile, directory: str | os.PathLike[str]) -> Path
     raise DownloadError(remote.filename, attempts)
 
 
+def _member_problem(member: tarfile.TarInfo, target: Path) -> str | None:
+    """Why ``member`` must not be extracted into ``target`` (a resolved folder), or ``None``."""
+    if not (member.isfile() or member.isdir()):
+        return "is a link, device or other special file (only regular files and folders are extracted)"
+    if os.path.isabs(member.name) or member.name.startswith(("/", "\\")):
+        return "has an absolute path"
+    if not (target / member.name).resolve().is_relative_to(target):
+        return f"would be written outside {target}"
+    return None
+
+
+def extract_tar(archive: str | os.PathLike[str], directory: str | os.PathLike[str]) -> None:
+    """Extract the tar archive ``archive`` (optionally gzip/bz2/xz-compressed) into ``directory``.
+
+    Every member is checked before anything is written: an absolute path, a ``..`` that leaves
+    ``directory``, a link, a device or any other special file raises ``ValueError`` naming the
+    archive and the member, and nothing is extracted. The members are then extracted with the
+    ``"data"`` filter (Python >= 3.10.12 / 3.11.4), which re-checks them as they are written. A
+    truncated or damaged archive raises ``ValueError`` naming it.
+    """
+    target = Path(directory).resolve()
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            members = tar.getmembers()
+            for member in members:
+                problem = _member_problem(member, target)
+                if problem is not None:
+                    raise ValueError(f"{archive}: member {member.name!r} {problem}; nothing was extracted")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(target, members=members, filter="data")
+            else:  # the explicit check above is then the only one
+                tar.extractall(target, members=members)
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{archive}: not a readable tar archive, or truncated ({type(exc).__name__}: {exc})") from None
+
+
 def download_and_extract(remote: RemoteFile, directory: str | os.PathLike[str]) -> None:
     """Download an archive, verify its checksum, then extract it into ``directory`` and delete it.
 
-    Extraction uses torchvision's ``extract_archive`` (tar members escaping ``directory`` are
-    rejected on Python >= 3.11.4). Nothing is extracted from an archive that failed verification.
+    Extraction uses :func:`extract_tar` (members that would land outside ``directory`` are refused
+    and nothing is extracted). Nothing is extracted from an archive that failed verification.
     """
     archive = download_file(remote, directory)
-    extract_archive(str(archive), str(directory), remove_finished=True)
+    extract_tar(archive, directory)
+    archive.unlink()

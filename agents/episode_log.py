@@ -1,0 +1,238 @@
+"""The on-disk log of a ``leakgym eval`` run, written pair by pair so that an interrupted run resumes.
+
+Files under the run's output folder ``OUT``:
+
+``run.json``
+    the run's settings (environment, scenario, attacker and defender labels, episodes, seed,
+    scenario overrides), written when the run starts.
+``episodes.csv``
+    one row per episode: ``attacker, defender, episode, seed, rounds`` and the value of every metric
+    in :data:`~leakgym.agents.payoff.METRICS` (empty when undefined, e.g. ``leakage_lpips`` without
+    the LPIPS weights). A pair's rows are appended, flushed and synced as soon as the pair's last
+    episode ends.
+``last_round/a<i>_d<j>.npz``
+    the last round of pair (attacker ``i``, defender ``j``): private images, matched
+    reconstructions and their SSIM (what ``gallery.png`` shows), written just before its rows.
+
+Resuming (:meth:`EpisodeLog.open` with ``resume=True``) refuses a folder whose ``run.json`` holds
+other settings, keeps every pair whose episodes are all in ``episodes.csv`` and replays the others
+from their first episode (agents that adapt learn across a pair's episodes, so a pair is never
+resumed mid-way). A line cut off by a crash is dropped; any other malformed row is an error naming
+the file and line. Files are read as text and ``numpy.load(allow_pickle=False)``; nothing is
+un-pickled.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .payoff import METRICS, EpisodeStats, LastRound, PairResult
+from .reporting import json_safe
+
+RUN_FILE = "run.json"
+EPISODES_FILE = "episodes.csv"
+LAST_ROUND_DIR = "last_round"
+EPISODE_COLUMNS = ["attacker", "defender", "episode", "seed", "rounds", *METRICS]
+#: bump when the meaning of the files changes; a run of another version is not resumed
+LOG_VERSION = 1
+
+
+def _normalise(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as they read back from JSON (tuples -> lists, NumPy scalars -> Python)."""
+    return json.loads(json.dumps(json_safe(settings), default=str))
+
+
+def _replace_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _format(value: float) -> str:
+    return "" if math.isnan(value) else repr(float(value))
+
+
+def _parse_float(text: str) -> float:
+    return float("nan") if text == "" else float(text)
+
+
+class EpisodeLog:
+    """Appends finished pairs to ``OUT/episodes.csv`` and reads them back for ``--resume``.
+
+    Use :meth:`open`; :attr:`finished` maps ``(attacker, defender)`` labels to the pairs already on
+    disk (empty for a new run).
+    """
+
+    def __init__(self, out: Path, settings: dict[str, Any], finished: dict[tuple[str, str], PairResult]) -> None:
+        self.out = out
+        self.settings = settings
+        self.finished = finished
+
+    @property
+    def episodes_path(self) -> Path:
+        return self.out / EPISODES_FILE
+
+    @classmethod
+    def open(cls, out: str | os.PathLike[str], settings: dict[str, Any], *, resume: bool) -> EpisodeLog:
+        """Start a new log in ``out`` (replacing an earlier one), or with ``resume`` continue the one there.
+
+        ``settings`` must hold ``attackers``, ``defenders`` (labels), ``episodes`` and ``seed``; with
+        ``resume`` they must equal the saved ones (``ValueError`` naming every difference). Resuming a
+        folder without ``run.json`` starts a new run.
+        """
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        settings = _normalise(settings)
+        run_path = out / RUN_FILE
+        if resume and run_path.is_file():
+            cls._check_settings(run_path, settings)
+            log = cls(out, settings, {})
+            log.finished = log._read_finished()
+            # Keep only complete pairs, so the rows of replayed pairs are not there twice.
+            log._write_rows(list(log.finished.values()), mode="replace")
+            return log
+        (out / LAST_ROUND_DIR).mkdir(exist_ok=True)
+        for stale in (out / LAST_ROUND_DIR).glob("a*_d*.npz"):
+            stale.unlink()
+        _replace_atomically(run_path, json.dumps({"version": LOG_VERSION, "settings": settings}, indent=2).encode())
+        log = cls(out, settings, {})
+        log._write_rows([], mode="replace")
+        return log
+
+    @staticmethod
+    def _check_settings(run_path: Path, settings: dict[str, Any]) -> None:
+        try:
+            saved = json.loads(run_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--resume: cannot read {run_path} ({exc}); run without --resume to start over") from None
+        if not isinstance(saved, dict) or saved.get("version") != LOG_VERSION or not isinstance(
+            saved.get("settings"), dict
+        ):
+            raise ValueError(
+                f"--resume: {run_path} is not a LeakGym eval log of version {LOG_VERSION}; run without --resume "
+                f"to start over"
+            )
+        old = saved["settings"]
+        diffs = [
+            f"{key}: saved {old.get(key)!r}, now {settings.get(key)!r}"
+            for key in sorted(set(old) | set(settings))
+            if old.get(key) != settings.get(key)
+        ]
+        if diffs:
+            raise ValueError(
+                f"--resume: the run in {run_path.parent} was started with other settings ("
+                + "; ".join(diffs)
+                + "). Resume it with the same settings, or choose another --out (or drop --resume to start over)"
+            )
+
+    # ------------------------------------------------------------------ writing
+    def _last_round_path(self, attacker: str, defender: str) -> Path:
+        i = self.settings["attackers"].index(attacker)
+        j = self.settings["defenders"].index(defender)
+        return self.out / LAST_ROUND_DIR / f"a{i:03d}_d{j:03d}.npz"
+
+    def _write_rows(self, pairs: list[PairResult], *, mode: str) -> None:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        if mode == "replace":
+            writer.writerow(EPISODE_COLUMNS)
+        seed = int(self.settings["seed"])
+        for pair in pairs:
+            for e, stats in enumerate(pair.episodes):
+                writer.writerow(
+                    [pair.attacker, pair.defender, e, seed + e, stats.rounds, *(_format(stats.metrics[m]) for m in METRICS)]
+                )
+        if mode == "replace":
+            _replace_atomically(self.episodes_path, buffer.getvalue().encode())
+            return
+        with open(self.episodes_path, "a", newline="") as fh:
+            fh.write(buffer.getvalue())
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def append(self, pair: PairResult) -> None:
+        """Save a finished pair: its last round first, then its rows (flushed and synced)."""
+        if pair.last_round is not None:
+            buffer = io.BytesIO()
+            last = pair.last_round
+            np.savez(buffer, originals=last.originals, matched=last.matched, ssim=last.ssim,
+                     attacker=np.array(pair.attacker), defender=np.array(pair.defender))
+            _replace_atomically(self._last_round_path(pair.attacker, pair.defender), buffer.getvalue())
+        self._write_rows([pair], mode="append")
+
+    # ------------------------------------------------------------------ reading
+    def _read_finished(self) -> dict[tuple[str, str], PairResult]:
+        path = self.episodes_path
+        if not path.is_file():
+            return {}
+        text = path.read_text()
+        if text and not text.endswith("\n"):
+            text = text[: text.rfind("\n") + 1]  # a line cut off by a crash
+        try:
+            rows = list(csv.reader(io.StringIO(text)))
+        except csv.Error as exc:
+            raise ValueError(f"{path}: not a CSV file ({exc}); run without --resume to start over") from None
+        if not rows:
+            return {}
+        header, body = rows[0], rows[1:]
+        if header != EPISODE_COLUMNS:
+            raise ValueError(f"{path}: header {header} is not {EPISODE_COLUMNS}; run without --resume to start over")
+        episodes, attackers, defenders = int(self.settings["episodes"]), self.settings["attackers"], self.settings["defenders"]
+        seed = int(self.settings["seed"])
+        by_pair: dict[tuple[str, str], dict[int, EpisodeStats]] = {}
+        for line, row in enumerate(body, start=2):
+            where = f"{path}, line {line}"
+            if len(row) != len(EPISODE_COLUMNS):
+                raise ValueError(f"{where}: {len(row)} fields, expected {len(EPISODE_COLUMNS)}")
+            attacker, defender = row[0], row[1]
+            if attacker not in attackers or defender not in defenders:
+                raise ValueError(f"{where}: pair ({attacker}, {defender}) is not in this run ({attackers} x {defenders})")
+            try:
+                e, row_seed, rounds = int(row[2]), int(row[3]), int(row[4])
+                values = [_parse_float(v) for v in row[5:]]
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            if not 0 <= e < episodes or row_seed != seed + e or rounds < 0:
+                raise ValueError(
+                    f"{where}: episode {e} (allowed 0..{episodes - 1}), seed {row_seed} (expected {seed + e}), "
+                    f"rounds {rounds} (must be >= 0)"
+                )
+            stats = by_pair.setdefault((attacker, defender), {})
+            if e in stats:
+                raise ValueError(f"{where}: episode {e} of ({attacker}, {defender}) appears twice")
+            stats[e] = EpisodeStats(metrics=dict(zip(METRICS, values)), rounds=rounds)
+        return {
+            key: PairResult(key[0], key[1], [stats[e] for e in range(episodes)], self._read_last_round(*key))
+            for key, stats in by_pair.items()
+            if len(stats) == episodes
+        }
+
+    def _read_last_round(self, attacker: str, defender: str) -> LastRound | None:
+        """The saved last round of a pair, or ``None`` when it is missing or does not belong to it."""
+        path = self._last_round_path(attacker, defender)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                if str(data["attacker"]) != attacker or str(data["defender"]) != defender:
+                    return None
+                last = LastRound(originals=data["originals"], matched=data["matched"], ssim=data["ssim"])
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
+            return None
+        ok = last.originals.ndim == 4 and last.matched.shape == last.originals.shape and last.ssim.shape == (
+            len(last.originals),
+        )
+        return last if ok else None
+
+
+__all__ = ["EPISODES_FILE", "EPISODE_COLUMNS", "LAST_ROUND_DIR", "RUN_FILE", "EpisodeLog"]

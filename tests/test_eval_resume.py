@@ -1,0 +1,152 @@
+"""``leakgym eval`` writes each finished pair to episodes.csv at once, and ``--resume`` continues an
+interrupted run to the same payoff table as an uninterrupted one."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+
+import numpy as np
+import pytest
+from leakgym.agents import episode_log as el
+from leakgym.agents import evaluation as ev
+from leakgym.agents import play
+from leakgym.agents.payoff import METRICS, EpisodeStats, LastRound, PairResult
+
+TINY = {"rounds": 1, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
+
+
+def _args(out, *extra: str, seed: int = 3) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    ev.add_arguments(parser)
+    return parser.parse_args(
+        ["--env", "LeakGym-Digits-v0", "--attackers", "random,bandit", "--defenders", "none,noise-0.1",
+         "--episodes", "2", "--seed", str(seed), "--out", str(out), "--no-progress", *extra, "--overrides"]
+        + [f"{k}={v}" for k, v in TINY.items()]
+    )
+
+
+def _count_episodes(monkeypatch, interrupt_at: int | None = None) -> list[int]:
+    """Count play_episode calls; raise KeyboardInterrupt on call number ``interrupt_at`` (1-based)."""
+    calls: list[int] = []
+    real = play.play_episode
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(play, "play_episode", counting)
+    return calls
+
+
+def _rows(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_interrupted_eval_resumes_to_the_uninterrupted_table(tmp_path, monkeypatch, capsys):
+    reference = tmp_path / "reference"
+    assert ev.main(_args(reference)) == 0
+
+    out = tmp_path / "interrupted"
+    calls = _count_episodes(monkeypatch, interrupt_at=3)  # the first episode of the second pair
+    assert ev.main(_args(out)) == ev.INTERRUPTED
+    assert "--resume" in capsys.readouterr().err
+    # The first pair's two episodes were on disk before the interrupt; no payoff file was written.
+    assert [(r["attacker"], r["defender"], r["episode"]) for r in _rows(out / "episodes.csv")] == [
+        ("random", "none", "0"), ("random", "none", "1")
+    ]
+    assert not (out / "payoff.csv").exists() and (out / "last_round" / "a000_d000.npz").is_file()
+
+    # Other settings are refused before anything is played.
+    calls = _count_episodes(monkeypatch)
+    with pytest.raises(ValueError, match="seed: saved 3, now 4"):
+        ev.main(_args(out, "--resume", seed=4))
+    assert calls == []
+
+    assert ev.main(_args(out, "--resume")) == 0
+    assert len(calls) == 3 * 2  # the three unfinished pairs, two episodes each
+    assert (out / "payoff.csv").read_text() == (reference / "payoff.csv").read_text()
+    assert json.loads((out / "payoff.json").read_text()) == json.loads((reference / "payoff.json").read_text())
+    assert _rows(out / "episodes.csv") == _rows(reference / "episodes.csv")
+    from matplotlib.image import imread
+
+    np.testing.assert_array_equal(imread(out / "gallery.png"), imread(reference / "gallery.png"))
+
+    # Resuming a finished run plays nothing and writes the same table again; a run without --resume
+    # starts over.
+    assert ev.main(_args(out, "--resume")) == 0 and len(calls) == 6
+    assert (out / "payoff.csv").read_text() == (reference / "payoff.csv").read_text()
+    _count_episodes(monkeypatch, interrupt_at=1)
+    assert ev.main(_args(out)) == ev.INTERRUPTED
+    assert _rows(out / "episodes.csv") == [] and not list((out / "last_round").iterdir())
+
+
+# ------------------------------------------------------------------ the log itself, without playing
+SETTINGS = {"env_id": "X-v0", "scenario": "x", "attackers": ["A1", "A2"], "defenders": ["D1"], "episodes": 2,
+            "seed": 7, "overrides": {"rounds": 2, "iterations": (1, 2)}}
+
+
+def _pair(attacker: str, value: float) -> PairResult:
+    episodes = [EpisodeStats({m: value + e / 3 for m in METRICS} | {"leakage_lpips": float("nan")}, 2) for e in range(2)]
+    images = np.full((2, 1, 4, 4), value, np.float32)
+    return PairResult(attacker, "D1", episodes, LastRound(images, 1 - images, np.array([0.5, 0.25])))
+
+
+def test_log_round_trips_exactly_and_drops_a_cut_off_line(tmp_path):
+    log = el.EpisodeLog.open(tmp_path, SETTINGS, resume=False)
+    first = _pair("A1", 0.1)
+    log.append(first)
+    with open(tmp_path / "episodes.csv", "a") as fh:
+        fh.write("A2,D1,0,7,2,0.3")  # a crash in the middle of the second pair's rows
+    resumed = el.EpisodeLog.open(tmp_path, SETTINGS, resume=True)
+    assert list(resumed.finished) == [("A1", "D1")]
+    back = resumed.finished[("A1", "D1")]
+    for got, want in zip(back.episodes, first.episodes):
+        assert got.rounds == want.rounds
+        assert [got.metrics[m] for m in METRICS if m != "leakage_lpips"] == [
+            want.metrics[m] for m in METRICS if m != "leakage_lpips"
+        ]  # bit-exact floats
+        assert np.isnan(got.metrics["leakage_lpips"])
+    np.testing.assert_array_equal(back.last_round.matched, first.last_round.matched)
+    np.testing.assert_array_equal(back.last_round.ssim, first.last_round.ssim)
+    # The cut-off line is gone from the file, so the replayed pair is not counted twice.
+    assert (tmp_path / "episodes.csv").read_text().count("\n") == 1 + 2
+
+
+def test_log_rejects_malformed_rows_and_incomplete_pairs_are_replayed(tmp_path):
+    log = el.EpisodeLog.open(tmp_path, SETTINGS, resume=False)
+    log.append(_pair("A1", 0.1))
+    text = (tmp_path / "episodes.csv").read_text()
+    lines = text.splitlines(keepends=True)
+
+    (tmp_path / "episodes.csv").write_text(lines[0] + lines[1])  # only episode 0 of the pair
+    assert el.EpisodeLog.open(tmp_path, SETTINGS, resume=True).finished == {}
+
+    bad = lines[0] + lines[1].replace("A1,D1,0,7", "A1,D1,0,8")
+    (tmp_path / "episodes.csv").write_text(bad)
+    with pytest.raises(ValueError, match=r"episodes\.csv, line 2: .*seed 8 \(expected 7\)"):
+        el.EpisodeLog.open(tmp_path, SETTINGS, resume=True)
+    (tmp_path / "episodes.csv").write_text(lines[0] + lines[1].replace("A1,", "Z9,", 1))
+    with pytest.raises(ValueError, match=r"line 2: pair \(Z9, D1\) is not in this run"):
+        el.EpisodeLog.open(tmp_path, SETTINGS, resume=True)
+    (tmp_path / "episodes.csv").write_text(lines[0] + lines[1].replace(",2,", ",two,", 1))
+    with pytest.raises(ValueError, match="line 2: invalid literal"):
+        el.EpisodeLog.open(tmp_path, SETTINGS, resume=True)
+    (tmp_path / "episodes.csv").write_text(lines[0] + lines[1] + lines[1])
+    with pytest.raises(ValueError, match="line 3: episode 0 of \\(A1, D1\\) appears twice"):
+        el.EpisodeLog.open(tmp_path, SETTINGS, resume=True)
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read .*run.json"):
+        el.EpisodeLog.open(tmp_path, SETTINGS, resume=True)
+
+
+def test_resume_without_an_earlier_run_starts_one_and_needs_out(tmp_path):
+    log = el.EpisodeLog.open(tmp_path / "new", SETTINGS, resume=True)
+    assert log.finished == {} and (tmp_path / "new" / "run.json").is_file()
+    assert json.loads((tmp_path / "new" / "run.json").read_text())["settings"]["overrides"]["iterations"] == [1, 2]
+    with pytest.raises(ValueError, match="resume=True needs out="):
+        ev.evaluate("digits", ["random"], ["none"], episodes=1, resume=True, progress=False)

@@ -1,0 +1,200 @@
+"""Loading a saved policy never un-pickles anything from the file (issue "Trust boundaries", item 1).
+
+The policy is rebuilt from LeakGym's JSON file and the zip's ``policy.pth`` read with
+``torch.load(weights_only=True)``; a zip whose entries would run a command (here: create a marker
+file) is either refused or has those entries ignored, and the command never runs."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import os
+import pickle
+import shlex
+import zipfile
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from leakgym.agents import LearnedAgent, learned, make_agent
+from leakgym.envs.scenario import load_scenario
+
+TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
+
+
+class _RunsCommand:
+    """Un-pickling this runs ``command`` with os.system."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+@pytest.fixture
+def marker(tmp_path):
+    """A file the hostile payloads create; the fixture checks that the payload really does."""
+    path = tmp_path / "pwned"
+    payload = pickle.dumps(_RunsCommand(f"touch {shlex.quote(str(path))}"))
+    pickle.loads(payload)  # armed: plain un-pickling runs the command
+    assert path.exists()
+    path.unlink()
+    return path
+
+
+def _hostile(marker) -> _RunsCommand:
+    return _RunsCommand(f"touch {shlex.quote(str(marker))}")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """An untrained PPO attacker (ReLU, separate pi/vf layers) saved with LeakGym's metadata."""
+    from stable_baselines3 import PPO
+
+    env = gym.make("LeakGym-Digits-v0", role="attacker", **TINY)
+    model = PPO("MlpPolicy", env, n_steps=8, batch_size=8, seed=3, device="cpu",
+                policy_kwargs={"net_arch": {"pi": [16], "vf": [8, 8]}, "activation_fn": torch.nn.ReLU})
+    path = tmp_path_factory.mktemp("policy") / "policy.zip"
+    meta = learned.save_policy(model, path, {"algo": "ppo", "role": "attacker", "env_id": "LeakGym-Digits-v0"})
+    env.close()
+    return path, model, meta
+
+
+def _copy_policy(saved, folder, *, replace: dict[str, bytes] | None = None, meta: dict | None = None):
+    """The saved policy copied into ``folder``, with zip entries and/or the JSON replaced."""
+    path, _, original_meta = saved
+    out = folder / "policy.zip"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for name in src.namelist():
+            dst.writestr(name, (replace or {}).get(name, src.read(name)))
+    if meta is not False:
+        learned.metadata_path(out).write_text(json.dumps(original_meta if meta is None else meta))
+    return out
+
+
+def test_loaded_policy_acts_exactly_like_the_saved_model(saved):
+    path, model, meta = saved
+    assert meta["policy"] == {"class": "ActorCriticPolicy", "net_arch": {"pi": [16], "vf": [8, 8]},
+                              "activation_fn": "ReLU", "share_features_extractor": True, "normalize_images": True}
+    sc = load_scenario("digits", **TINY)
+    agent = make_agent(str(path), role="attacker", scenario=sc)
+    assert isinstance(agent, LearnedAgent) and agent.algo == "ppo"
+    want = model.policy.state_dict()
+    got = agent.policy.state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    rng = np.random.default_rng(0)
+    space = gym.spaces.MultiDiscrete(sc.attacker_nvec)
+    for _ in range(20):
+        obs = rng.random(model.observation_space.shape, dtype=np.float32)
+        expected, _ = model.predict(obs, deterministic=True)
+        np.testing.assert_array_equal(agent.act(obs, space, rng), expected)
+
+
+def test_hostile_data_entry_is_never_unpickled(saved, tmp_path, marker):
+    from stable_baselines3 import PPO
+
+    path = saved[0]
+    with zipfile.ZipFile(path) as zf:
+        data = json.loads(zf.read("data"))
+    evil = base64.b64encode(pickle.dumps(_hostile(marker))).decode()
+    serialized = [k for k, v in data.items() if isinstance(v, dict) and ":serialized:" in v]
+    assert {"policy_class", "observation_space", "action_space"} <= set(serialized)
+    for key in serialized:
+        data[key][":serialized:"] = evil
+    hostile = _copy_policy(saved, tmp_path, replace={"data": json.dumps(data).encode()})
+
+    # The zip is really hostile: Stable-Baselines3's own loader runs the command.
+    with contextlib.suppress(Exception):
+        PPO.load(hostile, device="cpu")
+    assert marker.exists()
+    marker.unlink()
+
+    agent = LearnedAgent(hostile, role="attacker")  # LeakGym reads only policy.json and policy.pth
+    assert not marker.exists()
+    obs = np.zeros(agent.policy.observation_space.shape, np.float32)
+    agent.act(obs, agent.policy.action_space, np.random.default_rng(0))
+    env = gym.make("LeakGym-Digits-v0", role="defender", opponent=str(hostile), **TINY)
+    env.reset(seed=0)
+    env.step(env.action_space.sample())
+    assert not marker.exists()
+
+    # Without LeakGym's JSON file the zip is refused, before any entry is read.
+    learned.metadata_path(hostile).unlink()
+    with pytest.raises(ValueError, match="has no policy.json beside it"):
+        make_agent(str(hostile), role="attacker", scenario="digits")
+    with pytest.raises(ValueError, match="has no policy.json beside it"):
+        gym.make("LeakGym-Digits-v0", role="defender", opponent=str(hostile), **TINY)
+    assert not marker.exists()
+
+
+def test_hostile_weights_are_refused(saved, tmp_path, marker):
+    buffer = io.BytesIO()
+    torch.save({"mlp_extractor.policy_net.0.weight": _hostile(marker)}, buffer)
+    hostile = _copy_policy(saved, tmp_path, replace={"policy.pth": buffer.getvalue()})
+    with pytest.raises(ValueError, match="policy.pth is not a plain tensor state_dict; refused"):
+        LearnedAgent(hostile)
+    assert not marker.exists()
+
+    # A plain pickle (not torch's format) naming os.system is refused the same way.
+    hostile = _copy_policy(saved, tmp_path, replace={"policy.pth": pickle.dumps(_hostile(marker), protocol=2)})
+    with pytest.raises(ValueError, match="refused"):
+        LearnedAgent(hostile)
+    assert not marker.exists()
+
+
+def test_policy_metadata_and_spaces_are_checked(saved, tmp_path):
+    path, _, meta = saved
+    with pytest.raises(ValueError, match="trained as the attacker; it cannot play the defender"):
+        LearnedAgent(path, role="defender")
+    other = load_scenario("digits", **{**TINY, "iterations": [1, 2, 5]})
+    assert len(other.attacker_nvec) == len(load_scenario("digits", **TINY).attacker_nvec)
+    with pytest.raises(ValueError, match=r"acts in MultiDiscrete\(\[.*\]\), but the attacker's action space"):
+        LearnedAgent(path, role="attacker", scenario=other)
+    agent = LearnedAgent(path)
+    with pytest.raises(ValueError, match="expects observations of shape"):
+        agent.act(np.zeros(3, np.float32), agent.policy.action_space, np.random.default_rng(0))
+
+    def broken(field: str, value) -> dict:
+        changed = json.loads(json.dumps(meta))
+        *parents, last = field.split(".")
+        node = changed
+        for key in parents:
+            node = node[key]
+        node[last] = value
+        return changed
+
+    cases = [
+        ("format", None, "'format' must be 'leakgym-policy-v1'"),
+        ("algo", "dqn", "'algo' must be one of"),
+        ("role", "server", "'role' must be one of"),
+        ("policy.activation_fn", "os.system", "'policy.activation_fn' must be one of"),
+        ("policy.net_arch", [10**9], "'policy.net_arch' must be a list of up to 16 layer widths in 1..4096"),
+        ("policy.net_arch", {"pi": [16], "vf": [8], "x": [1]}, "'policy.net_arch'"),
+        ("policy.class", "builtins.eval", "'policy.class' must be 'ActorCriticPolicy'"),
+        ("action_space.nvec", [0, 3], "'action_space.nvec' must be"),
+        ("observation_space.shape", [2**40], "'observation_space.shape'"),
+        ("observation_space.low", [0.0], "'observation_space.low' must be a list of"),
+        ("policy.share_features_extractor", "yes", "must be true or false"),
+    ]
+    for i, (field, value, message) in enumerate(cases):
+        folder = tmp_path / f"case{i}"
+        folder.mkdir()
+        copy = _copy_policy(saved, folder, meta=broken(field, value))
+        with pytest.raises(ValueError, match=message):
+            LearnedAgent(copy)
+    # Valid JSON that does not describe the weights: the architecture check catches it.
+    copy = _copy_policy(saved, tmp_path, meta=broken("policy.net_arch", {"pi": [32], "vf": [8, 8]}))
+    with pytest.raises(ValueError, match="the weights do not fit the architecture in policy.json"):
+        LearnedAgent(copy)
+    learned.metadata_path(copy).write_text("{not json")
+    with pytest.raises(ValueError, match="policy.json: cannot read the policy metadata"):
+        LearnedAgent(copy)
+    not_a_zip = tmp_path / "junk.zip"
+    not_a_zip.write_bytes(b"PK\x03\x04 truncated")
+    learned.metadata_path(not_a_zip).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="junk.zip: not a readable zip file"):
+        LearnedAgent(not_a_zip)
