@@ -23,6 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leakgym.suggest import did_you_mean
+
 from .bandit import EpsilonGreedyBandit
 from .base import Agent, UniformRandomAgent
 from .learned import LearnedAgent
@@ -87,7 +89,8 @@ def make_agent(spec: Any, *, role: str, scenario: Any) -> Agent:
         return FixedAgent(preset_action(spec, sc, role), name=spec)
     if spec.endswith(".zip") or Path(spec).is_file():
         return LearnedAgent(spec, role=role, scenario=sc)
-    raise ValueError(f"unknown agent {spec!r}; allowed: {agent_names()}")
+    raise ValueError(f"unknown agent {spec!r}{did_you_mean(spec, [*SCRIPTED_NAMES, *preset_names()])}; "
+                     f"allowed: {agent_names()}")
 
 
 __all__ = ["SCRIPTED_NAMES", "agent_names", "make_agent"]

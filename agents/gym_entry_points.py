@@ -9,6 +9,7 @@ the environments themselves only take agent objects, so ``leakgym.envs`` never i
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from leakgym.envs.scenario import Scenario, load_scenario
@@ -32,10 +33,25 @@ def make_single_agent_env(
     scenario: str | Scenario = "digits", role: str = "attacker", opponent: Any = None, **kwargs: Any
 ) -> LeakGymSingleAgentEnv:
     """The single-agent view, with ``opponent`` resolved by :func:`leakgym.agents.make_agent`."""
-    overrides = {k: v for k, v in kwargs.items() if k not in ("render_mode", "device")}
-    sc = load_scenario(scenario, **overrides)
-    rest = {k: v for k, v in kwargs.items() if k in ("render_mode", "device")}
+    sc, rest = _scenario(scenario, kwargs)
     return LeakGymSingleAgentEnv(sc, role=role, opponent=_opponent(opponent, role, sc), **rest)
+
+
+#: keyword arguments of the views that are not scenario fields
+VIEW_ARGUMENTS = ("render_mode", "device", "flat_actions")
+
+
+def _scenario(scenario: str | Scenario, kwargs: dict[str, Any]) -> tuple[Scenario, dict[str, Any]]:
+    overrides = {k: v for k, v in kwargs.items() if k not in VIEW_ARGUMENTS}
+    sc = load_scenario(scenario, **overrides)
+    base = load_scenario(scenario)
+    if sc.rounds > base.rounds:
+        warnings.warn(
+            f"rounds={sc.rounds} exceeds the registered horizon {base.rounds} of scenario {base.name!r}: "
+            f"also pass max_episode_steps={sc.rounds} to gym.make, or Gymnasium's TimeLimit truncates earlier",
+            stacklevel=3,
+        )
+    return sc, {k: v for k, v in kwargs.items() if k in VIEW_ARGUMENTS}
 
 
 def make_vector_env(
@@ -43,9 +59,7 @@ def make_vector_env(
     **kwargs: Any,
 ) -> LeakGymVectorEnv:
     """The vector env; every game gets its own opponent agent (agents keep per-episode state)."""
-    overrides = {k: v for k, v in kwargs.items() if k not in ("render_mode", "device")}
-    sc = load_scenario(scenario, **overrides)
-    rest = {k: v for k, v in kwargs.items() if k in ("render_mode", "device")}
+    sc, rest = _scenario(scenario, kwargs)
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
     opponents = [_opponent(opponent, role, sc) for _ in range(num_envs)]

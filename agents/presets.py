@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from leakgym.suggest import did_you_mean
+
 from .scripted import check_role
 
 
@@ -104,7 +106,7 @@ def preset_names(role: str | None = None) -> list[str]:
 
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; allowed: {preset_names()}")
+        raise ValueError(f"unknown preset {name!r}{did_you_mean(name, preset_names())}; allowed: {preset_names()}")
     return PRESETS[name]
 
 

@@ -31,14 +31,31 @@ from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
 from .game import LeakGame, RoundOutcome
-from .rendering import figure_to_rgb, placeholder_figure, round_figure
+from .menus import FlatActions
+from .rendering import figure_to_rgb, placeholder_figure, round_figure, show_figure
 from .round import Round, RoundError
 from .scenario import Scenario, load_scenario
 
 
 class LeakGymParallelEnv(ParallelEnv, EzPickle):
+    """The two-player LeakGym game (agents ``"attacker"`` and ``"defender"``, simultaneous moves).
+
+    Args:
+        scenario: a scenario name (``envs/scenarios/<name>.toml``), a path to a ``.toml`` file, or a
+            :class:`~leakgym.envs.scenario.Scenario`.
+        render_mode: ``None``, ``"human"`` (a matplotlib window; a no-op without a display),
+            ``"rgb_array"`` (fixed-size frames: originals above their reconstructions) or ``"png"``
+            (one file per round in ``render_dir``).
+        render_dir: folder of the ``"png"`` frames.
+        device: torch device of every model, update and attack.
+        flat_actions: ``Discrete(prod(nvec))`` action spaces instead of ``MultiDiscrete(nvec)``
+            (for SuperSuit and value-based algorithms); index = C-order flattening of the menus.
+        max_cycles: PettingZoo's name for the episode length; sets ``rounds``.
+        **overrides: any :class:`~leakgym.envs.scenario.Scenario` field (``rounds=4``, ...).
+    """
+
     metadata = {
-        "render_modes": ["rgb_array", "png"],
+        "render_modes": ["human", "rgb_array", "png"],
         "name": "leakgym_v0",
         "render_fps": 2,
         "is_parallelizable": True,
@@ -51,12 +68,20 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         render_mode: str | None = None,
         render_dir: str | Path = "leakgym-renders",
         device: str = "cpu",
+        flat_actions: bool = False,
+        max_cycles: int | None = None,
         **overrides: Any,
     ) -> None:
-        EzPickle.__init__(self, scenario, render_mode, render_dir, device, **overrides)
+        EzPickle.__init__(self, scenario, render_mode, render_dir, device, flat_actions, max_cycles, **overrides)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}; allowed: {self.metadata['render_modes']} or None")
+        if max_cycles is not None:
+            overrides["rounds"] = max_cycles
         self.scenario = load_scenario(scenario, **overrides)
+        if not isinstance(flat_actions, bool):
+            raise ValueError(f"flat_actions={flat_actions!r}; allowed: True or False")
+        self.flat_actions = flat_actions
+        self._flat = {a: FlatActions(self.scenario.menu(a)) for a in self.possible_agents}
         self.render_mode = render_mode
         self.render_dir = Path(render_dir)
         self.game = LeakGame(self.scenario, device=device)
@@ -65,9 +90,10 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             a: spaces.Box(low=0.0, high=1.0, shape=(sizes[a],), dtype=np.float32) for a in self.possible_agents
         }
         self._action_spaces = {
-            "attacker": spaces.MultiDiscrete(self.scenario.attacker_nvec),
-            "defender": spaces.MultiDiscrete(self.scenario.defender_nvec),
+            a: spaces.Discrete(self._flat[a].n) if flat_actions else spaces.MultiDiscrete(self.scenario.menu(a).nvec)
+            for a in self.possible_agents
         }
+        self.state_space = spaces.Box(low=0.0, high=1.0, shape=(sum(sizes.values()),), dtype=np.float32)
         self.agents: list[str] = []
         self.history: list[dict[str, Any]] = []
         self._seed_rng = np.random.default_rng()
@@ -76,8 +102,16 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
     def observation_space(self, agent: str) -> spaces.Box:
         return self._observation_spaces[agent]
 
-    def action_space(self, agent: str) -> spaces.MultiDiscrete:
+    def action_space(self, agent: str) -> spaces.MultiDiscrete | spaces.Discrete:
         return self._action_spaces[agent]
+
+    def to_multi(self, agent: str, action: Any) -> np.ndarray:
+        """An action of ``agent`` in this env's action space -> the validated MultiDiscrete action."""
+        if agent not in self.possible_agents:
+            raise ValueError(f"agent={agent!r}; allowed: {self.possible_agents}")
+        if self.flat_actions:
+            return self._flat[agent].to_multi(action)
+        return self.scenario.menu(agent).check(action)
 
     # ------------------------------------------------------------------ reset / step
     def reset(self, seed: int | None = None, options: dict | None = None):
@@ -105,8 +139,9 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         extra = [a for a in actions if a not in self.possible_agents]
         if missing or extra:
             raise ValueError(f"actions need exactly the agents {self.agents}; missing {missing}, unknown {extra}")
-        self.game.plan(actions["defender"], actions["attacker"])
-        return actions["defender"], actions["attacker"]
+        defender, attacker = self.to_multi("defender", actions["defender"]), self.to_multi("attacker", actions["attacker"])
+        self.game.plan(defender, attacker)
+        return defender, attacker
 
     def record(self, outcome: RoundOutcome) -> tuple:
         """Bookkeeping after a played round; returns the PettingZoo step tuple."""
@@ -125,7 +160,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if outcome.truncated:
             self.agents = []
         obs = {a: outcome.observations[a].copy() for a in agents}
-        if self.render_mode == "png":
+        if self.render_mode in ("png", "human"):
             self.render()
         return obs, dict(outcome.rewards), terminations, truncations, outcome.infos
 
@@ -141,6 +176,8 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         last = self.game.last
         if last is None:  # before the first round: an empty, labelled frame
             fig = placeholder_figure(f"{self.scenario.name}: no round played yet")
+            if self.render_mode == "human":
+                show_figure(fig)
             return figure_to_rgb(fig) if self.render_mode == "rgb_array" else None
         title = (
             f"round {last.round}: {last.strategy} vs "
@@ -152,6 +189,9 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             path = self.render_dir / f"round_{self.game.round:04d}.png"
             fig.savefig(path)
             return str(path)
+        if self.render_mode == "human":
+            show_figure(fig)
+            return None
         return figure_to_rgb(fig)
 
     def close(self) -> None:

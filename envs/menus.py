@@ -229,6 +229,36 @@ class Menu:
         return (np.asarray(action, dtype=np.float64) / denom).astype(np.float32)
 
 
+class FlatActions:
+    """``Discrete(prod(nvec))`` view of a menu, for value-based algorithms and SuperSuit.
+
+    Index ``k`` is the C-order (last dimension fastest) flattening of the ``MultiDiscrete`` action:
+    ``to_multi(k) = np.unravel_index(k, nvec)``.
+    """
+
+    def __init__(self, menu: Menu) -> None:
+        self.menu = menu
+        self.nvec = menu.nvec
+        self.n = int(np.prod(self.nvec))
+
+    def to_multi(self, action: Any) -> np.ndarray:
+        """A flat action -> the MultiDiscrete action; ``ValueError`` names the value and the range."""
+        arr = np.asarray(action)
+        if arr.shape not in ((), (1,)) or arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+            if not (arr.shape in ((), (1,)) and np.issubdtype(arr.dtype, np.floating) and np.isfinite(arr).all()
+                    and float(arr.reshape(-1)[0]).is_integer()):
+                raise ValueError(
+                    f"{self.menu.where}{self.menu.role} flat action {action!r}: expected one integer in 0..{self.n - 1}"
+                )
+        k = int(arr.reshape(-1)[0])
+        if not 0 <= k < self.n:
+            raise ValueError(f"{self.menu.where}{self.menu.role} flat action {k}; allowed range 0..{self.n - 1}")
+        return np.array(np.unravel_index(k, tuple(self.nvec)), dtype=np.int64)
+
+    def to_flat(self, action: Any) -> int:
+        return int(np.ravel_multi_index(tuple(self.menu.check(action)), tuple(self.nvec)))
+
+
 def check_action(action: Any, nvec: np.ndarray, who: str, dims: list[str]) -> np.ndarray:
     """Validate a MultiDiscrete action; raise ``ValueError`` naming the bad entry and its range.
 
@@ -255,4 +285,4 @@ def check_action(action: Any, nvec: np.ndarray, who: str, dims: list[str]) -> np
     return arr.astype(np.int64)
 
 
-__all__ = ["BitDimension", "Dimension", "Menu", "ValueDimension", "check_action", "nearest_index"]
+__all__ = ["BitDimension", "Dimension", "FlatActions", "Menu", "ValueDimension", "check_action", "nearest_index"]

@@ -37,6 +37,21 @@ def _unit_interval(obs: np.ndarray) -> np.ndarray:
     return np.clip(np.nan_to_num(obs, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0).astype(np.float32)
 
 
+def defender_obs_names(menu: Menu) -> list[str]:
+    """Name of every defender observation entry, in order (each in [0, 1])."""
+    return (["round_fraction", "test_accuracy", "test_loss_scaled"] + [f"last_{n}" for n in menu.names]
+            + ["audit_leakage", "fidelity_scaled"])
+
+
+def attacker_obs_names(menu: Menu) -> list[str]:
+    """Name of every attacker observation entry, in order (each in [0, 1])."""
+    groups = range(LAYER_GROUPS)
+    return (["round_fraction"] + [f"update_log_norm_group{g}" for g in groups]
+            + [f"update_zero_fraction_group{g}" for g in groups] + ["update_kurtosis_scaled", "update_mean_abs_over_rms",
+                                                                     "matching_loss_scaled"]
+            + [f"last_{n}" for n in menu.names])
+
+
 def defender_obs_size(nvec: np.ndarray) -> int:
     return 5 + len(nvec)
 

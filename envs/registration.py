@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from gymnasium.envs.registration import register, registry
 
-from .scenario import scenario_gym_id, scenario_names
+from .scenario import SCENARIO_DIR, scenario_gym_id, scenario_names, tomllib
+
+
+def _rounds(name: str) -> int:
+    """The scenario's episode length, read from its TOML file (the id's ``max_episode_steps``)."""
+    with open(SCENARIO_DIR / f"{name}.toml", "rb") as fh:
+        return int(tomllib.load(fh).get("rounds", 8))
 
 
 def registered_ids() -> dict[str, str]:
@@ -21,4 +27,7 @@ def register_envs() -> None:
             entry_point="leakgym.agents.gym_entry_points:make_single_agent_env",
             vector_entry_point="leakgym.agents.gym_entry_points:make_vector_env",
             kwargs={"scenario": name},
+            # The horizon is the scenario's ``rounds``; gym.make(id, rounds=R, max_episode_steps=R)
+            # for a longer override (the entry point warns when only ``rounds`` grows).
+            max_episode_steps=_rounds(name),
         )

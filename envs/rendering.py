@@ -13,15 +13,17 @@ def _to_hwc(img: Tensor) -> np.ndarray:
     return np.transpose(arr, (1, 2, 0))
 
 
-def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str = "", max_images: int = 8):
-    """A matplotlib Figure: row 1 the private images, row 2 their matched reconstructions."""
-    import matplotlib
+#: every frame ``render()`` returns has this size (inches at ``FRAME_DPI``): video recorders need a fixed size
+FRAME_INCHES = (6.4, 3.8)
+FRAME_DPI = 80
 
-    matplotlib.use("Agg", force=False)
+
+def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str = "", max_images: int = 8):
+    """A matplotlib Figure of fixed size: row 1 the private images, row 2 their matched reconstructions."""
     from matplotlib.figure import Figure
 
     n = min(len(originals), max_images)
-    fig = Figure(figsize=(max(1.6 * n + 0.4, 4.8), 3.8), dpi=80)
+    fig = Figure(figsize=FRAME_INCHES, dpi=FRAME_DPI)
     axes = fig.subplots(2, n, squeeze=False)
     assignment = scores.assignment
     for i in range(n):
@@ -39,7 +41,7 @@ def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str 
     if title:
         import textwrap
 
-        fig.suptitle("\n".join(textwrap.wrap(title, width=60)), fontsize=8)
+        fig.suptitle("\n".join(textwrap.wrap(title, width=80)), fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -48,9 +50,26 @@ def placeholder_figure(text: str):
     """A figure with only ``text``: what ``render()`` shows before the first round."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(3.2, 1.2), dpi=80)
-    fig.text(0.5, 0.5, text, ha="center", va="center", fontsize=8)
+    fig = Figure(figsize=FRAME_INCHES, dpi=FRAME_DPI)
+    fig.text(0.5, 0.5, text, ha="center", va="center", fontsize=10)
     return fig
+
+
+def show_figure(fig) -> None:
+    """``render_mode="human"``: draw in a matplotlib window when an interactive backend is available.
+
+    Without a display (the ``Agg`` backend, CI machines) this is a documented no-op, as PettingZoo's
+    own environments do.
+    """
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    if matplotlib.get_backend().lower() in ("agg", "pdf", "svg", "ps", "cairo", "template"):
+        return
+    window = plt.figure("LeakGym", figsize=FRAME_INCHES, dpi=FRAME_DPI)
+    window.clf()
+    window.figimage(figure_to_rgb(fig), xo=0, yo=0)
+    plt.pause(0.001)
 
 
 def figure_to_rgb(fig) -> np.ndarray:

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from leakgym.suggest import did_you_mean
+
 from .menus import BitDimension, Menu, ValueDimension, check_action
 
 if sys.version_info >= (3, 11):
@@ -258,7 +260,8 @@ class Scenario:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise ValueError(f"unknown scenario option(s) {unknown}; allowed: {sorted(known | set(SHORTHANDS))}")
+            raise ValueError(f"unknown scenario option(s) {unknown}{did_you_mean(unknown[0], known | set(SHORTHANDS))}; "
+                             f"allowed: {sorted(known | set(SHORTHANDS))}")
         return dataclasses.replace(self, **overrides)
 
     @classmethod
@@ -532,7 +535,8 @@ def load_scenario(name: str | Path | Scenario = "digits", **overrides: Any) -> S
     elif isinstance(name, str) and _NAME.match(name) and (SCENARIO_DIR / f"{name}.toml").is_file():
         scenario = read_scenario_file(SCENARIO_DIR / f"{name}.toml")
     else:
-        raise ValueError(f"unknown scenario {name!r}; available: {scenario_names()} or a path to a .toml file")
+        raise ValueError(f"unknown scenario {name!r}{did_you_mean(name, scenario_names())}; available: "
+                         f"{scenario_names()} or a path to a .toml file")
     return scenario.replace(**overrides) if overrides else scenario
 
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 
 from .game import RoundOutcome
 from .leakgym_env import LeakGymParallelEnv
+from .menus import FlatActions
 from .round import Round
 from .scenario import Scenario
 
@@ -67,11 +69,12 @@ class LeakGymSingleAgentEnv(gym.Env):
         scenario: a scenario name or :class:`~leakgym.envs.scenario.Scenario`.
         role: ``"attacker"`` or ``"defender"``: the role the learner plays.
         opponent: the other role's agent object or callable (see the module docstring).
-        render_mode: ``None``, ``"rgb_array"`` or ``"png"``.
-        **overrides: scenario overrides (``rounds=4``, ``device="cuda"``, ...).
+        render_mode: ``None``, ``"human"``, ``"rgb_array"`` or ``"png"``.
+        **overrides: scenario overrides (``rounds=4``, ...), ``device="cuda"``, ``flat_actions=True``
+            (a ``Discrete`` action space for the learner; the opponent keeps ``MultiDiscrete``).
     """
 
-    metadata = {"render_modes": ["rgb_array", "png"], "render_fps": 2}
+    metadata = {"render_modes": ["human", "rgb_array", "png"], "render_fps": 2}
 
     def __init__(
         self,
@@ -86,13 +89,17 @@ class LeakGymSingleAgentEnv(gym.Env):
         if opponent is None:
             raise ValueError("opponent is required: an agent object or callable (gym.make resolves names)")
         self.opponent = as_opponent(opponent)
+        # The inner game speaks MultiDiscrete; this view flattens the learner's actions itself.
+        self.flat_actions = bool(overrides.pop("flat_actions", False))
         self.parallel = LeakGymParallelEnv(scenario, render_mode=render_mode, **overrides)
         self.scenario = self.parallel.scenario
         self.role = role
         self.other = "defender" if role == "attacker" else "attacker"
         self.render_mode = render_mode
         self.observation_space = self.parallel.observation_space(role)
-        self.action_space = self.parallel.action_space(role)
+        self._opponent_space = self.parallel.action_space(self.other)
+        self.action_space = spaces.Discrete(FlatActions(self.scenario.menu(role)).n) if self.flat_actions \
+            else self.parallel.action_space(role)
         self._other_obs: np.ndarray | None = None
         self._opponent_rng = np.random.default_rng(0)
 
@@ -109,6 +116,12 @@ class LeakGymSingleAgentEnv(gym.Env):
         return obs[self.role], infos[self.role]
 
     # The three parts of a step let LeakGymVectorEnv play the rounds of many views as one Round.
+    def to_multi(self, action: Any) -> np.ndarray:
+        """The learner's action (flat or MultiDiscrete) -> the validated MultiDiscrete action."""
+        if self.flat_actions:
+            return FlatActions(self.scenario.menu(self.role)).to_multi(action)
+        return self.scenario.menu(self.role).check(action)
+
     def prepare_step(self, action: Any) -> tuple[Any, Any]:
         """Validate the learner's action, let the opponent act; returns (defender, attacker) actions.
 
@@ -116,13 +129,11 @@ class LeakGymSingleAgentEnv(gym.Env):
         """
         if self._other_obs is None:
             raise RuntimeError("step() called before reset()")
-        self.scenario.menu(self.role).check(action)  # before the opponent draws anything
+        mine = self.to_multi(action)  # before the opponent draws anything
         saved = copy.deepcopy(self._opponent_rng.bit_generator.state)
         try:
-            other_action = self.opponent.act(
-                self._other_obs, self.parallel.action_space(self.other), self._opponent_rng
-            )
-            return self.parallel.check_actions({self.role: action, self.other: other_action})
+            other_action = self.opponent.act(self._other_obs, self._opponent_space, self._opponent_rng)
+            return self.parallel.check_actions({self.role: mine, self.other: other_action})
         except Exception:
             self.undo_prepare(saved)
             raise

@@ -73,7 +73,7 @@ class LeakGymVectorEnv(VectorEnv):
         active = [i for i in range(self.num_envs) if not self._autoreset[i]]
         for i in active:  # validate every learner action before anything draws or changes
             try:
-                self.envs[i].scenario.menu(self.envs[i].role).check(actions[i])
+                self.envs[i].to_multi(actions[i])
             except ValueError as exc:
                 raise ValueError(f"sub-environment {i}: {exc}") from None
         saved = {i: self.envs[i].opponent_state() for i in active}

@@ -1,6 +1,7 @@
 """The ``leakgym`` command line.
 
-    leakgym list                      datasets, models, attacks, defenses, environments, agents
+    leakgym list [presets [--env ID]] datasets, models, attacks, defenses, environments, agents; or presets
+    leakgym describe ENV              observation layout and action dimensions of an environment (both roles)
     leakgym demo                      a small attacker x defender tournament on LeakGym-Digits-v0
     leakgym eval ...                  play every attacker against every defender, write payoff files
     leakgym train ...                 train a learned attacker or defender with Stable-Baselines3
@@ -32,7 +33,7 @@ DEMO_ATTACKERS = "random,ig-paper,prior-init-dcs2"
 DEMO_DEFENDERS = "none,noise-0.1,prune-0.9,dcs2-paper"
 
 
-def _list(_: argparse.Namespace) -> int:
+def _list(args: argparse.Namespace) -> int:
     from leakgym.agents import agent_names
     from leakgym.attacks import ATTACKS
     from leakgym.data import DATASET_NAMES
@@ -40,12 +41,54 @@ def _list(_: argparse.Namespace) -> int:
     from leakgym.envs import registered_ids
     from leakgym.models import MODEL_NAMES
 
+    if args.topic == "presets":
+        return _list_presets(args.env)
+    if args.env is not None:
+        raise ValueError("--env goes with `leakgym list presets`")
+
     print("datasets:     " + ", ".join(DATASET_NAMES))
     print("models:       " + ", ".join(MODEL_NAMES) + " (each optionally with a PRECODE bottleneck)")
     print("attacks:      " + ", ".join(sorted(ATTACKS)))
     print("defenses:     " + ", ".join(PIPELINE_ORDER) + " (pipeline order)")
     print("environments: " + ", ".join(f"{gid} ({name})" for gid, name in sorted(registered_ids().items())))
     print("agents:       " + ", ".join(agent_names()))
+    return 0
+
+
+def _list_presets(env: str | None) -> int:
+    """Every preset: role, settings, source paper, and whether ``env`` (if given) allows it."""
+    from leakgym.agents.presets import PRESETS, preset_action
+    from leakgym.envs.describe import describe
+    from leakgym.envs.scenario import load_scenario
+
+    scenario = load_scenario(describe(env)["scenario"]) if env is not None else None
+    for role in ("defender", "attacker"):
+        print(f"{role} presets" + (f" (allowed in {env}?)" if env else "") + ":")
+        for name, p in PRESETS.items():
+            if p.role != role:
+                continue
+            allowed = ""
+            if scenario is not None:
+                try:
+                    preset_action(name, scenario, role)
+                    allowed = "yes  "
+                except ValueError as exc:
+                    allowed = f"no ({str(exc).split(': ', 1)[-1][:70]})  "
+            settings = ", ".join(f"{k}={v}" for k, v in p.settings.items()) or "no defense"
+            print(f"  {name:<22} {allowed}{settings}  [{p.source}]")
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from leakgym.envs.describe import describe, format_description, write_env_pages
+
+    if args.write_docs:
+        for path in write_env_pages(args.write_docs):
+            print(path)
+        return 0
+    if args.env is None:
+        raise ValueError("describe needs an environment id (e.g. LeakGym-Digits-v0) or --write-docs FOLDER")
+    print(format_description(describe(args.env)))
     return 0
 
 
@@ -69,7 +112,15 @@ def _demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="leakgym", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list datasets, models, attacks, defenses, environments").set_defaults(func=_list)
+    lst = sub.add_parser("list", help="list datasets, models, attacks, defenses, environments; or presets")
+    lst.add_argument("topic", nargs="?", choices=["presets"], help="presets: role, settings, source, allowed")
+    lst.add_argument("--env", default=None, help="with presets: say which presets this environment allows")
+    lst.set_defaults(func=_list)
+    desc = sub.add_parser("describe", help="observation layout and action dimensions of an environment")
+    desc.add_argument("env", nargs="?", help="Gymnasium id or scenario name (e.g. LeakGym-Digits-v0)")
+    desc.add_argument("--write-docs", default=None, metavar="FOLDER",
+                      help="write the markdown page of every environment into FOLDER (docs/envs)")
+    desc.set_defaults(func=_describe)
     demo = sub.add_parser("demo", help="small tournament on LeakGym-Digits-v0 (writes payoff + gallery)")
     demo.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     demo.add_argument("--episodes", type=int, default=2, help="episodes per pair (default: 2)")
@@ -89,8 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from leakgym.data.loading import DatasetUnavailableError
+
+    #: what the CLI reports as a user error: one line, exit status 2, no traceback
+    user_errors = (ValueError, FileNotFoundError, DatasetUnavailableError)
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except user_errors as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"leakgym: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

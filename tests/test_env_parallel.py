@@ -86,5 +86,5 @@ def test_render_rgb_array_and_png(cheap_overrides, tmp_path):
     p.reset(seed=0)
     p.step({a: p.action_space(a).sample() for a in p.agents})
     assert (tmp_path / "round_0001.png").stat().st_size > 0
-    with pytest.raises(ValueError, match="render_mode='human'"):
-        parallel_env("digits", render_mode="human", **cheap_overrides)
+    with pytest.raises(ValueError, match="render_mode='ansi'"):
+        parallel_env("digits", render_mode="ansi", **cheap_overrides)
