@@ -224,3 +224,20 @@ def test_init_shape_is_checked(digits):
                                  labels=torch.stack([k.labels for k in knowledges]))
     with pytest.raises(ValueError, match="init has shape"):
         run_gradient_matching(ps, MatchingObjective(), Schedule(iterations=1), torch.zeros(1, 1, 1, 1, 16, 16))
+
+
+def test_engine_leaves_its_model_copy_clean(digits):
+    """BN-statistics hooks are removed after a run, so repeated runs on one ProblemSet do not pile them up."""
+    torch.manual_seed(0)
+    model = build_model("convnet", digits.spec).train()
+    updates, knowledges = problems_for(model, digits, n=1, b=2)
+    stats = [(torch.zeros(m.num_features), torch.ones(m.num_features))
+             for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    knowledges[0].bn_stats = stats
+    ps = ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors),
+                                 labels=knowledges[0].labels.reshape(1, 2), use_bn_stats=True)
+    init = torch.zeros(1, 1, 2, *digits.spec.shape)
+    first = run_gradient_matching(ps, MatchingObjective(bn=1.0), Schedule(iterations=1), init)
+    assert not any(m._forward_pre_hooks for m in ps.model.modules())
+    second = run_gradient_matching(ps, MatchingObjective(bn=1.0), Schedule(iterations=1), init)
+    assert torch.equal(first.total_loss, second.total_loss)

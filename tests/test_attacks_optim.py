@@ -21,7 +21,13 @@ from leakgym.attacks.adaptive import (
 )
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.dlg import DLG
-from leakgym.attacks.engine import MatchingObjective, ProblemSet, Schedule, run_gradient_matching
+from leakgym.attacks.engine import (
+    BatchedGenerator,
+    MatchingObjective,
+    ProblemSet,
+    Schedule,
+    run_gradient_matching,
+)
 from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.inverting_gradients import InvertingGradients
 from leakgym.attacks.labels import infer_labels
@@ -207,7 +213,7 @@ def test_eot_attack_runs_with_both_simulators(digits, lenet):
 def test_orthogonal_simulator_is_orthogonal_and_norm_preserving():
     g = torch.Generator().manual_seed(0)
     grads = {"w": torch.randn(3, 4, 5, generator=g), "b": torch.randn(3, 7, generator=g)}
-    out = orthogonal_resampling_simulator()(grads, g)
+    out = orthogonal_resampling_simulator()(grads, BatchedGenerator.from_seeds([0, 1, 2], "cpu"))
     for k, grad in grads.items():
         a, b = grad.flatten(1), out[k].flatten(1)
         assert (a * b).sum(1).abs().max() < 1e-4
@@ -270,6 +276,12 @@ def test_select_layers(digits, lenet):
     pruned = SharedUpdate(dict(u.tensors), batch_size=1)
     pruned.tensors["head.weight"] = torch.zeros_like(u.tensors["head.weight"])
     assert "head.weight" not in select_layers(pruned, lenet, "all", skip_zeros=True)
+    # every layer pruned (layer-wise pruning 0.9): fall back to the least-pruned ones, never give up
+    everything = SharedUpdate({k: torch.where(torch.rand_like(v) < 0.9, 0.0, v) for k, v in u.tensors.items()},
+                              batch_size=1)
+    everything.tensors["head.weight"] = torch.zeros_like(u.tensors["head.weight"])
+    fallback = select_layers(everything, lenet, "all", skip_zeros=True)
+    assert fallback and "head.weight" not in fallback
     with pytest.raises(ValueError, match="match no parameter"):
         select_layers(u, lenet, ("nope",))
     with pytest.raises(ValueError):

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from leakgym.attacks.base import AttackerKnowledge
-from leakgym.attacks.engine import DefenseSimulator, MatchingObjective
+from leakgym.attacks.engine import BatchedGenerator, DefenseSimulator, MatchingObjective
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import precode_layer_split
@@ -82,8 +82,17 @@ def select_layers(
         unmatched = [s for s in layers if not any(n == s or n.startswith(s.rstrip(".") + ".") for n in names)]
         if unmatched:
             raise ValueError(f"layers {unmatched} match no parameter of the update; parameters: {names}")
-    if skip_zeros:
-        chosen = [n for n in chosen if float((update.tensors[n] == 0).float().mean()) < zero_fraction]
+    if skip_zeros and chosen:
+        zeros = {n: float((update.tensors[n] == 0).float().mean()) for n in chosen}
+        kept = [n for n in chosen if zeros[n] < zero_fraction]
+        if not kept:
+            # Every candidate layer is pruned (e.g. layer-wise pruning 0.9 hits all of them): the
+            # attack then matches the least-pruned of its candidate layers, zeros included, as the
+            # PPP paper's targeted attack does on pruned (GC) updates (§3.3: it targets the layers
+            # before the bottleneck, whatever the client perturbed), instead of giving up.
+            least = min(zeros.values())
+            kept = [n for n in chosen if zeros[n] <= least + 1e-6]
+        chosen = kept
     if not chosen:
         raise ValueError(f"layer selection layers={layers!r}, skip_zeros={skip_zeros} leaves no layer to match")
     return chosen
@@ -108,14 +117,27 @@ def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     return (a.reshape(a.shape[0], -1) * b.reshape(b.shape[0], -1)).sum(dim=1)
 
 
+def _normal_like(grads: dict[str, Tensor], generator: BatchedGenerator) -> dict[str, Tensor]:
+    """Standard normal noise shaped like every ``(P, ...)`` tensor of ``grads``.
+
+    Row ``p`` comes from its own problem's generator; one draw per problem covers all layers.
+    """
+    ref = next(iter(grads.values()))
+    if generator.rows != ref.shape[0]:
+        raise ValueError(f"generator draws {generator.rows} rows; the updates have {ref.shape[0]}")
+    sizes = [g[0].numel() for g in grads.values()]
+    flat = generator.randn((sum(sizes),), dtype=ref.dtype)
+    return {k: chunk.reshape(g.shape) for (k, g), chunk in zip(grads.items(), flat.split(sizes, dim=1))}
+
+
 def gaussian_noise_simulator(std: float) -> DefenseSimulator:
     """Additive Gaussian noise ``g + std * N(0, I)`` on every layer (the noisy-gradient defense)."""
     if not (std >= 0 and math.isfinite(std)):
         raise ValueError(f"std={std}; must be a finite number >= 0")
 
-    def simulate(grads: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
-        return {k: g + std * torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
-                for k, g in grads.items()}
+    def simulate(grads: dict[str, Tensor], generator: BatchedGenerator) -> dict[str, Tensor]:
+        noise = _normal_like(grads, generator)
+        return {k: g + std * noise[k] for k, g in grads.items()}
 
     return simulate
 
@@ -128,11 +150,12 @@ def orthogonal_resampling_simulator() -> DefenseSimulator:
     the attacker cannot evaluate, so the simulation stops at the normalised candidate.
     """
 
-    def simulate(grads: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
+    def simulate(grads: dict[str, Tensor], generator: BatchedGenerator) -> dict[str, Tensor]:
+        noise = _normal_like(grads, generator)
         out = {}
         for k, g in grads.items():
             view = (-1,) + (1,) * (g.dim() - 1)
-            r = torch.randn(g.shape, generator=generator, device=g.device, dtype=g.dtype)
+            r = noise[k]
             gg = _row_dot(g, g).clamp_min(torch.finfo(g.dtype).tiny)
             o = r - (_row_dot(r, g) / gg).view(view) * g
             scale = gg.sqrt() / _row_dot(o, o).clamp_min(torch.finfo(g.dtype).tiny).sqrt()
@@ -159,8 +182,9 @@ class EOTConfig(InvertingGradientsConfig):
     """``"gradient"``: match the mean simulated update (CENSOR Sec. V-D); ``"objective"``: average the
     E matching losses."""
     simulate_defense: Callable | None = None
-    """Custom ``simulate_defense(grads, generator) -> grads`` replacing ``simulator`` (rows of every
-    ``grads`` tensor are problems; see :data:`leakgym.attacks.engine.DefenseSimulator`)."""
+    """Custom ``simulate_defense(grads, generator) -> grads`` replacing ``simulator``: rows of every
+    ``grads`` tensor are problems x restarts, ``generator`` a :class:`BatchedGenerator` drawing the same
+    rows from each problem's own generator (see :data:`leakgym.attacks.engine.DefenseSimulator`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -180,8 +204,8 @@ class EOT(InvertingGradients):
     """Expectation over Transformation (CENSOR paper Sec. V-D) on top of Inverting Gradients.
 
     At every evaluation the attacker computes its dummy update ``g(x)`` for all problems, draws E
-    transformations ``T_1..T_E`` from ``simulate_defense`` (an explicit generator seeded from the
-    attack seed; fresh draws every iteration) and minimises
+    transformations ``T_1..T_E`` from ``simulate_defense`` (each problem from its own generator, seeded
+    with the problem's seed; fresh draws every evaluation) and minimises
 
     * ``eot_average="gradient"`` (default): ``D( (1/E) sum_e T_e(g(x)), t ) + tv TV(x)``, or
     * ``eot_average="objective"``: ``(1/E) sum_e D( T_e(g(x)), t ) + tv TV(x)``,
@@ -229,16 +253,17 @@ class PriorInitConfig(InvertingGradientsConfig):
 
 
 def class_mean_images(public_x: Tensor, public_y: Tensor, num_classes: int) -> Tensor:
-    """Mean unit image per class ``(num_classes, C, H, W)``; the overall mean for absent classes."""
+    """Mean unit image per class ``(num_classes, C, H, W)`` on ``public_x``'s device; the overall mean
+    for absent classes."""
     if public_x.shape[0] == 0 or public_x.shape[0] != public_y.shape[0]:
         raise ValueError(
             f"public_x ({public_x.shape[0]} images) and public_y ({public_y.shape[0]} labels) must be non-empty and pair up"
         )
     x = public_x.double()
-    y = public_y.long().reshape(-1)
+    y = public_y.long().reshape(-1).to(x.device)
     if int(y.min()) < 0 or int(y.max()) >= num_classes:
         raise ValueError(f"public_y has labels outside [0, {num_classes - 1}]")
-    sums = torch.zeros(num_classes, *x.shape[1:], dtype=x.dtype).index_add_(0, y, x)
+    sums = torch.zeros(num_classes, *x.shape[1:], dtype=x.dtype, device=x.device).index_add_(0, y, x)
     counts = torch.bincount(y, minlength=num_classes).to(x.dtype)
     means = sums / counts.clamp_min(1).view(-1, *([1] * (x.dim() - 1)))
     absent = counts == 0
@@ -255,12 +280,13 @@ class PriorInit(InvertingGradients):
     def initial_images(
         self, knowledge: AttackerKnowledge, labels: Tensor | None, restarts: int, generator: torch.Generator
     ) -> Tensor:
+        """Class means of the (known or inferred) labels, plus ``prior_noise`` times standard normal noise."""
         if knowledge.public_x is None or knowledge.public_y is None:
             raise ValueError("prior-init needs knowledge.public_x and knowledge.public_y (the public split)")
         if labels is None:
             raise ValueError("prior-init needs known or inferred labels to pick class means")
-        spec = knowledge.spec
-        means = class_mean_images(knowledge.public_x.cpu(), knowledge.public_y.cpu(), spec.num_classes)
-        start = spec.normalize(means[labels.cpu()].float())  # (B, C, H, W)
-        noise = torch.randn(restarts, *start.shape, generator=generator)
+        spec, device = knowledge.spec, generator.device
+        means = class_mean_images(knowledge.public_x.to(device), knowledge.public_y, spec.num_classes)
+        start = spec.normalize(means[labels.to(device)].float())  # (B, C, H, W)
+        noise = torch.randn(restarts, *start.shape, generator=generator, device=device)
         return start.unsqueeze(0) + self.config.prior_noise * noise

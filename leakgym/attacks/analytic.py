@@ -276,8 +276,9 @@ def find_linear_layer(
 
     ``prefix=None`` matches every linear layer; otherwise a module matches when its name equals
     ``prefix`` or starts with ``prefix + "."``. The execution order and the input each layer sees come
-    from one forward pass of a random probe image (eval mode, no gradients, the global RNG untouched);
-    ``on_input`` tells whether that input equals the flattened probe.
+    from one forward pass of a random probe image drawn with ``seed`` on the model's device (eval mode,
+    no gradients, the global RNG untouched); ``on_input`` tells whether that input equals the flattened
+    probe.
     """
     linears = {
         name: m
@@ -292,9 +293,8 @@ def find_linear_layer(
             f"linear layers: {available}"
         )
     ref = next(iter(linears.values())).weight
-    probe = torch.randn(
-        (1, *spec.shape), generator=seeded_generator(seed), dtype=torch.float64
-    ).to(device=ref.device, dtype=ref.dtype)
+    probe = torch.randn((1, *spec.shape), generator=seeded_generator(seed, ref.device), device=ref.device,
+                        dtype=ref.dtype)
 
     seen: list[tuple[str, Tensor]] = []
 
@@ -308,7 +308,7 @@ def find_linear_layer(
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[ref.device] if ref.device.type == "cuda" else []):
             model(probe)
     finally:
         for h in handles:
@@ -397,9 +397,9 @@ def image_box(spec: DatasetSpec, *, device: torch.device | str = "cpu") -> tuple
 
 
 def attack_labels(update: SharedUpdate, knowledge: AttackerKnowledge) -> Tensor:
-    """Known labels when the attacker has them, else labels inferred from the last layer."""
+    """Known labels when the attacker has them, else labels inferred from the last layer (int64, CPU)."""
     if knowledge.labels is not None:
-        return knowledge.labels.clone()
+        return knowledge.labels.detach().to("cpu", torch.int64, copy=True)
     return infer_labels(update, knowledge)
 
 
@@ -443,11 +443,11 @@ class AnalyticAttack(Attack):
     Config: ClassVar[type] = AnalyticConfig
 
     def _reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]
     ) -> list[AnalyticResult]:
         cfg: AnalyticConfig = self.config
         results = []
-        for update, knowledge in zip(updates, knowledges):
+        for update, knowledge, seed in zip(updates, knowledges, seeds):
             layer = find_linear_layer(knowledge.model, knowledge.spec, cfg.layer, seed=seed)
             weight_grad, bias_grad = layer_gradients(update, layer.weight_name, layer.bias_name)
             candidates, rows = recover_linear_input(weight_grad, bias_grad, rel_tol=cfg.rel_tol)
@@ -509,8 +509,9 @@ class InputBlockAttack(Attack):
         """``(candidates (R, d), strength (R,), extra select_candidates options)`` of one update."""
 
     def _reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]
     ) -> list[AnalyticResult]:
+        # Deterministic: the seeds are not used (the block's randomness is fixed in prepare_model).
         results = []
         for update, knowledge in zip(updates, knowledges):
             weight_grad, bias_grad = layer_gradients(update, f"{self.layer}.weight", f"{self.layer}.bias")

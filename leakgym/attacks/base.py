@@ -9,8 +9,10 @@ through :meth:`Attack.prepare_model`.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -61,7 +63,9 @@ class AttackResult:
     """Reconstructed images (normalised space), inferred labels, cost and per-iteration statistics."""
 
     images: Tensor
+    """``(B, C, H, W)`` reconstructions in normalised space, on the device of the computation."""
     labels: Tensor
+    """``int64 (B,)`` known, inferred or optimised labels, on the CPU (bookkeeping, not hot-path data)."""
     cost: AttackCost
     history: dict[str, list[float]] = field(default_factory=dict)
     final_loss: float = float("nan")
@@ -103,18 +107,36 @@ class Attack(ABC):
 
     # -- reconstruction ----------------------------------------------------------------------
     def reconstruct(self, update: SharedUpdate, knowledge: AttackerKnowledge, *, seed: int = 0) -> AttackResult:
-        return self.reconstruct_batch([update], [knowledge], seed=seed)[0]
+        """One reconstruction: ``reconstruct_batch([update], [knowledge], seeds=[seed])[0]``."""
+        return self.reconstruct_batch([update], [knowledge], seeds=[seed])[0]
 
     def reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int = 0
+        self,
+        updates: Sequence[SharedUpdate],
+        knowledges: Sequence[AttackerKnowledge],
+        *,
+        seeds: Sequence[int] | None = None,
+        seed: int = 0,
     ) -> list[AttackResult]:
-        """Run N independent reconstructions (one per update) as one computation."""
+        """Run N independent reconstructions (one per update) as one computation.
+
+        Args:
+            updates, knowledges: one per problem.
+            seeds: one seed per problem (``0 <= seed < 2**63``). Every random draw of problem ``i``
+                comes from its own ``torch.Generator`` seeded with ``seeds[i]`` on the device of the
+                computation, so result ``i`` is a function of ``(updates[i], knowledges[i], seeds[i])``
+                and the attack's config alone: the same whether problem ``i`` runs alone or beside
+                any other problems (up to floating-point differences of the vectorised kernels,
+                see :mod:`leakgym.attacks.engine`).
+            seed: used when ``seeds`` is omitted: ``seeds[i] = seed + i``.
+        """
         if len(updates) != len(knowledges):
             raise ValueError(f"got {len(updates)} updates but {len(knowledges)} knowledges; they must pair up")
+        seeds = problem_seeds(len(updates), seeds=seeds, seed=seed)
         if not updates:
             return []
         start = time.perf_counter()
-        results = self._reconstruct_batch(updates, knowledges, seed=seed)
+        results = self._reconstruct_batch(list(updates), list(knowledges), seeds=seeds)
         elapsed = time.perf_counter() - start
         for r in results:
             # Wall time of a batched call is shared by its N problems.
@@ -123,15 +145,41 @@ class Attack(ABC):
 
     @abstractmethod
     def _reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]
     ) -> list[AttackResult]:
-        """The attack's own maths: N reconstructions, wall time filled in by the caller."""
+        """The attack's own maths: N reconstructions, problem ``i`` seeded by ``seeds[i]``; wall time
+        filled in by the caller."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"
 
 
+#: Seeds are non-negative and fit in 63 bits (``torch.Generator.manual_seed`` takes up to 64).
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int, name: str = "seed") -> int:
+    """``seed`` as a Python int, or ValueError when it is not an integer in ``[0, MAX_SEED]``."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"{name}={seed!r}; must be an integer in [0, 2**63 - 1]")  # noqa: TRY004 -- bad input is a ValueError
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"{name}={seed}; allowed range [0, 2**63 - 1]")
+    return int(seed)
+
+
+def problem_seeds(n: int, *, seeds: Sequence[int] | None = None, seed: int = 0) -> list[int]:
+    """One validated seed per problem: ``seeds`` as given, or ``seed + i`` for problem ``i``."""
+    if seeds is None:
+        check_seed(seed)
+        return [check_seed(seed + i, f"seed + {i}") for i in range(n)]
+    seeds = list(seeds)
+    if len(seeds) != n:
+        raise ValueError(f"got {len(seeds)} seeds for {n} problems; give exactly one seed per problem")
+    return [check_seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
+
+
 def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` (the device of the tensors it will feed), seeded with ``seed``."""
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     return g

@@ -189,7 +189,7 @@ def recover_imprint_bins(
     """
     if bias.shape != bias_grad.shape:
         raise ValueError(f"bias has shape {tuple(bias.shape)}; bias_grad has {tuple(bias_grad.shape)}")
-    order = torch.argsort(bias.detach().to(torch.float64).cpu(), descending=True).to(weight_grad.device)
+    order = torch.argsort(bias.detach().to(device=weight_grad.device, dtype=torch.float64), descending=True, stable=True)
     cum_w = weight_grad.detach().to(torch.float64)[order]
     cum_b = bias_grad.detach().to(torch.float64)[order]
     bin_w = cum_w - torch.cat([cum_w[1:], torch.zeros_like(cum_w[:1])])
@@ -241,7 +241,8 @@ class ImprintAttack(InputBlockAttack):
     block_name: ClassVar[str] = "imprint"
 
     def measurement_direction(self, spec: DatasetSpec) -> Tensor:
-        """The ``(C*H*W,)`` float64 direction every bin measures."""
+        """The ``(C*H*W,)`` float64 direction every bin measures (on the CPU: the server builds its block
+        there once, from ``config.seed``, and :func:`insert_input_block` moves it to the model's device)."""
         d = math.prod(spec.shape)
         if self.config.measurement == "brightness":
             return torch.full((d,), 1.0 / d, dtype=torch.float64)

@@ -107,8 +107,9 @@ def infer_labels(
             present); ``"yin"`` always uses the weight.
 
     Returns:
-        ``int64 (batch_size,)`` labels, sorted (the order of a batch cannot be recovered from its
-        mean gradient; metrics match reconstructions to originals by optimal assignment).
+        ``int64 (batch_size,)`` labels on the CPU, sorted (the order of a batch cannot be recovered
+        from its mean gradient; metrics match reconstructions to originals by optimal assignment).
+        The signal is read on the update's device; only the ``B`` labels move to the CPU.
     """
     if method not in LABEL_METHODS:
         raise ValueError(f"method={method!r}; allowed: {LABEL_METHODS}")
@@ -123,10 +124,10 @@ def infer_labels(
         if weight_name not in update.tensors:
             raise ValueError(f"the update has no {weight_name!r}; cannot infer labels")
         row_min = update.tensors[weight_name].detach().double().amin(dim=1)
-        return torch.sort(torch.argsort(row_min)[:b]).values.to(torch.int64)
+        return torch.sort(torch.argsort(row_min)[:b]).values.to(torch.int64).cpu()
     s = class_signal(update, knowledge.model, signal)
     if s.numel() != num_classes:
         raise ValueError(f"head has {s.numel()} outputs but spec.num_classes={num_classes}")
     if b == 1:
-        return torch.argmin(s).reshape(1).to(torch.int64)
+        return torch.argmin(s).reshape(1).to(torch.int64).cpu()
     return llg_labels(s, b)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leakgym.attacks.base import AttackerKnowledge, AttackResult, seeded_generator
+from leakgym.attacks.base import AttackerKnowledge, AttackResult
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.defenses.loda import (
     DEFAULT_ARCH,
@@ -118,14 +118,15 @@ class LodaInversion(InvertingGradients):
     Config = LodaInversionConfig
 
     def _reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]
     ) -> list[AttackResult]:
         c = self.config
         for i, k in enumerate(knowledges):
             if k.public_x is None or k.public_y is None:
                 raise ValueError(f"knowledge {i}: LodaInversion needs the public split (public_x, public_y)")
-        results = super()._reconstruct_batch(updates, knowledges, seed=seed)
-        for i, (res, k) in enumerate(zip(results, knowledges)):
+        generators = self.generators(seeds, knowledges)
+        results = self.invert(updates, knowledges, generators)
+        for res, k, gen in zip(results, knowledges, generators):
             spec = k.spec
             public_x = spec.normalize(k.public_x.to(res.images))
             extractor = feature_extractor(
@@ -133,12 +134,12 @@ class LodaInversion(InvertingGradients):
                 epochs=c.extractor_epochs, arch=c.extractor_arch, width=c.extractor_width,
             ).to(res.images.device)
             g = LayerFeatures(extractor, c.layers)
-            gen = seeded_generator(seed + i)
+            # The problem's generator continues after the inversion stage (same device as the images).
             if c.start == "public":
-                pick = torch.randint(0, public_x.shape[0], (res.images.shape[0],), generator=gen)
+                pick = torch.randint(0, public_x.shape[0], (res.images.shape[0],), generator=gen, device=gen.device)
                 x_start = public_x[pick.to(public_x.device)]
             else:
-                x_start = torch.randn(res.images.shape, generator=gen).to(res.images)
+                x_start = torch.randn(res.images.shape, generator=gen, device=gen.device, dtype=res.images.dtype)
             lower, upper = spec.unit_bounds(res.images)
             recovered, hist = invert_obscuring(
                 res.images, g, x_start, c=c.c, steps=c.inversion_steps, lr=c.inversion_lr, lower=lower, upper=upper

@@ -41,8 +41,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult, seeded_generator
-from leakgym.attacks.engine import ProblemSet, run_gradient_matching
+from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult
+from leakgym.attacks.engine import BatchedGenerator, ProblemSet, run_gradient_matching
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.fl.update import SharedUpdate
 
@@ -69,7 +69,11 @@ class MixupDecodingConfig(InvertingGradientsConfig):
 
 
 def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int) -> tuple[str, Tensor, Tensor, Tensor]:
-    """``(scheme, M, soft labels, public offset O)`` of one problem, validated."""
+    """``(scheme, M, soft labels, public offset O)`` of one problem, validated.
+
+    Returned on the CPU in float64: they are small, the optimal assignment needs them there, and
+    :func:`demix` moves them to the device of the recovered encodings.
+    """
     enc = update.metadata.get("encoding")
     if not isinstance(enc, dict) or "mixing_matrix" not in enc:
         raise ValueError(
@@ -111,7 +115,7 @@ def demix(
     observed round), ``mixing`` the matching ``(R*B, B)`` stacked mixing matrices and ``offset`` the
     ``(R*B, C, H, W)`` public contributions. ``scheme="mixup"`` fits ``M X + O`` to ``encoded``;
     ``"instahide"`` fits absolute values. ``X`` starts from small noise (``abs`` has a saddle at 0)
-    and is kept in the image box.
+    and is kept in the image box; ``generator`` (on ``encoded``'s device) draws that noise.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme={scheme!r}; allowed: {SCHEMES}")
@@ -119,7 +123,8 @@ def demix(
     m = mixing.to(target)
     o = offset.to(target)
     b = m.shape[1]
-    x = (0.1 * torch.randn(b, *target.shape[1:], generator=generator)).to(target).requires_grad_(True)
+    x = 0.1 * torch.randn(b, *target.shape[1:], generator=generator, device=generator.device, dtype=target.dtype)
+    x = x.to(target.device).requires_grad_(True)
     opt = torch.optim.Adam([x], lr=lr)
     history: list[float] = []
     for _ in range(steps):
@@ -150,9 +155,10 @@ class MixupDecoding(InvertingGradients):
     Config = MixupDecodingConfig
 
     def _reconstruct_batch(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seed: int
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]
     ) -> list[AttackResult]:
         cfg = self.config
+        generators = self.generators(seeds, knowledges)
         dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
         encodings = []
         for i, (u, k) in enumerate(zip(updates, knowledges)):
@@ -179,10 +185,11 @@ class MixupDecoding(InvertingGradients):
             )
             inits, label_inits = [], []
             for i in idx:
-                inits.append(self.initial_images(knowledges[i], None, schedule.restarts, seeded_generator(seed + i)))
+                inits.append(self.initial_images(knowledges[i], None, schedule.restarts, generators[i]))
                 label_inits.append(encodings[i][2].clamp_min(1e-6).log().expand(schedule.restarts, -1, -1))
             out = run_gradient_matching(
-                problems, objective, schedule, torch.stack(inits), seed=seed + idx[0], vectorize=self.vectorize,
+                problems, objective, schedule, torch.stack(inits),
+                generator=BatchedGenerator([generators[i] for i in idx]), vectorize=self.vectorize,
                 label_init=torch.stack(label_inits),
             )
             for j, i in enumerate(idx):
@@ -194,7 +201,8 @@ class MixupDecoding(InvertingGradients):
                 recovered[i] = out.images[j][torch.from_numpy(order).to(out.images.device)]
                 stage1[i] = (out.iterations, out.restarts, float(out.matching_loss[j]), out.history[:, j].tolist())
 
-        # Stage 2: demix, per update or jointly over all updates.
+        # Stage 2: demix, per update or jointly over all updates (from the first update's generator,
+        # which continues after stage 1; a joint result is by design a function of all the updates).
         groups = [list(range(len(updates)))] if cfg.joint else [[i] for i in range(len(updates))]
         results: list[AttackResult | None] = [None] * len(updates)
         for group in groups:
@@ -204,7 +212,7 @@ class MixupDecoding(InvertingGradients):
             decoded, hist = demix(
                 enc, torch.cat([encodings[i][1] for i in group]), torch.cat([encodings[i][3] for i in group]),
                 scheme=encodings[group[0]][0], steps=cfg.decode_steps, lr=cfg.decode_lr, lower=lower, upper=upper,
-                generator=seeded_generator(seed + group[0]),
+                generator=generators[group[0]],
             )
             for i in group:
                 k = knowledges[i]

@@ -130,6 +130,8 @@ class TrapWeightsAttack(InputBlockAttack):
         """A copy of ``model`` with the trap layer before it; ``model`` itself is unchanged."""
         cfg: TrapWeightsConfig = self.config
         d = math.prod(spec.shape)
+        # Built once on the CPU from config.seed (the same block whatever the model's device);
+        # insert_input_block moves it to the model's device.
         generator = seeded_generator(cfg.seed)
         weight = trap_weights(cfg.num_neurons, d, cfg.scale_factor, generator=generator)
         # Absorb the normalisation: W u = W (std * x + mean) = (W diag(std)) x + W mean.

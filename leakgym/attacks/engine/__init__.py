@@ -1,0 +1,48 @@
+"""The batched gradient-matching engine: N reconstruction problems as one vectorised computation.
+
+Optimisation-based attacks (DLG, Inverting Gradients, GradInversion and their adaptive variants)
+all solve, for every victim update ``t`` (Geiping et al. 2020, Eq. 4; Yin et al. 2021, Eq. 3),
+
+    x* = argmin_x  D(U(theta, x, y), t) + sum_k alpha_k R_k(x)
+
+where ``U`` simulates what the victim shared (a FedSGD gradient or a FedAvg model difference). The
+engine runs ``P = N x R`` such problems -- N victims (or environments, possibly with different
+parameters of the same architecture), each with R restarts folded into the batch dimension -- as
+*one* computation per iteration. One concept per module:
+
+* :mod:`~leakgym.attacks.engine.objective` -- :class:`MatchingObjective` (distance, priors, EOT) and
+  :class:`Schedule` (optimiser and budget);
+* :mod:`~leakgym.attacks.engine.problems` -- :class:`ProblemSet` (N stacked problems) and the
+  simulator of the victims' updates (``vmap`` over ``torch.func.grad``, BatchNorm, PRECODE noise);
+* :mod:`~leakgym.attacks.engine.lbfgs` -- :class:`BatchedLBFGS`, L-BFGS per problem;
+* :mod:`~leakgym.attacks.engine.randomness` -- :class:`BatchedGenerator`, one generator per problem;
+* :mod:`~leakgym.attacks.engine.matching` -- :func:`run_gradient_matching`, the optimisation loop;
+* :mod:`~leakgym.attacks.engine.optimization` -- :class:`OptimizationAttack`, the base class of the
+  attacks, which turns ``reconstruct_batch`` calls into engine calls.
+
+Seeds: problem ``i`` of ``reconstruct_batch(..., seeds=seeds)`` draws every random number from its
+own generator seeded with ``seeds[i]``, so its result does not depend on its neighbours -- exactly
+in the random numbers, and up to floating-point rounding in the vectorised arithmetic (batched BLAS
+and oneDNN kernels pick their algorithm by the batch size).
+"""
+
+from leakgym.attacks.engine.lbfgs import BatchedLBFGS
+from leakgym.attacks.engine.matching import MatchingOutput, run_gradient_matching
+from leakgym.attacks.engine.objective import DefenseSimulator, MatchingObjective, Schedule
+from leakgym.attacks.engine.optimization import OptimizationAttack, OptimizationConfig, config_fields
+from leakgym.attacks.engine.problems import ProblemSet
+from leakgym.attacks.engine.randomness import BatchedGenerator
+
+__all__ = [
+    "BatchedGenerator",
+    "BatchedLBFGS",
+    "DefenseSimulator",
+    "MatchingObjective",
+    "MatchingOutput",
+    "OptimizationAttack",
+    "OptimizationConfig",
+    "ProblemSet",
+    "Schedule",
+    "config_fields",
+    "run_gradient_matching",
+]

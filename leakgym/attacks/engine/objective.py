@@ -1,0 +1,163 @@
+"""What every problem minimises, and with which budget and optimiser.
+
+For a victim update ``t`` the objective is (Geiping et al. 2020, Eq. 4; Yin et al. 2021, Eq. 3)
+
+    D(U(theta, x, y), t) + sum_k alpha_k R_k(x)
+
+with ``D`` a gradient distance and ``R_k`` image priors (:mod:`leakgym.attacks.losses`).
+:class:`MatchingObjective` chooses them; :func:`matching_term` and :func:`objective_terms` evaluate
+them for ``P`` problems at once. With a :data:`DefenseSimulator` the matching term is Expectation over
+Transformation (CENSOR paper, Zhang et al. 2025, Sec. V-D): the attacker applies E random draws of
+the defense to its own dummy updates and matches their mean (or averages the E distances).
+:class:`Schedule` is the optimiser and budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from leakgym.attacks.engine.randomness import BatchedGenerator
+from leakgym.attacks.losses import (
+    LAYER_WEIGHT_SCHEMES,
+    bn_statistics_loss,
+    gradient_distance,
+    group_consistency,
+    l2_prior,
+    total_variation,
+)
+
+#: ``simulate_defense(grads, generator) -> grads``: a randomised transformation applied to the
+#: attacker's dummy updates (EOT). ``grads`` maps names to ``(P, *shape)`` tensors (one row per
+#: problem x restart); ``generator`` is a :class:`~leakgym.attacks.engine.randomness.BatchedGenerator`
+#: whose draws have the same ``P`` rows, each block from its own problem's generator. The callable
+#: must draw only from ``generator``, treat rows independently and stay differentiable.
+DefenseSimulator = Callable[[dict[str, Tensor], BatchedGenerator], dict[str, Tensor]]
+
+
+@dataclass(frozen=True)
+class MatchingObjective:
+    """What each problem minimises: a gradient distance plus weighted image priors."""
+
+    distance: Literal["l2", "cosine"] = "cosine"
+    """``"l2"`` (DLG) or ``"cosine"`` (Inverting Gradients); see :func:`~leakgym.attacks.losses.gradient_distance`."""
+    layer_weights: str | Mapping[str, float] = "equal"
+    """Per-layer weights of the distance: ``"equal"``, ``"linear"``, ``"exp"`` or a name->weight mapping."""
+    tv: float = 0.0
+    """Weight of the total-variation prior."""
+    l2: float = 0.0
+    """Weight of the image-norm prior (GradInversion ``R_l2``)."""
+    bn: float = 0.0
+    """Weight of the BatchNorm-statistics prior (GradInversion ``R_BN``); needs target statistics."""
+    group: float = 0.0
+    """Weight of the group-consistency prior across restarts (GradInversion ``R_group``)."""
+    eot_samples: int = 1
+    """Number of samples E of ``simulate_defense`` averaged per evaluation (EOT)."""
+    eot_average: Literal["gradient", "objective"] = "gradient"
+    """EOT: match the mean of the E simulated updates, or average the E distances."""
+    simulate_defense: DefenseSimulator | None = None
+    """Randomised defense the attacker simulates on its own dummy updates (None: none)."""
+
+    def __post_init__(self) -> None:
+        if self.distance not in ("l2", "cosine"):
+            raise ValueError(f"distance={self.distance!r}; allowed: 'l2', 'cosine'")
+        if isinstance(self.layer_weights, str) and self.layer_weights not in LAYER_WEIGHT_SCHEMES:
+            raise ValueError(f"layer_weights={self.layer_weights!r}; allowed: {LAYER_WEIGHT_SCHEMES} or a mapping")
+        for name in ("tv", "l2", "bn", "group"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name}={v}; must be a finite number >= 0")
+        if self.eot_samples < 1:
+            raise ValueError(f"eot_samples={self.eot_samples}; must be >= 1")
+        if self.eot_average not in ("gradient", "objective"):
+            raise ValueError(f"eot_average={self.eot_average!r}; allowed: 'gradient', 'objective'")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The optimisation budget and optimiser: ``iterations x restarts`` evaluations per victim."""
+
+    iterations: int
+    """Optimiser iterations (one objective and gradient evaluation each)."""
+    restarts: int = 1
+    """Independent restarts per victim, folded into the batch; the best by matching loss is kept."""
+    optimizer: Literal["adam", "lbfgs"] = "adam"
+    """``"adam"`` (Inverting Gradients, GradInversion) or ``"lbfgs"`` (DLG)."""
+    lr: float = 0.1
+    """Step size (Adam learning rate; L-BFGS fixed step length as in ``torch.optim.LBFGS``)."""
+    signed: bool = False
+    """Replace the image gradient by its sign before the Adam step (Inverting Gradients)."""
+    lr_decay: bool = False
+    """Multiply the Adam learning rate by 0.1 at 3/8, 5/8 and 7/8 of the iterations (Inverting Gradients)."""
+    boxed: bool = False
+    """Project images onto the valid normalised range after every step (``DatasetSpec.unit_bounds``)."""
+    history_size: int = 100
+    """L-BFGS memory (pairs kept)."""
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise ValueError(f"iterations={self.iterations}; must be >= 1")
+        if self.restarts < 1:
+            raise ValueError(f"restarts={self.restarts}; must be >= 1")
+        if self.optimizer not in ("adam", "lbfgs"):
+            raise ValueError(f"optimizer={self.optimizer!r}; allowed: 'adam', 'lbfgs'")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr={self.lr}; must be a finite number > 0")
+        if self.history_size < 1:
+            raise ValueError(f"history_size={self.history_size}; must be >= 1")
+
+
+def matching_term(
+    objective: MatchingObjective,
+    dummy: dict[str, Tensor],
+    targets: dict[str, Tensor],
+    weights: Mapping[str, float],
+    target_norm_sq: Tensor | None,
+    generator: BatchedGenerator,
+) -> Tensor:
+    """``(P,)`` distance between the dummy updates ``(P, ...)`` and the victims' ``(N, ...)``.
+
+    Without ``simulate_defense``: ``D(U, t)``. With it (EOT): ``D(mean_e T_e(U), t)`` for
+    ``eot_average="gradient"``, ``mean_e D(T_e(U), t)`` for ``"objective"``; the E draws come from
+    ``generator`` (rows = problems x restarts).
+    """
+
+    def distance(updates: dict[str, Tensor]) -> Tensor:
+        return gradient_distance(updates, targets, weights, distance=objective.distance, target_norm_sq=target_norm_sq)
+
+    if objective.simulate_defense is None:
+        return distance(dummy)
+    samples = [objective.simulate_defense(dict(dummy), generator) for _ in range(objective.eot_samples)]
+    if objective.eot_average == "gradient":
+        return distance({k: torch.stack([s[k] for s in samples]).mean(dim=0) for k in targets})
+    return torch.stack([distance(s) for s in samples]).mean(dim=0)
+
+
+def objective_terms(
+    objective: MatchingObjective,
+    matching: Tensor,
+    x: Tensor,
+    *,
+    restarts: int,
+    bn_stats: tuple[tuple[Tensor, Tensor], ...] = (),
+    bn_targets: list[tuple[Tensor, Tensor]] | None = None,
+) -> Tensor:
+    """``(P,)`` total objective: ``matching`` plus the weighted priors of the dummy images ``x``."""
+    total = matching
+    if objective.tv > 0:
+        total = total + objective.tv * total_variation(x)
+    if objective.l2 > 0:
+        total = total + objective.l2 * l2_prior(x)
+    if objective.bn > 0:
+        total = total + objective.bn * bn_statistics_loss(bn_stats, bn_targets)
+    if objective.group > 0:
+        total = total + objective.group * group_consistency(x, restarts)
+    return total
+
+
+__all__ = ["DefenseSimulator", "MatchingObjective", "Schedule", "matching_term", "objective_terms"]

@@ -1,0 +1,432 @@
+"""The N reconstruction problems of one engine call, and the simulator of what each victim shared.
+
+:class:`ProblemSet` stacks N compatible problems (same architecture, batch size and update protocol)
+into tensors with a leading problem dimension. :class:`UpdateSimulator` computes every problem's
+dummy update ``U(theta, x, y)``: the gradient ``grad_theta L(theta; x, y)`` (FedSGD) or the model
+difference ``theta_0 - theta_K`` after ``K = local_steps`` SGD steps with ``local_lr`` on the same
+batch (FedAvg; the attacker unrolls the steps functionally, as Geiping et al. 2020, Sec. 5, do for
+multi-step updates). It runs either as one ``torch.func.vmap`` over ``torch.func.grad`` of
+:func:`leakgym.models.task_loss` (parameters shared, ``in_dims=None``, when all problems attack the
+same model, stacked otherwise) or as the reference Python loop with
+``torch.autograd.grad(..., create_graph=True)`` per problem.
+
+BatchNorm: clients compute updates in train mode, so for batches of more than one example BN
+normalises with the batch's own statistics. The engine works on a private copy of the model whose
+BN layers have no running statistics (``torch.func.replace_all_batch_norm_modules_``), so BN always
+uses batch statistics and ``vmap`` never meets an in-place running-stat update. Batches of one
+example are computed with BN in eval mode (running statistics), mirroring
+:func:`leakgym.models.bn_eval_if_single` on the client. GradInversion's BN prior needs the dummy
+batch's BN-input statistics: forward pre-hooks record them as outputs of the (vmapped) function.
+
+Stochastic models: PRECODE's bottleneck samples ``z = mu + sigma * eps`` (PPP paper Eq. 2) with
+``torch.randn_like``, i.e. from torch's global RNG, which no per-problem generator can reach. In the
+engine's private copy every sampling bottleneck instead takes ``eps`` from an input of the simulated
+update, drawn by the caller from each problem's own generator (one fresh ``eps`` per forward pass,
+``local_steps`` of them for FedAvg), so the noise of problem ``i`` does not depend on its neighbours
+and the vectorised and sequential paths see the same noise. Any other random operation in a model's
+forward would draw from the global RNG; the vectorised path rejects it (``vmap(randomness="error")``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import grad, vmap
+
+from leakgym.attacks.base import AttackerKnowledge
+from leakgym.fl.update import SharedUpdate
+from leakgym.models import task_loss
+from leakgym.models.precode import VariationalBottleneck
+
+
+def _bn_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+class _BNRecorder:
+    """Forward pre-hooks on every BN layer that record the batch ``(mean, biased var)`` of its input.
+
+    The hooks only record between :meth:`start` and :meth:`stop`, and the statistics are returned as
+    outputs of the (vmapped) function, so they are ordinary differentiable tensors afterwards.
+    """
+
+    def __init__(self, model: nn.Module, enabled: bool) -> None:
+        self.enabled = enabled
+        self._stats: list[tuple[Tensor, Tensor]] | None = None
+        self._handles = [m.register_forward_pre_hook(self._hook) for m in _bn_modules(model)] if enabled else []
+
+    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        if self._stats is None:
+            return
+        h = inputs[0]
+        dims = [0, *range(2, h.dim())]
+        self._stats.append((h.mean(dim=dims), h.var(dim=dims, unbiased=False)))
+
+    def start(self) -> None:
+        self._stats = [] if self.enabled else None
+
+    def stop(self) -> tuple[tuple[Tensor, Tensor], ...]:
+        stats = tuple(self._stats or ())
+        self._stats = None
+        return stats
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+@dataclass
+class ProblemSet:
+    """N reconstruction problems that share an architecture, batch size and update protocol.
+
+    Build with :meth:`from_updates`. Tensors with a leading problem dimension have size N; the
+    engine broadcasts them over restarts.
+    """
+
+    model: nn.Module
+    """Private working copy of the architecture (BN without running stats for batches > 1)."""
+    free: dict[str, Tensor]
+    """Parameters differentiated by the simulated update: ``(N, ...)`` if ``batched`` else shared."""
+    fixed: dict[str, Tensor]
+    """Remaining parameters and buffers, same layout as ``free``."""
+    batched: bool
+    """Whether parameters differ between problems (stacked) or are shared."""
+    targets: dict[str, Tensor]
+    """Victim updates of the matched layers, ``name -> (N, *shape)``."""
+    labels: Tensor | None
+    """Known/inferred labels ``int64 (N, B)``, or None to optimise soft labels jointly (DLG)."""
+    kind: str
+    local_steps: int
+    local_lr: Tensor
+    """``(N,)`` local learning rates (FedAvg)."""
+    batch_size: int
+    image_shape: tuple[int, int, int]
+    num_classes: int
+    lower: Tensor
+    upper: Tensor
+    """Box constraint: per-channel bounds of valid normalised images, shape ``(C, 1, 1)``."""
+    bn_targets: list[tuple[Tensor, Tensor]] | None = None
+    """Per BN layer, victim batch ``(mean, var)`` stacked over problems: ``(N, C_l)`` each."""
+
+    @property
+    def n(self) -> int:
+        return next(iter(self.targets.values())).shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.lower.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lower.dtype
+
+    @classmethod
+    def from_updates(
+        cls,
+        updates: Sequence[SharedUpdate],
+        knowledges: Sequence[AttackerKnowledge],
+        *,
+        names: Sequence[str],
+        labels: Tensor | None,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        use_bn_stats: bool = False,
+    ) -> ProblemSet:
+        """Stack N compatible problems.
+
+        Args:
+            updates, knowledges: one per problem; same architecture, batch size, update kind and
+                local step count (callers group problems by these).
+            names: parameter names whose updates are matched (a subset of the update's tensors).
+            labels: ``int64 (N, B)`` labels, or None to optimise soft labels.
+            use_bn_stats: record BN statistics of the dummy batch and take the victim's from
+                ``knowledge.bn_stats`` (GradInversion's BN prior).
+        """
+        if not updates or len(updates) != len(knowledges):
+            raise ValueError(f"need matching, non-empty updates ({len(updates)}) and knowledges ({len(knowledges)})")
+        device = torch.device(device)
+        k0, u0 = knowledges[0], updates[0]
+        b = k0.batch_size
+        for u, k in zip(updates, knowledges):
+            if k.batch_size != b or u.kind != u0.kind or u.local_steps != u0.local_steps:
+                raise ValueError("problems of one ProblemSet must share batch_size, update kind and local_steps")
+            if u.batch_size != k.batch_size:
+                raise ValueError(
+                    f"update.batch_size={u.batch_size} differs from knowledge.batch_size={k.batch_size}"
+                )
+        if u0.kind == "model_delta" and u0.local_steps < 1:
+            raise ValueError(f"local_steps={u0.local_steps}; must be >= 1")
+        names = list(names)
+        if not names:
+            raise ValueError("no layers to match; select at least one parameter name")
+        param_names = [n for n, _ in k0.model.named_parameters()]
+        unknown = [n for n in names if n not in param_names]
+        if unknown:
+            raise ValueError(f"matched names {unknown} are not parameters of the model; allowed: {param_names}")
+        for u in updates:
+            missing = [n for n in names if n not in u.tensors]
+            if missing:
+                raise ValueError(f"update lacks matched tensors {missing}")
+
+        model = copy.deepcopy(k0.model).to(device=device, dtype=dtype)
+        model.train()
+        if b > 1:
+            torch.func.replace_all_batch_norm_modules_(model)
+        else:
+            for m in _bn_modules(model):
+                m.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+
+        # Shared parameters when every problem attacks the same model (the common case).
+        models = [k.model for k in knowledges]
+        state_names = param_names + [n for n, _ in model.named_buffers()]
+
+        def state(m: nn.Module) -> dict[str, Tensor]:
+            sd = dict(m.named_parameters())
+            sd.update(dict(m.named_buffers()))
+            return {n: sd[n].detach() for n in state_names}
+
+        s0 = state(models[0])
+        batched = False
+        for m in models[1:]:
+            if m is models[0]:
+                continue
+            sm = state(m)
+            if any(sm[n].shape != s0[n].shape for n in state_names):
+                raise ValueError("problems of one ProblemSet must share the architecture")
+            if not all(torch.equal(sm[n], s0[n]) for n in state_names):
+                batched = True
+                break
+        def cast(t: Tensor) -> Tensor:
+            return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+
+        if batched:
+            states = [state(m) for m in models]
+            full = {n: cast(torch.stack([s[n] for s in states])) for n in state_names}
+        else:
+            full = {n: cast(s0[n]) for n in state_names}
+        if u0.kind == "gradient":
+            free_names = names
+        else:
+            free_names = param_names  # every parameter moves during the simulated local steps
+        free = {n: full[n] for n in free_names}
+        fixed = {n: full[n] for n in state_names if n not in free}
+
+        targets = {n: torch.stack([u.tensors[n].detach() for u in updates]).to(device=device, dtype=dtype)
+                   for n in names}
+        local_lr = torch.tensor([float(u.local_lr) for u in updates], device=device, dtype=dtype)
+        if u0.kind == "model_delta" and not bool((local_lr > 0).all()):
+            raise ValueError(f"model_delta updates need local_lr > 0; got {local_lr.tolist()}")
+        spec = k0.spec
+        lower, upper = spec.unit_bounds(torch.zeros(1, spec.channels, 1, 1, device=device, dtype=dtype))
+        bn_targets = None
+        if use_bn_stats:
+            n_bn = len(_bn_modules(model))
+            if n_bn == 0:
+                raise ValueError("the BN-statistics prior needs a model with BatchNorm layers")
+            if any(k.bn_stats is None for k in knowledges):
+                raise ValueError("the BN-statistics prior needs knowledge.bn_stats for every problem")
+            if any(len(k.bn_stats) != n_bn for k in knowledges):
+                raise ValueError(f"knowledge.bn_stats must list {n_bn} (mean, var) pairs, one per BN layer")
+            bn_targets = [
+                (torch.stack([k.bn_stats[i][0] for k in knowledges]).to(device=device, dtype=dtype),
+                 torch.stack([k.bn_stats[i][1] for k in knowledges]).to(device=device, dtype=dtype))
+                for i in range(n_bn)
+            ]
+        if labels is not None:
+            labels = labels.to(device=device, dtype=torch.int64)
+            if labels.shape != (len(updates), b):
+                raise ValueError(f"labels must have shape ({len(updates)}, {b}); got {tuple(labels.shape)}")
+        return cls(
+            model=model, free=free, fixed=fixed, batched=batched, targets=targets, labels=labels,
+            kind=u0.kind, local_steps=int(u0.local_steps), local_lr=local_lr, batch_size=b,
+            image_shape=tuple(spec.shape), num_classes=spec.num_classes,
+            lower=lower.reshape(-1, 1, 1), upper=upper.reshape(-1, 1, 1), bn_targets=bn_targets,
+        )
+
+    def subset(self, index: int) -> ProblemSet:
+        """Problem ``index`` alone, as a set of one problem."""
+        pick = (lambda t: t[index:index + 1]) if self.batched else (lambda t: t)
+        return dataclasses.replace(
+            self,
+            free={n: pick(t) for n, t in self.free.items()},
+            fixed={n: pick(t) for n, t in self.fixed.items()},
+            targets={n: t[index:index + 1] for n, t in self.targets.items()},
+            labels=None if self.labels is None else self.labels[index:index + 1],
+            local_lr=self.local_lr[index:index + 1],
+            bn_targets=None if self.bn_targets is None else [
+                (m[index:index + 1], v[index:index + 1]) for m, v in self.bn_targets],
+        )
+
+
+class _BottleneckNoise:
+    """Makes the sampling PRECODE bottlenecks of the engine's model copy read ``eps`` from a flat input.
+
+    Each sampling bottleneck's ``forward`` is replaced, on the private copy only, by the same
+    computation as :meth:`VariationalBottleneck.forward` (PPP Eq. 2: ``z = mu + sigma * eps``, decoder,
+    KL term) with ``eps`` taken from the next ``B * K`` entries of the per-problem vector given to
+    :meth:`start`. :attr:`numel` entries are consumed per simulated update.
+    """
+
+    def __init__(self, model: nn.Module, batch_size: int, forwards: int) -> None:
+        self.modules = [m for m in model.modules()
+                        if isinstance(m, VariationalBottleneck) and (m.training or m.sample_in_eval)]
+        self.numel = forwards * batch_size * sum(m.latent_dim for m in self.modules)
+        self._flat: Tensor | None = None
+        self._offset = 0
+        for m in self.modules:
+            m.forward = self._forward_of(m)
+
+    def _forward_of(self, module: VariationalBottleneck):
+        def forward(h: Tensor) -> tuple[Tensor, Tensor]:
+            mu, sigma = module.encode(h)
+            return module.decoder(mu + sigma * self._take(sigma)), module.kl_divergence(mu, sigma)
+
+        return forward
+
+    def _take(self, like: Tensor) -> Tensor:
+        if self._flat is None:
+            raise RuntimeError("bottleneck noise requested outside a simulated update")
+        size = like.numel()
+        if self._offset + size > self.numel:
+            raise ValueError(
+                f"the model samples its PRECODE bottleneck(s) more often than once per forward pass "
+                f"({self._offset + size} noise entries requested, {self.numel} drawn)"
+            )
+        eps = self._flat[self._offset:self._offset + size].reshape(like.shape)
+        self._offset += size
+        return eps
+
+    def start(self, flat: Tensor) -> None:
+        self._flat, self._offset = flat, 0
+
+    def stop(self) -> None:
+        self._flat = None
+
+    def close(self) -> None:
+        for m in self.modules:
+            del m.forward  # the class's own forward again
+
+
+class UpdateSimulator:
+    """Computes dummy updates (and BN statistics) for all ``P = N x R`` rows: vectorised or looped.
+
+    ``restarts`` rows per problem share the problem's parameters, targets and learning rate.
+    Call :meth:`close` when done: it removes the hooks and forward overrides from the model copy.
+    """
+
+    def __init__(self, problems: ProblemSet, restarts: int, record_bn: bool) -> None:
+        self.ps = problems
+        self.r = restarts
+        self.names = list(problems.targets)
+        forwards = problems.local_steps if problems.kind == "model_delta" else 1
+        self.recorder = _BNRecorder(problems.model, record_bn)
+        self.noise = _BottleneckNoise(problems.model, problems.batch_size, forwards)
+        model, recorder, noise = problems.model, self.recorder, self.noise
+        kind, steps, names = problems.kind, problems.local_steps, self.names
+
+        def loss_fn(free: dict[str, Tensor], fixed: dict[str, Tensor], x: Tensor, y: Tensor):
+            recorder.start()
+            loss = task_loss(model, x, y, params={**fixed, **free})
+            return loss, recorder.stop()
+
+        def update_fn(free, fixed, x, y, lr, eps):
+            noise.start(eps)
+            try:
+                if kind == "gradient":
+                    g, stats = grad(loss_fn, has_aux=True)(free, fixed, x, y)
+                    return {n: g[n] for n in names}, stats
+                p, stats = free, None
+                for _ in range(steps):
+                    g, st = grad(loss_fn, has_aux=True)(p, fixed, x, y)
+                    stats = st if stats is None else stats
+                    p = {n: p[n] - lr * g[n] for n in p}
+                return {n: free[n] - p[n] for n in names}, stats
+            finally:
+                noise.stop()
+
+        self.loss_fn = loss_fn
+        self.update_fn = update_fn
+        pdim = 0 if problems.batched else None
+        # Every random number comes in through ``eps``: a random op inside the model is an error.
+        self.vmapped = vmap(update_fn, in_dims=(pdim, pdim, 0, 0, 0, 0), randomness="error")
+        self._leaves: list[dict[str, Tensor]] | None = None
+
+    @property
+    def noise_numel(self) -> int:
+        """Bottleneck noise entries per row and simulated update (0 for deterministic models)."""
+        return self.noise.numel
+
+    def _expand(self, t: Tensor) -> Tensor:
+        return t.repeat_interleave(self.r, dim=0) if self.r > 1 else t
+
+    def vectorised(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
+        """Dummy updates of all rows as one vmapped computation; ``eps`` is ``(P, noise_numel)``."""
+        ps = self.ps
+        free = {n: self._expand(t) for n, t in ps.free.items()} if ps.batched else ps.free
+        fixed = {n: self._expand(t) for n, t in ps.fixed.items()} if ps.batched else ps.fixed
+        try:
+            return self.vmapped(free, fixed, x, y, self._expand(ps.local_lr), eps)
+        except RuntimeError as e:
+            if "randomness" not in str(e):
+                raise
+            raise ValueError(
+                "the model draws from torch's global RNG in its forward pass (other than PRECODE's "
+                "bottleneck, which the engine feeds per-problem noise); per-problem seeds cannot reach "
+                "it. Use a deterministic model, or vectorize=False (the sequential path does not check)"
+            ) from e
+
+    def sequential(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
+        """The same dummy updates, one row at a time with ``torch.autograd.grad``."""
+        ps = self.ps
+        if self._leaves is None:
+            # Leaf copies of each problem's parameters that autograd can differentiate.
+            self._leaves = [
+                {k: (t[i] if ps.batched else t).detach().clone().requires_grad_(True) for k, t in ps.free.items()}
+                for i in range(ps.n)
+            ]
+            self._fixed = [{k: (t[i] if ps.batched else t) for k, t in ps.fixed.items()} for i in range(ps.n)]
+        outs: list[dict[str, Tensor]] = []
+        all_stats: list[tuple] = []
+        for p in range(x.shape[0]):
+            i = p // self.r
+            free, fixed = self._leaves[i], self._fixed[i]
+            lr = ps.local_lr[i]
+            self.noise.start(eps[p])
+            try:
+                if ps.kind == "gradient":
+                    loss, stats = self.loss_fn(free, fixed, x[p], y[p])
+                    gs = torch.autograd.grad(loss, [free[n] for n in self.names], create_graph=True)
+                    outs.append(dict(zip(self.names, gs)))
+                else:
+                    cur, stats = dict(free), None
+                    keys = list(cur)
+                    for _ in range(ps.local_steps):
+                        loss, st = self.loss_fn(cur, fixed, x[p], y[p])
+                        stats = st if stats is None else stats
+                        gs = torch.autograd.grad(loss, [cur[k] for k in keys], create_graph=True)
+                        cur = {k: cur[k] - lr * g for k, g in zip(keys, gs)}
+                    outs.append({n: free[n] - cur[n] for n in self.names})
+            finally:
+                self.noise.stop()
+            all_stats.append(stats)
+        update = {n: torch.stack([o[n] for o in outs]) for n in self.names}
+        stats = tuple(
+            (torch.stack([s[j][0] for s in all_stats]), torch.stack([s[j][1] for s in all_stats]))
+            for j in range(len(all_stats[0]))
+        )
+        return update, stats
+
+    def close(self) -> None:
+        self.recorder.close()
+        self.noise.close()
+
+
+__all__ = ["ProblemSet", "UpdateSimulator"]

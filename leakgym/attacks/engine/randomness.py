@@ -1,0 +1,93 @@
+"""Per-problem randomness: one ``torch.Generator`` per problem, drawing its own block of rows.
+
+A batched computation must give problem ``i`` the same random numbers whether it runs alone or beside
+any other problems, so that a game's trajectory does not depend on the vector it runs in (the
+counter-per-environment rule of batched simulators such as gymnax and Brax). One generator for the
+whole batch cannot do that: a draw of ``(N, ...)`` values gives row ``i`` numbers that depend on N
+and on the position of the problem. :class:`BatchedGenerator` holds one generator per problem and
+draws every batched random tensor as one block per problem, concatenated along the leading dimension.
+
+Problem ``i``'s generator is one stream, created by the attack with ``seeds[i]`` on the device of the
+computation (:func:`~leakgym.attacks.base.seeded_generator`; a CPU generator cannot feed CUDA
+tensors), and every draw of the problem continues it in a fixed order: initial images, DLG's label
+logits, then per objective evaluation the PRECODE bottleneck noise and the E samples of the EOT
+simulation, then any later stage of the attack (LODA's start image, the demixing start). The order
+and shapes depend only on the attack's config and the problem itself, never on its neighbours.
+
+Cost: one generator call per problem per draw (``N`` small calls instead of one); on a GPU that is
+``N`` kernel launches per draw, a small price next to the double backward of the same iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from leakgym.attacks.base import seeded_generator
+
+
+def canonical_device(device: torch.device | str) -> torch.device:
+    """``device`` with its index made explicit (``"cuda"`` is the current CUDA device), for comparisons."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+class BatchedGenerator:
+    """One ``torch.Generator`` per problem; draws return ``rows_per_problem`` rows per problem.
+
+    ``randn(shape)`` has shape ``(N * rows_per_problem, *shape)``: problem ``i``'s generator draws the
+    block ``(rows_per_problem, *shape)`` that forms rows ``i * rows_per_problem`` to
+    ``(i + 1) * rows_per_problem - 1`` (the engine's layout of N problems x R restarts). Every block is
+    drawn on the generators' device, so nothing crosses devices.
+    """
+
+    def __init__(self, generators: Sequence[torch.Generator], *, rows_per_problem: int = 1) -> None:
+        self.generators = list(generators)
+        if not self.generators:
+            raise ValueError("BatchedGenerator needs at least one generator (one per problem)")
+        devices = {canonical_device(g.device) for g in self.generators}
+        if len(devices) != 1:
+            raise ValueError(f"all generators must live on one device; got {sorted(map(str, devices))}")
+        if not isinstance(rows_per_problem, int) or rows_per_problem < 1:
+            raise ValueError(f"rows_per_problem={rows_per_problem!r}; must be an integer >= 1")
+        self.rows_per_problem = rows_per_problem
+        self.device = devices.pop()
+
+    @classmethod
+    def from_seeds(cls, seeds: Sequence[int], device: torch.device | str, *,
+                   rows_per_problem: int = 1) -> BatchedGenerator:
+        """Fresh generators on ``device``, problem ``i``'s seeded with ``seeds[i]``."""
+        return cls([seeded_generator(s, device) for s in seeds], rows_per_problem=rows_per_problem)
+
+    @property
+    def n(self) -> int:
+        """Number of problems."""
+        return len(self.generators)
+
+    @property
+    def rows(self) -> int:
+        """Leading size of every draw: ``n * rows_per_problem``."""
+        return self.n * self.rows_per_problem
+
+    def with_rows(self, rows_per_problem: int) -> BatchedGenerator:
+        """The same generators (the streams continue) drawing ``rows_per_problem`` rows per problem."""
+        return BatchedGenerator(self.generators, rows_per_problem=rows_per_problem)
+
+    def randn(self, shape: Sequence[int], *, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Standard normal ``(rows, *shape)``, one block per problem."""
+        return self._draw(torch.randn, shape, dtype)
+
+    def rand(self, shape: Sequence[int], *, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Uniform ``[0, 1)`` ``(rows, *shape)``, one block per problem."""
+        return self._draw(torch.rand, shape, dtype)
+
+    def _draw(self, sample, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+        size = (self.rows_per_problem, *tuple(shape))
+        return torch.cat([sample(size, generator=g, device=self.device, dtype=dtype) for g in self.generators])
+
+
+__all__ = ["BatchedGenerator", "canonical_device"]
