@@ -1,13 +1,17 @@
-"""CENSOR (Algorithm 1): layer-wise orthogonal, norm-matched, loss-reducing candidate; zero fallback."""
+"""CENSOR (Algorithm 1): orthogonal, norm-matched, loss-reducing candidates; fallbacks; Eq. 11 subspace."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
 from leakgym.data import dataset_spec
 from leakgym.defenses import DefenseConfig, apply_defense
-from leakgym.defenses.censor import censor_gradient, orthogonal_candidate
+from leakgym.defenses.censor import censor_gradient, example_bases, example_gradients, orthogonal_candidate
 from leakgym.fl.client import compute_update
+from leakgym.fl.server import Server
 from leakgym.models import build_model, task_loss
 
 SPEC = dataset_spec("digits", image_size=16)
@@ -59,3 +63,111 @@ def test_falls_back_to_no_update_when_no_candidate_improves():
     assert all(torch.count_nonzero(t) == 0 for t in best.values())
     upd, rep = apply_defense(model, x, y, DefenseConfig(censor_trials=5, censor_step=1e3))
     assert rep.fidelity == 0.0 and all(torch.count_nonzero(t) == 0 for t in upd.tensors.values())
+
+
+# --- fallbacks (Algorithm 1 line 11 and the two alternatives) -----------------------------------
+@pytest.mark.parametrize("fallback", ["original", "zeros", "skip"])
+def test_each_fallback_sends_what_it_says_when_no_trial_improves(fallback):
+    model, x, y = _setup(1)
+    clean = compute_update(model, x, y).tensors
+    # A step of 1e3 along a random direction of the gradient's size wrecks the loss every time.
+    cfg = DefenseConfig(censor_trials=5, censor_step=1e3, censor_fallback=fallback)
+    upd, rep = apply_defense(model, x, y, cfg, seed=0)
+    (info,) = rep.details["censor"]
+    assert info["sent"] == fallback and info["chosen_trial"] == -1
+    assert all(l > info["initial_loss"] for l in info["trial_losses"]) and info["best_loss"] == info["initial_loss"]
+    if fallback == "original":  # the paper's G* = G0: the clean gradient itself
+        assert all(torch.equal(upd.tensors[n], clean[n]) for n in clean)
+        assert rep.fidelity == pytest.approx(1.0) and "skipped" not in upd.metadata
+    else:
+        assert all(torch.count_nonzero(t) == 0 for t in upd.tensors.values()) and rep.fidelity == 0.0
+        assert upd.metadata.get("skipped", False) is (fallback == "skip")
+        assert rep.details.get("skipped", False) is (fallback == "skip")
+
+
+def test_an_improving_candidate_is_sent_whatever_the_fallback():
+    model, x, y = _setup()
+    sent = {}
+    for fallback in ("original", "zeros", "skip"):
+        upd, rep = apply_defense(model, x, y, DefenseConfig(censor_trials=20, censor_fallback=fallback), seed=0)
+        assert rep.details["censor"][0]["sent"] == "candidate" and "skipped" not in upd.metadata
+        sent[fallback] = upd.tensors
+    for n in sent["zeros"]:
+        assert torch.equal(sent["original"][n], sent["zeros"][n]) and torch.equal(sent["skip"][n], sent["zeros"][n])
+
+
+def test_the_server_leaves_skipped_updates_out_of_the_aggregate():
+    model, x, y = _setup(1)
+    skipped, _ = apply_defense(model, x, y, DefenseConfig(censor_trials=2, censor_step=1e3, censor_fallback="skip"))
+    assert skipped.metadata["skipped"] is True
+    honest = compute_update(model, x, y)
+    honest.tensors = {n: t + 1.0 for n, t in honest.tensors.items()}  # a non-zero update to aggregate
+
+    def after(updates):
+        server = Server(copy.deepcopy(model), lr=0.5, eval_x=x, eval_y=y)
+        server.aggregate(updates)
+        return {n: p.detach().clone() for n, p in server.model.named_parameters()}
+
+    start = {n: p.detach() for n, p in model.named_parameters()}
+    alone, with_skipped = after([honest]), after([skipped, honest])
+    assert all(torch.equal(alone[n], with_skipped[n]) for n in alone)
+    assert not all(torch.equal(alone[n], start[n]) for n in alone)  # the honest update did move the model
+    only_skipped = after([skipped])
+    assert all(torch.equal(only_skipped[n], start[n]) for n in start)
+
+
+# --- subspaces: Algorithm 1's layer-wise one and Eq. 11's per-example one ----------------------
+def _layer_cos(a: dict, b: dict) -> float:
+    """Largest |cosine| between a and b over the layers where both are non-zero."""
+    worst = 0.0
+    for n, t in a.items():
+        if t.norm() > 0 and b[n].norm() > 0:
+            worst = max(worst, abs(_cos(t, b[n])))
+    return worst
+
+
+def test_samples_candidates_are_orthogonal_to_every_examples_gradient_layer_by_layer():
+    model = build_model("lenet", SPEC, seed=0)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 1, 16, 16, generator=g), torch.tensor([3, 8, 1, 3])
+    grad = compute_update(model, x, y).tensors
+    per_example = example_gradients(model.train(), x, y)
+    for n in grad:  # rows of the per-example Jacobian average to the batch gradient
+        torch.testing.assert_close(per_example[n].mean(0), grad[n], rtol=1e-4, atol=1e-6)
+    examples = [{n: per_example[n][j] for n in grad} for j in range(4)]
+
+    samples = orthogonal_candidate(grad, torch.Generator().manual_seed(1), example_bases(grad, per_example))
+    layer = orthogonal_candidate(grad, torch.Generator().manual_seed(1))
+    assert max(_layer_cos(samples, e) for e in examples) < 1e-5  # measured ~1e-8
+    assert _layer_cos(samples, grad) < 1e-5 and _layer_cos(layer, grad) < 1e-5
+    # Algorithm 1's layer-wise candidate avoids the batch gradient only, not each example's.
+    assert max(_layer_cos(layer, e) for e in examples) > 1e-2
+    for n in grad:
+        torch.testing.assert_close(samples[n].norm(), grad[n].norm(), rtol=1e-5, atol=0)
+
+
+def test_samples_subspace_through_the_pipeline_and_a_layer_spanned_by_the_examples():
+    model, x, y = _setup()
+    cfg = DefenseConfig(censor_trials=20, censor_subspace="samples")
+    upd, rep = apply_defense(model, x, y, cfg, seed=0)
+    assert rep.details["censor"][0]["sent"] == "candidate" and rep.details["censor"][0]["subspace"] == "samples"
+    per_example = example_gradients(copy.deepcopy(model).train(), x, y)
+    for j in range(x.shape[0]):
+        assert _layer_cos(upd.tensors, {n: per_example[n][j] for n in per_example}) < 1e-5
+    # Three examples whose gradients span a 3-entry layer leave no orthogonal direction in it.
+    grad = {"b": torch.tensor([1.0, 0.0, 0.0]), "w": torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])}
+    rows = {"b": torch.eye(3), "w": torch.randn(3, 5, generator=torch.Generator().manual_seed(0))}
+    cand = orthogonal_candidate(grad, torch.Generator().manual_seed(0), example_bases(grad, rows))
+    assert torch.equal(cand["b"], torch.zeros(3)) and cand["w"].norm() > 0
+
+
+def test_per_example_gradients_with_batchnorm_in_train_mode_average_to_the_batch_gradient():
+    model = build_model("convnet", SPEC, width=4, seed=0).train()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(3, 1, 16, 16, generator=g), torch.tensor([0, 4, 9])
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    per_example = example_gradients(model, x, y)
+    grad = compute_update(model, x, y).tensors
+    for n in grad:
+        torch.testing.assert_close(per_example[n].mean(0), grad[n], rtol=1e-4, atol=1e-6)
+    assert all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())  # running stats untouched

@@ -9,7 +9,7 @@ from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.inverting_gradients import InvertingGradients
 from leakgym.attacks.loda_inversion import LodaInversion, invert_obscuring
 from leakgym.data import federated_split, load_dataset
-from leakgym.defenses import loda
+from leakgym.defenses import DefenseConfig, apply_defense, loda
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import score_reconstruction
 from leakgym.models import build_model, task_loss
@@ -21,10 +21,11 @@ EPOCHS = loda.DEFAULT_EPOCHS  # 20; the trained extractor reaches 1.0 public / 0
 def setup(tmp_path_factory):
     split = federated_split(load_dataset("digits", image_size=16), num_clients=4, seed=0)
     spec = split.spec
-    cache = tmp_path_factory.mktemp("loda")
+    root = tmp_path_factory.mktemp("data")  # $LEAKGYM_DATA for the pipeline test below
+    cache = root / "loda"
     px, py = spec.normalize(split.public_x), split.public_y
     extractor = loda.feature_extractor(spec, px, py, seed=0, cache_dir=cache, epochs=EPOCHS)
-    return {"spec": spec, "split": split, "cache": cache, "px": px, "py": py, "extractor": extractor}
+    return {"spec": spec, "split": split, "cache": cache, "root": root, "px": px, "py": py, "extractor": extractor}
 
 
 def test_extractor_is_trained_once_then_loaded_with_weights_only(setup, monkeypatch):
@@ -74,6 +75,28 @@ def test_obscured_images_keep_features_and_move_pixels(setup):
     with pytest.raises(ValueError, match="layers=9"):
         loda.loda_obscure(x, y, spec=spec, c=5.0, steps=1, lr=0.1, layers=9, public_x=s["px"],
                           public_y=s["py"], seed=0, cache_dir=s["cache"], epochs=EPOCHS)
+
+
+def test_start_images_come_from_the_rounds_generator(setup, monkeypatch):
+    """The extractor seed is fixed (trained once, cached); the start images of Algorithm 1 line 3 are
+    drawn from the round's generator: equal for equal seeds, different across seeds."""
+    s = setup
+    monkeypatch.setenv("LEAKGYM_DATA", str(s["root"]))  # the pipeline finds the fixture's extractor
+    spec, split = s["spec"], s["split"]
+    x, y = spec.normalize(split.clients[0][0][:4]), split.clients[0][1][:4]
+    model = build_model("lenet", spec, seed=0)
+    cfg = DefenseConfig(loda_c=loda.CALIBRATED_C, loda_steps=1)
+
+    def starts(seed: int) -> torch.Tensor:
+        _, rep = apply_defense(model, x, y, cfg, seed=seed, public_x=split.public_x, public_y=split.public_y)
+        assert rep.details["loda"]["extractor_cached"] is True
+        return rep.details["loda"]["start_indices"]
+
+    first = starts(0)
+    assert torch.equal(first, starts(0))
+    others = [starts(seed) for seed in (1, 2, 3)]
+    assert all(not torch.equal(first, o) for o in others)  # 4 draws from 143 public images
+    assert len({tuple(o.tolist()) for o in others}) == 3
 
 
 def test_eq6_descent_reaches_a_root_of_the_stationarity_condition():

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import math
 import sys
@@ -119,8 +118,8 @@ def _setting(cfg) -> str:
     from leakgym.defenses import DefenseConfig
 
     default = DefenseConfig()
-    parts = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-             if getattr(cfg, f.name) != getattr(default, f.name)]
+    base = default.to_dict()
+    parts = [f"{name}={value}" for name, value in cfg.to_dict().items() if value != base[name]]
     return ", ".join(parts) if parts else "-"
 
 

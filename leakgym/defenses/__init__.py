@@ -1,11 +1,59 @@
-"""Client-side defenses against gradient leakage, composed by one pipeline.
+"""Client-side defenses against gradient leakage, one registry, composed by one pipeline.
 
 ``apply_defense(model, x, y, DefenseConfig(...))`` returns the update a defended client shares and a
-:class:`DefenseReport`. See :mod:`leakgym.defenses.pipeline` for the order in which defenses
-compose and :mod:`leakgym.defenses.config` for every parameter and the named presets.
+:class:`DefenseReport`. Every defense is one registered object (:mod:`leakgym.defenses.registry`;
+the built-in ones in :mod:`leakgym.defenses.catalog`) that brings its own config fields, stage,
+``apply`` and cost model; :class:`DefenseConfig`, :data:`PIPELINE_ORDER` and
+:func:`defense_compute_units` are derived from the registry. See :mod:`leakgym.defenses.pipeline`
+for the order in which defenses compose and :mod:`leakgym.defenses.config` for the named presets.
 """
 
-from leakgym.defenses.config import PIPELINE_ORDER, PRESETS, DefenseConfig
+from leakgym.defenses.config import PRESETS, DefenseConfig
 from leakgym.defenses.pipeline import DefenseReport, apply_defense
+from leakgym.defenses.registry import (
+    DEFENSES,
+    PIPELINE_ORDER,
+    STAGES,
+    Defense,
+    DefenseContext,
+    Field,
+    InputDefense,
+    StepDefense,
+    UpdateDefense,
+    choice_field,
+    defense_compute_units,
+    defense_field,
+    defense_fields,
+    defense_registry,
+    int_field,
+    real_field,
+    register_defense,
+    registered,
+    unregister_defense,
+)
 
-__all__ = ["PIPELINE_ORDER", "PRESETS", "DefenseConfig", "DefenseReport", "apply_defense"]
+__all__ = [
+    "DEFENSES",
+    "PIPELINE_ORDER",
+    "PRESETS",
+    "STAGES",
+    "Defense",
+    "DefenseConfig",
+    "DefenseContext",
+    "DefenseReport",
+    "Field",
+    "InputDefense",
+    "StepDefense",
+    "UpdateDefense",
+    "apply_defense",
+    "choice_field",
+    "defense_compute_units",
+    "defense_field",
+    "defense_fields",
+    "defense_registry",
+    "int_field",
+    "real_field",
+    "register_defense",
+    "registered",
+    "unregister_defense",
+]

@@ -3,7 +3,7 @@
 "Censor: Defense Against Gradient Inversion via Orthogonal Subspace Bayesian Sampling", Algorithm 1
 (LOCAL_UPDATE, lines 8-36):
 
-1. ``G0 = grad f(D, theta)`` (line 9) and ``l* = L(f_theta(x), y)`` (line 10).
+1. ``G0 = grad f(D, theta)`` (line 9) and ``l* = L(f_theta(x), y)`` (line 10); ``G* = G0`` (line 11).
 2. For each of ``T`` trials (line 12):
 
    * Phase 1, ORTHOGONAL_GRAD (lines 24-30, Eq. 12): for every layer ``l`` sample
@@ -14,31 +14,109 @@
    * Phase 3 (lines 15-19): take a trial step ``theta^t = theta - eta * G_N^t``, evaluate the loss on
      the private batch and keep the candidate if ``l^t < l*``.
 
-Deviation (fallback). Algorithm 1 line 11 initialises the best gradient with ``G* = G0``, so when no
-trial lowers the loss it would return the *original* gradient — the very thing CENSOR exists to
-hide, and at odds with the paper's own claim (§I, "we will not inadvertently return the original
-gradients"). We initialise ``G*`` with zeros instead: with no improving candidate the client sends
-no update. ``l*`` is initialised as in line 10 (the loss of the unchanged model), so every returned
-non-zero candidate strictly lowers the batch loss at step ``eta``.
+Subspace (``subspace``, config field ``censor_subspace``):
+
+* ``"layer"`` — Algorithm 1 / Eq. 12 as above: each layer's candidate is orthogonal to that layer
+  of the *batch* gradient.
+* ``"samples"`` — Eq. 11 (§IV-A, Obstacle 3): the candidate lies in the subspace orthogonal to the
+  gradient of *every example* ``{grad l(f_theta(X_j), Y_j)}_j``, "obtained through the Gram-Schmidt
+  algorithm". Implemented layer by layer so that Phase 2's per-layer rescaling keeps the
+  orthogonality: for each layer an orthonormal basis ``Q_l`` of ``span{G0_l, g_1,l, ..., g_N,l}`` is
+  built (reduced QR in float64 — Householder QR yields the basis Gram-Schmidt would, up to signs,
+  without its loss of orthogonality), and ``g_l^o = g_r - Q_l Q_l^T g_r`` (projected twice, "twice is
+  enough"). The batch gradient ``G0_l`` is in the set explicitly: it is the mean of the per-example
+  gradients for deterministic models, but PRECODE's per-example forward draws its own noise.
+  Per-example gradients are the rows of the Jacobian of the per-example losses of *one* batch
+  forward (``torch.func.jacrev``), so with BatchNorm in train mode they include the coupling through
+  the batch statistics and still average to the batch gradient; for PRECODE every row carries the
+  batch's KL term (the KL is a batch mean). When the examples' gradients span a whole layer (a
+  layer with fewer entries than ``N + 1``) that layer's candidate is zero. Deviation: Eq. 11 also
+  quantifies over every label ``c in [1, C]``; the paper's text (§I; Obstacle 3) describes the
+  subspace as orthogonal to "the gradients of k training data instances" with their own labels,
+  which is what is implemented. Memory: ``N x |theta|`` for the Jacobian.
+
+Fallback when no trial lowers the loss (``fallback``, config field ``censor_fallback``):
+
+* ``"original"`` — Algorithm 1 line 11 as written: ``G*`` starts as ``G0``, so the client sends its
+  *original* gradient. This is the paper's setting (preset ``censor-paper``), but it sends exactly
+  what CENSOR exists to hide (the paper's own §I: "we will not inadvertently return the original
+  gradients").
+* ``"zeros"`` — ``G*`` starts as zeros: the client sends an all-zero update. The library default
+  (the previous issue asked never to leak the original gradient), kept so that existing games do
+  not change.
+* ``"skip"`` — the client sends no update this round: the step uses zeros and the pipeline marks
+  the shared update ``metadata["skipped"] = True`` (tensors all zero); the server leaves it out of
+  the aggregate (:meth:`leakgym.fl.server.Server.aggregate`).
+
+``l*`` is initialised as in line 10 (the loss of the unchanged model), so every sent candidate
+strictly lowers the batch loss at step ``eta``. Every step's details record ``sent``:
+``"candidate"``, or the fallback used (``"original"``, ``"zeros"``, ``"skip"``).
 
 Layers are the entries of the update dict (one per parameter tensor, weights and biases separately).
 A layer whose gradient is exactly zero has no direction to avoid; its candidate is set to zero
 (``||g_l|| = 0`` after normalisation anyway). Projections are computed in float64 so the
 orthogonality holds to ~1e-7 relative after casting back.
+
+The registered defense :data:`CENSOR` (fields ``censor_*``, switch ``censor_trials``) runs on every
+local step's gradient (step stage). Cost: one loss evaluation per trial, counted as half a gradient
+(``T / 2`` units), plus one unit for the per-example gradients with ``subspace="samples"`` (a
+vectorised per-example Jacobian takes about the FLOPs of one batch gradient).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.func import functional_call, jacrev
 
+from leakgym.defenses.registry import DefenseContext, StepDefense, choice_field, int_field, real_field
 from leakgym.models import task_loss
 
 Update = dict[str, Tensor]
+#: What the client sends when no trial lowers the loss (see the module docstring).
+FALLBACKS = ("zeros", "original", "skip")
+#: The subspace candidates are drawn from: Algorithm 1's layer-wise one or Eq. 11's per-example one.
+SUBSPACES = ("layer", "samples")
 
 
-def orthogonal_candidate(grad: Update, generator: torch.Generator) -> Update:
-    """Phases 1-2: a layer-wise orthogonal, norm-matched Gaussian sample (Algorithm 1 lines 24-36)."""
+def example_gradients(model: nn.Module, x: Tensor, y: Tensor) -> Update:
+    """Per-example gradients ``d l_j / d theta`` of one batch forward, shaped ``(N, *param.shape)``.
+
+    ``l_j`` is example ``j``'s cross-entropy (hard or soft label) plus, for PRECODE, the batch's
+    ``beta * KL``, so ``mean_j l_j`` is :func:`leakgym.models.task_loss`. The model runs in its
+    current mode; BatchNorm running statistics are updated on copies only.
+    """
+    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    beta = model.precode_beta if getattr(model, "bottleneck", None) is not None else 0.0
+
+    def losses(p: Update) -> Tensor:
+        # Fresh buffer copies absorb BatchNorm's in-place running-stat update (forbidden on captured tensors).
+        logits, kl = functional_call(model, {**{n: b.clone() for n, b in buffers.items()}, **p}, (x,),
+                                     {"return_kl": True})
+        ce = F.cross_entropy(logits, y if y.is_floating_point() else y.long(), reduction="none")
+        return ce + beta * kl if beta else ce
+
+    return {n: j.detach() for n, j in jacrev(losses)(params).items()}
+
+
+def example_bases(grad: Update, per_example: Update) -> dict[str, Tensor]:
+    """Per layer, an orthonormal float64 basis ``(n_l, k)`` of ``span{G0_l, g_1,l, ..., g_N,l}`` (Eq. 11)."""
+    bases: dict[str, Tensor] = {}
+    for name, g in grad.items():
+        rows = torch.cat([g.detach().reshape(1, -1), per_example[name].reshape(per_example[name].shape[0], -1)])
+        q, _ = torch.linalg.qr(rows.double().T, mode="reduced")  # Gram-Schmidt's basis, computed stably
+        bases[name] = q
+    return bases
+
+
+def orthogonal_candidate(grad: Update, generator: torch.Generator, bases: dict[str, Tensor] | None = None) -> Update:
+    """Phases 1-2: a layer-wise orthogonal, norm-matched Gaussian sample (Algorithm 1 lines 24-36).
+
+    Without ``bases`` each layer avoids the layer's gradient (Eq. 12); with ``bases`` (from
+    :func:`example_bases`) it avoids the span of the layer's basis (Eq. 11).
+    """
     out: Update = {}
     for name, g in grad.items():
         g64 = g.detach().double().reshape(-1)
@@ -46,9 +124,18 @@ def orthogonal_candidate(grad: Update, generator: torch.Generator) -> Update:
         if gg == 0:
             out[name] = torch.zeros_like(g)
             continue
-        r = torch.randn(g64.shape, generator=generator, device=g.device, dtype=torch.float64)
-        o = r - (r @ g64) / gg * g64                   # Eq. (12)
-        o = o * (gg.sqrt() / o.norm())                 # line 34
+        r = torch.randn(g64.shape, generator=generator, device=generator.device, dtype=torch.float64).to(g.device)
+        if bases is None:
+            o = r - (r @ g64) / gg * g64               # Eq. (12)
+        else:
+            q = bases[name]
+            o = r - q @ (q.T @ r)                       # Eq. (11)
+            o = o - q @ (q.T @ o)                       # second pass: orthogonal to float64 precision
+        norm = o.norm()
+        if norm == 0:  # the avoided vectors span the whole layer
+            out[name] = torch.zeros_like(g)
+            continue
+        o = o * (gg.sqrt() / norm)                      # line 34
         out[name] = o.to(g.dtype).view_as(g)
     return out
 
@@ -67,8 +154,10 @@ def censor_gradient(
     trials: int,
     step: float,
     generator: torch.Generator,
+    fallback: str = "zeros",
+    subspace: str = "layer",
 ) -> tuple[Update, dict]:
-    """Algorithm 1 LOCAL_UPDATE: the best of ``trials`` orthogonal candidates, or zeros.
+    """Algorithm 1 LOCAL_UPDATE: the best of ``trials`` orthogonal candidates, or the fallback.
 
     Args:
         model: the model at the parameters ``theta`` the gradient was computed at (not modified).
@@ -76,37 +165,83 @@ def censor_gradient(
         grad: ``G0``, keyed by parameter name.
         trials: ``T``.
         step: the trial step size ``eta`` of line 15.
-        generator: source of the Gaussian samples.
+        generator: source of the Gaussian samples (draws happen on its device).
+        fallback: ``"zeros"``, ``"original"`` (line 11) or ``"skip"`` (see the module docstring).
+        subspace: ``"layer"`` (Eq. 12) or ``"samples"`` (Eq. 11).
 
     Returns:
-        ``(G*, details)`` with ``details = {"chosen_trial": t or -1, "initial_loss": l0,
-        "best_loss": l*, "trial_losses": [l^1, ..., l^T]}``.
+        ``(G*, details)`` with ``details = {"sent": "candidate" | fallback, "chosen_trial": t or -1,
+        "initial_loss": l0, "best_loss": l*, "trial_losses": [l^1, ..., l^T], "subspace": ...}``.
+        With ``fallback="skip"`` and no improving trial, ``G*`` is zeros and ``sent == "skip"``.
     """
-    if not isinstance(trials, int) or trials < 1:
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ValueError(f"CENSOR trials={trials!r}; allowed: integers >= 1")
     if not (step > 0):
         raise ValueError(f"CENSOR step={step!r}; allowed range (0, inf)")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"CENSOR fallback={fallback!r}; allowed: {', '.join(map(repr, FALLBACKS))}")
+    if subspace not in SUBSPACES:
+        raise ValueError(f"CENSOR subspace={subspace!r}; allowed: {', '.join(map(repr, SUBSPACES))}")
     theta = {n: p.detach() for n, p in model.named_parameters()}
     # The loss is evaluated by the same forward pass the client trains with (model mode kept);
     # PRECODE's sampling makes it stochastic, so the global RNG is re-seeded per evaluation to
     # compare all candidates under the same noise draw.
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
 
     def evaluate(params: dict[str, Tensor]) -> float:
         with torch.random.fork_rng(devices=[] if x.device.type == "cpu" else [x.device]):
             torch.manual_seed(seed)
             return _loss_at(model, x, y, params)
 
+    bases = None
+    if subspace == "samples":
+        with torch.random.fork_rng(devices=[] if x.device.type == "cpu" else [x.device]):
+            torch.manual_seed(seed)
+            bases = example_bases(grad, example_gradients(model, x, y))
     initial = evaluate(theta)
-    best_loss, best, chosen = initial, {n: torch.zeros_like(g) for n, g in grad.items()}, -1
+    if fallback == "original":
+        best = {n: g.detach().clone() for n, g in grad.items()}
+    else:
+        best = {n: torch.zeros_like(g) for n, g in grad.items()}
+    best_loss, chosen = initial, -1
     losses: list[float] = []
     for t in range(trials):
-        cand = orthogonal_candidate(grad, generator)
+        cand = orthogonal_candidate(grad, generator, bases)
         trial_params = {n: theta[n] - step * cand[n] if n in cand else theta[n] for n in theta}
         loss_t = evaluate(trial_params)
         losses.append(loss_t)
         if loss_t < best_loss:
             best_loss, best, chosen = loss_t, cand, t
-    details = {"chosen_trial": chosen, "initial_loss": initial, "best_loss": best_loss, "trial_losses": losses}
+    details = {"sent": "candidate" if chosen >= 0 else fallback, "chosen_trial": chosen, "initial_loss": initial,
+               "best_loss": best_loss, "trial_losses": losses, "subspace": subspace}
     return best, details
 
+
+class Censor(StepDefense):
+    """CENSOR on every local step's gradient; ``fallback="skip"`` withholds the round's update."""
+
+    name = "censor"
+    fields = (
+        int_field("censor_trials", 0, "CENSOR number of trials T of Algorithm 1; 0 off (paper: 20)."),
+        real_field("censor_step", 0.1, "CENSOR trial step size eta of Algorithm 1 line 15 (paper's FL learning "
+                   "rate: 0.1).", low_open=True),
+        choice_field("censor_fallback", "zeros", "CENSOR when no trial lowers the loss: send 'zeros', the "
+                     "'original' gradient (Algorithm 1 line 11, paper) or 'skip' the round.", FALLBACKS),
+        choice_field("censor_subspace", "layer", "CENSOR candidates orthogonal to each 'layer' of the batch gradient "
+                     "(Algorithm 1) or to every example's gradient, 'samples' (Eq. 11).", SUBSPACES),
+    )
+
+    def apply(self, ctx: DefenseContext, model: nn.Module, x: Tensor, y: Tensor, grad: Update, *,
+              step: int) -> tuple[Update, dict]:
+        c = ctx.config
+        out, info = censor_gradient(model, x, y, grad, trials=c.censor_trials, step=c.censor_step,
+                                    generator=ctx.generator, fallback=c.censor_fallback, subspace=c.censor_subspace)
+        if info["sent"] == "skip":
+            ctx.skip_round()
+        return out, info
+
+    def cost(self, config) -> float:
+        return 0.5 * config.censor_trials + (1.0 if config.censor_subspace == "samples" else 0.0)
+
+
+CENSOR = Censor()

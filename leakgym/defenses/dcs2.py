@@ -40,6 +40,11 @@ Implementation notes and deviations (all deliberate):
 
 The model is not modified: parameters are used through :func:`torch.func.functional_call`-style
 copies, and any buffers (BatchNorm statistics) are restored after the call.
+
+The registered defense :data:`DCS2` (fields ``dcs2_*``, switch ``dcs2_lambda_g``) transforms every
+local step's gradient (step stage). Its cost is ``num_concealed * steps + 1`` clean-gradient units
+per round: each synthesis step differentiates a gradient (about one gradient per concealed sample),
+plus the gradient of the augmented batch.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from leakgym.defenses.registry import DefenseContext, StepDefense, choice_field, int_field, real_field
 from leakgym.models import task_loss
 
 #: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
@@ -131,14 +137,15 @@ def _start_points(
 ) -> tuple[Tensor, Tensor]:
     """Algorithm 1 line 2: ``x~_c <- x0``, ``y~_c <- y0`` for every (already repeated) sensitive sample."""
     m = x_s.shape[0]
+    dev = generator.device  # draw where the generator lives, then move
     if start == "random":
-        x0 = torch.randn(x_s.shape, generator=generator).to(x_s)
-        y0 = torch.randint(0, num_classes, (m,), generator=generator).to(x_s.device)
+        x0 = torch.randn(x_s.shape, generator=generator, device=dev).to(x_s)
+        y0 = torch.randint(0, num_classes, (m,), generator=generator, device=dev).to(x_s.device)
         return x0, y0
     assert public_x is not None and public_y is not None
-    pick = torch.randint(0, public_x.shape[0], (m,), generator=generator).to(public_x.device)
+    pick = torch.randint(0, public_x.shape[0], (m,), generator=generator, device=dev).to(public_x.device)
     x0 = public_x[pick].to(x_s)
-    y0 = public_y[pick].to(device=x_s.device, dtype=torch.int64)
+    y0 = public_y[pick.to(public_y.device)].to(device=x_s.device, dtype=torch.int64)
     if start == "mixup":
         x0 = MIXUP_START_WEIGHT * x0 + (1.0 - MIXUP_START_WEIGHT) * x_s
     return x0, y0
@@ -265,3 +272,37 @@ def dcs2_gradient(
         "concealed_y": y_c,
     }
     return out, details
+
+
+class DCS2(StepDefense):
+    """DCS²: every step's gradient mixed with concealed samples' gradients, then projected (Eq. 9-12)."""
+
+    name = "dcs2"
+    fields = (
+        real_field("dcs2_lambda_g", 0.0, "DCS² weight lambda_g of Eq. (10); 0 off (paper: 0.7).", high=1.0),
+        real_field("dcs2_lambda_x", 0.01, "DCS² lambda_x of Eq. (9) (authors' MNIST script: 0.01)."),
+        real_field("dcs2_lambda_z", 0.01, "DCS² lambda_z of Eq. (9) (authors' MNIST script: 0.01)."),
+        real_field("dcs2_epsilon", 0.01, "DCS² latent distance epsilon of Eq. (8)-(9) (authors' MNIST script: 0.01)."),
+        int_field("dcs2_num_concealed", 1, "DCS² number of concealed samples per batch (authors: 1).", low=1),
+        int_field("dcs2_steps", 1000, "DCS² optimisation steps for the concealed sample (authors' MNIST script: 1000).",
+                  low=1),
+        real_field("dcs2_lr", 0.1, "DCS² learning rate of the concealed-sample optimisation (authors: 0.1).",
+                   low_open=True),
+        choice_field("dcs2_start", "mixup", "DCS² starting point x0: 'random' noise, a 'public' image, or 'mixup' "
+                      "0.7 x0 + 0.3 xs (paper Table 5).", STARTS),
+    )
+
+    def apply(self, ctx: DefenseContext, model: nn.Module, x: Tensor, y: Tensor, grad: dict[str, Tensor], *,
+              step: int) -> tuple[dict[str, Tensor], dict]:
+        c = ctx.config
+        return dcs2_gradient(
+            model, x, y, grad, lambda_g=c.dcs2_lambda_g, lambda_x=c.dcs2_lambda_x, lambda_z=c.dcs2_lambda_z,
+            epsilon=c.dcs2_epsilon, num_concealed=c.dcs2_num_concealed, steps=c.dcs2_steps, lr=c.dcs2_lr,
+            start=c.dcs2_start, public_x=ctx.public_x, public_y=ctx.public_y, generator=ctx.generator,
+        )
+
+    def cost(self, config) -> float:
+        return float(config.dcs2_num_concealed * config.dcs2_steps + 1)
+
+
+DCS2_DEFENSE = DCS2()

@@ -25,6 +25,16 @@ The returned ``info`` dict holds the encoding's secret: the coefficients, the in
 images, the dense mixing matrix ``M`` (``E = M X`` before the sign flip) and, for InstaHide, the
 sign mask. :class:`leakgym.attacks.mixup_decoding.MixupDecoding` assumes an attacker who knows
 ``M`` (but never the sign mask), as in Huang et al. 2021's decoding evaluation.
+
+The registered defenses :data:`MIXUP` (field ``mixup_k``) and :data:`INSTAHIDE` (``instahide_k``)
+encode the private batch (input stage, free in the cost model) and attach the encoding to the shared
+update as ``metadata["encoding"]``: the scheme, the mixing matrix ``M``, the soft labels and, for
+cross-dataset InstaHide, the public matrix. That is the *upper-bound* threat model of the decoding
+attack (GradAttack's evaluation, :mod:`leakgym.attacks.mixup_decoding`): an attacker that estimated
+``M`` perfectly. Sign masks and per-pixel coefficients stay secret. InstaHide is cross-dataset when
+the client has a public split (``public_x`` given to the pipeline), inside-dataset otherwise.
+
+Random draws use the generator on its own device (a CUDA generator cannot fill CPU tensors).
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+
+from leakgym.defenses.registry import DefenseContext, InputDefense, int_field
 
 #: InstaHide's upper bound on a single mixing coefficient (Huang et al. 2020; GradAttack default).
 UPPER_BOUND = 0.65
@@ -60,7 +72,7 @@ def sample_coefficients(n: int, k: int, generator: torch.Generator) -> Tensor:
     """
     if k == 1:
         return torch.ones(n, 1)
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     rng = np.random.default_rng(seed)
     alpha = np.ones(k)
     alpha[0] = OWN_CONCENTRATION
@@ -74,8 +86,8 @@ def sample_coefficients(n: int, k: int, generator: torch.Generator) -> Tensor:
 def _pick_others(n: int, i: int, count: int, generator: torch.Generator) -> list[int]:
     """``count`` distinct indices of ``range(n)`` other than ``i``, uniformly at random."""
     others = [j for j in range(n) if j != i]
-    perm = torch.randperm(len(others), generator=generator)[:count]
-    return [others[int(p)] for p in perm]
+    perm = torch.randperm(len(others), generator=generator, device=generator.device)[:count].tolist()
+    return [others[p] for p in perm]
 
 
 def mixup_encode(
@@ -114,7 +126,7 @@ def mixup_encode(
 
 def random_signs(shape: torch.Size | tuple[int, ...], generator: torch.Generator, like: Tensor) -> Tensor:
     """A uniformly random ``{-1, +1}`` mask (InstaHide's ``sigma``)."""
-    bits = torch.randint(0, 2, tuple(shape), generator=generator)
+    bits = torch.randint(0, 2, tuple(shape), generator=generator, device=generator.device)
     return (bits * 2 - 1).to(device=like.device, dtype=like.dtype)
 
 
@@ -163,7 +175,7 @@ def instahide_encode(
             if n_other:
                 priv_idx[i, 1] = _pick_others(b, i, 1, generator)[0]
             if n_pub:
-                pub_idx[i, 1 + n_other :] = torch.randperm(p, generator=generator)[:n_pub].to(x.device)
+                pub_idx[i, 1 + n_other :] = torch.randperm(p, generator=generator, device=generator.device)[:n_pub].to(x.device)
         mixing = torch.zeros(b, b, dtype=x.dtype, device=x.device)
         public_matrix = torch.zeros(b, p, dtype=x.dtype, device=x.device)
         is_priv = priv_idx >= 0
@@ -183,3 +195,60 @@ def instahide_encode(
     signs = random_signs(x_mix.shape, generator, x_mix)
     info["signs"] = signs
     return x_mix * signs, y_soft, info
+
+
+def _attach_encoding(ctx: DefenseContext, scheme: str, info: dict, labels: Tensor) -> None:
+    """Put the encoding on the shared update for the decoding attack's upper-bound threat model."""
+    ctx.metadata["encoding"] = {
+        "scheme": scheme,
+        "mixing_matrix": info["mixing_matrix"].detach(),
+        "labels": labels.detach(),
+        **({"public_matrix": info["public_matrix"].detach()} if "public_matrix" in info else {}),
+    }
+
+
+def _check_k(config, name: str) -> None:
+    if getattr(config, name) == 1:
+        raise ValueError(f"DefenseConfig.{name}=1 mixes nothing; allowed: 0 (off) or an integer >= 2")
+
+
+class Mixup(InputDefense):
+    """Inside-batch Mixup of ``mixup_k`` images per encoded example."""
+
+    name = "mixup"
+    fields = (int_field("mixup_k", 0, "Mixup encoding: images mixed per encoded example; 0 off."),)
+
+    def validate(self, config) -> None:
+        _check_k(config, "mixup_k")
+
+    def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:
+        x_enc, y_soft, info = mixup_encode(x, y, k=ctx.config.mixup_k, num_classes=ctx.spec.num_classes,
+                                           generator=ctx.generator)
+        _attach_encoding(ctx, "mixup", info, y_soft)
+        return x_enc, y_soft, info
+
+
+class InstaHide(InputDefense):
+    """InstaHide: Mixup of ``instahide_k`` images, then a random pixel-wise sign flip."""
+
+    name = "instahide"
+    fields = (int_field("instahide_k", 0, "InstaHide encoding: images mixed per encoded example (InstaHide paper: 4); "
+                        "0 off."),)
+
+    def validate(self, config) -> None:
+        _check_k(config, "instahide_k")
+        if config.mixup_k and config.instahide_k:
+            raise ValueError(
+                f"DefenseConfig.mixup_k={config.mixup_k} and instahide_k={config.instahide_k}: InstaHide already "
+                "is a Mixup encoding; set at most one of them > 0"
+            )
+
+    def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:
+        x_enc, y_soft, info = instahide_encode(x, y, k=ctx.config.instahide_k, num_classes=ctx.spec.num_classes,
+                                               generator=ctx.generator, public_x=ctx.public_x)
+        _attach_encoding(ctx, "instahide", info, y_soft)
+        return x_enc, y_soft, info
+
+
+MIXUP = Mixup()
+INSTAHIDE = InstaHide()

@@ -30,6 +30,10 @@ would blur even a 90° turn, so those use ``torch.rot90``/``torch.flip``. Interp
 (minor rotation, shear) fill the area that enters the frame with *black* (unit value 0, i.e. the
 normalised value ``-mean/std``), as torchvision/kornia do on unnormalised images; this is why the
 dataset spec (``fill``) is a parameter.
+
+The registered defense :data:`OASIS` (field ``oasis``, the mask; input stage) augments the private
+batch before any gradient. Its cost is ``copies_per_image(mask)`` clean-gradient units: the batch
+grows by that many copies of every image, one extra batch gradient each.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from leakgym.defenses.registry import DefenseContext, InputDefense, int_field
+
 MAJOR_ROTATION, MINOR_ROTATION, SHEAR, HFLIP, VFLIP = 1, 2, 4, 8, 16
+ALL_BITS = MAJOR_ROTATION | MINOR_ROTATION | SHEAR | HFLIP | VFLIP
 BIT_NAMES: dict[int, str] = {
     MAJOR_ROTATION: "major_rotation",
     MINOR_ROTATION: "minor_rotation",
@@ -133,3 +140,22 @@ def black_fill(mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
     """Normalised value of a black (unit 0) pixel per channel: ``-mean / std``."""
     return torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32)
 
+
+
+class Oasis(InputDefense):
+    """OASIS Eq. (7): the private batch plus the selected augmented copies of every image."""
+
+    name = "oasis"
+    fields = (int_field("oasis", 0, "OASIS augmentation bit mask: 1 major rotation, 2 minor rotation, 4 shear, "
+                        "8 hflip, 16 vflip; 0 off.", low=0, high=ALL_BITS),)
+
+    def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:
+        mask = ctx.config.oasis
+        x_aug, y_aug, names = augment(x, y, mask, fill=black_fill(ctx.spec.mean, ctx.spec.std))
+        return x_aug, y_aug, {"mask": mask, "copies_per_image": copies_per_image(mask), "transforms": names}
+
+    def cost(self, config) -> float:
+        return float(copies_per_image(config.oasis))
+
+
+OASIS = Oasis()

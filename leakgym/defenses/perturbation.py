@@ -6,7 +6,9 @@ add i.i.d. noise to every entry of the shared update. Clipping bounds the update
 ``u <- u * min(1, C / ||u||_2)``. Clipping then noise is the DP-SGD recipe; note that clipping
 alone rescales the update and so leaves cosine-matching attacks (Geiping et al.) unaffected.
 
-All functions are pure: they return new dictionaries and never modify their inputs.
+All functions are pure: they return new dictionaries and never modify their inputs. The registered
+defenses :data:`CLIP` (``clip``) and :data:`NOISE` (``noise_sigma``, ``noise_kind``) apply them to the
+shared update (update stage); both are free in the cost model (a pass over the update).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ import math
 import torch
 from torch import Tensor
 
+from leakgym.defenses.registry import DefenseContext, UpdateDefense, choice_field, real_field
+
 Update = dict[str, Tensor]
+#: Allowed noise distributions.
+NOISE_KINDS = ("gaussian", "laplace")
 
 
 def laplace_like(t: Tensor, scale: float, generator: torch.Generator) -> Tensor:
@@ -25,7 +31,7 @@ def laplace_like(t: Tensor, scale: float, generator: torch.Generator) -> Tensor:
     ``torch.distributions.Laplace`` takes no generator, so we draw ``u ~ U(-1/2, 1/2)`` and return
     ``-b * sign(u) * log(1 - 2|u|)``.
     """
-    u = torch.rand(t.shape, generator=generator, device=t.device, dtype=t.dtype) - 0.5
+    u = torch.rand(t.shape, generator=generator, device=generator.device, dtype=t.dtype).to(t.device) - 0.5
     # 1 - 2|u| lies in (0, 1]; clamp keeps log finite for the (measure-zero) u = -1/2 draw.
     return -scale * torch.sign(u) * torch.log1p(-2 * u.abs()).clamp(min=math.log(torch.finfo(t.dtype).tiny))
 
@@ -34,11 +40,13 @@ def add_noise(update: Update, sigma: float, *, kind: str = "gaussian", generator
               names: list[str] | None = None) -> Update:
     """Add i.i.d. noise to the entries of ``update`` (only to ``names`` if given).
 
+    Noise is drawn on ``generator``'s device and moved to each tensor's.
+
     ``kind="gaussian"``: N(0, sigma^2). ``kind="laplace"``: Laplace(0, b=sigma) (variance 2 sigma^2).
     """
     if sigma < 0 or not math.isfinite(sigma):
         raise ValueError(f"noise sigma={sigma!r}; allowed range [0, inf)")
-    if kind not in ("gaussian", "laplace"):
+    if kind not in NOISE_KINDS:
         raise ValueError(f"noise kind={kind!r}; allowed: 'gaussian', 'laplace'")
     selected = set(update) if names is None else set(names)
     out: Update = {}
@@ -46,7 +54,8 @@ def add_noise(update: Update, sigma: float, *, kind: str = "gaussian", generator
         if name not in selected or sigma == 0:
             out[name] = t.clone()
         elif kind == "gaussian":
-            out[name] = t + sigma * torch.randn(t.shape, generator=generator, device=t.device, dtype=t.dtype)
+            noise = torch.randn(t.shape, generator=generator, device=generator.device, dtype=t.dtype)
+            out[name] = t + sigma * noise.to(t.device)
         else:
             out[name] = t + laplace_like(t, sigma, generator)
     return out
@@ -64,3 +73,34 @@ def clip_norm(update: Update, max_norm: float) -> tuple[Update, float]:
     norm = float(global_norm(update))
     factor = min(1.0, max_norm / norm) if norm > 0 else 1.0
     return {k: t * factor for k, t in update.items()}, factor
+
+
+class Clip(UpdateDefense):
+    """Global L2 clipping of the shared update, ``u * min(1, C / ||u||_2)``."""
+
+    name = "clip"
+    fields = (real_field("clip", 0.0, "Clip the update's global L2 norm to this value; 0 off."),)
+
+    def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
+        norm_before = float(global_norm(update))
+        out, factor = clip_norm(update, ctx.config.clip)
+        return out, {"norm_before": norm_before, "factor": factor}
+
+
+class Noise(UpdateDefense):
+    """I.i.d. Gaussian or Laplace noise on every entry of the shared update (applied last: never pruned)."""
+
+    name = "noise"
+    fields = (
+        real_field("noise_sigma", 0.0, "Noise scale added to every entry (Gaussian std, or Laplace scale b); 0 off."),
+        choice_field("noise_kind", "gaussian", "Noise distribution: 'gaussian' or 'laplace'.", NOISE_KINDS),
+    )
+
+    def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
+        cfg = ctx.config
+        out = add_noise(update, cfg.noise_sigma, kind=cfg.noise_kind, generator=ctx.generator)
+        return out, {"kind": cfg.noise_kind, "sigma": cfg.noise_sigma}
+
+
+CLIP = Clip()
+NOISE = Noise()

@@ -1,24 +1,32 @@
 """The client-side defense pipeline: (model, private batch, DefenseConfig) -> (SharedUpdate, report).
 
-A client's shared update is built in three stages; within a stage defenses apply in the order listed
-(the canonical order, :data:`~leakgym.defenses.config.PIPELINE_ORDER`), and any subset composes:
+A client's shared update is built in three stages; within a stage the registered defenses apply in
+registry order (:data:`~leakgym.defenses.registry.PIPELINE_ORDER`), and any subset composes:
 
-1. **Input side** — transform the private batch the client trains on:
-   ``oasis`` (add augmented copies, :mod:`.oasis`) -> ``loda`` (replace images by obscured ones,
-   :mod:`.loda`) -> ``mixup`` / ``instahide`` (mix images, soft labels, :mod:`.encodings`).
+1. **Input side** — transform the private batch the client trains on (built in: ``oasis``
+   (add augmented copies, :mod:`.oasis`) -> ``loda`` (replace images by obscured ones, :mod:`.loda`)
+   -> ``mixup`` / ``instahide`` (mix images, soft labels, :mod:`.encodings`)).
 2. **Training** — one gradient (FedSGD, ``update_kind="gradient"``) or ``local_steps`` SGD steps
    (FedAvg, ``update_kind="model_delta"``) via :func:`leakgym.fl.client.compute_update`; every step's
-   gradient passes through the per-step transforms ``dcs2`` (concealed samples, :mod:`.dcs2`) ->
-   ``censor`` (orthogonal resampling, :mod:`.censor`).
-3. **Update side** — transform the final shared update:
-   ``ppp`` (perturb the pre-bottleneck layers, :mod:`.ppp`) -> ``soteria`` (prune head-weight columns,
-   :mod:`.soteria`) -> ``prune`` (per-layer magnitude pruning) -> ``topk`` (global top-k,
-   :mod:`.sparsification`) -> ``clip`` (global L2 clipping) -> ``noise`` (Gaussian/Laplace,
-   :mod:`.perturbation`).
+   gradient passes through the step-stage defenses (``dcs2`` (concealed samples, :mod:`.dcs2`) ->
+   ``censor`` (orthogonal resampling, :mod:`.censor`)).
+3. **Update side** — transform the final shared update (``ppp`` (perturb the pre-bottleneck layers,
+   :mod:`.ppp`) -> ``soteria`` (prune head-weight columns, :mod:`.soteria`) -> ``prune`` (per-layer
+   magnitude pruning) -> ``topk`` (global top-k, :mod:`.sparsification`) -> ``clip`` (global L2
+   clipping) -> ``clip_value`` (per-entry clamping, :mod:`.value_clipping`) -> ``noise``
+   (Gaussian/Laplace, :mod:`.perturbation`)).
 
 Input-side first because they change what is trained on; update-side last because they post-process
 what is sent; within the update side, selection/pruning precedes clipping, and noise comes last so
-that it is never pruned away (the DP-SGD order clip -> noise).
+that it is never pruned or clipped away (the DP-SGD order clip -> noise).
+
+The pipeline knows no defense by name: each one's ``apply`` gets a
+:class:`~leakgym.defenses.registry.DefenseContext` and returns its details, which land in
+``DefenseReport.details[name]`` (a list with one entry per local step for step-stage defenses).
+What a defense attaches to the update (Mixup's ``"encoding"``) goes through ``ctx.metadata`` into
+``SharedUpdate.metadata``. A defense may withhold the round's update (``ctx.skip_round()``, CENSOR's
+``"skip"`` fallback): the shared tensors are then all zero, ``metadata["skipped"]`` is ``True`` and
+``details["skipped"]`` too; the server leaves such updates out of the aggregate.
 
 The declared ``batch_size`` of the shared update is always the original ``B``: OASIS adds copies,
 and the client does not tell the server. The model passed in is never modified.
@@ -29,37 +37,31 @@ so ``fidelity`` (cosine between shared and clean update over all parameters) is 
 computation minus that of the clean one (clamped at 0; both include the gradient computation).
 
 Randomness: every defense draws from its own ``torch.Generator`` derived from ``seed`` and its name,
-so switching one defense on does not change another's draws. The PRECODE bottleneck samples from the
-global RNG (``torch.randn_like`` has no generator), so both the clean and the defended computation
-run inside ``torch.random.fork_rng`` seeded with ``seed``; the caller's global RNG state is untouched.
+created on the private batch's device, so switching one defense on does not change another's
+draws. The PRECODE bottleneck samples from the global RNG (``torch.randn_like`` has no generator),
+so both the clean and the defended computation run inside ``torch.random.fork_rng`` seeded with
+``seed``; the caller's global RNG state is untouched.
 """
 
 from __future__ import annotations
 
-import copy
 import time
-import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from leakgym.defenses.censor import censor_gradient
 from leakgym.defenses.config import DefenseConfig
-from leakgym.defenses.oasis import augment, black_fill, copies_per_image
-from leakgym.defenses.perturbation import add_noise, clip_norm, global_norm
-from leakgym.defenses.ppp import ppp
-from leakgym.defenses.soteria import soteria
-from leakgym.defenses.sparsification import density, prune_smallest, top_k
+from leakgym.defenses.registry import (
+    DEFENSES,
+    DefenseContext,
+    derived_generator,
+    seeded_global_rng,
+)
 from leakgym.fl.client import compute_update
 from leakgym.fl.update import SharedUpdate, UpdateKind, cosine_similarity
-from leakgym.models import bn_eval_if_single
 
-#: LODA's ``seed`` keys its feature extractor, which a client trains once on public data and caches
-#: ("once for all", LODA §1); it is fixed so that the extractor is not retrained for every update.
-LODA_EXTRACTOR_SEED = 0
+__all__ = ["DefenseReport", "apply_defense", "derived_generator"]
 
 
 @dataclass
@@ -70,30 +72,17 @@ class DefenseReport:
         applied: names of the defenses applied, in pipeline order (``[]`` for no defense).
         overhead_s: extra wall time over computing the clean update (seconds, measured, >= 0).
         fidelity: cosine similarity between the shared and the clean update (1.0 = unchanged).
-        details: per-defense numbers, e.g. ``details["censor"]`` (one entry per local step: chosen
-            trial, initial/best/trial losses), ``details["examples_used"]`` (examples actually
-            trained on), ``details["declared_batch_size"]``, ``details["soteria"]["pruned_units"]``.
+        details: per-defense numbers under the defense's name, e.g. ``details["censor"]`` (one
+            entry per local step: what was sent, chosen trial, initial/best/trial losses),
+            ``details["soteria"]["pruned_units"]``; and ``details["examples_used"]`` (examples
+            actually trained on), ``details["declared_batch_size"]``, ``details["skipped"]`` (the
+            update was withheld).
     """
 
     applied: list[str]
     overhead_s: float
     fidelity: float
     details: dict = field(default_factory=dict)
-
-
-def derived_generator(seed: int, name: str, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded from ``(seed, name)``: independent streams per defense."""
-    g = torch.Generator(device=device)
-    g.manual_seed((int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1))
-    return g
-
-
-@contextmanager
-def _seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
-    devices = [] if device.type == "cpu" else [device]
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(seed))
-        yield
 
 
 def apply_defense(
@@ -121,7 +110,7 @@ def apply_defense(
         seed: seeds every random choice of the defenses (and PRECODE's sampling).
         public_x, public_y: the public split as *unit* images ``[0, 1]`` and labels (the
             convention of :class:`~leakgym.attacks.base.AttackerKnowledge`); used by LODA, DCS² and
-            cross-dataset InstaHide.
+            cross-dataset InstaHide. Moved to ``x``'s device and normalised here.
 
     Returns:
         ``(SharedUpdate, DefenseReport)``.
@@ -139,7 +128,7 @@ def apply_defense(
     device = x.device
 
     t0 = time.perf_counter()
-    with _seeded_global_rng(seed, device):
+    with seeded_global_rng(seed, device):
         clean = compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr)
     t_clean = time.perf_counter() - t0
     applied = config.active()
@@ -148,104 +137,56 @@ def apply_defense(
         return clean, DefenseReport(applied=[], overhead_s=0.0, fidelity=1.0, details=details)
 
     spec = model.spec
+    metadata: dict = {}
     public_xn = None if public_x is None else spec.normalize(public_x.to(x))
-    gen = {name: derived_generator(seed, name, device) for name in applied}
+    public_yd = None if public_y is None else public_y.to(device)
+    defenses = [DEFENSES[name] for name in applied]
+    ctx = {
+        d.name: DefenseContext(
+            name=d.name, config=config, model=model, spec=spec, device=device, seed=seed,
+            generator=derived_generator(seed, d.name, device), public_x=public_xn, public_y=public_yd,
+            batch_size=batch, update_kind=update_kind, metadata=metadata,
+        )
+        for d in defenses
+    }
 
     t1 = time.perf_counter()
     # ---- 1. input side ---------------------------------------------------------------------
     x_in, y_in = x, y
-    if "oasis" in applied:
-        x_in, y_in, names = augment(x_in, y_in, config.oasis, fill=black_fill(spec.mean, spec.std))
-        details["oasis"] = {"mask": config.oasis, "copies_per_image": copies_per_image(config.oasis),
-                            "transforms": names}
-    if "loda" in applied:
-        from leakgym.defenses.loda import loda_obscure  # lazy: LODA pulls in its feature extractor
-
-        x_in, info = loda_obscure(
-            x_in, y_in, spec=spec, c=config.loda_c, steps=config.loda_steps, lr=config.loda_lr,
-            layers=config.loda_layers, public_x=public_xn, public_y=public_y, seed=LODA_EXTRACTOR_SEED,
-            cache_dir=None,
-        )
-        details["loda"] = info
-    if "mixup" in applied or "instahide" in applied:
-        from leakgym.defenses.encodings import instahide_encode, mixup_encode
-
-        if "mixup" in applied:
-            x_in, y_in, info = mixup_encode(x_in, y_in, k=config.mixup_k, num_classes=spec.num_classes,
-                                            generator=gen["mixup"])
-            details["mixup"] = info
-        else:
-            x_in, y_in, info = instahide_encode(x_in, y_in, k=config.instahide_k, num_classes=spec.num_classes,
-                                                generator=gen["instahide"], public_x=public_xn)
-            details["instahide"] = info
+    for d in defenses:
+        if d.stage == "input":
+            x_in, y_in, details[d.name] = d.apply(ctx[d.name], x_in, y_in)
     details["examples_used"] = int(x_in.shape[0])
 
     # ---- 2. training with per-step gradient transforms -------------------------------------
+    step_defenses = [d for d in defenses if d.stage == "step"]
     transform = None
-    if "dcs2" in applied or "censor" in applied:
-        per_step: dict[str, list] = {name: [] for name in ("dcs2", "censor") if name in applied}
+    if step_defenses:
+        for d in step_defenses:
+            details[d.name] = []
 
         def transform(work: nn.Module, xb: Tensor, yb: Tensor, grad: dict[str, Tensor], *,
                       step: int) -> dict[str, Tensor]:
-            if "dcs2" in applied:
-                from leakgym.defenses.dcs2 import dcs2_gradient  # lazy: optional heavy defense
-
-                grad, info = dcs2_gradient(
-                    work, xb, yb, grad, lambda_g=config.dcs2_lambda_g, lambda_x=config.dcs2_lambda_x,
-                    lambda_z=config.dcs2_lambda_z, epsilon=config.dcs2_epsilon,
-                    num_concealed=config.dcs2_num_concealed, steps=config.dcs2_steps, lr=config.dcs2_lr,
-                    start=config.dcs2_start, public_x=public_xn, public_y=public_y, generator=gen["dcs2"],
-                )
-                per_step["dcs2"].append(info)
-            if "censor" in applied:
-                grad, info = censor_gradient(work, xb, yb, grad, trials=config.censor_trials,
-                                             step=config.censor_step, generator=gen["censor"])
-                per_step["censor"].append(info)
+            for d in step_defenses:
+                grad, info = d.apply(ctx[d.name], work, xb, yb, grad, step=step)
+                details[d.name].append(info)
             return grad
 
-        details.update(per_step)
-
-    with _seeded_global_rng(seed, device):
+    with seeded_global_rng(seed, device):
         shared = compute_update(model, x_in, y_in, kind=update_kind, local_steps=local_steps,
                                 local_lr=local_lr, gradient_transform=transform, batch_size=batch)
 
     # ---- 3. update side ----------------------------------------------------------------------
     tensors = shared.tensors
-    if "ppp" in applied:
-        tensors, details["ppp"] = ppp(tensors, model, config.ppp, sigma=config.ppp_sigma,
-                                      prune=config.ppp_prune, generator=gen["ppp"])
-    if "soteria" in applied:
-        # Scores come from a train-mode copy (as the client trained), so the caller's model and
-        # its BatchNorm statistics stay untouched.
-        work = copy.deepcopy(model).train()
-        with bn_eval_if_single(work, x_in.shape[0]), _seeded_global_rng(seed, device):
-            tensors, details["soteria"] = soteria(tensors, work, x_in, config.soteria)
-    if "prune" in applied:
-        tensors = prune_smallest(tensors, config.prune)
-        details["prune"] = {"density": density(tensors)}
-    if "topk" in applied:
-        tensors = top_k(tensors, config.topk)
-        details["topk"] = {"density": density(tensors)}
-    if "clip" in applied:
-        norm_before = float(global_norm(tensors))
-        tensors, factor = clip_norm(tensors, config.clip)
-        details["clip"] = {"norm_before": norm_before, "factor": factor}
-    if "noise" in applied:
-        tensors = add_noise(tensors, config.noise_sigma, kind=config.noise_kind, generator=gen["noise"])
-        details["noise"] = {"kind": config.noise_kind, "sigma": config.noise_sigma}
+    for d in defenses:
+        if d.stage == "update":
+            tensors, details[d.name] = d.apply(ctx[d.name], tensors, x_in, y_in)
+    if metadata.get("skipped"):
+        # The client sends nothing this round; the zeros are a placeholder the server ignores.
+        tensors = {k: torch.zeros_like(t) for k, t in tensors.items()}
+        details["skipped"] = True
     shared.tensors = tensors
-    for scheme in ("mixup", "instahide"):
-        if scheme in applied:
-            # The encoding's mixing matrix travels with the update for the *upper-bound* threat model
-            # of the decoding attack (GradAttack's evaluation, see leakgym.attacks.mixup_decoding):
-            # an attacker that estimated M perfectly. Sign masks and coefficients per pixel stay secret.
-            info = details[scheme]
-            shared.metadata["encoding"] = {
-                "scheme": scheme,
-                "mixing_matrix": info["mixing_matrix"].detach(),
-                "labels": y_in.detach(),
-                **({"public_matrix": info["public_matrix"].detach()} if "public_matrix" in info else {}),
-            }
+    shared.metadata.update(metadata)
     t_def = time.perf_counter() - t1
 
     report = DefenseReport(

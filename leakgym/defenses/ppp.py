@@ -14,7 +14,8 @@ with one of the two perturbations of §5.2:
 
 The presets are available as ``DefenseConfig.preset("PPP-NG1")`` etc. (names ``PPP-NG3``,
 ``PPP-NG2``, ``PPP-NG1``, ``PPP-NG05``, ``PPP-GC90``, ``PPP-GC99``). PPP needs a PRECODE model,
-``build_model(..., precode=True)``.
+``build_model(..., precode=True)``. The registered defense :data:`PPP` (fields ``ppp``,
+``ppp_sigma``, ``ppp_prune``) applies it to the shared update (update stage; free in the cost model).
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import torch
 from torch import Tensor, nn
 
 from leakgym.defenses.perturbation import add_noise
+from leakgym.defenses.registry import DefenseContext, UpdateDefense, choice_field, real_field
 from leakgym.defenses.sparsification import prune_smallest
 from leakgym.models import precode_layer_split
 
 Update = dict[str, Tensor]
+#: ``"off"`` and the two perturbations of §5.2.
+PPP_MODES = ("off", "ng", "gc")
 
 
 def ppp(update: Update, model: nn.Module, mode: str, *, sigma: float, prune: float,
@@ -45,3 +49,23 @@ def ppp(update: Update, model: nn.Module, mode: str, *, sigma: float, prune: flo
     else:
         out = prune_smallest(update, prune, names=layers)
     return out, {"mode": mode, "layers": layers}
+
+
+class PPP(UpdateDefense):
+    """PPP-NG / PPP-GC on the layers before the PRECODE bottleneck."""
+
+    name = "ppp"
+    fields = (
+        choice_field("ppp", "off", "PPP partial perturbation of the layers before the PRECODE bottleneck: 'off', "
+                     "'ng' (noise) or 'gc' (pruning).", PPP_MODES),
+        real_field("ppp_sigma", 0.1, "PPP-NG Gaussian standard deviation (paper: 1e-3 .. 0.5; NG1 = 0.1)."),
+        real_field("ppp_prune", 0.9, "PPP-GC per-layer pruning ratio (paper: GC90 = 0.9, GC99 = 0.99).",
+                   high=1.0, high_open=True),
+    )
+
+    def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
+        cfg = ctx.config
+        return ppp(update, ctx.model, cfg.ppp, sigma=cfg.ppp_sigma, prune=cfg.ppp_prune, generator=ctx.generator)
+
+
+PPP_DEFENSE = PPP()

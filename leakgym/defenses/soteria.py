@@ -29,14 +29,23 @@ Approximations to note: the ratio is Sun et al.'s single-unit first-order estima
 of Eq. (5); the derivative of the batch-summed features is used, so with BatchNorm in train mode the
 (small) coupling of examples through batch statistics is folded into each example's row; with
 PRECODE the representation is the sampled bottleneck output of one forward pass.
+
+The registered defense :data:`SOTERIA` (field ``soteria``, update stage) scores the units on a
+train-mode copy of the model (as the client trained; the caller's model and its BatchNorm statistics
+stay untouched) with the batch the client trained on, under the round's seeded global RNG (PRECODE).
+Free in the cost model (one Jacobian of the representation, small next to the defenses that count).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 from torch import Tensor, nn
+
+from leakgym.defenses.registry import DefenseContext, UpdateDefense, real_field
+from leakgym.models import bn_eval_if_single
 
 Update = dict[str, Tensor]
 #: Stabiliser of the official implementation (denominator ``|r| + 0.1``).
@@ -110,3 +119,19 @@ def soteria(update: Update, model: nn.Module, x: Tensor, fraction: float) -> tup
     out = {k: v.clone() for k, v in update.items()}
     out[name] = update[name] * keep.to(update[name].dtype)[None, :]
     return out, {"pruned_units": int((~keep).sum()), "units": int(keep.numel())}
+
+
+class Soteria(UpdateDefense):
+    """Prune the head-weight update columns of the representation units Soteria scores lowest."""
+
+    name = "soteria"
+    fields = (real_field("soteria", 0.0, "Soteria: fraction of representation units whose head-weight gradient "
+                         "columns are pruned; 0 off.", high=1.0, high_open=True),)
+
+    def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
+        work = copy.deepcopy(ctx.model).train()
+        with bn_eval_if_single(work, x.shape[0]), ctx.global_rng():
+            return soteria(update, work, x, ctx.config.soteria)
+
+
+SOTERIA = Soteria()

@@ -8,6 +8,8 @@
 
 Ties are broken by position (``torch.topk``/``argsort`` order), so exactly ``floor(p * n)`` entries
 per layer, resp. ``N - k`` entries overall, are zeroed. Pure functions; inputs are not modified.
+The registered defenses :data:`PRUNE` (``prune``) and :data:`TOPK` (``topk``) apply them to the
+shared update (update stage); both are free in the cost model.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from leakgym.defenses.registry import DefenseContext, UpdateDefense, real_field
 
 Update = dict[str, Tensor]
 
@@ -62,3 +66,31 @@ def density(update: Update) -> float:
     total = sum(t.numel() for t in update.values())
     nonzero = sum(int(torch.count_nonzero(t)) for t in update.values())
     return nonzero / total if total else 0.0
+
+
+class Prune(UpdateDefense):
+    """Per-layer smallest-magnitude pruning (gradient compression)."""
+
+    name = "prune"
+    fields = (real_field("prune", 0.0, "Per-layer smallest-magnitude pruning fraction p (gradient compression); 0 off.",
+                         high=1.0, high_open=True),)
+
+    def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
+        out = prune_smallest(update, ctx.config.prune)
+        return out, {"density": density(out)}
+
+
+class TopK(UpdateDefense):
+    """Global top-k sparsification of the whole update."""
+
+    name = "topk"
+    fields = (real_field("topk", 1.0, "Global top-k sparsification: fraction of all entries kept (largest magnitudes); "
+                         "1.0 off.", high=1.0, low_open=True),)
+
+    def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
+        out = top_k(update, ctx.config.topk)
+        return out, {"density": density(out)}
+
+
+PRUNE = Prune()
+TOPK = TopK()

@@ -17,7 +17,9 @@ class Server:
     FedSGD updates are gradients and are applied as ``w -= lr * mean_gradient``; FedAvg updates are
     model differences ``w_before - w_after`` and are applied as ``w -= mean_delta`` (server learning
     rate 1, the original FedAvg). BatchNorm running statistics are averaged from the clients'
-    ``buffers`` when they share them.
+    ``buffers`` when they share them. An update marked ``metadata["skipped"] = True`` (a client that
+    withheld its update this round, e.g. CENSOR's ``"skip"`` fallback) is left out entirely, as if
+    the client had not been selected; when every update is skipped the model does not change.
     """
 
     def __init__(self, model: nn.Module, *, lr: float, eval_x: Tensor, eval_y: Tensor) -> None:
@@ -30,10 +32,14 @@ class Server:
 
     @torch.no_grad()
     def aggregate(self, updates: list[SharedUpdate], weights: list[float] | None = None) -> None:
-        if not updates:
-            return
         if weights is None:
             weights = [float(u.batch_size) for u in updates]
+        if len(weights) != len(updates):
+            raise ValueError(f"{len(weights)} weights for {len(updates)} updates")
+        sent = [(w, u) for w, u in zip(weights, updates) if not u.metadata.get("skipped", False)]
+        if not sent:
+            return
+        weights, updates = [w for w, _ in sent], [u for _, u in sent]
         params = dict(self.model.named_parameters())
         step = self.lr if updates[0].kind == "gradient" else 1.0
         for name, param in params.items():

@@ -1,0 +1,409 @@
+"""The defense registry: every client-side defense is one registered object.
+
+A defense is a small object (an instance of :class:`InputDefense`, :class:`StepDefense` or
+:class:`UpdateDefense`) that declares
+
+* ``name`` — its key in :data:`DEFENSES`, :data:`PIPELINE_ORDER`, ``DefenseReport.applied`` and
+  ``DefenseReport.details``;
+* its **stage** (the base class): ``"input"`` transforms the private batch before any gradient,
+  ``"step"`` transforms every local step's gradient, ``"update"`` transforms the final shared update;
+* ``fields`` — its :class:`~leakgym.defenses.DefenseConfig` fields as :class:`Field` specs (type,
+  default, range or choices, one-line doc). :class:`~leakgym.defenses.DefenseConfig` takes its
+  fields from here, so a registered defense's fields are accepted, validated and defaulted by it;
+* ``is_active(config)`` — by default "the first field differs from its default" (the first field
+  is the on/off switch, its default is "off");
+* ``validate(config)`` — cross-field rules it owns (default: none);
+* ``cost(config)`` — its extra client compute in clean-gradient units (default: 0, "free by
+  comparison"); :func:`defense_compute_units` sums it over the active defenses;
+* ``apply(ctx, ...)`` — the stage's transform; ``ctx`` is a :class:`DefenseContext` carrying the
+  config, the model, the dataset spec, the device, the seed, the defense's own generator and the
+  normalised public split.
+
+The pipeline (:func:`leakgym.defenses.apply_defense`) runs the stages in the order input, step,
+update, and within a stage the registered defenses in registration order (or where ``before=``
+put them). Adding a defense is one new module defining the object and one line registering it
+(the built-in ones are listed in :mod:`leakgym.defenses.catalog`).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from leakgym.data.spec import DatasetSpec
+    from leakgym.defenses.config import DefenseConfig
+
+Stage = Literal["input", "step", "update"]
+#: The pipeline's stages, in the order they run.
+STAGES: tuple[Stage, ...] = ("input", "step", "update")
+Update = dict[str, Tensor]
+
+#: Names a field may not take: they are DefenseConfig's own attributes.
+RESERVED_NAMES = frozenset({"active", "is_identity", "replace", "to_dict", "from_dict", "preset", "fields"})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Field specs
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Field:
+    """One :class:`~leakgym.defenses.DefenseConfig` field: type, default, allowed values, doc.
+
+    Build one with :func:`real_field`, :func:`int_field` or :func:`choice_field`.
+
+    Attributes:
+        name: the config field name (a Python identifier).
+        kind: ``"real"`` (a finite number in ``[low, high]``), ``"int"`` (an integer in
+            ``[low, high]``, ``high=None`` unbounded) or ``"choice"`` (one of ``choices``).
+        default: the value of ``DefenseConfig()``; for a defense's first field, its "off" value.
+        doc: one line, shown in menus and ``leakgym list``.
+        low, high, low_open, high_open: the range (``"real"``, ``"int"``).
+        choices: the allowed strings (``"choice"``).
+        defense: the owning defense's name (filled in the specs :func:`defense_field` returns).
+    """
+
+    name: str
+    kind: Literal["real", "int", "choice"]
+    default: Any
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] | None = None
+    defense: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name.startswith("_") or self.name in RESERVED_NAMES:
+            raise ValueError(f"field name {self.name!r}; allowed: a public identifier other than "
+                             f"{sorted(RESERVED_NAMES)}")
+        if self.kind not in ("real", "int", "choice"):
+            raise ValueError(f"field {self.name!r}: kind={self.kind!r}; allowed: 'real', 'int', 'choice'")
+        if self.kind == "choice" and not self.choices:
+            raise ValueError(f"field {self.name!r}: a choice field needs a non-empty tuple of choices")
+        self.check(self.default)
+
+    @property
+    def type(self) -> type:
+        """``float``, ``int`` or ``str``."""
+        return {"real": float, "int": int, "choice": str}[self.kind]
+
+    @property
+    def allowed(self) -> str:
+        """The allowed values in words, e.g. ``"range [0, inf)"``, ``"integers >= 1"``, ``"'ng', 'gc'"``."""
+        if self.kind == "choice":
+            return ", ".join(map(repr, self.choices or ()))
+        if self.kind == "int":
+            return f"integers in [{self.low}, {self.high}]" if self.high is not None else f"integers >= {self.low}"
+        lo = "-inf" if self.low is None else f"{self.low:g}"
+        hi = "inf" if self.high is None or self.high == math.inf else f"{self.high:g}"
+        return f"range {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open or hi == 'inf' else ']'}"
+
+    def check(self, value: Any) -> None:
+        """Raise ``ValueError`` naming the field, the value and the allowed values unless ``value`` fits."""
+        if self.kind == "choice":
+            ok = isinstance(value, str) and value in (self.choices or ())
+        elif self.kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= (self.low if self.low is not None else 0)
+            ok = ok and (self.high is None or value <= self.high)
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if ok and self.low is not None:
+                ok = value > self.low if self.low_open else value >= self.low
+            if ok and self.high is not None:
+                ok = value < self.high if self.high_open else value <= self.high
+        if not ok:
+            sep = " " if self.kind == "real" else ": "
+            raise ValueError(f"DefenseConfig.{self.name}={value!r}; allowed{sep}{self.allowed}")
+
+
+def real_field(name: str, default: float, doc: str, *, low: float | None = 0.0, high: float | None = math.inf,
+               low_open: bool = False, high_open: bool = False) -> Field:
+    """A finite real field in ``[low, high]`` (open ends with ``low_open`` / ``high_open``)."""
+    return Field(name, "real", default, doc, low=low, high=high, low_open=low_open, high_open=high_open)
+
+
+def int_field(name: str, default: int, doc: str, *, low: int = 0, high: int | None = None) -> Field:
+    """An integer field in ``[low, high]`` (``high=None``: unbounded)."""
+    return Field(name, "int", default, doc, low=low, high=high)
+
+
+def choice_field(name: str, default: str, doc: str, choices: Sequence[str]) -> Field:
+    """A string field taking one of ``choices``."""
+    return Field(name, "choice", default, doc, choices=tuple(choices))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Context handed to every defense
+# ---------------------------------------------------------------------------------------------------
+def derived_generator(seed: int, name: str, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on ``device`` seeded from ``(seed, name)``: one independent stream per defense.
+
+    Draw from it *on its device* (``torch.rand(..., generator=g, device=g.device)``); a CUDA
+    generator cannot fill a CPU tensor and vice versa.
+    """
+    g = torch.Generator(device=device)
+    g.manual_seed((int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1))
+    return g
+
+
+@contextmanager
+def seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Run a block with the global torch RNG (CPU, and ``device`` if CUDA) seeded; restore it after.
+
+    PRECODE's bottleneck samples with ``torch.randn_like`` (no generator argument), so computations
+    through a PRECODE model are made reproducible this way.
+    """
+    devices = [] if device.type == "cpu" else [device]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(seed))
+        yield
+
+
+@dataclass
+class DefenseContext:
+    """What a defense gets besides the data it transforms (one context per defense and call).
+
+    Attributes:
+        name: the defense's name.
+        config: the whole :class:`~leakgym.defenses.DefenseConfig` of this call.
+        model: the global model as received (never modify it; copy it if needed).
+        spec: the dataset spec (normalisation, image box, number of classes).
+        device: the device of the private batch; every tensor a defense makes belongs here.
+        seed: the call's seed (also seeds PRECODE's sampling through :meth:`global_rng`).
+        generator: this defense's own generator, derived from ``(seed, name)`` on ``device``.
+        public_x: the public split as *normalised* images on ``device`` (``None`` if not given).
+        public_y: its labels on ``device``.
+        batch_size: the batch size the client declares (the original ``B``).
+        update_kind: ``"gradient"`` (FedSGD) or ``"model_delta"`` (FedAvg).
+        metadata: shared by all defenses of the call and copied into
+            ``SharedUpdate.metadata``: what a defense attaches to the update (Mixup's
+            ``"encoding"``). Use :meth:`skip_round` to withhold the update.
+    """
+
+    name: str
+    config: DefenseConfig
+    model: nn.Module
+    spec: DatasetSpec
+    device: torch.device
+    seed: int
+    generator: torch.Generator
+    public_x: Tensor | None = None
+    public_y: Tensor | None = None
+    batch_size: int = 1
+    update_kind: str = "gradient"
+    metadata: dict = field(default_factory=dict)
+
+    def global_rng(self) -> AbstractContextManager[None]:
+        """Context manager: the global torch RNG seeded with ``seed`` (see :func:`seeded_global_rng`)."""
+        return seeded_global_rng(self.seed, self.device)
+
+    def skip_round(self) -> None:
+        """Withhold this round's update: the client sends nothing.
+
+        The pipeline then returns all-zero tensors with ``metadata["skipped"] = True``, and
+        :meth:`leakgym.fl.server.Server.aggregate` leaves the update out.
+        """
+        self.metadata["skipped"] = True
+
+
+# ---------------------------------------------------------------------------------------------------
+# Defense base classes
+# ---------------------------------------------------------------------------------------------------
+class Defense(ABC):
+    """What every defense declares (see the module docstring); subclass one of the stage classes."""
+
+    name: ClassVar[str]
+    stage: ClassVar[Stage]
+    fields: ClassVar[tuple[Field, ...]] = ()
+
+    def is_active(self, config: DefenseConfig) -> bool:
+        """On when the first field (the switch) differs from its default ("off")."""
+        switch = self.fields[0]
+        return getattr(config, switch.name) != switch.default
+
+    def validate(self, config: DefenseConfig) -> None:
+        """Cross-field rules this defense owns; raise ``ValueError`` naming the values. Default: none."""
+
+    def cost(self, config: DefenseConfig) -> float:
+        """Extra client compute when active, in clean-gradient evaluations. Default: 0 (free by comparison)."""
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"<{self.stage} defense {self.name!r}: {', '.join(f.name for f in self.fields)}>"
+
+
+class InputDefense(Defense):
+    """Stage ``"input"``: transforms the private batch the client trains on."""
+
+    stage: ClassVar[Stage] = "input"
+
+    @abstractmethod
+    def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:
+        """``(x, y) -> (x', y', details)``: normalised images and labels (hard or soft) in and out."""
+
+
+class StepDefense(Defense):
+    """Stage ``"step"``: transforms the gradient of every local step before it is used."""
+
+    stage: ClassVar[Stage] = "step"
+
+    @abstractmethod
+    def apply(self, ctx: DefenseContext, model: nn.Module, x: Tensor, y: Tensor, grad: Update, *,
+              step: int) -> tuple[Update, dict]:
+        """``grad -> (grad', details)`` at the working model's current parameters (do not modify it).
+
+        ``details`` of every step are collected in a list, ``DefenseReport.details[name][step]``.
+        """
+
+
+class UpdateDefense(Defense):
+    """Stage ``"update"``: transforms the final shared update."""
+
+    stage: ClassVar[Stage] = "update"
+
+    @abstractmethod
+    def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
+        """``update -> (update', details)``; ``x, y`` is the batch the client trained on."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# The registry
+# ---------------------------------------------------------------------------------------------------
+_REGISTRY: dict[str, Defense] = {}   # always kept in pipeline order
+_FIELDS: dict[str, Field] = {}       # every registered field, in pipeline order
+
+#: Read-only, live view: defense name -> defense, in pipeline order.
+DEFENSES: Mapping[str, Defense] = MappingProxyType(_REGISTRY)
+
+
+def defense_registry() -> Mapping[str, Defense]:
+    """The registered defenses, name -> defense, in pipeline order (a read-only live view)."""
+    return DEFENSES
+
+
+def defense_fields() -> Mapping[str, Field]:
+    """Every registered :class:`Field`, name -> spec, in pipeline order (a read-only live view)."""
+    return MappingProxyType(_FIELDS)
+
+
+def defense_field(name: str) -> Field:
+    """The spec of one :class:`~leakgym.defenses.DefenseConfig` field (type, default, range, doc, owner)."""
+    if name not in _FIELDS:
+        raise ValueError(f"unknown DefenseConfig field {name!r}; allowed: {sorted(_FIELDS)}")
+    return _FIELDS[name]
+
+
+def _rebuild(order: list[Defense]) -> None:
+    by_stage = sorted(order, key=lambda d: STAGES.index(d.stage))  # stable: keeps order within a stage
+    _REGISTRY.clear()
+    _REGISTRY.update((d.name, d) for d in by_stage)
+    _FIELDS.clear()
+    _FIELDS.update((f.name, replace(f, defense=d.name)) for d in by_stage for f in d.fields)
+
+
+def register_defense(defense: Defense, *, before: str | None = None) -> Defense:
+    """Register a defense: its fields join DefenseConfig, it joins the pipeline and the cost model.
+
+    Args:
+        defense: an instance of :class:`InputDefense`, :class:`StepDefense` or :class:`UpdateDefense`.
+        before: the name of a registered defense of the same stage to run before; default: last
+            of its stage.
+
+    Returns:
+        ``defense`` (so a module can write ``MY_DEFENSE = register_defense(MyDefense())``).
+
+    Raises:
+        ValueError: on a duplicate name, a field name another defense already owns, a defense
+            without fields, or a bad ``before``.
+    """
+    if not isinstance(defense, (InputDefense, StepDefense, UpdateDefense)):
+        raise ValueError(f"register_defense needs an InputDefense, StepDefense or UpdateDefense instance; "  # noqa: TRY004
+                         f"got {type(defense).__name__}")
+    name = getattr(defense, "name", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"defense name {name!r}; allowed: a Python identifier")
+    if name in _REGISTRY:
+        raise ValueError(f"a defense named {name!r} is already registered ({_REGISTRY[name]!r})")
+    if not defense.fields or not all(isinstance(f, Field) for f in defense.fields):
+        raise ValueError(f"defense {name!r} needs a non-empty tuple of Field specs (its first field is its switch)")
+    names = [f.name for f in defense.fields]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    clash = sorted(n for n in names if n in _FIELDS)
+    if dupes or clash:
+        owners = {n: _FIELDS[n].defense for n in clash}
+        raise ValueError(f"defense {name!r}: field(s) {dupes + clash} already taken"
+                         f"{f' (owned by {owners})' if owners else ' (listed twice)'}")
+    order = list(_REGISTRY.values())
+    if before is None:
+        order.append(defense)
+    else:
+        if before not in _REGISTRY or _REGISTRY[before].stage != defense.stage:
+            same = [n for n, d in _REGISTRY.items() if d.stage == defense.stage]
+            raise ValueError(f"before={before!r}; allowed: a registered {defense.stage}-stage defense {same}")
+        order.insert(order.index(_REGISTRY[before]), defense)
+    _rebuild(order)
+    return defense
+
+
+def unregister_defense(name: str) -> Defense:
+    """Remove a registered defense (its fields leave DefenseConfig); returns it."""
+    if name not in _REGISTRY:
+        raise ValueError(f"no defense named {name!r} is registered; registered: {list(_REGISTRY)}")
+    removed = _REGISTRY[name]
+    _rebuild([d for n, d in _REGISTRY.items() if n != name])
+    return removed
+
+
+@contextmanager
+def registered(defense: Defense, *, before: str | None = None) -> Iterator[Defense]:
+    """``with registered(MyDefense()):`` — registered inside the block, unregistered after."""
+    register_defense(defense, before=before)
+    try:
+        yield defense
+    finally:
+        unregister_defense(defense.name)
+
+
+class _PipelineOrder(Sequence[str]):
+    """The registered defense names in pipeline order; a live, read-only view of the registry."""
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return tuple(_REGISTRY)[index]
+
+    def __len__(self) -> int:
+        return len(_REGISTRY)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(_REGISTRY))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(tuple(_REGISTRY))
+
+
+#: Canonical application order (stage, then registration order): a live view of the registry.
+PIPELINE_ORDER: Sequence[str] = _PipelineOrder()
+
+
+def defense_compute_units(config: DefenseConfig) -> float:
+    """Extra client compute of ``config``'s defenses, in clean-gradient evaluations.
+
+    The sum of :meth:`Defense.cost` over the active defenses; each defense documents its own model.
+    A deterministic count (unlike wall time), so the same seed gives the same rewards.
+    """
+    return float(sum(_REGISTRY[name].cost(config) for name in config.active()))
