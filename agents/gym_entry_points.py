@@ -58,12 +58,22 @@ def make_vector_env(
     num_envs: int = 1, scenario: str | Scenario = "digits", role: str = "attacker", opponent: Any = None,
     **kwargs: Any,
 ) -> LeakGymVectorEnv:
-    """The vector env; every game gets its own opponent agent (agents keep per-episode state)."""
+    """The vector env; every game gets its own opponent agent (agents keep per-episode state).
+
+    ``max_episode_steps`` (which ``gym.make_vec`` passes from the registration) caps the episode
+    length as Gymnasium's ``TimeLimit`` does for the single-agent view: ``rounds`` becomes
+    ``min(rounds, max_episode_steps)``.
+    """
+    max_steps = kwargs.pop("max_episode_steps", None)
+    batch_attacks = kwargs.pop("batch_attacks", True)
     sc, rest = _scenario(scenario, kwargs)
+    if max_steps is not None and int(max_steps) < sc.rounds:
+        sc = sc.replace(rounds=int(max_steps))
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
     opponents = [_opponent(opponent, role, sc) for _ in range(num_envs)]
-    return LeakGymVectorEnv(num_envs=num_envs, opponents=opponents, scenario=sc, role=role, **rest)
+    return LeakGymVectorEnv(num_envs=num_envs, opponents=opponents, scenario=sc, role=role,
+                            batch_attacks=batch_attacks, **rest)
 
 
 __all__ = ["DEFAULT_OPPONENT", "make_single_agent_env", "make_vector_env"]

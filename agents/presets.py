@@ -68,12 +68,15 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("noise-0.1",     "defender", {"noise_sigma": 0.1},                      "strong Gaussian noise (PPP NG1 scale)"),
     Preset("prune-0.9",     "defender", {"prune": 0.9},                            "DCS² 'Prune' baseline / PPP GC90"),
     Preset("dcs2-paper",    "defender", {"dcs2_lambda_g": 0.7},                    "DCS² Table 3: lambda_g = 0.7"),
-    Preset("censor-paper",  "defender", {"censor_trials": 20},                     "CENSOR §IV-B: T = 20 trials"),
+    Preset("censor-paper",  "defender", {"censor_trials": 20, "censor_fallback": "original"},
+           "CENSOR §IV-B: T = 20 trials; Algorithm 1 line 11: the original gradient when no trial improves"),
     Preset("oasis-mr",      "defender", {"oasis": ["major_rotation"]},             "OASIS Fig. 5: major rotation"),
     Preset("oasis-mr+sh",   "defender", {"oasis": ["major_rotation", "shear"]},    "OASIS Fig. 6: major rotation + shear"),
     Preset("ppp-ng2",       "defender", {"ppp": "ng", "ppp_sigma": 0.01},          "PPP §5.2: NG2, sigma = 1e-2"),
     Preset("ppp-gc90",      "defender", {"ppp": "gc", "ppp_prune": 0.9},           "PPP §5.2: GC90, pruning 0.9"),
     Preset("loda-paper",    "defender", {"loda_c": 20.0},                          "LODA §5 (LODA1): c = 20"),
+    Preset("loda-calibrated", "defender", {"loda_c": 9.0},
+           "LODA Eq. 4 with c calibrated to LeakGym's extractor (leakgym.defenses.loda.CALIBRATED_C)"),
     # ---- attacker -------------------------------------------------------------------------------
     Preset("dlg-paper",           "attacker", {"strategy": "dlg", "iterations": 300, "restarts": 1, "tv": 0.0},
            "DLG: L-BFGS, no prior, 300 iterations"),
@@ -168,6 +171,8 @@ def _defender_action(preset: Preset, scenario, where: str) -> np.ndarray:
                 )
             settings["oasis"] = list(wanted)
             continue
+        if key not in menu and _fixed_value(scenario, key) == wanted:
+            continue  # a setting the scenario fixes (defense_defaults) to the preset's value
         if key not in menu:
             raise ValueError(
                 f"{where}: setting {key!r} is not in the scenario's defender menu; menu: "
@@ -187,6 +192,16 @@ def _defender_action(preset: Preset, scenario, where: str) -> np.ndarray:
                 f"(menu {key}={menu[key]}); the preset would play no defense there"
             )
     return action
+
+
+def _fixed_value(scenario, key: str) -> Any:
+    """The value a scenario fixes for a defense field it does not offer in its menu."""
+    from leakgym.defenses import DefenseConfig
+
+    try:
+        return getattr(DefenseConfig(**scenario.defense_defaults), key)
+    except (AttributeError, ValueError):
+        return None
 
 
 def valid_presets(scenario, role: str) -> list[str]:

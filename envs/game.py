@@ -29,7 +29,7 @@ from torch import Tensor
 from leakgym.attacks import ATTACKS, build_attack
 from leakgym.attacks.base import Attack, AttackerKnowledge, AttackResult
 from leakgym.data import federated_split, load_dataset
-from leakgym.defenses import DefenseConfig, DefenseReport
+from leakgym.defenses import DefenseConfig, DefenseReport, defense_compute_units
 from leakgym.fl.client import compute_update
 from leakgym.fl.server import Server
 from leakgym.fl.update import SharedUpdate
@@ -37,9 +37,13 @@ from leakgym.metrics import ReconstructionScores
 from leakgym.models import build_model
 
 from .observations import attacker_obs_size, attacker_observation, defender_obs_size, defender_observation
-from .rewards import defense_compute_units, leakage_score, rewards
+from .rewards import leakage_score, rewards
 from .round import AttackJob, score_all, share_update
 from .scenario import Scenario
+
+
+#: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
+ATTACK_STREAM = 1
 
 
 @lru_cache(maxsize=8)
@@ -288,9 +292,12 @@ class LeakGame:
             public_x=self.public_x,
             public_y=self.public_y,
         )
+        # The attack gets its own seed, derived from the round seed: it must not replay the client's
+        # draws (e.g. PRECODE's sampling noise, seeded by the round seed in apply_defense).
+        attack_seed = int(np.random.SeedSequence([seed, ATTACK_STREAM]).generate_state(1)[0])
         return Defended(
             x=x, y=y, update=update, report=report, seed=seed,
-            attack_job=AttackJob(attack=plan.attack, update=update, knowledge=knowledge, seed=seed),
+            attack_job=AttackJob(attack=plan.attack, update=update, knowledge=knowledge, seed=attack_seed),
             timings={"defense_s": time.perf_counter() - t0},
         )
 
@@ -300,7 +307,7 @@ class LeakGame:
             return None
         attack = build_attack("inverting-gradients", iterations=self.scenario.audit_iterations, restarts=1)
         knowledge = dataclasses.replace(defended.attack_job.knowledge, labels=defended.y.clone())
-        return AttackJob(attack=attack, update=defended.update, knowledge=knowledge, seed=defended.seed + 1)
+        return AttackJob(attack=attack, update=defended.update, knowledge=knowledge, seed=defended.attack_job.seed + 1)
 
     # ------------------------------------------------------------------ phase 4: score
     def score(self, defended: Defended, result: AttackResult, audit: float | None) -> Scored:
@@ -308,9 +315,11 @@ class LeakGame:
         (scores,) = score_all(
             self.spec, [result], [defended.x], true_labels=[defended.y], lpips="lpips" in self.scenario.leakage_metric
         )
+        skipped = bool(defended.update.metadata.get("skipped"))
         scored = Scored(
             scores=scores,
-            leakage=leakage_score(scores, self.scenario.leakage_metric),
+            # nothing sent, nothing leaked: the grey guess's chance similarity is not leakage
+            leakage=0.0 if skipped else leakage_score(scores, self.scenario.leakage_metric),
             audit_leakage=0.0 if audit is None else audit,
             originals=self.spec.denormalize(defended.x).clamp(0, 1).cpu(),
             reconstructions=self.spec.denormalize(result.images.detach()).clamp(0, 1).cpu(),
@@ -387,6 +396,7 @@ class LeakGame:
             "accuracy": accuracy,
             "test_loss": _finite(self.test_loss, default=float(np.finfo(np.float32).max)),
             "model_diverged": self.diverged_at is not None,
+            "update_skipped": bool(defended.update.metadata.get("skipped")),
         }
         if self.diverged_at is not None:
             common["diverged_round"] = self.diverged_at

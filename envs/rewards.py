@@ -13,14 +13,13 @@ Attacker: ``r_A = L - w_cost * (iterations x restarts) / 1000``.
 Defender: ``r_D = -L + w_fid * fidelity + w_acc * accuracy - w_ovh * defense_units``, where
 fidelity is the cosine of the shared update to the clean update, accuracy the global model's last
 measured test accuracy and ``defense_units`` the defense's extra client compute in units of one
-clean gradient computation (:func:`defense_compute_units`; a deterministic count so that the same
-seed gives the same rewards, unlike wall time).
+clean gradient computation (:func:`leakgym.defenses.defense_compute_units`: each registered defense
+declares its own cost model; a deterministic count so that the same seed gives the same rewards,
+unlike wall time).
 """
 
 from __future__ import annotations
 
-from leakgym.defenses import DefenseConfig
-from leakgym.defenses.oasis import copies_per_image
 from leakgym.metrics import ReconstructionScores
 
 from .scenario import PSNR_FOR_FULL_LEAKAGE, RewardWeights
@@ -42,26 +41,6 @@ def leakage_score(scores: ReconstructionScores, metric: str) -> float:
     if metric == "lpips":
         return _clip01(1.0 - scores.mean["lpips"])
     raise ValueError(f"leakage metric {metric!r}; allowed: ssim, psnr, lpips, ssim+psnr")
-
-
-def defense_compute_units(config: DefenseConfig) -> float:
-    """Extra client compute of a defense, in clean-gradient evaluations (a documented cost model).
-
-    DCS²: ``steps`` synthesis steps per concealed sample plus one gradient for the mixed update;
-    CENSOR: one loss evaluation per trial (counted as 1/2 gradient); OASIS: the batch grows by
-    ``copies_per_image(mask)`` copies of every image, one extra batch gradient each; LODA: its
-    optimisation steps; the
-    rest (noise, clipping, pruning, top-k, Soteria) are free by comparison.
-    """
-    units = 0.0
-    if config.dcs2_lambda_g > 0:
-        units += config.dcs2_num_concealed * config.dcs2_steps + 1
-    if config.censor_trials > 0:
-        units += 0.5 * config.censor_trials
-    units += copies_per_image(config.oasis)
-    if config.loda_c > 0:
-        units += config.loda_steps
-    return float(units)
 
 
 def rewards(

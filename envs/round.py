@@ -33,9 +33,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
-from leakgym.attacks.base import Attack, AttackerKnowledge, AttackResult
+from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult
 from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstruction
@@ -85,17 +86,22 @@ class AttackJob:
     seed: int
 
 
-def reconstruct_all(jobs: Sequence[AttackJob]) -> tuple[list[AttackResult], list[float]]:
+def reconstruct_all(jobs: Sequence[AttackJob], *, batched: bool = True) -> tuple[list[AttackResult], list[float]]:
     """Phase 3: run every job, one ``reconstruct_batch`` call per attack configuration.
 
     Jobs are grouped by (attack class, config, and for malicious attacks the modified model they
-    sent); each job keeps its own seed. Returns the results in job order and each job's share of
-    its group's wall time.
+    sent); each job keeps its own seed, so its result does not depend on its neighbours' seeds or
+    actions. It may still differ from the job run alone by floating-point rounding: vectorised
+    kernels sum in a different order for different batch sizes (measured on CPU for LeNet on digits:
+    at most 1e-4 in a pixel, 2e-6 in SSIM; chaotic optimisers such as L-BFGS on a ConvNet amplify it).
+    ``batched=False`` runs every job as its own call, which makes each result bit-identical to the
+    job alone, at the cost of the batching speed-up. Returns the results in job order and each
+    job's share of its group's wall time.
     """
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
         key = (type(job.attack), repr(job.attack.config), id(job.knowledge.model) if job.attack.malicious else 0)
-        groups.setdefault(key, []).append(i)
+        groups.setdefault(key if batched else (i,), []).append(i)
     results: list[AttackResult | None] = [None] * len(jobs)
     seconds = [0.0] * len(jobs)
     for members in groups.values():
@@ -135,16 +141,24 @@ def score_all(
     return scores
 
 
+def nothing_sent(spec, x: Tensor) -> AttackResult:
+    """The attack's result when the client sent no update: a uniform grey guess, no cost, no loss."""
+    grey = spec.normalize(torch.full_like(x, 0.5))
+    labels = torch.zeros(x.shape[0], dtype=torch.int64)
+    return AttackResult(images=grey, labels=labels, cost=AttackCost(iterations=0, restarts=0, wall_time_s=0.0))
+
+
 # --------------------------------------------------------------------------------------------------
 # The round
 # --------------------------------------------------------------------------------------------------
 class Round:
     """Plays one round of each of ``games`` (one game for the PettingZoo env, N for a vector)."""
 
-    def __init__(self, games: Sequence[LeakGame]) -> None:
+    def __init__(self, games: Sequence[LeakGame], *, batch_attacks: bool = True) -> None:
         if not games:
             raise ValueError("a Round needs at least one game")
         self.games = list(games)
+        self.batch_attacks = batch_attacks
 
     def plan(self, actions: Sequence[tuple[Any, Any]]) -> list[RoundPlan]:
         """Validate and decode ``(defender_action, attacker_action)`` per game; changes nothing."""
@@ -160,7 +174,7 @@ class Round:
         try:
             defended = [g.defend(p) for g, p in zip(self.games, plans)]
             t0 = time.perf_counter()
-            results, attack_s = reconstruct_all([d.attack_job for d in defended])
+            results, attack_s = self._attacks(defended)
             audits = self._self_audits(defended)
             t_attack = time.perf_counter() - t0
             outcomes = []
@@ -175,17 +189,27 @@ class Round:
             raise RoundError(self._describe_failure(plans, exc)) from exc
         return outcomes
 
+    def _attacks(self, defended) -> tuple[list[AttackResult], list[float]]:
+        """Phase 3 for every game whose client sent an update (CENSOR ``skip`` sends none)."""
+        sent = [i for i, d in enumerate(defended) if not d.update.metadata.get("skipped")]
+        results: list[AttackResult] = [nothing_sent(self.games[i].spec, d.x) for i, d in enumerate(defended)]
+        seconds = [0.0] * len(defended)
+        out, secs = reconstruct_all([defended[i].attack_job for i in sent], batched=self.batch_attacks)
+        for i, r, t in zip(sent, out, secs):
+            results[i], seconds[i] = r, t
+        return results, seconds
+
     def _self_audits(self, defended) -> list[float | None]:
         """The defender's self-audit (scenario ``audit_iterations``): it attacks its own update."""
         jobs, owners = [], []
         for i, (g, d) in enumerate(zip(self.games, defended)):
             job = g.audit_job(d)
-            if job is not None:
+            if job is not None and not d.update.metadata.get("skipped"):
                 jobs.append(job)
                 owners.append(i)
         audits: list[float | None] = [None] * len(self.games)
         if jobs:
-            results, _ = reconstruct_all(jobs)
+            results, _ = reconstruct_all(jobs, batched=self.batch_attacks)
             for i, res in zip(owners, results):
                 s = score_all(self.games[i].spec, [res], [defended[i].x])[0]
                 audits[i] = float(np.clip(s.mean["ssim"], 0.0, 1.0))
@@ -202,4 +226,4 @@ class Round:
         return "; ".join(parts) + f" failed: {exc!r}; every game is left as it was before the round"
 
 
-__all__ = ["AttackJob", "Round", "RoundError", "reconstruct_all", "score_all", "share_update"]
+__all__ = ["AttackJob", "Round", "RoundError", "nothing_sent", "reconstruct_all", "score_all", "share_update"]

@@ -26,15 +26,22 @@ class LeakGymVectorEnv(VectorEnv):
 
     Args:
         num_envs: number of games.
-        opponents: one opponent object per game (agents keep per-episode state), or use
-            ``opponent=`` with a factory through :func:`leakgym.agents.gym_entry_points.make_vector_env`.
+        opponents: one opponent object per game (agents keep per-episode state); ``gym.make_vec``
+            builds them from ``opponent=`` (:func:`leakgym.agents.gym_entry_points.make_vector_env`).
+        batch_attacks: True (default) runs the attacks that share a configuration as one batched
+            call; False runs each game's attack alone, so that every game's trajectory is
+            bit-identical to the single-agent view's (batching may change attack results by
+            floating-point rounding, see :func:`leakgym.envs.round.reconstruct_all`).
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
     """
 
     metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int = 1, opponents: list[Any] | None = None, render_mode: str | None = None,
-                 **kwargs: Any) -> None:
+                 batch_attacks: bool = True, **kwargs: Any) -> None:
+        if not isinstance(batch_attacks, bool):
+            raise ValueError(f"batch_attacks={batch_attacks!r}; allowed: True or False")
+        self.batch_attacks = batch_attacks
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
         if opponents is None or len(opponents) != num_envs:
@@ -79,7 +86,7 @@ class LeakGymVectorEnv(VectorEnv):
         saved = {i: self.envs[i].opponent_state() for i in active}
         try:
             pairs = [self.envs[i].prepare_step(actions[i]) for i in active]
-            outcomes = Round([self.envs[i].parallel.game for i in active]).play(pairs) if active else []
+            outcomes = Round([self.envs[i].parallel.game for i in active], batch_attacks=self.batch_attacks).play(pairs) if active else []
         except Exception:
             for i, state in saved.items():
                 self.envs[i].undo_prepare(state)

@@ -175,7 +175,7 @@ def test_make_agent_names(digits):
 
 
 def test_make_agent_errors(digits):
-    with pytest.raises(ValueError, match=r"unknown agent 'randm'; allowed: \['random', 'round-robin', 'bandit'"):
+    with pytest.raises(ValueError, match=r"unknown agent 'randm' \(did you mean 'random'\?\); allowed: \['random', 'round-robin', 'bandit'"):
         make_agent("randm", role="attacker", scenario=digits)
     with pytest.raises(ValueError, match=r"needs 4 entries.*nvec = \[4, 3, 2, 3\]"):
         make_agent("fixed:1,0", role="attacker", scenario=digits)

@@ -6,7 +6,7 @@ from leakgym.envs import RoundError, env, parallel_env
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
 
 #: decoded actions and flags: the only infos that are not floats
-NON_NUMERIC_INFOS = {"strategy", "attack_settings", "defense_settings", "defenses", "model_diverged"}
+NON_NUMERIC_INFOS = {"strategy", "attack_settings", "defense_settings", "defenses", "model_diverged", "update_skipped"}
 
 
 def test_parallel_api(cheap_overrides):
