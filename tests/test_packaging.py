@@ -56,3 +56,15 @@ def test_import_registers_gym_ids():
         "LeakGym-Digits-Malicious-v0",
     ):
         assert gym_id in gym.registry
+
+
+def test_envs_never_import_agents():
+    """The package boundary: environments take agent objects; resolving names lives in agents/."""
+    import subprocess
+    import sys
+
+    code = ("import sys, leakgym.envs.leakgym_env, leakgym.envs.single_agent, leakgym.envs.vector, "
+            "leakgym.envs.round, leakgym.envs.describe; "
+            "print(sorted(m for m in sys.modules if m.startswith('leakgym.agents')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
