@@ -54,3 +54,61 @@ def test_invalid_actions_name_the_value_and_range():
         check_action([0, 0], sc.attacker_nvec, "attacker", sc.attacker_dims)
     with pytest.raises(ValueError, match=r"defender action\[0\] \(noise_sigma\) = -1"):
         sc.decode_defender(np.array([-1, 0, 0, 0, 0, 0]))
+
+
+# -- complete validation at construction (issue "Trust boundaries", item 3) ---------------------------
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"strategies": ["nope"]}, r"attacker_menu strategy \['nope'\] unknown"),
+        ({"defender_menu": {"noise_sigma": [0.0, -1.0]}}, r"defender_menu noise_sigma=.*allowed range"),
+        ({"defender_menu": {"prune": [0.0, 1.5]}}, r"defender_menu prune=.*prune=1.5"),
+        ({"defense_defaults": {"dcs2_steps": 0}}, r"defense_defaults=.*dcs2_steps"),
+        ({"oasis_bits": ["spin"]}, r"oasis_bits \['spin'\] unknown"),
+        ({"model": "transformer"}, r"model='transformer'; allowed: lenet"),
+        ({"public_fraction": 1.5}, r"public_fraction=1.5; allowed: finite numbers in \(0, 1\)"),
+        ({"dirichlet_alpha": -1.0}, r"dirichlet_alpha=-1.0"),
+        ({"server_lr": float("nan")}, r"server_lr=nan"),
+        ({"local_lr": float("inf")}, r"local_lr=inf"),
+        ({"num_clients": "1x"}, r"num_clients='1x'; allowed: integers >= 0"),
+        ({"num_clients": True}, r"num_clients=True"),
+        ({"rewards": [1]}, r"rewards=\[1\]; allowed: a table"),
+        ({"rewards": {"fidelity": float("nan")}}, r"rewards.fidelity=nan"),
+        ({"rewards": {"bonus": 1.0}}, r"unknown reward weight\(s\) \['bonus'\]"),
+        ({"iterations": [10**9]}, r"iterations=1000000000 exceeds the limit 30000.*allow_large=True"),
+        ({"restarts": [10**6]}, r"restarts=1000000 exceeds the limit 64"),
+        ({"local_steps": 10**9, "update_kind": "model_delta"}, r"local_steps=1000000000 exceeds the limit 100"),
+        ({"num_clients": 10**4}, r"num_clients=10000 exceeds the limit 64"),
+        ({"image_size": 10**5}, r"image_size=100000 exceeds the limit 256"),
+        ({"local_steps": 3}, r"local_steps=3 needs update_kind='model_delta'"),
+        ({"defender_menu": {"mixup_k": [0, 4]}}, r"mixup_k=\[4\].*needs k <= batch_size"),
+        ({"tv": [1e-4], "strategies": ["dlg"]}, r"attacker_menu 'tv' is a field of none of the strategies"),
+        ({"attacker_menu": {"iterations": [1]}}, r"needs a 'strategy' entry"),
+    ],
+)
+def test_bad_configurations_are_refused_when_built(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        load_scenario("digits", **overrides)
+
+
+def test_strings_are_coerced_like_the_cli_and_limits_can_be_lifted():
+    sc = load_scenario("digits", rounds="3", server_lr="0.5", known_labels="true", allow_large="1")
+    assert (sc.rounds, sc.server_lr, sc.known_labels) == (3, 0.5, True)
+    assert load_scenario("digits", iterations=[40_000], allow_large=True).iterations == [40_000]
+
+
+def test_scenario_files_only_from_the_package_or_an_explicit_path(tmp_path):
+    with pytest.raises(ValueError, match="unknown scenario '../digits'"):
+        load_scenario("../digits")
+    bad = tmp_path / "mine.toml"
+    bad.write_text('name = "mine"\nbatch_size = 2\nrewards = [1]\n')
+    with pytest.raises(ValueError, match=r"scenario file '.*mine.toml': .*rewards=\[1\]"):
+        load_scenario(str(bad))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("name = \n")
+    with pytest.raises(ValueError, match=r"scenario file '.*broken.toml': not valid TOML"):
+        load_scenario(broken)
+    good = tmp_path / "good.toml"
+    good.write_text('name = "good"\nbatch_size = 2\n[attacker_menu]\nstrategy = ["dlg"]\niterations = [5]\n')
+    sc = load_scenario(good, rounds=2)
+    assert (sc.name, sc.batch_size, sc.rounds, sc.attacker_dims) == ("good", 2, 2, ["strategy", "iterations"])
