@@ -139,7 +139,7 @@ def test_instahide_demixing_fits_the_absolute_values_but_not_the_signs(digits_ba
     assert _ssim(spec, decoded, xu) < 0.5
 
 
-def test_mixup_decoding_needs_the_encoding_metadata(digits_batch):
+def test_mixup_decoding_without_an_encoding_is_plain_inversion(digits_batch):
     from leakgym.attacks.base import AttackerKnowledge
     from leakgym.attacks.mixup_decoding import MixupDecoding
     from leakgym.fl.update import SharedUpdate
@@ -149,6 +149,10 @@ def test_mixup_decoding_needs_the_encoding_metadata(digits_batch):
     model = build_model("lenet", spec, seed=0)
     update = SharedUpdate({n: torch.zeros_like(p) for n, p in model.named_parameters()}, batch_size=4)
     knowledge = AttackerKnowledge(model=model, spec=spec, batch_size=4, labels=y)
+    # an unencoded update is the identity encoding: the attack is its inversion stage alone
+    plain = MixupDecoding(iterations=1).reconstruct(update, knowledge)
+    assert plain.images.shape == (4, *spec.shape) and torch.isfinite(plain.images).all()
+    update.metadata["encoding"] = {"scheme": "mixup"}  # an encoding without its matrix is malformed
     with pytest.raises(ValueError, match="metadata"):
         MixupDecoding(iterations=1).reconstruct(update, knowledge)
     with pytest.raises(ValueError, match="decode_steps"):

@@ -102,3 +102,17 @@ def test_malicious_attacker_menu_offers_an_attack_knob():
     sc = load_scenario("digits-malicious")
     assert sc.attacker_dims == ["strategy", "num_bins"]
     assert sc.decode_attacker(np.array([0, 1])) == {"strategy": "imprint", "num_bins": 128}
+
+
+def test_adaptive_decoders_play_against_any_defense():
+    """Mixup decoding and LODA inversion against defenses they were not built for: they play."""
+    env = parallel_env("digits", **dict(CHEAP, strategies=["mixup-decoding", "loda-inversion"], iterations=[2],
+                                        restarts=[1], defender_menu={"noise_sigma": [0.0, 0.1]}, oasis_bits=[]))
+    env.reset(seed=0)
+    for strategy in (0, 1):
+        for defense in (0, 1):
+            if not env.agents:
+                env.reset(seed=0)
+            _, rewards, _, _, infos = env.step({"attacker": np.array([strategy, 0, 0, 0]),
+                                                "defender": np.array([defense])})
+            assert math.isfinite(rewards["attacker"]) and _all_finite(infos)

@@ -44,6 +44,7 @@ from torch import Tensor
 from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult
 from leakgym.attacks.engine import BatchedGenerator, ProblemSet, run_gradient_matching
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
+from leakgym.attacks.labels import infer_labels
 from leakgym.fl.update import SharedUpdate
 
 SCHEMES = ("mixup", "instahide")
@@ -75,6 +76,16 @@ def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int) ->
     :func:`demix` moves them to the device of the recovered encodings.
     """
     enc = update.metadata.get("encoding")
+    if enc is None:
+        # An unencoded batch is the Mixup encoding with M = I: nothing to demix, the attack is its
+        # inversion stage alone (plain gradient inversion), so it never fails against other defenses.
+        b = knowledge.batch_size
+        if knowledge.labels is not None:
+            labels = knowledge.labels.detach().cpu().long()
+        else:
+            labels = infer_labels(update, knowledge).cpu().long()
+        soft = torch.nn.functional.one_hot(labels, knowledge.spec.num_classes).double()
+        enc = {"scheme": "mixup", "mixing_matrix": torch.eye(b, dtype=torch.float64), "labels": soft}
     if not isinstance(enc, dict) or "mixing_matrix" not in enc:
         raise ValueError(
             f"update {index}: MixupDecoding needs update.metadata['encoding'] with the mixing matrix "
