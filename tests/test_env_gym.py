@@ -15,6 +15,19 @@ def test_gymnasium_check_env(role, cheap_overrides):
     gym_check_env(e.unwrapped)
 
 
+MALICIOUS_CHEAP = {"rounds": 3, "num_clients": 1, "eval_size": 32, "attack_defaults": {"num_neurons": 64}}
+
+
+@pytest.mark.parametrize("role", ["attacker", "defender"])
+@pytest.mark.parametrize("flat", [False, True])
+def test_every_offline_scenario_passes_both_checkers(role, flat, cheap_overrides):
+    """Digits and the malicious-server scenario (analytic attacks: no matching loss) in both roles."""
+    for gym_id, overrides in (("LeakGym-Digits-v0", cheap_overrides), ("LeakGym-Digits-Malicious-v0", MALICIOUS_CHEAP)):
+        e = gym.make(gym_id, role=role, flat_actions=flat, **overrides)
+        gym_check_env(e.unwrapped)
+        sb3_check_env(e.unwrapped, warn=True)
+
+
 @pytest.mark.parametrize("role", ["attacker", "defender"])
 def test_sb3_check_env(role, cheap_overrides):
     e = gym.make("LeakGym-Digits-v0", role=role, **cheap_overrides)
