@@ -1,4 +1,8 @@
-"""Every attack runs against every defense through plain data (tiny budgets; no quality bars here)."""
+"""Every attack runs against every defense through plain data (tiny budgets; no quality bars here).
+
+The same matrix runs on CUDA where a device is present (``-m cuda``): every tensor and generator
+must live on the caller's device.
+"""
 
 import pytest
 import torch
@@ -17,6 +21,8 @@ DEFENSES = {
     "oasis": DefenseConfig(oasis=1 | 8),
     "mixup": DefenseConfig(mixup_k=2),
     "instahide": DefenseConfig(instahide_k=2),
+    "loda": DefenseConfig(loda_c=9.0, loda_steps=2),
+    "clip_value": DefenseConfig(clip_value=1e-3),
 }
 TINY = {"iterations": 2, "restarts": 1}
 
@@ -31,26 +37,27 @@ def setting():
     return ds.spec, split, model, x, y
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("defense", sorted(DEFENSES))
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_attack_runs_on_defended_update(attack, defense, setting):
+def test_attack_runs_on_defended_update(attack, defense, device, setting):
     spec, split, model, x, y = setting
+    model, x, y = build_model("lenet", spec, seed=0, device=device), x.to(device), y.to(device)
+    public_x, public_y = split.public_x.to(device), split.public_y.to(device)
     cls = ATTACKS[attack]
-    if attack == "mixup-decoding" and defense not in ("mixup", "instahide"):
-        pytest.skip("the decoding attack targets Mixup/InstaHide encodings only")
-    if attack == "loda-inversion":
-        pytest.skip("LODA inversion needs a LODA-defended update (its own tests cover it)")
     fields = {f for f in cls.Config.__dataclass_fields__}
     atk = build_attack(attack, **{k: v for k, v in TINY.items() if k in fields})
-    sent = atk.prepare_model(model, spec, public_x=split.public_x)
-    update, _ = apply_defense(
-        sent, x, y, DEFENSES[defense], seed=0, public_x=split.public_x, public_y=split.public_y
-    )
+    sent = atk.prepare_model(model, spec, public_x=public_x)
+    update, _ = apply_defense(sent, x, y, DEFENSES[defense], seed=0, public_x=public_x, public_y=public_y)
     if defense in ("mixup", "instahide"):
         assert update.metadata["encoding"]["scheme"] == defense
-    knowledge = AttackerKnowledge(model=sent, spec=spec, batch_size=2, public_x=split.public_x, public_y=split.public_y)
+    knowledge = AttackerKnowledge(model=sent, spec=spec, batch_size=2, public_x=public_x, public_y=public_y)
     result = atk.reconstruct(update, knowledge, seed=0)
     assert result.images.shape == (2, *spec.shape)
+    assert result.images.device.type == torch.device(device).type
     assert torch.isfinite(result.images).all()
     assert result.labels.shape == (2,)
     assert result.cost.units >= 1
