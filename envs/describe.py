@@ -79,19 +79,21 @@ def env_page(gym_id: str) -> str:
     lines = [
         f"# {gym_id}",
         "",
-        f"Scenario file: `envs/scenarios/{sc.name}.toml` (this page is generated from it by "
-        f"`leakgym describe --write-docs docs/envs`).",
+        (f"Scenario file: `envs/scenarios/{sc.name}.toml` (this page is generated from it by "
+         f"`leakgym describe --write-docs docs/envs`)."),
         "",
         "## Description",
         "",
-        f"Each step is one federated-learning round ({'FedSGD' if sc.update_kind == 'gradient' else 'FedAvg'}) "
-        f"on **{sc.dataset}** ({sc.image_size or 'native'} px) with a **{sc.model}** model"
-        f"{' with a PRECODE bottleneck' if sc.precode else ''}: the victim client shares an update computed "
-        f"on a private batch of **{sc.batch_size}** image(s) under the defender's chosen defense, "
-        f"**{sc.num_clients}** benign clients share clean updates, and the "
-        f"{'malicious' if sc.threat_model == 'malicious' else 'honest-but-curious'} server (the attacker) runs "
-        f"its chosen inversion on the victim's update. Leakage is scored with `{sc.leakage_metric}`"
-        f"{'; the attacker knows the labels' if sc.known_labels else ''}.",
+        (
+            f"Each step is one federated-learning round ({'FedSGD' if sc.update_kind == 'gradient' else 'FedAvg'}) "
+            f"on **{sc.dataset}** ({sc.image_size or 'native'} px) with a **{sc.model}** model"
+            f"{' with a PRECODE bottleneck' if sc.precode else ''}: the victim client shares an update computed "
+            f"on a private batch of **{sc.batch_size}** image(s) under the defender's chosen defense, "
+            f"**{sc.num_clients}** benign clients share clean updates, and the "
+            f"{'malicious' if sc.threat_model == 'malicious' else 'honest-but-curious'} server (the attacker) runs "
+            f"its chosen inversion on the victim's update. Leakage is scored with `{sc.leakage_metric}`"
+            f"{'; the attacker knows the labels' if sc.known_labels else ''}."
+        ),
         "",
         '`gym.make("' + gym_id + '", role="attacker" | "defender", opponent=...)` is one role against a fixed '
         "opponent; `leakgym.envs.leakgym_v0.parallel_env(\"" + sc.name + "\")` is the two-player PettingZoo game.",

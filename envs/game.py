@@ -41,7 +41,6 @@ from .rewards import leakage_score, rewards
 from .round import AttackJob, score_all, share_update
 from .scenario import Scenario
 
-
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
 ATTACK_STREAM = 1
 

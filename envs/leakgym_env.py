@@ -22,7 +22,7 @@ round, and the completed rounds are kept in :attr:`history`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium import spaces
@@ -54,13 +54,13 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         **overrides: any :class:`~leakgym.envs.scenario.Scenario` field (``rounds=4``, ...).
     """
 
-    metadata = {
+    metadata: ClassVar[dict[str, Any]] = {
         "render_modes": ["human", "rgb_array", "png"],
         "name": "leakgym_v0",
         "render_fps": 2,
         "is_parallelizable": True,
     }
-    possible_agents = ["attacker", "defender"]
+    possible_agents: ClassVar[list[str]] = ["attacker", "defender"]
 
     def __init__(
         self,
@@ -79,7 +79,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             overrides["rounds"] = max_cycles
         self.scenario = load_scenario(scenario, **overrides)
         if not isinstance(flat_actions, bool):
-            raise ValueError(f"flat_actions={flat_actions!r}; allowed: True or False")
+            raise ValueError(f"flat_actions={flat_actions!r}; allowed: True or False")  # noqa: TRY004
         self.flat_actions = flat_actions
         self._flat = {a: FlatActions(self.scenario.menu(a)) for a in self.possible_agents}
         self.render_mode = render_mode

@@ -244,12 +244,13 @@ class FlatActions:
     def to_multi(self, action: Any) -> np.ndarray:
         """A flat action -> the MultiDiscrete action; ``ValueError`` names the value and the range."""
         arr = np.asarray(action)
-        if arr.shape not in ((), (1,)) or arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-            if not (arr.shape in ((), (1,)) and np.issubdtype(arr.dtype, np.floating) and np.isfinite(arr).all()
-                    and float(arr.reshape(-1)[0]).is_integer()):
-                raise ValueError(
-                    f"{self.menu.where}{self.menu.role} flat action {action!r}: expected one integer in 0..{self.n - 1}"
-                )
+        integer = arr.shape in ((), (1,)) and arr.dtype != bool and np.issubdtype(arr.dtype, np.integer)
+        whole = (arr.shape in ((), (1,)) and np.issubdtype(arr.dtype, np.floating) and bool(np.isfinite(arr).all())
+                 and float(arr.reshape(-1)[0]).is_integer())
+        if not (integer or whole):
+            raise ValueError(
+                f"{self.menu.where}{self.menu.role} flat action {action!r}: expected one integer in 0..{self.n - 1}"
+            )
         k = int(arr.reshape(-1)[0])
         if not 0 <= k < self.n:
             raise ValueError(f"{self.menu.where}{self.menu.role} flat action {k}; allowed range 0..{self.n - 1}")

@@ -165,7 +165,7 @@ class Scenario:
         need(self.audit_iterations >= 0, f"audit_iterations={self.audit_iterations}; must be >= 0")
         need(isinstance(self.attacker_menu, dict) and "strategy" in self.attacker_menu,
              f"attacker_menu={self.attacker_menu!r} needs a 'strategy' entry")
-        need(list(self.attacker_menu)[0] == "strategy", "attacker_menu must list 'strategy' first")
+        need(next(iter(self.attacker_menu)) == "strategy", "attacker_menu must list 'strategy' first")
         for key, values in self.attacker_menu.items():
             need(isinstance(values, list) and len(values) >= 1, f"attacker menu {key!r} is empty")
         for key, values in self.defender_menu.items():

@@ -17,7 +17,7 @@ opponent generator and its game exactly as they were.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -74,7 +74,7 @@ class LeakGymSingleAgentEnv(gym.Env):
             (a ``Discrete`` action space for the learner; the opponent keeps ``MultiDiscrete``).
     """
 
-    metadata = {"render_modes": ["human", "rgb_array", "png"], "render_fps": 2}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["human", "rgb_array", "png"], "render_fps": 2}
 
     def __init__(
         self,

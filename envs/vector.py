@@ -11,7 +11,7 @@ Sub-environments reset automatically on the step after their episode ends (Gymna
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -35,12 +35,12 @@ class LeakGymVectorEnv(VectorEnv):
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int = 1, opponents: list[Any] | None = None, render_mode: str | None = None,
                  batch_attacks: bool = True, **kwargs: Any) -> None:
         if not isinstance(batch_attacks, bool):
-            raise ValueError(f"batch_attacks={batch_attacks!r}; allowed: True or False")
+            raise ValueError(f"batch_attacks={batch_attacks!r}; allowed: True or False")  # noqa: TRY004
         self.batch_attacks = batch_attacks
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")

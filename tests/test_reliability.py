@@ -71,7 +71,7 @@ def test_diverged_model_is_flagged_not_leaked_as_nan():
     env.reset(seed=0)
     flagged = False
     for _ in range(3):
-        obs, rewards, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": np.zeros(1, np.int64)})
+        _, rewards, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": np.zeros(1, np.int64)})
         assert _all_finite(infos) and all(math.isfinite(r) for r in rewards.values())
         flagged = flagged or infos["defender"]["model_diverged"]
     assert flagged and infos["defender"]["diverged_round"] >= 1
@@ -94,7 +94,7 @@ def test_every_preset_pair_plays_or_is_refused_up_front(scenario, overrides):
         for d_name, d_action in defenders:
             if not env.agents:
                 env.reset(seed=0)
-            obs, rewards, *_ = env.step({"attacker": a_action, "defender": d_action})
+            _, rewards, *_ = env.step({"attacker": a_action, "defender": d_action})
             assert all(math.isfinite(r) for r in rewards.values()), (a_name, d_name)
 
 

@@ -3,7 +3,6 @@
 import copy
 
 import gymnasium as gym
-import leakgym  # noqa: F401  (registers the ids)
 import numpy as np
 import pytest
 import torch
@@ -11,6 +10,8 @@ from leakgym.agents.base import UniformRandomAgent
 from leakgym.agents.scripted import FixedAgent
 from leakgym.envs import RoundError, parallel_env
 from leakgym.envs.round import Round
+
+import leakgym  # noqa: F401  (registers the ids)
 
 
 def _scrub(info):
