@@ -17,12 +17,13 @@ from pettingzoo.test import (
 
 
 @pytest.fixture
-def cheap_module(cheap_overrides):
-    """``leakgym_v0`` with cheap scenario overrides bound, for the tests that take a module."""
+def cheap_module(cheap_overrides, tmp_path):
+    """``leakgym_v0`` with cheap scenario overrides (and a temporary png folder) bound."""
+    bound = dict(cheap_overrides, render_dir=tmp_path / "renders")
     return types.SimpleNamespace(
-        env=functools.partial(leakgym_v0.env, **cheap_overrides),
-        parallel_env=functools.partial(leakgym_v0.parallel_env, **cheap_overrides),
-        raw_env=functools.partial(leakgym_v0.raw_env, **cheap_overrides),
+        env=functools.partial(leakgym_v0.env, **bound),
+        parallel_env=functools.partial(leakgym_v0.parallel_env, **bound),
+        raw_env=functools.partial(leakgym_v0.raw_env, **bound),
     )
 
 
