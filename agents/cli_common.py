@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -26,6 +31,30 @@ def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str
         except yaml.YAMLError as exc:
             raise ValueError(f"{what} {pair!r}: cannot parse the value ({exc})") from None
     return out
+
+
+def split_hyperparams(tokens: list[str] | None) -> tuple[Path | None, dict[str, Any]]:
+    """``["my.yml", "n_steps=16"]`` -> ``(Path("my.yml"), {"n_steps": 16})``.
+
+    At most one token may be a hyperparameter file (a name ending in ``.yml`` or ``.yaml``, no
+    ``=``); the others are ``KEY=VALUE`` overrides (see :func:`parse_overrides`).
+    """
+    files = [t for t in tokens or [] if "=" not in t and t.endswith((".yml", ".yaml"))]
+    if len(files) > 1:
+        raise ValueError(f"--hyperparams names {len(files)} files {files}; allowed: one .yml file")
+    pairs = [t for t in tokens or [] if t not in files]
+    return (Path(files[0]) if files else None), parse_overrides(pairs, "hyperparameter (or a .yml file)")
+
+
+def add_hyperparams_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--hyperparams",
+        nargs="*",
+        default=[],
+        metavar="PATH.yml|KEY=VALUE",
+        help="an rl-zoo hyperparameter file (default: agents/hyperparams/<algo>.yml) and/or overrides of its "
+        "values, e.g. --hyperparams my.yml n_steps=16",
+    )
 
 
 def split_agent_list(text: str) -> list[str]:
@@ -89,3 +118,16 @@ def apply_threads(threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def readable_warnings() -> Iterator[None]:
+    """Within the block, every warning is printed to stderr as one ``warning: <message>`` line."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        yield

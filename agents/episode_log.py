@@ -12,7 +12,8 @@ Files under the run's output folder ``OUT``:
     episode ends.
 ``last_round/a<i>_d<j>.npz``
     the last round of pair (attacker ``i``, defender ``j``): private images, matched
-    reconstructions and their SSIM (what ``gallery.png`` shows), written just before its rows.
+    reconstructions, their SSIM and PSNR and the images' labels when known (what ``gallery.png``
+    shows), written just before its rows.
 
 Resuming (:meth:`EpisodeLog.open` with ``resume=True``) refuses a folder whose ``run.json`` holds
 other settings, keeps every pair whose episodes are all in ``episodes.csv`` and replays the others
@@ -43,7 +44,7 @@ EPISODES_FILE = "episodes.csv"
 LAST_ROUND_DIR = "last_round"
 EPISODE_COLUMNS = ["attacker", "defender", "episode", "seed", "rounds", *METRICS]
 #: bump when the meaning of the files changes; a run of another version is not resumed
-LOG_VERSION = 1
+LOG_VERSION = 2
 
 
 def _normalise(settings: dict[str, Any]) -> dict[str, Any]:
@@ -167,8 +168,9 @@ class EpisodeLog:
         if pair.last_round is not None:
             buffer = io.BytesIO()
             last = pair.last_round
-            np.savez(buffer, originals=last.originals, matched=last.matched, ssim=last.ssim,
-                     attacker=np.array(pair.attacker), defender=np.array(pair.defender))
+            labels = {} if last.labels is None else {"labels": last.labels}
+            np.savez(buffer, originals=last.originals, matched=last.matched, ssim=last.ssim, psnr=last.psnr,
+                     attacker=np.array(pair.attacker), defender=np.array(pair.defender), **labels)
             _replace_atomically(self._last_round_path(pair.attacker, pair.defender), buffer.getvalue())
         self._write_rows([pair], mode="append")
 
@@ -226,12 +228,14 @@ class EpisodeLog:
             with np.load(path, allow_pickle=False) as data:
                 if str(data["attacker"]) != attacker or str(data["defender"]) != defender:
                     return None
-                last = LastRound(originals=data["originals"], matched=data["matched"], ssim=data["ssim"])
+                last = LastRound(originals=data["originals"], matched=data["matched"], ssim=data["ssim"],
+                                 psnr=data["psnr"], labels=data["labels"] if "labels" in data.files else None)
         except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
             return None
-        ok = last.originals.ndim == 4 and last.matched.shape == last.originals.shape and last.ssim.shape == (
-            len(last.originals),
-        )
+        per_image = (len(last.originals),)
+        ok = (last.originals.ndim == 4 and last.matched.shape == last.originals.shape
+              and last.ssim.shape == per_image and last.psnr.shape == per_image
+              and (last.labels is None or (last.labels.shape == per_image and last.labels.dtype.kind in "iu")))
         return last if ok else None
 
 

@@ -8,15 +8,19 @@ equilibria in :mod:`leakgym.agents.analysis`; the payoff files in :mod:`leakgym.
 Files written to ``OUT``:
 
 ``payoff.csv``
-    one row per pair: ``attacker, defender, episodes, rounds`` then, for each metric in
-    :data:`METRICS`, ``<metric>_mean, <metric>_ci95_low, <metric>_ci95_high`` (empty when undefined).
+    one row per pair: ``attacker, defender, episodes, total_rounds`` (rounds played over all the
+    pair's episodes) then, for each metric in :data:`METRICS`, ``<metric>_mean, <metric>_ci95_low,
+    <metric>_ci95_high`` (the interval clipped to the metric's range; empty when undefined).
 ``payoff.json``
     the same rows (``null`` for undefined values) plus the settings, the best responses and the
     pure-strategy equilibria of the empirical game (see :func:`best_responses`).
 ``payoff.png``
-    heatmap attacker x defender of mean leakage SSIM, annotated with mean ± CI half-width.
+    heatmap attacker x defender of mean leakage SSIM, annotated with the 95% t-interval, with the
+    best responses and pure-strategy equilibria marked (see :func:`heatmap_figure`); it warns when
+    pairs have fewer than 5 episodes.
 ``gallery.png``
-    for each pair, the last round's private images and their matched reconstructions.
+    the last round's private images, each once with its label, beside every attacker's matched
+    reconstruction against every defender, with SSIM and PSNR (see :func:`gallery_figure`).
 ``episodes.csv``, ``run.json``, ``last_round/``
     written while the run goes: every finished pair's per-episode values, the run's settings and
     each pair's last round (see :mod:`leakgym.agents.episode_log`). After an interrupt (Ctrl-C),
@@ -30,11 +34,18 @@ import sys
 from pathlib import Path
 
 from .analysis import best_responses, who_beats_whom
-from .cli_common import INTERRUPTED, add_env_arguments, apply_threads, parse_overrides, split_agent_list
+from .cli_common import (
+    INTERRUPTED,
+    add_env_arguments,
+    apply_threads,
+    parse_overrides,
+    readable_warnings,
+    split_agent_list,
+)
 from .episode_log import EPISODES_FILE
 from .payoff import METRICS, EpisodeStats, LastRound, PairResult, PayoffTable, t_interval
 from .play import evaluate, play_episode
-from .reporting import CSV_COLUMNS, json_safe, write_outputs
+from .reporting import CSV_COLUMNS, gallery_figure, heatmap_figure, json_safe, payoff_text, write_outputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``leakgym eval``: play all pairs, write the payoff files, print who beats whom."""
+    """Run ``leakgym eval``: play all pairs, write the payoff files, print the table and who beats whom."""
     apply_threads(args.threads)
     try:
         table = evaluate(
@@ -77,7 +88,9 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return INTERRUPTED
-    paths = write_outputs(table, args.out)
+    with readable_warnings():
+        paths = write_outputs(table, args.out)
+    print(payoff_text(table))
     print(who_beats_whom(table))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
@@ -94,8 +107,11 @@ __all__ = [
     "add_arguments",
     "best_responses",
     "evaluate",
+    "gallery_figure",
+    "heatmap_figure",
     "json_safe",
     "main",
+    "payoff_text",
     "play_episode",
     "t_interval",
     "who_beats_whom",

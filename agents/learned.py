@@ -6,8 +6,16 @@ A saved policy is two files side by side:
     Stable-Baselines3's own format (``model.save``), so SB3 and its tools can still open it.
 ``<name>.json``
     LeakGym's metadata, plain JSON: ``format``, algorithm, role, environment, the observation and
-    action spaces, the network architecture (``policy``: ``net_arch``, the activation's name from
-    :data:`ACTIVATIONS`, ``share_features_extractor``, ``normalize_images``) and training details.
+    action spaces, the network architecture (``policy``: ``class``, ``net_arch``, the activation's
+    name from :data:`ACTIVATIONS`, ``normalize_images`` and, for actor-critic policies,
+    ``share_features_extractor``) and training details.
+
+Three algorithms are supported: PPO and A2C (``ActorCriticPolicy``, i.e. ``MlpPolicy``) and DQN
+(``DQNPolicy``). The action space is ``MultiDiscrete`` (``{"nvec": [...]}``) or, for a policy
+trained with ``flat_actions=True``, ``Discrete`` (``{"n": N}``; with ``"nvec"`` too when the
+``MultiDiscrete`` menu it flattens is known). A :class:`LearnedAgent` plays either kind in either
+kind of space: a flat index ``k`` is the C-order flattening of the menu,
+``np.unravel_index(k, nvec)``, as in :class:`leakgym.envs.menus.FlatActions`.
 
 Loading (:func:`load_policy`, used by :class:`LearnedAgent` and so by ``make_agent``,
 ``gym.make(..., opponent=...)``, ``leakgym eval`` and ``leakgym train --opponent``) never calls
@@ -34,7 +42,9 @@ import numpy as np
 from .base import Agent
 from .scripted import ROLES
 
-ALGORITHMS = ("ppo", "a2c")
+ALGORITHMS = ("ppo", "a2c", "dqn")
+#: the policy class each algorithm's saved policy must have (SB3's ``MlpPolicy`` of that algorithm)
+POLICY_CLASSES = {"ppo": "ActorCriticPolicy", "a2c": "ActorCriticPolicy", "dqn": "DQNPolicy"}
 #: ``format`` value of a LeakGym policy JSON file
 POLICY_FORMAT = "leakgym-policy-v1"
 #: activation functions a saved policy may name (``torch.nn`` classes)
@@ -48,13 +58,15 @@ MAX_LAYER_WIDTH = 4096
 MAX_OBS_SIZE = 2**16
 MAX_ACTION_DIMS = 256
 MAX_ACTION_CHOICES = 2**16
+#: most actions of a flat (``Discrete``) policy
+MAX_FLAT_ACTIONS = 2**20
 
 
 def algorithm_class(algo: str):
-    """The SB3 class of ``algo`` ("ppo" or "a2c")."""
-    from stable_baselines3 import A2C, PPO
+    """The SB3 class of ``algo`` ("ppo", "a2c" or "dqn")."""
+    from stable_baselines3 import A2C, DQN, PPO
 
-    classes = {"ppo": PPO, "a2c": A2C}
+    classes = {"ppo": PPO, "a2c": A2C, "dqn": DQN}
     if algo not in classes:
         raise ValueError(f"algo={algo!r}; allowed: {ALGORITHMS}")
     return classes[algo]
@@ -66,56 +78,72 @@ def metadata_path(policy_path: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------- saving
-def policy_spec(model) -> dict[str, Any]:
+def _policy_classes() -> dict[str, type]:
+    from stable_baselines3.common.policies import ActorCriticPolicy
+    from stable_baselines3.dqn.policies import DQNPolicy
+
+    return {"ActorCriticPolicy": ActorCriticPolicy, "DQNPolicy": DQNPolicy}
+
+
+def policy_spec(model, flat_nvec: Any = None) -> dict[str, Any]:
     """The spaces and network architecture of an SB3 model, as plain JSON values.
 
-    Raises ``ValueError`` for what :func:`load_policy` cannot rebuild (another policy class, a
-    custom feature extractor or activation, spaces other than ``Box`` observations and
-    ``MultiDiscrete`` actions).
+    ``flat_nvec``: for a ``Discrete`` action space, the ``MultiDiscrete`` menu it flattens (recorded
+    so that the policy is checked against a scenario's menu, not only its size). Raises
+    ``ValueError`` for what :func:`load_policy` cannot rebuild (another policy class, a custom
+    feature extractor or activation, spaces other than ``Box`` observations and ``MultiDiscrete``
+    or ``Discrete`` actions).
     """
     import torch
     from gymnasium import spaces
-    from stable_baselines3.common.policies import ActorCriticPolicy
     from stable_baselines3.common.torch_layers import FlattenExtractor
 
     policy = model.policy
     obs, act = policy.observation_space, policy.action_space
+    classes = _policy_classes()
     problems = []
-    if type(policy) is not ActorCriticPolicy:
-        problems.append(f"policy class {type(policy).__name__} (allowed: ActorCriticPolicy, i.e. MlpPolicy)")
+    class_name = next((name for name, cls in classes.items() if type(policy) is cls), None)
+    if class_name is None:
+        problems.append(f"policy class {type(policy).__name__} (allowed: {', '.join(classes)}, i.e. MlpPolicy)")
     if policy.features_extractor_class is not FlattenExtractor or policy.features_extractor_kwargs:
         problems.append(f"feature extractor {policy.features_extractor_class.__name__} (allowed: FlattenExtractor)")
     name = policy.activation_fn.__name__
     if name not in ACTIVATIONS or getattr(torch.nn, name) is not policy.activation_fn:
         problems.append(f"activation {name} (allowed: {', '.join(ACTIVATIONS)})")
-    if not isinstance(obs, spaces.Box) or not isinstance(act, spaces.MultiDiscrete):
-        problems.append(f"spaces {obs} / {act} (allowed: Box observations, MultiDiscrete actions)")
+    if not isinstance(obs, spaces.Box) or not isinstance(act, (spaces.MultiDiscrete, spaces.Discrete)):
+        problems.append(f"spaces {obs} / {act} (allowed: Box observations, MultiDiscrete or Discrete actions)")
+    if isinstance(act, spaces.Discrete) and flat_nvec is not None and int(np.prod(flat_nvec)) != int(act.n):
+        problems.append(f"flat_nvec {list(flat_nvec)} (its product must be the Discrete action count {int(act.n)})")
     if problems:
         raise ValueError("LeakGym cannot save this policy in a form it can load safely: " + "; ".join(problems))
+    if isinstance(act, spaces.Discrete):
+        action_space: dict[str, Any] = {"n": int(act.n)}
+        if flat_nvec is not None:
+            action_space["nvec"] = np.asarray(flat_nvec).astype(int).ravel().tolist()
+    else:
+        action_space = {"nvec": np.asarray(act.nvec).astype(int).ravel().tolist()}
+    description: dict[str, Any] = {"class": class_name, "net_arch": policy.net_arch, "activation_fn": name}
+    if class_name == "ActorCriticPolicy":
+        description["share_features_extractor"] = bool(policy.share_features_extractor)
+    description["normalize_images"] = bool(policy.normalize_images)
     return {
         "observation_space": {
             "shape": list(obs.shape),
             "low": obs.low.astype(np.float64).ravel().tolist(),
             "high": obs.high.astype(np.float64).ravel().tolist(),
         },
-        "action_space": {"nvec": np.asarray(act.nvec).astype(int).ravel().tolist()},
-        "policy": {
-            "class": "ActorCriticPolicy",
-            "net_arch": policy.net_arch,
-            "activation_fn": name,
-            "share_features_extractor": bool(policy.share_features_extractor),
-            "normalize_images": bool(policy.normalize_images),
-        },
+        "action_space": action_space,
+        "policy": description,
     }
 
 
-def save_policy(model, path: str | Path, metadata: dict[str, Any]) -> dict[str, Any]:
+def save_policy(model, path: str | Path, metadata: dict[str, Any], *, flat_nvec: Any = None) -> dict[str, Any]:
     """``model.save(path)`` and, beside it, the JSON file :func:`load_policy` needs.
 
     ``metadata`` must hold ``algo`` and ``role``; it is stored with the spaces and architecture
-    (:func:`policy_spec`). Returns what was written to the JSON file.
+    (:func:`policy_spec`, which also takes ``flat_nvec``). Returns what was written to the JSON file.
     """
-    spec = policy_spec(model)
+    spec = policy_spec(model, flat_nvec)
     payload = {"format": POLICY_FORMAT, **metadata, **spec}
     _check_metadata(payload, metadata_path(path))
     path = Path(path)
@@ -170,27 +198,39 @@ def _check_metadata(meta: Any, where: Path) -> None:
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bound)):
             raise bad(f"'observation_space.{key}'", f"a list of {size} finite numbers", bound)
     act = meta.get("action_space")
+    flat = isinstance(act, dict) and "n" in act
     nvec = act.get("nvec") if isinstance(act, dict) else act
-    if not _int_list(nvec, low=1, high=MAX_ACTION_CHOICES, max_len=MAX_ACTION_DIMS):
+    if flat:
+        n = act["n"]
+        if not _int_list([n], low=1, high=MAX_FLAT_ACTIONS, max_len=1):
+            raise bad("'action_space.n'", f"an integer in 1..{MAX_FLAT_ACTIONS}", n)
+    if not (flat and nvec is None) and not _int_list(nvec, low=1, high=MAX_ACTION_CHOICES, max_len=MAX_ACTION_DIMS):
         raise bad(
             "'action_space.nvec'", f"a list of 1..{MAX_ACTION_DIMS} integers in 1..{MAX_ACTION_CHOICES}", nvec
         )
+    if flat and nvec is not None and math.prod(nvec) != act["n"]:
+        raise bad("'action_space.nvec'", f"a menu whose product is action_space.n = {act['n']}", nvec)
     pol = meta.get("policy")
-    if not isinstance(pol, dict) or pol.get("class") != "ActorCriticPolicy":
-        raise bad("'policy.class'", "'ActorCriticPolicy'", pol.get("class") if isinstance(pol, dict) else pol)
+    want_class = POLICY_CLASSES[meta["algo"]]
+    if not isinstance(pol, dict) or pol.get("class") != want_class:
+        raise bad(
+            "'policy.class'", f"{want_class!r} (for algo {meta['algo']!r})", pol.get("class") if isinstance(pol, dict) else pol
+        )
     arch = pol.get("net_arch")
-    layers = _layer_lists(arch)
+    layers = _layer_lists(arch) if want_class == "ActorCriticPolicy" or isinstance(arch, list) else None
     if layers is None or not all(
         layer == [] or _int_list(layer, low=1, high=MAX_LAYER_WIDTH, max_len=MAX_LAYERS) for layer in layers
     ):
         raise bad(
             "'policy.net_arch'",
-            f"a list of up to {MAX_LAYERS} layer widths in 1..{MAX_LAYER_WIDTH}, or {{'pi': [...], 'vf': [...]}}",
+            f"a list of up to {MAX_LAYERS} layer widths in 1..{MAX_LAYER_WIDTH}"
+            + (", or {'pi': [...], 'vf': [...]}" if want_class == "ActorCriticPolicy" else ""),
             arch,
         )
     if pol.get("activation_fn") not in ACTIVATIONS:
         raise bad("'policy.activation_fn'", f"one of {ACTIVATIONS}", pol.get("activation_fn"))
-    for key in ("share_features_extractor", "normalize_images"):
+    flags = ("share_features_extractor", "normalize_images") if want_class == "ActorCriticPolicy" else ("normalize_images",)
+    for key in flags:
         if not isinstance(pol.get(key), bool):
             raise bad(f"'policy.{key}'", "true or false", pol.get(key))
 
@@ -242,17 +282,26 @@ def _read_weights(path: Path, device: str) -> dict[str, Any]:
     return state
 
 
-def load_policy(path: str | Path, device: str = "cpu"):
-    """``(policy, metadata)``: the SB3 ``ActorCriticPolicy`` saved at ``path``, rebuilt from its JSON file.
+def _action_space(meta: dict[str, Any]):
+    from gymnasium import spaces
 
-    See the module docstring for what is read. Raises ``ValueError`` naming the file for a missing
-    or malformed JSON file, a zip without ``policy.pth``, weights that are not plain tensors (a
-    pickle naming any other object is refused before it runs), or weights that do not fit the
-    architecture the JSON describes.
+    act = meta["action_space"]
+    if "n" in act:
+        return spaces.Discrete(int(act["n"]))
+    return spaces.MultiDiscrete(np.asarray(act["nvec"], np.int64))
+
+
+def load_policy(path: str | Path, device: str = "cpu"):
+    """``(policy, metadata)``: the SB3 policy saved at ``path``, rebuilt from its JSON file.
+
+    The policy is an ``ActorCriticPolicy`` (PPO, A2C) or a ``DQNPolicy`` (DQN). See the module
+    docstring for what is read. Raises ``ValueError`` naming the file for a missing or malformed
+    JSON file, a zip without ``policy.pth``, weights that are not plain tensors (a pickle naming any
+    other object is refused before it runs), or weights that do not fit the architecture the JSON
+    describes.
     """
     import torch
     from gymnasium import spaces
-    from stable_baselines3.common.policies import ActorCriticPolicy
 
     path = Path(path)
     if not path.is_file():
@@ -264,16 +313,16 @@ def load_policy(path: str | Path, device: str = "cpu"):
         high=np.asarray(obs_meta["high"], np.float32).reshape(obs_meta["shape"]),
         dtype=np.float32,
     )
-    action_space = spaces.MultiDiscrete(np.asarray(meta["action_space"]["nvec"], np.int64))
-    policy = ActorCriticPolicy(
-        observation_space,
-        action_space,
-        lr_schedule=lambda _: 0.0,  # no optimiser steps: the policy only acts
-        net_arch=pol["net_arch"],
-        activation_fn=getattr(torch.nn, pol["activation_fn"]),
-        share_features_extractor=pol["share_features_extractor"],
-        normalize_images=pol["normalize_images"],
-    )
+    kwargs: dict[str, Any] = {
+        "net_arch": pol["net_arch"],
+        "activation_fn": getattr(torch.nn, pol["activation_fn"]),
+        "normalize_images": pol["normalize_images"],
+    }
+    if pol["class"] == "ActorCriticPolicy":
+        kwargs["share_features_extractor"] = pol["share_features_extractor"]
+    policy_class = _policy_classes()[pol["class"]]
+    # no optimiser steps: the policy only acts
+    policy = policy_class(observation_space, _action_space(meta), lr_schedule=lambda _: 0.0, **kwargs)
     state = _read_weights(path, device)
     try:
         policy.load_state_dict(state, strict=True)
@@ -287,10 +336,13 @@ def load_policy(path: str | Path, device: str = "cpu"):
 
 
 class LearnedAgent(Agent):
-    """Acts with a saved SB3 policy (see :func:`load_policy`). ``deterministic=False`` samples instead.
+    """Acts with a saved SB3 policy (see :func:`load_policy`). ``deterministic=False`` samples instead
+    (DQN policies always act greedily).
 
     With ``role`` and ``scenario`` the policy is checked before use: it must have been trained for
     that role, with that role's action space in the scenario; observations are checked on each call.
+    A flat (``Discrete``) policy plays in ``MultiDiscrete`` spaces and the reverse (see the module
+    docstring), so a policy trained with ``flat_actions=True`` is an opponent like any other.
     """
 
     def __init__(
@@ -302,11 +354,17 @@ class LearnedAgent(Agent):
         deterministic: bool = True,
         device: str = "cpu",
     ) -> None:
+        from gymnasium import spaces
+
         self.path = Path(path)
         self.policy, self.metadata = load_policy(self.path, device=device)
         self.algo: str = self.metadata["algo"]
         self.deterministic = deterministic
         self.name = f"{self.algo}:{path}"
+        self.flat = isinstance(self.policy.action_space, spaces.Discrete)
+        #: the MultiDiscrete menu a flat policy flattens, when its file records it
+        nvec = self.metadata["action_space"].get("nvec")
+        self.flat_nvec = np.asarray(nvec, np.int64) if self.flat and nvec is not None else None
         trained_as = self.metadata["role"]
         if role is not None and role != trained_as:
             raise ValueError(f"policy {str(self.path)!r} was trained as the {trained_as}; it cannot play the {role}")
@@ -318,33 +376,67 @@ class LearnedAgent(Agent):
         keys = ("env_id", "role", "overrides")
         return ", ".join(f"{k}={self.metadata[k]!r}" for k in keys if k in self.metadata)
 
+    def _trained_space(self) -> str:
+        space = self.policy.action_space
+        if not self.flat:
+            return f"MultiDiscrete({np.asarray(space.nvec).tolist()})"
+        menu = "" if self.flat_nvec is None else f", the flattened MultiDiscrete({self.flat_nvec.tolist()})"
+        return f"Discrete({int(space.n)}{menu})"
+
     def _check_action_nvec(self, nvec: np.ndarray, what: str) -> None:
-        want = np.asarray(self.policy.action_space.nvec)
-        if want.shape != nvec.shape or not np.array_equal(want, nvec):
+        if self.flat:
+            ok = nvec.ndim == 1 and int(np.prod(nvec)) == int(self.policy.action_space.n) and (
+                self.flat_nvec is None or np.array_equal(self.flat_nvec, nvec)
+            )
+        else:
+            want = np.asarray(self.policy.action_space.nvec)
+            ok = want.shape == nvec.shape and np.array_equal(want, nvec)
+        if not ok:
             raise ValueError(
-                f"policy {str(self.path)!r} acts in MultiDiscrete({want.tolist()}), but {what} is "
+                f"policy {str(self.path)!r} acts in {self._trained_space()}, but {what} is "
                 f"MultiDiscrete({nvec.tolist()}): it was trained on another scenario or role ({self._describe()})"
             )
 
     def check_spaces(self, observation: np.ndarray, action_space) -> None:
         """Raise ``ValueError`` when the policy was trained on different spaces than it is given."""
+        from gymnasium import spaces
+
         want_obs = self.policy.observation_space.shape
         if tuple(np.shape(observation)) != tuple(want_obs):
             raise ValueError(
                 f"policy {str(self.path)!r} expects observations of shape {want_obs}, got "
                 f"{tuple(np.shape(observation))}: it was trained on another scenario or role ({self._describe()})"
             )
+        if isinstance(action_space, spaces.Discrete):
+            n = int(action_space.n)
+            size = int(self.policy.action_space.n) if self.flat else int(np.prod(self.policy.action_space.nvec))
+            if n != size:
+                raise ValueError(
+                    f"policy {str(self.path)!r} acts in {self._trained_space()} ({size} actions), but this role's "
+                    f"action space is {action_space}: it was trained on another scenario or role ({self._describe()})"
+                )
+            return
         self._check_action_nvec(np.asarray(getattr(action_space, "nvec", None)), f"this role's action space {action_space}")
 
     def act(self, observation, action_space, rng):
+        from gymnasium import spaces
+
         self.check_spaces(observation, action_space)
         action, _ = self.policy.predict(np.asarray(observation, dtype=np.float32), deterministic=self.deterministic)
-        return np.asarray(action, dtype=np.int64)
+        action = np.asarray(action, dtype=np.int64)
+        if isinstance(action_space, spaces.Discrete):
+            if self.flat:
+                return action.reshape(())
+            return np.asarray(np.ravel_multi_index(tuple(action), tuple(self.policy.action_space.nvec)), np.int64)
+        if self.flat:
+            return np.asarray(np.unravel_index(int(action), tuple(action_space.nvec)), dtype=np.int64)
+        return action
 
 
 __all__ = [
     "ACTIVATIONS",
     "ALGORITHMS",
+    "POLICY_CLASSES",
     "POLICY_FORMAT",
     "LearnedAgent",
     "algorithm_class",

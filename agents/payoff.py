@@ -3,7 +3,9 @@
 An :class:`EpisodeStats` holds one episode of one (attacker, defender) pair; a :class:`PairResult`
 holds a pair's episodes and summarises each quantity in :data:`METRICS` as its mean over episodes
 with a 95% Student-t confidence interval ``mean ± t_{0.975, n-1} s / sqrt(n)`` (``s`` the sample
-standard deviation; undefined for n = 1). A :class:`PayoffTable` holds every pair of a run.
+standard deviation; undefined for n = 1), clipped to the metric's range (:data:`METRIC_RANGES`).
+With fewer than :data:`MIN_EPISODES` episodes such intervals are wide and the normal approximation
+behind them is poor; the payoff figure says so. A :class:`PayoffTable` holds every pair of a run.
 """
 
 from __future__ import annotations
@@ -26,10 +28,25 @@ METRICS = (
 )
 #: metrics averaged over the rounds of an episode (the others are per-episode totals / final values)
 ROUND_METRICS = ("leakage_ssim", "leakage_psnr", "leakage_lpips", "label_accuracy")
+#: the values each metric can take (PSNR of unit images is >= 0 dB); intervals are clipped to them
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "leakage_ssim": (-1.0, 1.0),
+    "leakage_psnr": (0.0, math.inf),
+    "leakage_lpips": (0.0, math.inf),
+    "label_accuracy": (0.0, 1.0),
+    "accuracy": (0.0, 1.0),
+    "attacker_return": (-math.inf, math.inf),
+    "defender_return": (-math.inf, math.inf),
+}
+#: fewer episodes per pair than this and the payoff figure warns that its intervals are unreliable
+MIN_EPISODES = 5
 
 
-def t_interval(values: np.ndarray | list[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """``(mean, low, high)`` of the Student-t interval; low/high are NaN for fewer than 2 values."""
+def t_interval(
+    values: np.ndarray | list[float], confidence: float = 0.95, bounds: tuple[float, float] | None = None
+) -> tuple[float, float, float]:
+    """``(mean, low, high)`` of the Student-t interval, low/high clipped to ``bounds`` when given;
+    low/high are NaN for fewer than 2 values."""
     from scipy import stats
 
     x = np.asarray(values, dtype=np.float64)
@@ -39,7 +56,10 @@ def t_interval(values: np.ndarray | list[float], confidence: float = 0.95) -> tu
     if x.size < 2:
         return mean, float("nan"), float("nan")
     half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return mean, mean - half, mean + half
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return mean, low, high
 
 
 @dataclass
@@ -55,12 +75,15 @@ class LastRound:
     """The last round of a pair's last episode, as plain arrays (what the gallery shows).
 
     ``originals[i]`` is a private image (unit range, ``(C, H, W)``), ``matched[i]`` the
-    reconstruction matched to it and ``ssim[i]`` their SSIM.
+    reconstruction matched to it, ``ssim[i]`` and ``psnr[i]`` their SSIM and PSNR (dB), and
+    ``labels[i]`` its class (``None`` when the round record does not carry labels).
     """
 
     originals: np.ndarray
     matched: np.ndarray
     ssim: np.ndarray
+    psnr: np.ndarray
+    labels: np.ndarray | None = None
 
     @classmethod
     def from_game(cls, last: Any) -> LastRound | None:
@@ -71,9 +94,15 @@ class LastRound:
         originals_t, recon_t, scores = last.originals, last.reconstructions, last.scores
         originals = originals_t.detach().cpu().clamp(0, 1).numpy().astype(np.float32)
         recon = recon_t.detach().cpu().clamp(0, 1).numpy().astype(np.float32)
-        assignment = np.asarray(scores.assignment, dtype=np.int64)[: len(originals)]
-        ssim = np.asarray(scores.per_image["ssim"], dtype=np.float64)[: len(originals)]
-        return cls(originals=originals, matched=recon[assignment], ssim=ssim)
+        n = len(originals)
+        assignment = np.asarray(scores.assignment, dtype=np.int64)[:n]
+        per_image = {k: np.asarray(scores.per_image[k], dtype=np.float64)[:n] for k in ("ssim", "psnr")}
+        labels = last.labels  # the private batch's classes
+        if labels is not None:
+            labels = labels.detach().cpu()
+            labels = (labels.argmax(-1) if labels.ndim == 2 else labels).numpy().astype(np.int64)[:n]
+        return cls(originals=originals, matched=recon[assignment], ssim=per_image["ssim"], psnr=per_image["psnr"],
+                   labels=labels)
 
 
 @dataclass
@@ -86,15 +115,16 @@ class PairResult:
     last_round: LastRound | None = None
 
     def summary(self) -> dict[str, Any]:
-        """``attacker, defender, episodes, rounds`` and ``<metric>_mean/_ci95_low/_ci95_high``."""
+        """``attacker, defender, episodes, total_rounds`` (rounds played over all episodes) and
+        ``<metric>_mean/_ci95_low/_ci95_high`` (the interval clipped to :data:`METRIC_RANGES`)."""
         row: dict[str, Any] = {
             "attacker": self.attacker,
             "defender": self.defender,
             "episodes": len(self.episodes),
-            "rounds": int(sum(e.rounds for e in self.episodes)),
+            "total_rounds": int(sum(e.rounds for e in self.episodes)),
         }
         for m in METRICS:
-            mean, low, high = t_interval([e.metrics[m] for e in self.episodes])
+            mean, low, high = t_interval([e.metrics[m] for e in self.episodes], bounds=METRIC_RANGES[m])
             row[f"{m}_mean"], row[f"{m}_ci95_low"], row[f"{m}_ci95_high"] = mean, low, high
         return row
 
@@ -120,4 +150,4 @@ class PayoffTable:
         return np.array([[by_pair[(a, d)] for d in self.defenders] for a in self.attackers], dtype=np.float64)
 
 
-__all__ = ["METRICS", "ROUND_METRICS", "EpisodeStats", "LastRound", "PairResult", "PayoffTable", "t_interval"]
+__all__ = ["METRICS", "METRIC_RANGES", "MIN_EPISODES", "ROUND_METRICS", "EpisodeStats", "LastRound", "PairResult", "PayoffTable", "t_interval"]

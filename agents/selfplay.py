@@ -32,7 +32,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cli_common import INTERRUPTED, add_env_arguments, apply_threads, parse_overrides, resolve_env
+from .cli_common import (
+    INTERRUPTED,
+    add_env_arguments,
+    add_hyperparams_argument,
+    apply_threads,
+    parse_overrides,
+    readable_warnings,
+    resolve_env,
+    split_hyperparams,
+)
 from .learned import ALGORITHMS
 from .play import evaluate
 from .reporting import json_safe
@@ -66,6 +75,7 @@ def selfplay(
     initial_defender: str = "random",
     overrides: dict[str, Any] | None = None,
     hyperparams: dict[str, Any] | None = None,
+    hyperparams_file: Path | None = None,
     eval_episodes: int = 2,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -87,6 +97,7 @@ def selfplay(
         "initial_defender": initial_defender,
         "overrides": overrides,
         "hyperparams": dict(hyperparams or {}),
+        "hyperparams_file": None if hyperparams_file is None else str(hyperparams_file),
         "history": [],
     }
     defender: str = initial_defender
@@ -99,7 +110,7 @@ def selfplay(
     for k in range(1, iterations + 1):
         folder = out / f"iter_{k:02d}"
         common = {"env_id": gym_id, "algo": algo, "timesteps": timesteps, "overrides": overrides,
-                  "hyperparams": dict(hyperparams or {}), "progress": progress}
+                  "hyperparams": dict(hyperparams or {}), "hyperparams_file": hyperparams_file, "progress": progress}
         entry: dict[str, Any] = {"iteration": k}
         stage = "attacker"
         try:
@@ -136,32 +147,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser)
     parser.add_argument("--iterations", type=int, default=3, help="best-response iterations K")
     parser.add_argument("--timesteps", type=int, default=None, help="steps per training run (default: the YAML's)")
-    parser.add_argument("--algo", choices=ALGORITHMS, default="ppo", help="Stable-Baselines3 algorithm")
+    parser.add_argument("--algo", choices=ALGORITHMS, default="ppo",
+                        help="Stable-Baselines3 algorithm (dqn plays with flat_actions=True)")
     parser.add_argument("--initial-defender", default="random", help="frozen defender D_0 for the first attacker")
     parser.add_argument("--eval-episodes", type=int, default=2, help="evaluation episodes per matchup (0 = none)")
-    parser.add_argument(
-        "--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="override hyperparameters, e.g. n_steps=16"
-    )
+    add_hyperparams_argument(parser)
     parser.add_argument("--out", type=Path, default=Path("runs/selfplay"), help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
 def main(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
+    hyperparams_file, hyperparams = split_hyperparams(args.hyperparams)
     try:
-        summary = selfplay(
-            args.env,
-            iterations=args.iterations,
-            timesteps=args.timesteps,
-            out=args.out,
-            seed=args.seed,
-            algo=args.algo,
-            initial_defender=args.initial_defender,
-            overrides=parse_overrides(args.overrides),
-            hyperparams=parse_overrides(args.hyperparams, "hyperparameter"),
-            eval_episodes=args.eval_episodes,
-            progress=not args.no_progress,
-        )
+        with readable_warnings():
+            summary = selfplay(
+                args.env,
+                iterations=args.iterations,
+                timesteps=args.timesteps,
+                out=args.out,
+                seed=args.seed,
+                algo=args.algo,
+                initial_defender=args.initial_defender,
+                overrides=parse_overrides(args.overrides),
+                hyperparams=hyperparams,
+                hyperparams_file=hyperparams_file,
+                eval_episodes=args.eval_episodes,
+                progress=not args.no_progress,
+            )
     except SelfPlayInterrupted as stop:
         where = stop.summary["interrupted"]
         print(f"interrupted in iteration {where['iteration']} ({where['stage']}); the policies reached so far and "

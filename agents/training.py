@@ -1,74 +1,228 @@
-"""``leakgym train``: a Stable-Baselines3 PPO or A2C policy for one role against a fixed opponent.
+"""``leakgym train``: a Stable-Baselines3 PPO, A2C or DQN policy for one role against a fixed opponent.
 
 The learner plays the Gymnasium single-agent view ``gym.make(env_id, role=..., opponent=...)``
 (see :mod:`leakgym.envs.single_agent`); the opponent is anything :func:`leakgym.agents.make_agent`
 accepts (a scripted name, a preset, or a saved policy — which is how self-play freezes a player).
 
-Hyperparameters come from ``agents/hyperparams/<env id>_<role>.yml`` in rl-baselines3-zoo's layout:
-one section per algorithm (``ppo:``, ``a2c:``) holding ``n_timesteps``, ``n_envs``, ``policy``,
-``policy_kwargs`` and the algorithm's constructor arguments (``n_steps``, ``batch_size``,
-``learning_rate``, ``gamma``, ``ent_coef``, ...). Environments without their own file use
-``default_<role>.yml``. Individual values can be overridden (``--hyperparams n_steps=16``).
+**Hyperparameters** come from ``agents/hyperparams/<algo>.yml`` in rl-baselines3-zoo's layout, so
+``python -m rl_zoo3.train --gym-packages leakgym -conf agents/hyperparams/ppo.yml`` reads the same
+file: one entry per Gymnasium id holding ``env_kwargs`` (``role``, ``opponent``, ``flat_actions``
+and scenario overrides, passed to ``gym.make``), ``n_timesteps``, ``n_envs``, ``policy``,
+``policy_kwargs`` (a YAML mapping; rl-zoo's ``"dict(...)"`` strings are not evaluated) and the
+algorithm's constructor arguments (``lin_<x>`` schedules as in rl-zoo). ``--hyperparams PATH.yml``
+reads another file; ``--hyperparams KEY=VALUE`` overrides single values; ``--role``,
+``--opponent``, ``--overrides`` and ``--timesteps`` override the file's ``env_kwargs`` and
+``n_timesteps``. DQN needs a ``Discrete`` action space: ``--algo dqn`` always plays with
+``flat_actions=True``.
+
+**Steps.** On-policy algorithms (PPO, A2C) collect whole rollouts of ``n_steps x n_envs`` steps. A
+budget smaller than one rollout shrinks ``n_steps`` (and PPO's ``batch_size``) to fit; a budget that
+is not a whole number of rollouts is rounded up, with a warning naming both numbers. The progress
+bar, the checkpoints and ``policy.json`` count the steps really played.
 
 A run writes, under ``OUT``::
 
     policy.zip          the final policy (SB3 format; load with make_agent("OUT/policy.zip", ...))
     policy.json         spaces and network architecture (what loading it needs, see
                         :mod:`leakgym.agents.learned`), algorithm, env id, role, opponent, overrides,
-                        hyperparameters, steps, wall time, ``interrupted``
-    checkpoints/        policy_<steps>_steps.zip (+ .json) every ``checkpoint_freq`` environment steps
-    tb/                 TensorBoard logs (``tensorboard --logdir OUT/tb``)
+                        hyperparameters, requested and played steps, wall time, ``interrupted``
+    checkpoints/        policy_<steps>_steps.zip (+ .json) every ``checkpoint_freq`` steps
+                        (default: a quarter of the run; 0: none)
+    tb/                 TensorBoard logs (``tensorboard --logdir OUT/tb``): SB3's own scalars and,
+                        per rollout, LeakGym's (:class:`LeakGymMetricsCallback`): ``leakgym/leakage``,
+                        ``leakgym/leakage_ssim``, ``leakgym/leakage_psnr``, ``leakgym/accuracy``,
+                        ``leakgym/label_accuracy``, the share of rounds each attack strategy was
+                        played (``leakgym/attack/<strategy>``) and each defense applied
+                        (``leakgym/defense/<name>``, ``leakgym/defense/none``), and histograms of
+                        the numeric attack and defense settings; with ``eval_freq``, ``eval/...``
+    eval.csv            with ``eval_freq``: one row per evaluation (:class:`LeakGymEvalCallback`),
+                        appended as it ends
 
 Ctrl-C (``KeyboardInterrupt``) during learning saves the policy as it is then to ``policy.zip`` /
 ``policy.json`` (with ``"interrupted": true`` and the steps done) and raises
 :class:`TrainingInterrupted`, itself a ``KeyboardInterrupt`` carrying the :class:`TrainResult`;
 ``leakgym train`` then says where the policy went and exits with status 130.
-
-The progress bar is a small tqdm callback (SB3's own needs ``rich``, which LeakGym does not require).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import csv
 import inspect
+import math
 import sys
 import time
+import warnings
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from .cli_common import INTERRUPTED, add_env_arguments, apply_threads, parse_overrides, resolve_env
+from .cli_common import (
+    INTERRUPTED,
+    add_env_arguments,
+    add_hyperparams_argument,
+    apply_threads,
+    parse_overrides,
+    readable_warnings,
+    resolve_env,
+    split_hyperparams,
+)
 from .learned import ALGORITHMS, algorithm_class, policy_spec, save_policy
+from .payoff import METRIC_RANGES, t_interval
 from .scripted import ROLES, check_role
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
-#: keys of a hyperparameter section that are not algorithm constructor arguments
-RUN_KEYS = ("n_timesteps", "n_envs", "policy")
+#: keys of a hyperparameter entry that are not algorithm constructor arguments
+RUN_KEYS = ("n_timesteps", "n_envs", "policy", "env_kwargs")
+#: ``env_kwargs`` keys that are not scenario overrides
+ENV_KEYS = ("role", "opponent", "flat_actions", "render_mode", "device")
+#: constructor arguments rl-zoo writes as ``lin_<initial value>`` (a linear schedule to 0)
+SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
+#: the on-policy algorithms, which collect whole rollouts of n_steps x n_envs steps
+ON_POLICY = ("ppo", "a2c")
+#: per-episode quantities an evaluation reports (means over the episode's rounds, final accuracy)
+EVAL_METRICS = ("return", "leakage", "leakage_ssim", "leakage_psnr", "accuracy")
+#: their ranges (the leakage score lies in [0, 1]); intervals are clipped to them
+EVAL_RANGES = {"return": (-math.inf, math.inf), "leakage": (0.0, 1.0),
+               **{m: METRIC_RANGES[m] for m in ("leakage_ssim", "leakage_psnr", "accuracy")}}
 
 
-def hyperparams_file(env_id: str, role: str) -> Path:
-    """The YAML file for ``env_id`` and ``role`` (``default_<role>.yml`` when there is no specific one)."""
-    check_role(role)
-    specific = HYPERPARAMS_DIR / f"{env_id}_{role}.yml"
-    return specific if specific.exists() else HYPERPARAMS_DIR / f"default_{role}.yml"
+class TrainingBudgetWarning(UserWarning):
+    """The steps played differ from the steps requested (whole rollouts), or ``n_steps`` was shrunk."""
 
 
-def load_hyperparams(env_id: str, role: str, algo: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``algo`` section of the role's hyperparameter file, with ``overrides`` applied and checked."""
+def hyperparams_file(algo: str) -> Path:
+    """The rl-zoo hyperparameter file of ``algo`` shipped with LeakGym (``agents/hyperparams/<algo>.yml``)."""
+    if algo not in ALGORITHMS:
+        raise ValueError(f"algo={algo!r}; allowed: {ALGORITHMS}")
+    return HYPERPARAMS_DIR / f"{algo}.yml"
+
+
+def read_hyperparams_file(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The whole file: Gymnasium id -> entry (``ValueError`` naming the file when unreadable)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"hyperparameter file {str(path)!r}: cannot read it ({exc})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"hyperparameter file {str(path)!r} must map Gymnasium ids to mappings (rl-zoo layout)")
+    return data
+
+
+def _linear(initial: float) -> Callable[[float], float]:
+    def schedule(progress_remaining: float) -> float:
+        return progress_remaining * initial
+
+    return schedule
+
+
+def _check_value(key: str, value: Any, path: Path) -> None:
+    if key == "policy_kwargs" and not isinstance(value, dict):
+        raise ValueError(
+            f"{path}: policy_kwargs must be a YAML mapping such as {{net_arch: [64, 64]}}; got {value!r} "
+            "(LeakGym does not evaluate rl-zoo's \"dict(...)\" strings)"
+        )
+    if key == "env_kwargs" and not isinstance(value, dict):
+        raise ValueError(f"{path}: env_kwargs must be a mapping (role, opponent, scenario overrides); got {value!r}")
+    if key in SCHEDULE_KEYS and isinstance(value, str):
+        kind, _, number = value.partition("_")
+        try:
+            ok = kind == "lin" and float(number) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{path}: {key}={value!r}; allowed: a number or 'lin_<initial value>'")
+
+
+def load_hyperparams(
+    env_id: str, algo: str, overrides: dict[str, Any] | None = None, path: str | Path | None = None
+) -> dict[str, Any]:
+    """The entry of ``env_id`` in the rl-zoo file ``path`` (default :func:`hyperparams_file`), with
+    ``overrides`` applied and every key checked; values as in the file (schedules still strings).
+
+    As in rl-zoo, a file without an entry for ``env_id`` may hold a ``default`` entry.
+    """
     cls = algorithm_class(algo)
-    path = hyperparams_file(env_id, role)
-    data = yaml.safe_load(path.read_text()) or {}
-    if algo not in data:
-        raise ValueError(f"{path} has no {algo!r} section; it has {sorted(data)}")
-    params = dict(data[algo])
-    params.update(overrides or {})
+    path = Path(path) if path is not None else hyperparams_file(algo)
+    data = read_hyperparams_file(path)
+    if env_id in data:
+        params = copy.deepcopy(data[env_id])
+    elif "default" in data:
+        params = copy.deepcopy(data["default"])
+    else:
+        raise ValueError(f"{path} has no entry for {env_id!r} (and no 'default'); it has {sorted(data)}")
+    params.update(copy.deepcopy(overrides or {}))
     allowed = set(inspect.signature(cls.__init__).parameters) - {"self", "policy", "env"} | set(RUN_KEYS)
     unknown = sorted(set(params) - allowed)
     if unknown:
-        raise ValueError(f"hyperparameter(s) {unknown} are not {cls.__name__} arguments; allowed: {sorted(allowed)}")
+        raise ValueError(
+            f"{path}: hyperparameter(s) {unknown} are not {cls.__name__} arguments or run settings; "
+            f"allowed: {sorted(allowed)}"
+        )
+    for key, value in params.items():
+        _check_value(key, value, path)
     return params
+
+
+def constructor_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    """The algorithm's constructor arguments of an entry: run settings dropped, ``lin_<x>`` strings
+    turned into linear schedules and ``train_freq`` lists into tuples (as rl-zoo does)."""
+    kwargs = {k: v for k, v in params.items() if k not in RUN_KEYS}
+    for key in SCHEDULE_KEYS:
+        if isinstance(kwargs.get(key), str):
+            kwargs[key] = _linear(float(kwargs[key].partition("_")[2]))
+    if isinstance(kwargs.get("train_freq"), list):
+        kwargs["train_freq"] = tuple(kwargs["train_freq"])
+    return kwargs
+
+
+@dataclass
+class StepPlan:
+    """How many steps a run really plays (see the module docstring, "Steps")."""
+
+    requested: int
+    actual: int
+    rollout: int
+    """Steps per rollout (on-policy: n_steps x n_envs; off-policy: 1, every step counts)."""
+    kwargs: dict[str, Any]
+    """The constructor arguments, with ``n_steps`` / ``batch_size`` shrunk where needed."""
+    notes: list[str]
+
+
+def plan_steps(algo: str, requested: int, n_envs: int, kwargs: dict[str, Any]) -> StepPlan:
+    """Fit an on-policy rollout to ``requested`` steps; off-policy algorithms play exactly ``requested``."""
+    if requested < 1:
+        raise ValueError(f"timesteps={requested}; must be >= 1")
+    if algo not in ON_POLICY:
+        return StepPlan(requested, requested, 1, dict(kwargs), [])
+    kwargs = dict(kwargs)
+    defaults = inspect.signature(algorithm_class(algo).__init__).parameters
+    n_steps = int(kwargs.get("n_steps", defaults["n_steps"].default))
+    notes = []
+    if requested < n_steps * n_envs:
+        # PPO normalises advantages over a rollout, which needs at least 2 steps.
+        shrunk = max(math.ceil(requested / n_envs), 2 if algo == "ppo" else 1)
+        notes.append(f"n_steps {n_steps} -> {shrunk}: one rollout of {n_steps} x {n_envs} env(s) would play "
+                     f"{n_steps * n_envs} steps, more than the {requested} requested")
+        n_steps = kwargs["n_steps"] = shrunk
+    rollout = n_steps * n_envs
+    if algo == "ppo":
+        batch_size = int(kwargs.get("batch_size", defaults["batch_size"].default))
+        if batch_size > rollout:
+            notes.append(f"batch_size {batch_size} -> {rollout} (one rollout)")
+            kwargs["batch_size"] = rollout
+    actual = math.ceil(requested / rollout) * rollout
+    if actual != requested:
+        notes.append(f"{algo.upper()} plays whole rollouts of n_steps x n_envs = {rollout} steps: training for "
+                     f"{actual} steps, not the {requested} requested")
+    return StepPlan(requested, actual, rollout, kwargs, notes)
 
 
 @dataclass
@@ -77,24 +231,30 @@ class TrainConfig:
 
     env_id: str = "LeakGym-Digits-v0"
     """Gymnasium id (or scenario name) of the environment."""
-    role: str = "attacker"
-    """Which side learns: attacker or defender."""
+    role: str | None = None
+    """Which side learns: attacker or defender; None = the file's env_kwargs (attacker)."""
     algo: str = "ppo"
-    """ppo or a2c."""
+    """ppo, a2c or dqn."""
     timesteps: int | None = None
     """Environment steps (rounds) to train for; None = the file's n_timesteps."""
-    opponent: Any = "random"
-    """The frozen opponent: a make_agent spec (name, preset, policy path) or an Agent."""
+    opponent: Any = None
+    """The frozen opponent: a make_agent spec (name, preset, policy path) or an Agent; None = the file's."""
     out: Path = Path("runs/train")
-    """Output folder (policy.zip, policy.json, checkpoints/, tb/)."""
+    """Output folder (policy.zip, policy.json, checkpoints/, tb/, eval.csv)."""
     seed: int = 0
     """Seed of SB3 (network init, sampling) and of the environments."""
     overrides: dict[str, Any] = field(default_factory=dict)
-    """Scenario overrides passed to the environment (e.g. rounds=2)."""
+    """Scenario overrides passed to the environment (e.g. rounds=2), over the file's env_kwargs."""
     hyperparams: dict[str, Any] = field(default_factory=dict)
     """Overrides of the hyperparameter file's values."""
+    hyperparams_file: Path | None = None
+    """The rl-zoo hyperparameter file; None = agents/hyperparams/<algo>.yml."""
     checkpoint_freq: int | None = None
-    """Save a checkpoint every this many environment steps; None = a quarter of the run."""
+    """Save a checkpoint every this many steps; None = a quarter of the run; 0 = no checkpoints."""
+    eval_freq: int = 0
+    """Evaluate the policy against the opponent every this many steps (0 = never)."""
+    eval_episodes: int = 2
+    """Episodes per evaluation (the same seeds every time)."""
     progress: bool = True
     """Show a tqdm progress bar."""
     device: str = "cpu"
@@ -120,17 +280,24 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.result = result
 
 
+# ---------------------------------------------------------------------------------------- callbacks
 def _progress_callback(total: int):
     from stable_baselines3.common.callbacks import BaseCallback
     from tqdm.auto import tqdm
 
     class TqdmCallback(BaseCallback):
-        """A tqdm bar over environment steps (SB3's ``progress_bar=True`` needs ``rich``)."""
+        """A tqdm bar over the steps really played (total and ETA), with the recent mean leakage SSIM."""
 
         def _on_training_start(self) -> None:
             self.bar = tqdm(total=total, desc="train", unit="step")
+            self.recent: deque[float] = deque(maxlen=64)
 
         def _on_step(self) -> bool:
+            for info in self.locals.get("infos", []):
+                if "leakage_ssim" in info:
+                    self.recent.append(float(info["leakage_ssim"]))
+            if self.recent:
+                self.bar.set_postfix(ssim=f"{np.mean(self.recent):.3f}", refresh=False)
             self.bar.update(self.training_env.num_envs)
             return True
 
@@ -140,82 +307,257 @@ def _progress_callback(total: int):
     return TqdmCallback()
 
 
-def _checkpoint_callback(save_freq: int, folder: Path, metadata: dict[str, Any]):
+def _checkpoint_callback(save_freq: int, folder: Path, metadata: dict[str, Any], flat_nvec: Any):
     from stable_baselines3.common.callbacks import BaseCallback
 
     class PolicyCheckpoints(BaseCallback):
-        """``folder/policy_<steps>_steps.zip`` and its JSON file every ``save_freq`` calls."""
+        """``folder/policy_<steps>_steps.zip`` and its JSON file each time the steps pass a multiple
+        of ``save_freq``."""
 
         def _init_callback(self) -> None:
             folder.mkdir(parents=True, exist_ok=True)
+            self.next_save = (self.num_timesteps // save_freq + 1) * save_freq
 
         def _on_step(self) -> bool:
-            if self.n_calls % save_freq == 0:
+            if self.num_timesteps >= self.next_save:
                 path = folder / f"policy_{self.num_timesteps}_steps.zip"
-                save_policy(self.model, path, {**metadata, "timesteps": int(self.num_timesteps)})
+                save_policy(self.model, path, {**metadata, "timesteps": int(self.num_timesteps)}, flat_nvec=flat_nvec)
+                self.next_save = (self.num_timesteps // save_freq + 1) * save_freq
             return True
 
     return PolicyCheckpoints()
 
 
-def make_training_env(config: TrainConfig, n_envs: int):
-    """A monitored ``DummyVecEnv`` of ``n_envs`` single-agent views, seeded from ``config.seed``."""
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def leakgym_metrics_callback(window: int):
+    """An SB3 callback that logs LeakGym's quantities from the step infos to TensorBoard.
+
+    After each rollout holding at least ``window`` steps (PPO/A2C: every rollout; DQN, whose
+    rollouts are ``train_freq`` steps: every ``window`` steps) it records the mean of the numeric
+    infos in :data:`LeakGymMetricsCallback.MEANS` under ``leakgym/``, the share of steps that played
+    each attack strategy (``leakgym/attack/<strategy>``) and applied each defense
+    (``leakgym/defense/<name>``; ``leakgym/defense/none``: no defense), and histograms of the
+    numeric attack and defense settings (``leakgym/attack_settings/<field>``, TensorBoard only). A
+    choice seen once is logged in every later record (0 when not played), so its curve is continuous.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class LeakGymMetricsCallback(BaseCallback):
+        MEANS = ("leakage", "leakage_ssim", "leakage_psnr", "leakage_lpips", "accuracy", "label_accuracy")
+
+        def _init_callback(self) -> None:
+            self.infos: list[dict[str, Any]] = []
+            self.strategies: set[str] = set()
+            self.defenses: set[str] = set()
+
+        def _on_step(self) -> bool:
+            self.infos.extend(i for i in self.locals.get("infos", []) if "leakage" in i)
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if len(self.infos) >= window:
+                self.record_infos(self.infos)
+                self.infos = []
+
+        def record_infos(self, infos: list[dict[str, Any]]) -> None:
+            for key in self.MEANS:
+                values = [float(i[key]) for i in infos if _numeric(i.get(key))]
+                if values:
+                    self.logger.record(f"leakgym/{key}", float(np.mean(values)))
+            strategies = Counter(i["strategy"] for i in infos if "strategy" in i)
+            with_defenses = [i["defenses"] for i in infos if "defenses" in i]
+            defenses = Counter(name for applied in with_defenses for name in applied)
+            defenses["none"] = sum(1 for applied in with_defenses if not applied)
+            self.strategies |= set(strategies)
+            self.defenses |= {name for name, count in defenses.items() if count}
+            if strategies:
+                for name in sorted(self.strategies):
+                    self.logger.record(f"leakgym/attack/{name}", strategies[name] / sum(strategies.values()))
+            if with_defenses:
+                for name in sorted(self.defenses):
+                    self.logger.record(f"leakgym/defense/{name}", defenses[name] / len(with_defenses))
+            for group in ("attack_settings", "defense_settings"):
+                settings = [i[group] for i in infos if isinstance(i.get(group), dict)]
+                for key in sorted({k for s in settings for k, v in s.items() if _numeric(v)}):
+                    values = np.array([float(s[key]) for s in settings if _numeric(s.get(key))])
+                    self.logger.record(f"leakgym/{group}/{key}", values, exclude=("stdout", "log", "json", "csv"))
+
+    return LeakGymMetricsCallback()
+
+
+def run_eval_episodes(env, predict: Callable[[Any], Any], episodes: int, seed: int) -> list[dict[str, float]]:
+    """Play ``episodes`` episodes (reset seeds ``seed + e``) of a single-agent view with ``predict``.
+
+    Returns per episode: the learner's ``return``, the mean over rounds of ``leakage``,
+    ``leakage_ssim`` and ``leakage_psnr``, and the test ``accuracy`` after the last round.
+    """
+    rows = []
+    for e in range(episodes):
+        obs, _ = env.reset(seed=seed + e)
+        total, per_round, info, done = 0.0, {m: [] for m in ("leakage", "leakage_ssim", "leakage_psnr")}, {}, False
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(predict(obs))
+            total += float(reward)
+            for m, values in per_round.items():
+                values.append(float(info.get(m, float("nan"))))
+            done = terminated or truncated
+        row = {"return": total, **{m: float(np.mean(v)) for m, v in per_round.items()}}
+        row["accuracy"] = float(info.get("accuracy", float("nan")))
+        rows.append(row)
+    return rows
+
+
+EVAL_COLUMNS = ["timesteps", "wall_time_s", "episodes"] + [
+    f"{m}_{s}" for m in EVAL_METRICS for s in ("mean", "ci95_low", "ci95_high")
+]
+
+
+def eval_callback(make_env: Callable[[], Any], freq: int, episodes: int, seed: int, csv_path: Path):
+    """An SB3 callback that evaluates the policy against the opponent every ``freq`` steps.
+
+    Each evaluation plays ``episodes`` episodes on its own environment (``make_env()``), the
+    learner acting deterministically, with the same reset seeds ``seed, seed + 1, ...`` every time
+    (so evaluations differ only by the policy). It logs ``eval/<metric>`` (mean over episodes) to
+    TensorBoard and appends a row to ``csv_path``: ``timesteps, wall_time_s, episodes`` and, for
+    each metric in :data:`EVAL_METRICS`, the mean and its 95% t-interval (clipped to :data:`EVAL_RANGES`).
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class LeakGymEvalCallback(BaseCallback):
+        def _init_callback(self) -> None:
+            self.env = None
+            self.t0 = time.perf_counter()
+            self.next_eval = (self.num_timesteps // freq + 1) * freq
+            csv_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(csv_path, "w", newline="") as fh:
+                csv.writer(fh).writerow(EVAL_COLUMNS)
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next_eval:
+                self.evaluate()
+                self.next_eval = (self.num_timesteps // freq + 1) * freq
+            return True
+
+        def evaluate(self) -> dict[str, Any]:
+            if self.env is None:
+                self.env = make_env()
+            rows = run_eval_episodes(self.env, lambda obs: self.model.predict(obs, deterministic=True)[0],
+                                     episodes, seed)
+            record: dict[str, Any] = {"timesteps": int(self.num_timesteps),
+                                      "wall_time_s": round(time.perf_counter() - self.t0, 3), "episodes": episodes}
+            for m in EVAL_METRICS:
+                mean, low, high = t_interval([r[m] for r in rows], bounds=EVAL_RANGES[m])
+                record.update({f"{m}_mean": mean, f"{m}_ci95_low": low, f"{m}_ci95_high": high})
+                self.logger.record(f"eval/{m}", mean)
+            self.logger.dump(self.num_timesteps)
+            with open(csv_path, "a", newline="") as fh:
+                csv.writer(fh).writerow(["" if isinstance(v, float) and math.isnan(v) else v
+                                         for v in (record[c] for c in EVAL_COLUMNS)])
+            return record
+
+    return LeakGymEvalCallback()
+
+
+# ---------------------------------------------------------------------------------------- training
+def make_training_env(gym_id: str, env_kwargs: dict[str, Any], n_envs: int, seed: int):
+    """A monitored ``DummyVecEnv`` of ``n_envs`` single-agent views ``gym.make(gym_id, **env_kwargs)``."""
     from stable_baselines3.common.env_util import make_vec_env
 
-    gym_id, _ = resolve_env(config.env_id)
-    env_kwargs = {"role": config.role, "opponent": config.opponent, **config.overrides}
-    return make_vec_env(gym_id, n_envs=n_envs, seed=config.seed, env_kwargs=env_kwargs)
+    return make_vec_env(gym_id, n_envs=n_envs, seed=seed, env_kwargs=env_kwargs)
+
+
+def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(gym.make kwargs, scenario overrides)`` from the file's env_kwargs and the config."""
+    kwargs = {**file_kwargs, **config.overrides}
+    kwargs["role"] = config.role if config.role is not None else kwargs.get("role", "attacker")
+    check_role(kwargs["role"])
+    kwargs["opponent"] = config.opponent if config.opponent is not None else kwargs.get("opponent", "random")
+    if config.algo == "dqn":
+        kwargs["flat_actions"] = True  # DQN needs a Discrete action space
+    if not kwargs.get("flat_actions", False):
+        kwargs.pop("flat_actions", None)
+    overrides = {k: v for k, v in kwargs.items() if k not in ENV_KEYS}
+    return kwargs, overrides
 
 
 def train(config: TrainConfig) -> TrainResult:
     """Train one policy; see the module docstring for what is written to ``config.out``.
 
-    Raises :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) after saving the current policy
-    when learning is interrupted.
+    Emits :class:`TrainingBudgetWarning` when the steps played differ from those requested. Raises
+    :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) after saving the current policy when
+    learning is interrupted.
     """
+    import gymnasium as gym
     import stable_baselines3
     from stable_baselines3.common.callbacks import CallbackList
 
-    check_role(config.role)
     if config.algo not in ALGORITHMS:
         raise ValueError(f"algo={config.algo!r}; allowed: {ALGORITHMS}")
+    for name in ("eval_freq", "eval_episodes"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"{name}={getattr(config, name)}; must be >= 0")
+    if config.checkpoint_freq is not None and config.checkpoint_freq < 0:
+        raise ValueError(f"checkpoint_freq={config.checkpoint_freq}; allowed: >= 1, 0 (no checkpoints) or None")
+    if config.eval_freq and config.eval_episodes < 1:
+        raise ValueError(f"eval_episodes={config.eval_episodes}; must be >= 1 when eval_freq is set")
     gym_id, scenario_name = resolve_env(config.env_id)
-    params = load_hyperparams(gym_id, config.role, config.algo, config.hyperparams)
-    timesteps = int(config.timesteps if config.timesteps is not None else params.get("n_timesteps", 10_000))
-    if timesteps < 1:
-        raise ValueError(f"timesteps={timesteps}; must be >= 1")
-    n_envs = int(params.pop("n_envs", 1))
-    policy = params.pop("policy", "MlpPolicy")
-    params.pop("n_timesteps", None)
-    freq = config.checkpoint_freq or max(timesteps // 4, 1)
-    if freq < 1:
-        raise ValueError(f"checkpoint_freq={freq}; must be >= 1")
+    params = load_hyperparams(gym_id, config.algo, config.hyperparams, config.hyperparams_file)
+    env_kwargs, overrides = _env_kwargs(config, params.get("env_kwargs") or {})
+    role = env_kwargs["role"]
+    n_envs = int(params.get("n_envs", 1))
+    policy = params.get("policy", "MlpPolicy")
+    requested = int(config.timesteps if config.timesteps is not None else params.get("n_timesteps", 10_000))
+    plan = plan_steps(config.algo, requested, n_envs, constructor_kwargs(params))
+    for note in plan.notes:
+        warnings.warn(note, TrainingBudgetWarning, stacklevel=2)
+    freq = max(plan.actual // 4, 1) if config.checkpoint_freq is None else config.checkpoint_freq
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    env = make_training_env(config, n_envs)
-    model = algorithm_class(config.algo)(
-        policy, env, seed=config.seed, tensorboard_log=str(out / "tb"), device=config.device, verbose=0, **params
-    )
+    env = make_training_env(gym_id, env_kwargs, n_envs, config.seed)
     try:
-        policy_spec(model)  # fails now, not after training, if the policy could not be saved safely
-    except ValueError:
+        scenario = env.get_attr("scenario")[0]
+        flat_nvec = np.asarray(scenario.menu(role).nvec).tolist() if env_kwargs.get("flat_actions") else None
+        model = algorithm_class(config.algo)(
+            policy, env, seed=config.seed, tensorboard_log=str(out / "tb"), device=config.device, verbose=0,
+            **plan.kwargs,
+        )
+        policy_spec(model, flat_nvec)  # fails now, not after training, if the policy could not be saved safely
+    except BaseException:
         env.close()
         raise
+    file_values = {k: v for k, v in params.items() if k not in ("env_kwargs", "n_timesteps")}
     metadata: dict[str, Any] = {
         "algo": config.algo,
         "env_id": gym_id,
         "scenario": scenario_name,
-        "role": config.role,
-        "opponent": config.opponent if isinstance(config.opponent, str) else repr(config.opponent),
+        "role": role,
+        "opponent": env_kwargs["opponent"] if isinstance(env_kwargs["opponent"], str) else repr(env_kwargs["opponent"]),
         "seed": config.seed,
-        "overrides": config.overrides,
-        "hyperparams": {"policy": policy, "n_envs": n_envs, **params},
+        "overrides": overrides,
+        "flat_actions": bool(env_kwargs.get("flat_actions", False)),
+        "hyperparams": {**file_values, "policy": policy, "n_envs": n_envs,
+                        **{k: v for k, v in plan.kwargs.items() if k in ("n_steps", "batch_size")}},
+        "hyperparams_file": str(config.hyperparams_file or hyperparams_file(config.algo)),
+        "requested_timesteps": plan.requested,
         "stable_baselines3": stable_baselines3.__version__,
     }
-    callbacks = [_checkpoint_callback(max(freq // n_envs, 1), out / "checkpoints", metadata)]
+    callbacks = [leakgym_metrics_callback(plan.rollout if config.algo in ON_POLICY else 64)]
+    if freq:
+        callbacks.append(_checkpoint_callback(freq, out / "checkpoints", metadata, flat_nvec))
+    evaluator = None
+    if config.eval_freq:
+        def make_eval_env():
+            return gym.make(gym_id, **env_kwargs)
+
+        evaluator = eval_callback(make_eval_env, config.eval_freq, config.eval_episodes, config.seed + 10_000,
+                                  out / "eval.csv")
+        callbacks.append(evaluator)
     if config.progress:
-        callbacks.append(_progress_callback(timesteps))
+        callbacks.append(_progress_callback(plan.actual))
     if isinstance(config.callback, list):
         callbacks += config.callback
     elif config.callback is not None:
@@ -223,18 +565,20 @@ def train(config: TrainConfig) -> TrainResult:
     t0 = time.perf_counter()
     interrupted = False
     try:
-        model.learn(total_timesteps=timesteps, callback=CallbackList(callbacks), tb_log_name=f"{config.algo}_{config.role}")
+        model.learn(total_timesteps=plan.actual, callback=CallbackList(callbacks), tb_log_name=f"{config.algo}_{role}")
     except KeyboardInterrupt:
         interrupted = True
     finally:
         for callback in callbacks:
             if hasattr(callback, "bar"):
                 callback.bar.close()
+        if getattr(evaluator, "env", None) is not None:
+            evaluator.env.close()
         env.close()
     metadata.update(timesteps=int(model.num_timesteps), wall_time_s=round(time.perf_counter() - t0, 3),
                     interrupted=interrupted)
     policy_path = out / "policy.zip"
-    save_policy(model, policy_path, metadata)
+    save_policy(model, policy_path, metadata, flat_nvec=flat_nvec)
     result = TrainResult(policy_path=policy_path, out=out, metadata=metadata, interrupted=interrupted)
     if interrupted:
         raise TrainingInterrupted(result)
@@ -245,22 +589,30 @@ def train(config: TrainConfig) -> TrainResult:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``leakgym train``."""
     add_env_arguments(parser)
-    parser.add_argument("--role", choices=ROLES, default="attacker", help="which side learns")
-    parser.add_argument("--algo", choices=ALGORITHMS, default="ppo", help="Stable-Baselines3 algorithm")
-    parser.add_argument("--timesteps", type=int, default=None, help="environment steps (default: the YAML's n_timesteps)")
+    parser.add_argument("--role", choices=ROLES, default=None,
+                        help="which side learns (default: the hyperparameter file's env_kwargs role, attacker)")
+    parser.add_argument("--algo", choices=ALGORITHMS, default="ppo",
+                        help="Stable-Baselines3 algorithm (dqn plays with flat_actions=True)")
+    parser.add_argument("--timesteps", type=int, default=None,
+                        help="environment steps (default: the file's n_timesteps; PPO/A2C round up to whole rollouts)")
     parser.add_argument(
-        "--opponent", default="random", help="frozen opponent: random, round-robin, bandit, a preset, fixed:..., or a policy .zip"
+        "--opponent", default=None,
+        help="frozen opponent: random, round-robin, bandit, a preset, fixed:..., or a policy .zip "
+        "(default: the file's env_kwargs opponent, random)",
     )
     parser.add_argument("--out", type=Path, default=Path("runs/train"), help="output folder")
-    parser.add_argument(
-        "--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="override hyperparameters, e.g. n_steps=16"
-    )
-    parser.add_argument("--checkpoint-freq", type=int, default=None, help="checkpoint every N steps (default: 1/4 run)")
+    add_hyperparams_argument(parser)
+    parser.add_argument("--checkpoint-freq", type=int, default=None,
+                        help="checkpoint every N steps (default: a quarter of the run; 0: no checkpoints)")
+    parser.add_argument("--eval-freq", type=int, default=0,
+                        help="evaluate against the opponent every N steps, to TensorBoard and OUT/eval.csv (0: never)")
+    parser.add_argument("--eval-episodes", type=int, default=2, help="episodes per evaluation (default: 2)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    path, hyperparams = split_hyperparams(args.hyperparams)
     return TrainConfig(
         env_id=args.env,
         role=args.role,
@@ -270,8 +622,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         out=args.out,
         seed=args.seed,
         overrides=parse_overrides(args.overrides),
-        hyperparams=parse_overrides(args.hyperparams, "hyperparameter"),
+        hyperparams=hyperparams,
+        hyperparams_file=path,
         checkpoint_freq=args.checkpoint_freq,
+        eval_freq=args.eval_freq,
+        eval_episodes=args.eval_episodes,
         progress=not args.no_progress,
         device=args.device,
     )
@@ -282,7 +637,8 @@ def main(args: argparse.Namespace) -> int:
     apply_threads(args.threads)
     config = config_from_args(args)
     try:
-        result = train(config)
+        with readable_warnings():
+            result = train(config)
     except TrainingInterrupted as stop:
         meta = stop.result.metadata
         print(f"interrupted after {meta['timesteps']} steps; saved the policy reached so far to "
@@ -290,17 +646,28 @@ def main(args: argparse.Namespace) -> int:
         return INTERRUPTED
     print(f"saved {result.policy_path} ({result.metadata['timesteps']} steps, {result.metadata['wall_time_s']:.1f} s)")
     print(f"TensorBoard: tensorboard --logdir {result.out / 'tb'}")
+    if config.eval_freq:
+        print(f"evaluations: {result.out / 'eval.csv'}")
     return 0
 
 
 __all__ = [
+    "EVAL_COLUMNS",
+    "EVAL_METRICS",
+    "StepPlan",
     "TrainConfig",
     "TrainResult",
+    "TrainingBudgetWarning",
     "TrainingInterrupted",
     "add_arguments",
+    "constructor_kwargs",
+    "eval_callback",
     "hyperparams_file",
+    "leakgym_metrics_callback",
     "load_hyperparams",
     "main",
+    "plan_steps",
+    "read_hyperparams_file",
+    "run_eval_episodes",
     "train",
 ]
-

@@ -93,7 +93,9 @@ SETTINGS = {"env_id": "X-v0", "scenario": "x", "attackers": ["A1", "A2"], "defen
 def _pair(attacker: str, value: float) -> PairResult:
     episodes = [EpisodeStats({m: value + e / 3 for m in METRICS} | {"leakage_lpips": float("nan")}, 2) for e in range(2)]
     images = np.full((2, 1, 4, 4), value, np.float32)
-    return PairResult(attacker, "D1", episodes, LastRound(images, 1 - images, np.array([0.5, 0.25])))
+    labels = np.array([3, 7]) if attacker == "A1" else None
+    return PairResult(attacker, "D1", episodes,
+                      LastRound(images, 1 - images, np.array([0.5, 0.25]), np.array([12.5, 9.0]), labels))
 
 
 def test_log_round_trips_exactly_and_drops_a_cut_off_line(tmp_path):
@@ -111,8 +113,8 @@ def test_log_round_trips_exactly_and_drops_a_cut_off_line(tmp_path):
             want.metrics[m] for m in METRICS if m != "leakage_lpips"
         ]  # bit-exact floats
         assert np.isnan(got.metrics["leakage_lpips"])
-    np.testing.assert_array_equal(back.last_round.matched, first.last_round.matched)
-    np.testing.assert_array_equal(back.last_round.ssim, first.last_round.ssim)
+    for name in ("matched", "ssim", "psnr", "labels"):
+        np.testing.assert_array_equal(getattr(back.last_round, name), getattr(first.last_round, name))
     # The cut-off line is gone from the file, so the replayed pair is not counted twice.
     assert (tmp_path / "episodes.csv").read_text().count("\n") == 1 + 2
 

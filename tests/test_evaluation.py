@@ -45,7 +45,7 @@ def test_eval_cli_writes_the_four_files(tmp_path, capsys):
         ("random", "none"), ("random", "noise-0.1"), ("fixed:1,1,0,0", "none"), ("fixed:1,1,0,0", "noise-0.1")
     ]
     for r in rows:
-        assert r["episodes"] == "2" and r["rounds"] == "2"
+        assert r["episodes"] == "2" and r["total_rounds"] == "2"
         for m in ("leakage_ssim", "leakage_psnr", "accuracy", "attacker_return", "defender_return"):
             mean, low, high = (float(r[f"{m}_{s}"]) for s in ("mean", "ci95_low", "ci95_high"))
             assert low <= mean <= high, (m, r)
@@ -58,8 +58,15 @@ def test_eval_cli_writes_the_four_files(tmp_path, capsys):
     from matplotlib.image import imread
 
     assert imread(tmp_path / "payoff.png").ndim == 3 and imread(tmp_path / "gallery.png").ndim == 3
-    printed = capsys.readouterr().out
-    assert "best attacker against each defender" in printed and "pure-strategy equilibria" in printed
+    printed = capsys.readouterr()
+    assert "best attacker against each defender" in printed.out and "pure-strategy equilibria" in printed.out
+    # The payoff table itself, one line per attacker with each defender's mean and interval.
+    table_lines = printed.out.splitlines()
+    start = next(i for i, line in enumerate(table_lines) if line.startswith("mean leakage_ssim [95% t-interval over 2"))
+    assert table_lines[start + 1].split() == ["attacker", "none", "noise-0.1"]
+    random_row = next(r for r in rows if r["attacker"] == "random" and r["defender"] == "none")
+    assert table_lines[start + 2].split()[:2] == ["random", f"{float(random_row['leakage_ssim_mean']):.3f}"]
+    assert "warning: payoff heatmap: only 2 episodes per pair (fewer than 5)" in printed.err
 
 
 def test_same_seed_same_table_and_common_random_numbers():
@@ -115,3 +122,91 @@ def test_bandit_adapts_in_the_environment():
         ev.play_episode(env, bandit, defender, seed=e)
     assert bandit.counts.sum() == 8
     assert bandit.best_arm == 2 and bandit.counts[2] == bandit.counts.max(), (bandit.means, bandit.counts)
+
+
+# ------------------------------------------------------------------ figures from constructed tables
+def _table(attackers, defenders, ssim_by_pair, episodes=6, spread=0.3, labels=True):
+    """A table whose pair (a, d) has episodes of SSIM ssim_by_pair[(a, d)] +- spread and return = SSIM."""
+    rng = np.random.default_rng(0)
+    pairs = []
+    originals = rng.random((3, 1, 8, 8)).astype(np.float32)
+    for a in attackers:
+        for d in defenders:
+            values = np.clip(ssim_by_pair[(a, d)] + spread * rng.standard_normal(episodes), -1, 1)
+            stats_ = []
+            for v in values:
+                metrics = {m: 0.5 for m in ev.METRICS}
+                metrics.update(leakage_ssim=float(v), attacker_return=float(v), defender_return=-float(v))
+                stats_.append(ev.EpisodeStats(metrics, 4))
+            last = ev.LastRound(originals, np.clip(originals + 0.1, 0, 1), np.full(3, ssim_by_pair[(a, d)]),
+                                np.full(3, 20.0), np.array([1, 7, 3]) if labels else None)
+            pairs.append(ev.PairResult(a, d, stats_, last))
+    return ev.PayoffTable("LeakGym-Digits-v0", "digits", list(attackers), list(defenders), pairs, 0, {})
+
+
+def _inside(fig, artist) -> bool:
+    box, page = artist.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+    return box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1 and box.y0 >= page.y0 - 1 and box.y1 <= page.y1 + 1
+
+
+def test_heatmap_states_and_clips_its_interval_and_marks_best_responses():
+    import warnings
+
+    ssim = {("A1", "D1"): 0.98, ("A1", "D2"): 0.2, ("A2", "D1"): 0.5, ("A2", "D2"): 0.4}
+    table = _table(["A1", "A2"], ["D1", "D2"], ssim)
+    row = {(r["attacker"], r["defender"]): r for r in table.rows()}[("A1", "D1")]
+    raw = ev.t_interval([e.metrics["leakage_ssim"] for e in table.pairs[0].episodes])
+    assert raw[2] > 1.0 and row["leakage_ssim_ci95_high"] == 1.0  # clipped to SSIM's range
+    assert row["leakage_ssim_ci95_low"] == raw[1] and row["leakage_ssim_mean"] == raw[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # six episodes: no warning
+        fig = ev.heatmap_figure(table)
+    fig.canvas.draw()
+    title = fig.get_suptitle()
+    assert "95% t-interval over 6 episodes" in title and "clipped to [-1, 1]" in title
+    assert _inside(fig, fig._suptitle)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.endswith(", 1.00]") and t.startswith(f"{row['leakage_ssim_mean']:.3f}") for t in texts), texts
+    # Attacker best responses (highest attacker return per column): A1 vs D1, A2 vs D2; the defender's
+    # best response (highest defender return per row) is D2 for both, so (A2, D2) is the equilibrium.
+    triangles = sorted((round(x + 0.36), round(y + 0.3)) for line in ax.lines if line.get_marker() == "^"
+                       for x, y in [line.get_xydata()[0]])
+    squares = sorted((round(x - 0.36), round(y + 0.3)) for line in ax.lines if line.get_marker() == "s"
+                     for x, y in [line.get_xydata()[0]])
+    assert triangles == [(0, 0), (1, 1)] and squares == [(1, 0), (1, 1)]
+    frames = [p for p in ax.patches if p.get_edgecolor()[:3] != (0, 0, 0) and not p.get_fill()]
+    assert [(p.get_x() + 0.5, p.get_y() + 0.5) for p in frames] == [(1, 1)]
+
+    few = _table(["A1"], ["D1"], {("A1", "D1"): 0.5}, episodes=3)
+    with pytest.warns(UserWarning, match="only 3 episodes per pair \\(fewer than 5\\)"):
+        fig = ev.heatmap_figure(few)
+    assert "unreliable" in fig.get_suptitle()
+
+
+@pytest.mark.parametrize("attackers,defenders", [(["ig-paper"], ["none"]),
+                                                 (["random", "a-very-long-attacker-name-indeed", "ig-paper"], ["none"]),
+                                                 (["random", "ig-paper"], ["none", "noise-0.1", "dcs2-paper"])])
+def test_gallery_shows_each_original_once_and_never_clips_its_title(attackers, defenders):
+    table = _table(attackers, defenders, {(a, d): 0.5 for a in attackers for d in defenders})
+    fig = ev.gallery_figure(table)
+    fig.canvas.draw()
+    assert _inside(fig, fig._suptitle), fig.get_suptitle()
+    n_images, n_columns = 3, 1 + len(attackers) * len(defenders)
+    assert len(fig.axes) == n_images * n_columns
+    top = fig.axes[:n_columns]
+    assert [ax.get_title() for ax in top].count("original") == 1
+    for ax in top:
+        assert _inside(fig, ax.title), ax.get_title()
+    assert [ax.get_xlabel() for ax in fig.axes[::n_columns]] == ["label 1", "label 7", "label 3"]
+    assert fig.axes[1].get_xlabel() == "SSIM 0.50\nPSNR 20.0 dB"
+
+
+def test_gallery_repeats_the_originals_only_when_they_differ():
+    table = _table(["A1", "A2"], ["D1"], {("A1", "D1"): 0.5, ("A2", "D1"): 0.5}, labels=False)
+    other = table.pairs[1].last_round
+    other.originals = 1 - other.originals
+    fig = ev.gallery_figure(table)
+    top = fig.axes[:4]
+    assert [ax.get_title() for ax in top] == ["original", "A1\nvs D1", "original", "A2\nvs D1"]
+    assert fig.axes[0].get_xlabel() == ""  # no labels known

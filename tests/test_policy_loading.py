@@ -169,13 +169,16 @@ def test_policy_metadata_and_spaces_are_checked(saved, tmp_path):
 
     cases = [
         ("format", None, "'format' must be 'leakgym-policy-v1'"),
-        ("algo", "dqn", "'algo' must be one of"),
+        ("algo", "sac", "'algo' must be one of"),
+        ("algo", "dqn", r"'policy.class' must be 'DQNPolicy' \(for algo 'dqn'\)"),
         ("role", "server", "'role' must be one of"),
         ("policy.activation_fn", "os.system", "'policy.activation_fn' must be one of"),
         ("policy.net_arch", [10**9], "'policy.net_arch' must be a list of up to 16 layer widths in 1..4096"),
         ("policy.net_arch", {"pi": [16], "vf": [8], "x": [1]}, "'policy.net_arch'"),
         ("policy.class", "builtins.eval", "'policy.class' must be 'ActorCriticPolicy'"),
         ("action_space.nvec", [0, 3], "'action_space.nvec' must be"),
+        ("action_space", {"n": 0}, "'action_space.n' must be an integer in 1.."),
+        ("action_space", {"n": 6, "nvec": [2, 2]}, "'action_space.nvec' must be a menu whose product is action_space.n = 6"),
         ("observation_space.shape", [2**40], "'observation_space.shape'"),
         ("observation_space.low", [0.0], "'observation_space.low' must be a list of"),
         ("policy.share_features_extractor", "yes", "must be true or false"),
@@ -198,3 +201,67 @@ def test_policy_metadata_and_spaces_are_checked(saved, tmp_path):
     learned.metadata_path(not_a_zip).write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="junk.zip: not a readable zip file"):
         LearnedAgent(not_a_zip)
+
+
+# ------------------------------------------------------------------ flat (Discrete) policies and DQN
+CHEAP = {**TINY, "iterations": [1], "restarts": [1], "strategies": ["inverting-gradients", "dlg"]}
+
+
+def test_dqn_on_flat_actions_saves_loads_and_plays_in_both_kinds_of_space(tmp_path):
+    """SB3 DQN on ``gym.make(..., flat_actions=True)``: a few hundred steps, then save_policy /
+    load_policy and a LearnedAgent that acts in the flat env and as a MultiDiscrete opponent."""
+    from stable_baselines3 import DQN
+
+    env = gym.make("LeakGym-Digits-v0", role="attacker", opponent="none", flat_actions=True, **CHEAP)
+    sc = load_scenario("digits", **CHEAP)
+    assert env.action_space == gym.spaces.Discrete(int(np.prod(sc.attacker_nvec)))
+    model = DQN("MlpPolicy", env, learning_starts=50, train_freq=4, target_update_interval=50, batch_size=16,
+                policy_kwargs={"net_arch": [16]}, seed=0, device="cpu")
+    model.learn(200)
+    assert model.num_timesteps == 200
+    path = tmp_path / "dqn.zip"
+    meta = learned.save_policy(model, path, {"algo": "dqn", "role": "attacker"}, flat_nvec=sc.attacker_nvec)
+    assert meta["policy"] == {"class": "DQNPolicy", "net_arch": [16], "activation_fn": "ReLU", "normalize_images": True}
+    assert meta["action_space"] == {"n": int(np.prod(sc.attacker_nvec)), "nvec": sc.attacker_nvec.tolist()}
+    policy, _ = learned.load_policy(path)
+    assert all(torch.equal(policy.state_dict()[k], v) for k, v in model.policy.state_dict().items())
+
+    agent = make_agent(str(path), role="attacker", scenario=sc)
+    assert agent.flat and agent.algo == "dqn"
+    rng = np.random.default_rng(0)
+    multi = gym.spaces.MultiDiscrete(sc.attacker_nvec)
+    for _ in range(10):
+        obs = rng.random(env.observation_space.shape, dtype=np.float32)
+        flat, _ = model.predict(obs, deterministic=True)
+        assert int(agent.act(obs, env.action_space, rng)) == int(flat)  # the flat env's own space
+        np.testing.assert_array_equal(agent.act(obs, multi, rng), np.unravel_index(int(flat), sc.attacker_nvec))
+    obs, _ = env.reset(seed=1)
+    _, _, _, _, info = env.step(agent.act(obs, env.action_space, rng))
+    assert 0.0 <= info["accuracy"] <= 1.0
+    # As the opponent of a (MultiDiscrete) defender view.
+    view = gym.make("LeakGym-Digits-v0", role="defender", opponent=str(path), **CHEAP)
+    view.reset(seed=0)
+    view.step(view.action_space.sample())
+    env.close()
+
+    # Its menu is recorded: a scenario whose attacker menu has as many actions in another shape is refused.
+    same_size = load_scenario("digits", **{**CHEAP, "iterations": [1, 2, 5], "tv": [0.0]})
+    assert np.prod(same_size.attacker_nvec) == np.prod(sc.attacker_nvec)
+    assert not np.array_equal(same_size.attacker_nvec, sc.attacker_nvec)
+    with pytest.raises(ValueError, match=r"acts in Discrete\(\d+, the flattened MultiDiscrete\(\[.*\]\)\), but the "
+                                         r"attacker's action space in this scenario is"):
+        LearnedAgent(path, role="attacker", scenario=same_size)
+    with pytest.raises(ValueError, match=r"acts in Discrete\(\d+.*\(\d+ actions\), but this role's action space is "
+                                         r"Discrete\(3\)"):
+        agent.act(obs, gym.spaces.Discrete(3), rng)
+
+
+def test_multidiscrete_policy_plays_in_a_flat_space(saved):
+    path, model, _ = saved
+    sc = load_scenario("digits", **TINY)
+    agent = LearnedAgent(path, role="attacker", scenario=sc)
+    flat_space = gym.spaces.Discrete(int(np.prod(sc.attacker_nvec)))
+    rng = np.random.default_rng(1)
+    obs = rng.random(model.observation_space.shape, dtype=np.float32)
+    expected, _ = model.predict(obs, deterministic=True)
+    assert int(agent.act(obs, flat_space, rng)) == int(np.ravel_multi_index(tuple(expected), sc.attacker_nvec))

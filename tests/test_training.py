@@ -1,65 +1,171 @@
-"""SB3 training (`leakgym train`), loading saved policies, self-play, and learning to attack."""
+"""SB3 training (`leakgym train`): rl-zoo hyperparameter files, real step counts, TensorBoard and
+evaluation logs, checkpoints, loading saved policies, self-play, and learning to attack."""
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 
 import numpy as np
 import pytest
+import yaml
 from leakgym.agents import LearnedAgent, make_agent
 from leakgym.agents import evaluation as ev
 from leakgym.agents import selfplay as sp
 from leakgym.agents import training as tr
+from leakgym.envs.registration import registered_ids
 
 TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 TINY_ARGS = [f"{k}={v}" for k, v in TINY.items()]
 
 
-def test_hyperparams_files_load_for_every_role_and_algo():
-    for role in ("attacker", "defender"):
-        assert tr.hyperparams_file("LeakGym-Digits-v0", role).name == f"LeakGym-Digits-v0_{role}.yml"
-        assert tr.hyperparams_file("LeakGym-Other-v0", role).name == f"default_{role}.yml"
-        for algo in ("ppo", "a2c"):
-            params = tr.load_hyperparams("LeakGym-Digits-v0", role, algo)
-            assert {"n_timesteps", "n_steps", "learning_rate", "gamma", "ent_coef"} <= set(params)
+def _tensorboard_tags(folder) -> dict[str, list]:
+    """``{"scalars": [...], "histograms": [...]}`` of the single event file under ``folder``."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    (path,) = list(folder.rglob("events.out.tfevents.*"))
+    acc = event_accumulator.EventAccumulator(str(path), size_guidance={event_accumulator.SCALARS: 0,
+                                                                       event_accumulator.HISTOGRAMS: 0})
+    acc.Reload()
+    return acc
+
+
+# ---------------------------------------------------------------------------------- hyperparams
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "dqn"])
+def test_hyperparams_files_are_rl_zoo_files_for_every_registered_id(algo):
+    path = tr.hyperparams_file(algo)
+    assert path.name == f"{algo}.yml"
+    data = yaml.safe_load(path.read_text())
+    assert set(data) == set(registered_ids()), "one entry per registered Gymnasium id"
+    for env_id, entry in data.items():
+        params = tr.load_hyperparams(env_id, algo)
+        assert params == entry
+        assert entry["env_kwargs"]["role"] == "attacker" and entry["env_kwargs"]["opponent"] == "random"
+        assert entry["env_kwargs"].get("flat_actions", False) is (algo == "dqn")
+        assert isinstance(entry["n_timesteps"], int) and entry["policy"] == "MlpPolicy"
+        assert isinstance(entry["policy_kwargs"], dict)
+        kwargs = tr.constructor_kwargs(params)
+        assert not set(kwargs) & set(tr.RUN_KEYS) and "learning_rate" in kwargs and "gamma" in kwargs
+
+
+def test_hyperparams_errors_name_the_file_and_the_value(tmp_path):
     with pytest.raises(ValueError, match=r"\['clip_rnge'\] are not PPO arguments"):
-        tr.load_hyperparams("LeakGym-Digits-v0", "attacker", "ppo", {"clip_rnge": 0.1})
-    with pytest.raises(ValueError, match="algo='dqn'"):
-        tr.load_hyperparams("LeakGym-Digits-v0", "attacker", "dqn")
+        tr.load_hyperparams("LeakGym-Digits-v0", "ppo", {"clip_rnge": 0.1})
+    with pytest.raises(ValueError, match="algo='sac'"):
+        tr.load_hyperparams("LeakGym-Digits-v0", "sac")
+    other = tmp_path / "other.yml"
+    other.write_text(yaml.safe_dump({"LeakGym-MNIST-v0": {"n_timesteps": 8}}))
+    with pytest.raises(ValueError, match=r"has no entry for 'LeakGym-Digits-v0' \(and no 'default'\)"):
+        tr.load_hyperparams("LeakGym-Digits-v0", "ppo", path=other)
+    other.write_text(yaml.safe_dump({"default": {"n_timesteps": 8, "learning_rate": "lin_0.01"}}))
+    params = tr.load_hyperparams("LeakGym-Digits-v0", "ppo", path=other)  # rl-zoo's fallback entry
+    schedule = tr.constructor_kwargs(params)["learning_rate"]
+    assert schedule(1.0) == pytest.approx(0.01) and schedule(0.5) == pytest.approx(0.005)
+    with pytest.raises(ValueError, match="policy_kwargs must be a YAML mapping"):
+        tr.load_hyperparams("LeakGym-Digits-v0", "ppo", {"policy_kwargs": "dict(net_arch=[8])"}, path=other)
+    with pytest.raises(ValueError, match="learning_rate='cos_0.1'; allowed: a number or 'lin_<initial value>'"):
+        tr.load_hyperparams("LeakGym-Digits-v0", "ppo", {"learning_rate": "cos_0.1"}, path=other)
+    with pytest.raises(ValueError, match="cannot read it"):
+        tr.load_hyperparams("LeakGym-Digits-v0", "ppo", path=tmp_path / "missing.yml")
 
 
-def test_train_cli_writes_policy_tensorboard_checkpoints_and_loads(tmp_path):
+def test_plan_steps_plays_the_requested_steps_or_says_how_many():
+    ppo = {"n_steps": 64, "batch_size": 32}
+    plan = tr.plan_steps("ppo", 16, 1, ppo)
+    assert (plan.actual, plan.kwargs["n_steps"], plan.kwargs["batch_size"]) == (16, 16, 16)
+    assert "n_steps 64 -> 16" in plan.notes[0]
+    plan = tr.plan_steps("ppo", 100, 1, ppo)
+    assert plan.actual == 128 and plan.kwargs == ppo
+    assert plan.notes == [
+        "PPO plays whole rollouts of n_steps x n_envs = 64 steps: training for 128 steps, not the 100 requested"
+    ]
+    assert tr.plan_steps("ppo", 128, 1, ppo).notes == []
+    assert tr.plan_steps("ppo", 1, 1, ppo).actual == 2  # PPO normalises advantages over >= 2 steps
+    plan = tr.plan_steps("a2c", 10, 4, {"n_steps": 8})
+    assert (plan.kwargs["n_steps"], plan.actual) == (3, 12)
+    assert tr.plan_steps("a2c", 20, 1, {}).actual == 20  # A2C's default n_steps (5)
+    assert tr.plan_steps("dqn", 37, 1, {"train_freq": 4}).actual == 37
+    with pytest.raises(ValueError, match="timesteps=0; must be >= 1"):
+        tr.plan_steps("ppo", 0, 1, ppo)
+
+
+# ---------------------------------------------------------------------------------- leakgym train
+def test_train_cli_reads_the_file_and_logs_leakgym_scalars_evaluations_and_checkpoints(tmp_path, capsys):
+    conf = tmp_path / "my_ppo.yml"
+    conf.write_text(yaml.safe_dump({"LeakGym-Digits-v0": {
+        "env_kwargs": {"role": "attacker", "opponent": "noise-0.1", **TINY, "restarts": [1]},
+        "n_timesteps": 4096, "policy": "MlpPolicy", "n_steps": 16, "batch_size": 8, "n_epochs": 10,
+    }}))
+    out = tmp_path / "run"
     parser = argparse.ArgumentParser()
     tr.add_arguments(parser)
     args = parser.parse_args(
-        ["--env", "LeakGym-Digits-v0", "--role", "attacker", "--algo", "ppo", "--timesteps", "64",
-         "--opponent", "noise-0.1", "--out", str(tmp_path), "--seed", "1", "--no-progress",
-         "--hyperparams", "n_steps=32", "batch_size=16", "n_epochs=2", "--overrides", *TINY_ARGS]
+        ["--env", "LeakGym-Digits-v0", "--timesteps", "32", "--out", str(out), "--seed", "1", "--no-progress",
+         "--hyperparams", str(conf), "n_epochs=2", "--eval-freq", "16", "--eval-episodes", "2"]
     )
     assert tr.main(args) == 0
-    assert (tmp_path / "policy.zip").is_file()
-    meta = json.loads((tmp_path / "policy.json").read_text())
-    assert meta["algo"] == "ppo" and meta["role"] == "attacker" and meta["timesteps"] == 64
-    assert meta["opponent"] == "noise-0.1" and meta["overrides"] == TINY
-    assert list((tmp_path / "tb").rglob("events.out.tfevents.*")), "no TensorBoard event file"
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.zip")) == [
-        "policy_16_steps.zip", "policy_32_steps.zip", "policy_48_steps.zip", "policy_64_steps.zip"
+    printed = capsys.readouterr()
+    assert "warning" not in printed.err and f"evaluations: {out / 'eval.csv'}" in printed.out
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["algo"] == "ppo" and meta["role"] == "attacker" and meta["opponent"] == "noise-0.1"
+    assert meta["timesteps"] == meta["requested_timesteps"] == 32 and meta["overrides"] == {**TINY, "restarts": [1]}
+    assert meta["hyperparams"]["n_epochs"] == 2 and meta["hyperparams_file"] == str(conf)
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.zip")) == [
+        "policy_16_steps.zip", "policy_24_steps.zip", "policy_32_steps.zip", "policy_8_steps.zip"
     ]
+    with open(out / "eval.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == tr.EVAL_COLUMNS and [r["timesteps"] for r in rows] == ["16", "32"]
+    for r in rows:
+        assert 0.0 <= float(r["accuracy_ci95_low"]) <= float(r["accuracy_mean"]) <= float(r["accuracy_ci95_high"]) <= 1
+        assert -1.0 <= float(r["leakage_ssim_mean"]) <= 1.0 and r["episodes"] == "2"
+
+    acc = _tensorboard_tags(out / "tb")
+    scalars = set(acc.Tags()["scalars"])
+    assert {"leakgym/leakage", "leakgym/leakage_ssim", "leakgym/leakage_psnr", "leakgym/accuracy",
+            "eval/leakage_ssim", "eval/return", "eval/accuracy"} <= scalars
+    strategies = {t for t in scalars if t.startswith("leakgym/attack/")}
+    assert strategies, scalars
+    # One record per rollout of 16 steps; the strategy shares of a rollout sum to 1.
+    assert [e.step for e in acc.Scalars("leakgym/leakage_ssim")] == [16, 32]
+    assert sum(acc.Scalars(t)[-1].value for t in strategies) == pytest.approx(1.0)
+    assert [e.step for e in acc.Scalars("eval/leakage_ssim")] == [16, 32]
+    assert "leakgym/attack_settings/iterations" in acc.Tags()["histograms"]
 
     from leakgym.envs.scenario import load_scenario
 
-    sc = load_scenario("digits", **TINY)
-    agent = make_agent(str(tmp_path / "policy.zip"), role="attacker", scenario=sc)
+    sc = load_scenario("digits", **meta["overrides"])
+    agent = make_agent(str(out / "policy.zip"), role="attacker", scenario=sc)
     assert isinstance(agent, LearnedAgent) and agent.algo == "ppo"
-    obs = np.zeros(agent.policy.observation_space.shape, np.float32)
     from gymnasium import spaces
 
-    action = agent.act(obs, spaces.MultiDiscrete(sc.attacker_nvec), np.random.default_rng(0))
+    action = agent.act(np.zeros(agent.policy.observation_space.shape, np.float32),
+                       spaces.MultiDiscrete(sc.attacker_nvec), np.random.default_rng(0))
     assert spaces.MultiDiscrete(sc.attacker_nvec).contains(action)
-    # The attacker's policy cannot play the defender's side.
     with pytest.raises(ValueError, match="expects observations of shape"):
         agent.act(np.zeros(3, np.float32), spaces.MultiDiscrete(sc.defender_nvec), np.random.default_rng(0))
+
+
+def test_budget_warning_real_steps_and_no_checkpoints(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    tr.add_arguments(parser)
+    args = parser.parse_args(["--algo", "a2c", "--role", "defender", "--opponent", "dlg-paper", "--timesteps", "5",
+                              "--checkpoint-freq", "0", "--out", str(tmp_path),
+                              "--hyperparams", "n_steps=2", "--overrides", *TINY_ARGS])
+    assert tr.main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: A2C plays whole rollouts of n_steps x n_envs = 2 steps: training for 6 steps, not the 5 requested" \
+        in err
+    assert "| 6/6 [" in err  # the progress bar counts the steps really played
+    meta = json.loads((tmp_path / "policy.json").read_text())
+    assert (meta["timesteps"], meta["requested_timesteps"], meta["role"]) == (6, 5, "defender")
+    assert not (tmp_path / "checkpoints").exists()
+    with pytest.raises(ValueError, match="checkpoint_freq=-1; allowed: >= 1, 0"):
+        tr.train(tr.TrainConfig(timesteps=2, checkpoint_freq=-1, out=tmp_path, overrides=TINY, progress=False))
+    with pytest.warns(tr.TrainingBudgetWarning, match="n_steps 8 -> 3"):
+        tr.train(tr.TrainConfig(algo="a2c", timesteps=3, opponent="none", out=tmp_path / "w", overrides=TINY,
+                                progress=False))
 
 
 def test_a2c_policy_plays_in_the_harness_and_as_env_opponent(tmp_path):
@@ -76,6 +182,27 @@ def test_a2c_policy_plays_in_the_harness_and_as_env_opponent(tmp_path):
     env.step(env.action_space.sample())
 
 
+def test_train_dqn_forces_flat_actions_and_its_policy_plays_as_opponent(tmp_path):
+    import gymnasium as gym
+
+    parser = argparse.ArgumentParser()
+    tr.add_arguments(parser)
+    args = parser.parse_args(["--algo", "dqn", "--timesteps", "24", "--opponent", "none", "--out", str(tmp_path),
+                              "--no-progress", "--hyperparams", "learning_starts=8", "train_freq=4",
+                              "--overrides", *TINY_ARGS])
+    assert tr.main(args) == 0
+    meta = json.loads((tmp_path / "policy.json").read_text())
+    from leakgym.envs.scenario import load_scenario
+
+    nvec = load_scenario("digits", **TINY).attacker_nvec
+    assert meta["flat_actions"] is True and meta["timesteps"] == 24 and meta["policy"]["class"] == "DQNPolicy"
+    assert meta["action_space"] == {"n": int(np.prod(nvec)), "nvec": nvec.tolist()}
+    env = gym.make("LeakGym-Digits-v0", role="defender", opponent=str(tmp_path / "policy.zip"), **TINY)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(env.action_space.sample())
+    assert env.unwrapped.opponent.flat and 0.0 <= info["accuracy"] <= 1.0
+
+
 def test_selfplay_one_iteration(tmp_path):
     summary = sp.selfplay("LeakGym-Digits-v0", iterations=1, timesteps=16, out=tmp_path, overrides=TINY,
                           hyperparams={"n_steps": 16, "batch_size": 16, "n_epochs": 1}, eval_episodes=1,
@@ -84,6 +211,7 @@ def test_selfplay_one_iteration(tmp_path):
     assert entry["attacker_opponent"] == "random"
     for role in ("attacker", "defender"):
         assert (tmp_path / "iter_01" / role / "policy.zip").is_file()
+        assert json.loads((tmp_path / "iter_01" / role / "policy.json").read_text())["role"] == role
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["history"][0]["attacker"] == str(tmp_path / "iter_01" / "attacker" / "policy.zip")
     assert 0.0 <= saved["history"][0]["attacker_vs_new_defender"]["accuracy"] <= 1.0
@@ -122,7 +250,7 @@ def test_ppo_attacker_learns_the_best_strategy_quickly(tmp_path):
 def test_ppo_attacker_beats_random_on_the_digits_menu(tmp_path):
     """The full digits attacker menu (4 strategies x budgets 5/20 x 2 restarts x 3 TV weights), 8 rounds.
 
-    PPO with the digits hyperparameter file, 1024 rounds against the mixed defender; 4 evaluation
+    PPO with the digits entry of ppo.yml, 1024 rounds against the mixed defender; 4 evaluation
     episodes. Passed once (seed 0; 236 s CPU, 11 min wall on a loaded 2-core machine); the two SSIMs
     are printed with ``-s`` (not recorded for that run). Bar: learned > random + 0.1.
     """

@@ -62,8 +62,9 @@ PRECODE_ROWS = ("precode", "PPP-NG3", "PPP-NG2", "PPP-NG1", "PPP-NG05", "PPP-GC9
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``leakgym bench defenses``."""
-    parser.add_argument("--json", type=Path, default=Path("docs/results/bench_defenses.json"),
-                        help="where to write the JSON results (default: %(default)s)")
+    parser.add_argument("--json", type=Path, default=Path("runs/bench/bench_defenses.json"),
+                        help="where to write the JSON results (default: %(default)s; the committed "
+                        "docs/results/bench_defenses.json is rewritten only when named here)")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="where to write the markdown table (default: the JSON path with .md)")
     parser.add_argument("--defenses", type=str, default=",".join(DEFAULT_DEFENSES),
