@@ -22,7 +22,7 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(BIN)/ruff check leakgym envs agents tests
+	$(BIN)/ruff check leakgym envs agents tests examples
 
 bench: $(STAMP)
 	$(BIN)/leakgym bench attacks --json docs/results/bench_attacks.json

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gymnasium import spaces
+
 from leakgym.agents import (
     PRESETS,
     EpsilonGreedyBandit,

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+
 from leakgym.cli import main
 from leakgym.envs.describe import describe, env_page
 from leakgym.envs.registration import registered_ids

@@ -11,9 +11,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from leakgym.agents.scripted import FixedAgent
 
 import leakgym  # noqa: F401
+from leakgym.agents.scripted import FixedAgent
 
 pytestmark = pytest.mark.cuda
 

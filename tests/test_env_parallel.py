@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
-from leakgym.envs import RoundError, env, parallel_env
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
+
+from leakgym.envs import RoundError, env, parallel_env
 
 #: decoded actions and flags: the only infos that are not floats
 NON_NUMERIC_INFOS = {"strategy", "attack_settings", "defense_settings", "defenses", "model_diverged", "update_skipped"}

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+
 from leakgym.agents import episode_log as el
 from leakgym.agents import evaluation as ev
 from leakgym.agents import play

@@ -8,10 +8,11 @@ import json
 
 import numpy as np
 import pytest
+from scipy import stats
+
 from leakgym.agents import EpsilonGreedyBandit, make_agent
 from leakgym.agents import evaluation as ev
 from leakgym.envs.leakgym_env import parallel_env
-from scipy import stats
 
 # Tiny digits games: 2 rounds, one benign client, 1-2 attack iterations, small test set.
 TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}

@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from leakgym.envs import parallel_env
-from leakgym.envs.describe import format_description
 from toy_defense import ToyScale
 
 from leakgym.cli import main
 from leakgym.defenses import DefenseConfig, registered
+from leakgym.envs import parallel_env
+from leakgym.envs.describe import format_description
 
 
 def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_overrides, capsys):

@@ -5,7 +5,6 @@ import types
 
 import numpy as np
 import pytest
-from leakgym.envs import leakgym_v0
 from pettingzoo.test import (
     api_test,
     max_cycles_test,
@@ -14,6 +13,8 @@ from pettingzoo.test import (
     render_test,
     seed_test,
 )
+
+from leakgym.envs import leakgym_v0
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+
 from leakgym.agents import LearnedAgent, learned, make_agent
 from leakgym.envs.scenario import load_scenario
 

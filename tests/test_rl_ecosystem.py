@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from leakgym.agents import training as tr
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,9 +48,10 @@ def test_supersuit_pipeline_feeds_sb3_ppo():
     _needs("supersuit")
     import supersuit as ss
     from gymnasium import spaces
-    from leakgym.envs import leakgym_v0
     from stable_baselines3 import PPO
     from stable_baselines3.common.utils import set_random_seed
+
+    from leakgym.envs import leakgym_v0
 
     overrides = {k: v for k, v in TINY.items() if k != "rounds"}
     env = leakgym_v0.parallel_env(flat_actions=True, max_cycles=2, **overrides)

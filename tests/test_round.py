@@ -6,12 +6,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+
+import leakgym  # noqa: F401  (registers the ids)
 from leakgym.agents.base import UniformRandomAgent
 from leakgym.agents.scripted import FixedAgent
 from leakgym.envs import RoundError, parallel_env
 from leakgym.envs.round import Round
-
-import leakgym  # noqa: F401  (registers the ids)
 
 
 def _scrub(info):

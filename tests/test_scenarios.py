@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from leakgym.envs.scenario import Scenario, check_action, load_scenario, scenario_gym_id, scenario_names
 
 

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import yaml
+
 from leakgym.agents import LearnedAgent, make_agent
 from leakgym.agents import evaluation as ev
 from leakgym.agents import selfplay as sp

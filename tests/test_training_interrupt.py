@@ -8,11 +8,12 @@ import json
 
 import numpy as np
 import pytest
+from stable_baselines3.common.callbacks import BaseCallback
+
 from leakgym.agents import LearnedAgent
 from leakgym.agents import selfplay as sp
 from leakgym.agents import training as tr
 from leakgym.agents.cli_common import INTERRUPTED
-from stable_baselines3.common.callbacks import BaseCallback
 
 TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 
