@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"continue the interrupted run in --out: keep the pairs already in {EPISODES_FILE} and play the rest "
         "(the other settings must be the same)",
     )
+    parser.add_argument("--device", default="cpu", help="torch device of the games (default: cpu)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -80,6 +81,7 @@ def main(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             out=args.out,
             resume=args.resume,
+            device=args.device,
         )
     except KeyboardInterrupt:
         print(

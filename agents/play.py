@@ -68,6 +68,7 @@ def evaluate(
     progress: bool = True,
     out: str | os.PathLike[str] | None = None,
     resume: bool = False,
+    device: str = "cpu",
 ) -> PayoffTable:
     """Play every attacker against every defender for ``episodes`` episodes (see the module docstring).
 
@@ -76,8 +77,9 @@ def evaluate(
     back instead of played again (``ValueError`` if that run had other settings). An interrupted call
     (``KeyboardInterrupt``) leaves every finished pair on disk.
     """
-    from leakgym.envs.leakgym_env import parallel_env
     from tqdm.auto import tqdm
+
+    from leakgym.envs.leakgym_env import parallel_env
 
     if episodes < 1:
         raise ValueError(f"episodes={episodes}; must be >= 1")
@@ -87,7 +89,7 @@ def evaluate(
         raise ValueError("resume=True needs out= (the folder of the run to resume)")
     gym_id, scenario_name = resolve_env(env)
     overrides = dict(overrides or {})
-    penv = parallel_env(scenario_name, **overrides)
+    penv = parallel_env(scenario_name, device=device, **overrides)
     scenario = penv.scenario
     # Build every agent once up front so that a bad spec fails before any episode runs.
     for spec in attackers:

@@ -57,8 +57,10 @@ class SelfPlayInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
-def _eval_pair(env_id: str, attacker: str, defender: str, episodes: int, seed: int, overrides: dict) -> dict[str, Any]:
-    table = evaluate(env_id, [attacker], [defender], episodes=episodes, seed=seed, overrides=overrides, progress=False)
+def _eval_pair(env_id: str, attacker: str, defender: str, episodes: int, seed: int, overrides: dict,
+               device: str = "cpu") -> dict[str, Any]:
+    table = evaluate(env_id, [attacker], [defender], episodes=episodes, seed=seed, overrides=overrides, progress=False,
+                     device=device)
     row = table.rows()[0]
     keep = ("leakage_ssim", "leakage_psnr", "accuracy", "attacker_return", "defender_return")
     return {m: row[f"{m}_mean"] for m in keep}
@@ -78,6 +80,7 @@ def selfplay(
     hyperparams_file: Path | None = None,
     eval_episodes: int = 2,
     progress: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Run ``iterations`` rounds of alternating best responses; returns (and writes) the summary."""
     if iterations < 1:
@@ -110,7 +113,7 @@ def selfplay(
     for k in range(1, iterations + 1):
         folder = out / f"iter_{k:02d}"
         common = {"env_id": gym_id, "algo": algo, "timesteps": timesteps, "overrides": overrides,
-                  "hyperparams": dict(hyperparams or {}), "hyperparams_file": hyperparams_file, "progress": progress}
+                  "hyperparams": dict(hyperparams or {}), "hyperparams_file": hyperparams_file, "progress": progress, "device": device}
         entry: dict[str, Any] = {"iteration": k}
         stage = "attacker"
         try:
@@ -122,9 +125,10 @@ def selfplay(
             entry["attacker_opponent"] = defender
             stage = "evaluation"
             if eval_episodes:
-                entry["attacker_vs_previous_defender"] = _eval_pair(gym_id, attacker, defender, eval_episodes, seed, overrides)
+                entry["attacker_vs_previous_defender"] = _eval_pair(gym_id, attacker, defender, eval_episodes, seed, overrides,
+                                                                     device)
                 entry["attacker_vs_new_defender"] = _eval_pair(
-                    gym_id, attacker, str(dfd.policy_path), eval_episodes, seed, overrides
+                    gym_id, attacker, str(dfd.policy_path), eval_episodes, seed, overrides, device
                 )
         except KeyboardInterrupt as stop:
             if isinstance(stop, TrainingInterrupted):  # the policy reached so far was saved
@@ -153,6 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-episodes", type=int, default=2, help="evaluation episodes per matchup (0 = none)")
     add_hyperparams_argument(parser)
     parser.add_argument("--out", type=Path, default=Path("runs/selfplay"), help="output folder")
+    parser.add_argument("--device", default="cpu", help="torch device of the policies and the games")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
@@ -174,6 +179,7 @@ def main(args: argparse.Namespace) -> int:
                 hyperparams_file=hyperparams_file,
                 eval_episodes=args.eval_episodes,
                 progress=not args.no_progress,
+                device=args.device,
             )
     except SelfPlayInterrupted as stop:
         where = stop.summary["interrupted"]

@@ -258,7 +258,7 @@ class TrainConfig:
     progress: bool = True
     """Show a tqdm progress bar."""
     device: str = "cpu"
-    """Torch device of the policy network."""
+    """Torch device of the policy network and of the games it plays."""
     callback: Any = None
     """Extra Stable-Baselines3 callback (or list of callbacks) run during learning."""
 
@@ -479,6 +479,7 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
         kwargs["flat_actions"] = True  # DQN needs a Discrete action space
     if not kwargs.get("flat_actions", False):
         kwargs.pop("flat_actions", None)
+    kwargs.setdefault("device", config.device)  # the games run where the policy does
     overrides = {k: v for k, v in kwargs.items() if k not in ENV_KEYS}
     return kwargs, overrides
 
@@ -607,7 +608,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-freq", type=int, default=0,
                         help="evaluate against the opponent every N steps, to TensorBoard and OUT/eval.csv (0: never)")
     parser.add_argument("--eval-episodes", type=int, default=2, help="episodes per evaluation (default: 2)")
-    parser.add_argument("--device", default="cpu", help="torch device of the policy")
+    parser.add_argument("--device", default="cpu", help="torch device of the policy and of the games")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 

@@ -62,3 +62,10 @@ def test_env_pages_are_generated_from_the_scenario_files():
         page = DOCS / f"{gym_id}.md"
         assert page.is_file(), f"missing {page}; run `leakgym describe --write-docs docs/envs`"
         assert page.read_text() == env_page(gym_id), f"{page} is stale; run `leakgym describe --write-docs docs/envs`"
+
+
+@pytest.mark.parametrize("argv", [["eval"], ["train"], ["selfplay"], ["bench", "env"], ["bench", "attacks"]])
+def test_every_long_command_takes_a_device(argv):
+    from leakgym.cli import build_parser
+
+    assert build_parser().parse_args([*argv, "--device", "cuda:1"]).device == "cuda:1"
