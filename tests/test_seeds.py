@@ -1,0 +1,29 @@
+"""Seeds that matter: with the actions fixed, the reset seed alone decides a game.
+
+Same seed: the same model, private batches, shared updates, reconstructions, observations and rewards,
+bit for bit. Another seed: another model and, in every round, another private batch, update and
+reconstruction. Checked on the PettingZoo game, the Gymnasium view and the vector env (the checks are
+in ``method_checks.py``). ``tests/test_round.py`` checks that a game plays the same alone or in a vector
+and that games of a vector with different seeds get different rewards; here the vector's games are
+compared on what they draw. ``test_sabotage.py`` shows each check fails when the reset ignores its seed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from method_checks import check_reset_seed, check_vector_seeds, play_gymnasium, play_pettingzoo, play_vector
+
+
+def test_the_reset_seed_alone_decides_a_pettingzoo_game(cheap_overrides):
+    check_reset_seed(lambda seed: play_pettingzoo(cheap_overrides, seed))
+
+
+def test_the_reset_seed_alone_decides_a_gymnasium_game(cheap_overrides):
+    check_reset_seed(lambda seed: play_gymnasium(cheap_overrides, seed))
+
+
+@pytest.mark.parametrize("batch_attacks", [False, True])
+def test_games_of_a_vector_draw_what_their_seeds_say(cheap_overrides, batch_attacks):
+    """Seeds [1, 2, 1]: games 0 and 2 draw the same model, batches and updates (and, without attack
+    batching, the same reconstructions bit for bit; batched attacks may differ by rounding); game 1 draws others."""
+    check_vector_seeds(play_vector(cheap_overrides, [1, 2, 1], batch_attacks=batch_attacks), exact=not batch_attacks)
