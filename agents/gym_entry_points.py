@@ -66,6 +66,7 @@ def make_vector_env(
     """
     max_steps = kwargs.pop("max_episode_steps", None)
     batch_attacks = kwargs.pop("batch_attacks", True)
+    batch_clients = kwargs.pop("batch_clients", False)
     sc, rest = _scenario(scenario, kwargs)
     if max_steps is not None and int(max_steps) < sc.rounds:
         sc = sc.replace(rounds=int(max_steps))
@@ -73,7 +74,7 @@ def make_vector_env(
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
     opponents = [_opponent(opponent, role, sc) for _ in range(num_envs)]
     return LeakGymVectorEnv(num_envs=num_envs, opponents=opponents, scenario=sc, role=role,
-                            batch_attacks=batch_attacks, **rest)
+                            batch_attacks=batch_attacks, batch_clients=batch_clients, **rest)
 
 
 __all__ = ["DEFAULT_OPPONENT", "make_single_agent_env", "make_vector_env"]

@@ -463,10 +463,20 @@ def eval_callback(make_env: Callable[[], Any], freq: int, episodes: int, seed: i
 
 # ---------------------------------------------------------------------------------------- training
 def make_training_env(gym_id: str, env_kwargs: dict[str, Any], n_envs: int, seed: int):
-    """A monitored ``DummyVecEnv`` of ``n_envs`` single-agent views ``gym.make(gym_id, **env_kwargs)``."""
+    """The SB3 training env: one game a ``DummyVecEnv`` of a monitored single-agent view; ``n_envs > 1``
+    games the batched vector env (``gym.make_vec``: one Round per step for all games) through
+    :class:`~leakgym.envs.sb3_vec.LeakGymSB3VecEnv`, monitored."""
+    import gymnasium as gym
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecMonitor
 
-    return make_vec_env(gym_id, n_envs=n_envs, seed=seed, env_kwargs=env_kwargs)
+    if n_envs == 1:
+        return make_vec_env(gym_id, n_envs=1, seed=seed, env_kwargs=env_kwargs)
+    from leakgym.envs.sb3_vec import LeakGymSB3VecEnv
+
+    venv = VecMonitor(LeakGymSB3VecEnv(gym.make_vec(gym_id, num_envs=n_envs, **env_kwargs)))
+    venv.seed(seed)
+    return venv
 
 
 def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -609,11 +619,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluate against the opponent every N steps, to TensorBoard and OUT/eval.csv (0: never)")
     parser.add_argument("--eval-episodes", type=int, default=2, help="episodes per evaluation (default: 2)")
     parser.add_argument("--device", default="cpu", help="torch device of the policy and of the games")
+    parser.add_argument("--n-envs", type=int, default=None,
+                        help="games per step (default: the file's n_envs); N > 1 trains on the batched vector env "
+                        "(one Round per step for all N games)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     path, hyperparams = split_hyperparams(args.hyperparams)
+    if args.n_envs is not None:
+        if args.n_envs < 1:
+            raise ValueError(f"--n-envs={args.n_envs}; allowed: integers >= 1")
+        hyperparams["n_envs"] = args.n_envs
     return TrainConfig(
         env_id=args.env,
         role=args.role,

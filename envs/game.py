@@ -30,6 +30,7 @@ from leakgym.attacks import ATTACKS, build_attack
 from leakgym.attacks.base import Attack, AttackerKnowledge, AttackResult
 from leakgym.data import federated_split, load_dataset
 from leakgym.defenses import DefenseConfig, DefenseReport, defense_compute_units
+from leakgym.fl import batched as fl_batched
 from leakgym.fl.client import compute_update
 from leakgym.fl.server import Server
 from leakgym.fl.update import SharedUpdate
@@ -63,6 +64,13 @@ def attack_for(scenario: Scenario, attack_settings: dict[str, Any]) -> Attack:
     overrides = {k: v for k, v in scenario.attack_defaults.items() if k in fields}
     overrides.update({k: v for k, v in attack_settings.items() if k in fields})
     return build_attack(strategy, **overrides)
+
+
+def _benign_update(benign: dict[str, Tensor], game: int, client: int, sc: Scenario, batch_size: int) -> SharedUpdate:
+    """Client ``client`` of game ``game`` out of :func:`leakgym.fl.batched.benign_updates`' output."""
+    return SharedUpdate(tensors={n: t[game, client] for n, t in benign.items()}, kind=sc.update_kind,
+                        batch_size=batch_size, local_steps=sc.local_steps,
+                        local_lr=float(sc.local_lr) if sc.update_kind == "model_delta" else 0.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,6 +132,8 @@ class RoundRecord:
     scores: ReconstructionScores
     originals: Tensor
     reconstructions: Tensor
+    #: labels of the private batch (CPU), for galleries
+    labels: Tensor
 
 
 @dataclass
@@ -331,22 +341,127 @@ class LeakGame:
         """Benign clients' updates, aggregation with the victim's, evaluation; advances the round."""
         sc = self.scenario
         t0 = time.perf_counter()
-        benign_updates = []
+        benign_updates = [
+            compute_update(self.server.model, bx, by, kind=sc.update_kind, local_steps=sc.local_steps,
+                           local_lr=sc.local_lr)
+            for bx, by in self.benign_batches()
+        ]
+        self.server.aggregate([defended.update] + benign_updates)
+        self.advance_round(self.server.evaluate if self.evaluates_next() else None)
+        defended.timings["fl_s"] = time.perf_counter() - t0
+
+    def benign_batches(self) -> list[tuple[Tensor, Tensor]]:
+        """This round's batch of every benign client, drawn from the game's generator in client order."""
+        sc = self.scenario
+        out = []
         for bx, by in self.benign:
             take = self.rng.choice(len(bx), size=min(len(bx), max(sc.batch_size, 8)), replace=False)
-            benign_updates.append(
-                compute_update(
-                    self.server.model, bx[take], by[take], kind=sc.update_kind, local_steps=sc.local_steps,
-                    local_lr=sc.local_lr,
-                )
-            )
-        self.server.aggregate([defended.update] + benign_updates)
+            out.append((bx[take], by[take]))
+        return out
+
+    def evaluates_next(self) -> bool:
+        """Whether the round being played ends with an evaluation of the global model."""
+        sc = self.scenario
+        return (self.round + 1) % sc.eval_every == 0 or self.round + 1 == sc.rounds
+
+    def advance_round(self, evaluate=None) -> None:
+        """Count the round; ``evaluate() -> (accuracy, test_loss)`` when :meth:`evaluates_next` said so."""
         self.round += 1
-        if self.round % sc.eval_every == 0 or self.round == sc.rounds:
-            self.accuracy, self.test_loss = self.server.evaluate()
+        if evaluate is not None:
+            self.accuracy, self.test_loss = evaluate()
             if not math.isfinite(self.test_loss) and self.diverged_at is None:
                 self.diverged_at = self.round
-        defended.timings["fl_s"] = time.perf_counter() - t0
+
+    @staticmethod
+    def federated_steps(games: list[LeakGame], defended: list[Defended]) -> None:
+        """:meth:`federated_step` of every game, as batched computations over the games (the Round's
+        ``batch_clients`` path): each game draws its clients' batches from its own generator as
+        :meth:`federated_step` does; then the benign updates, aggregations and evaluations of games that
+        share an architecture and protocol are one computation each (:mod:`leakgym.fl.batched`), equal
+        to :meth:`federated_step` to floating-point rounding (aggregation exactly). Games whose model
+        :func:`leakgym.fl.batched.supports` rejects (BatchNorm, PRECODE, dropout) or whose clients'
+        batch sizes differ run :meth:`federated_step`."""
+        t0 = time.perf_counter()
+        groups: dict[tuple, list[int]] = {}
+        batches: dict[int, list[tuple[Tensor, Tensor]]] = {}
+        for i, g in enumerate(games):
+            sc, model = g.scenario, g.server.model
+            if not fl_batched.supports(model):
+                g.federated_step(defended[i])
+                continue
+            batches[i] = g.benign_batches()
+            sizes = {bx.shape[0] for bx, _ in batches[i]}
+            if len(sizes) != 1:
+                # Ragged client batches: this game's updates one client at a time, from the same draws.
+                g.federated_step_from(defended[i], batches[i])
+                continue
+            key = (fl_batched.signature(model), len(batches[i]), sizes.pop(), sc.update_kind, sc.local_steps,
+                   sc.local_lr, sc.server_lr)
+            groups.setdefault(key, []).append(i)
+        for members in groups.values():
+            LeakGame._federated_group([games[i] for i in members], [defended[i] for i in members],
+                                      [batches[i] for i in members])
+        share = (time.perf_counter() - t0) / len(games)
+        for d in defended:
+            d.timings["fl_s"] = share
+
+    def federated_step_from(self, defended: Defended, batches: list[tuple[Tensor, Tensor]]) -> None:
+        """:meth:`federated_step` with the benign clients' batches already drawn."""
+        sc = self.scenario
+        updates = [compute_update(self.server.model, bx, by, kind=sc.update_kind, local_steps=sc.local_steps,
+                                  local_lr=sc.local_lr) for bx, by in batches]
+        self.server.aggregate([defended.update] + updates)
+        self.advance_round(self.server.evaluate if self.evaluates_next() else None)
+
+    @staticmethod
+    def _federated_group(games: list[LeakGame], defended: list[Defended],
+                         batches: list[list[tuple[Tensor, Tensor]]]) -> None:
+        """Phase 5 of games of one architecture and protocol, as one computation per step."""
+        sc, model = games[0].scenario, games[0].server.model
+        params = fl_batched.stack_parameters([g.server.model for g in games])
+        x = torch.stack([torch.stack([bx for bx, _ in b]) for b in batches])
+        y = torch.stack([torch.stack([by for _, by in b]) for b in batches])
+        benign = fl_batched.benign_updates(model, params, x, y, kind=sc.update_kind, local_steps=sc.local_steps,
+                                           local_lr=sc.local_lr)
+        k, b = x.shape[1], x.shape[2]
+        # Slot 0: the victim's update (weight 0 when it sent nothing, or for names it lacks); 1..K: benign.
+        victim = {name: torch.stack([d.update.tensors[name] if name in d.update.tensors else torch.zeros_like(p)
+                                     for d, p in zip(defended, params[name].unbind(0))])
+                  for name in params if any(name in d.update.tensors for d in defended)}
+        weights = torch.tensor([[0.0 if d.update.metadata.get("skipped", False) else float(d.update.batch_size)]
+                                + [float(b)] * k for d in defended], dtype=torch.float64)
+        slots = [victim] + [{name: t[:, j] for name, t in benign.items()} for j in range(k)]
+        missing = [i for i, d in enumerate(defended) if any(name not in d.update.tensors for name in params)]
+        if missing:
+            # A victim's update without some global parameter: that game's mean over those names
+            # excludes the victim (Server.aggregate's per-name rule), so it is aggregated on its own.
+            for i in missing:
+                games[i].server.aggregate([defended[i].update]
+                                          + [_benign_update(benign, i, j, sc, b) for j in range(k)])
+        step = sc.server_lr if sc.update_kind == "gradient" else 1.0
+        keep = [i for i in range(len(games)) if i not in missing]
+        if keep:
+            index = torch.tensor(keep)
+            new = fl_batched.aggregate_many(
+                {n: p[index.to(p.device)] for n, p in params.items()},
+                [{n: t[index.to(t.device)] for n, t in slot.items()} for slot in slots], weights[index], step=step)
+            with torch.no_grad():
+                for row, i in enumerate(keep):
+                    for name, p in games[i].server.model.named_parameters():
+                        if name in new:
+                            p.copy_(new[name][row])
+        due = [i for i, g in enumerate(games) if g.evaluates_next()]
+        results: dict[int, tuple[float, float]] = {}
+        if due:
+            s0 = games[due[0]].server
+            shared = all(games[i].server.eval_x is s0.eval_x and games[i].server.eval_y is s0.eval_y for i in due)
+            after = fl_batched.stack_parameters([games[i].server.model for i in due])
+            acc, loss = fl_batched.evaluate_many(
+                model, after, s0.eval_x if shared else [games[i].server.eval_x for i in due],
+                s0.eval_y if shared else [games[i].server.eval_y for i in due])
+            results = {i: (a, lo) for i, a, lo in zip(due, acc, loss)}
+        for i, g in enumerate(games):
+            g.advance_round((lambda r=results[i]: r) if i in results else None)
 
     # ------------------------------------------------------------------ phase 6: reward
     def conclude(self, plan: RoundPlan, defended: Defended, result: AttackResult, scored: Scored) -> RoundOutcome:
@@ -382,6 +497,7 @@ class LeakGame:
             scores=scored.scores,
             originals=scored.originals,
             reconstructions=scored.reconstructions,
+            labels=defended.y.detach().cpu(),
         )
         self.timings = dict(defended.timings)
         mean = scored.scores.mean

@@ -12,12 +12,14 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
    (:meth:`LeakGame.defend` -> :func:`share_update`); a malicious server's model modification
    comes first, because the server sends the model before the client trains.
 3. **attack** — :func:`reconstruct_all` runs the attacks of all games, one batched engine call per
-   attack configuration, each game with its *own* seed (``Attack.reconstruct_batch(..., seeds=...)``),
-   so a game's reconstruction does not depend on which other games share its configuration.
+   attack strategy whatever the budgets (per-problem iterations, restarts, TV weight, learning rate),
+   each game with its *own* seed (``Attack.reconstruct_batch(..., seeds=...)``), so a game's
+   reconstruction does not depend on its neighbours.
 4. **score** — :func:`score_all` matches and scores reconstructions against the private batches;
    the leakage score of :mod:`leakgym.envs.rewards`; the defender's optional self-audit.
 5. **aggregate** — benign clients' updates, server aggregation and evaluation
-   (:meth:`LeakGame.federated_step`).
+   (:meth:`LeakGame.federated_step`, or for all games at once with ``batch_clients=True``:
+   :meth:`LeakGame.federated_steps`, :mod:`leakgym.fl.batched`).
 6. **reward** — rewards, infos and observations (:meth:`LeakGame.conclude`).
 
 Atomicity: every game is snapshotted before phase 2; if anything fails, every game of the round is
@@ -87,20 +89,23 @@ class AttackJob:
 
 
 def reconstruct_all(jobs: Sequence[AttackJob], *, batched: bool = True) -> tuple[list[AttackResult], list[float]]:
-    """Phase 3: run every job, one ``reconstruct_batch`` call per attack configuration.
+    """Phase 3: run every job, one ``reconstruct_batch`` call per attack strategy.
 
-    Jobs are grouped by (attack class, config, and for malicious attacks the modified model they
-    sent); each job keeps its own seed, so its result does not depend on its neighbours' seeds or
-    actions. It may still differ from the job run alone by floating-point rounding: vectorised
-    kernels sum in a different order for different batch sizes (measured on CPU for LeNet on digits:
-    at most 1e-4 in a pixel, 2e-6 in SSIM; chaotic optimisers such as L-BFGS on a ConvNet amplify it).
-    ``batched=False`` runs every job as its own call, which makes each result bit-identical to the
-    job alone, at the cost of the batching speed-up. Returns the results in job order and each
-    job's share of its group's wall time.
+    Jobs are grouped by (attack class, the config fields other than the attack's per-problem ones,
+    and for malicious attacks the modified model they sent): jobs that differ only in budget,
+    restarts, step size or TV weight (:attr:`~leakgym.attacks.base.Attack.per_problem_fields`) share
+    one call, each with its own config (``reconstruct_batch(..., configs=...)``), so a vector step with
+    random attacker actions makes one engine call per strategy. Each job keeps its own seed and
+    settings, so its result does not depend on its neighbours' seeds or actions. It may still differ
+    from the job run alone by floating-point rounding: vectorised kernels sum in a different order for
+    different batch sizes (measured on CPU for LeNet on digits: at most 1e-4 in a pixel, 2e-6 in SSIM;
+    chaotic optimisers such as L-BFGS on a ConvNet amplify it). ``batched=False`` runs every job as its
+    own call, which makes each result bit-identical to the job alone, at the cost of the batching
+    speed-up. Returns the results in job order and each job's share of its group's wall time.
     """
     groups: dict[tuple, list[int]] = {}
     for i, job in enumerate(jobs):
-        key = (type(job.attack), repr(job.attack.config), id(job.knowledge.model) if job.attack.malicious else 0)
+        key = (job.attack.batch_key(), id(job.knowledge.model) if job.attack.malicious else 0)
         groups.setdefault(key if batched else (i,), []).append(i)
     results: list[AttackResult | None] = [None] * len(jobs)
     seconds = [0.0] * len(jobs)
@@ -110,6 +115,7 @@ def reconstruct_all(jobs: Sequence[AttackJob], *, batched: bool = True) -> tuple
             [jobs[i].update for i in members],
             [jobs[i].knowledge for i in members],
             seeds=[jobs[i].seed for i in members],
+            configs=[jobs[i].attack.config for i in members],
         )
         elapsed = time.perf_counter() - t0
         for i, r in zip(members, out):
@@ -154,11 +160,15 @@ def nothing_sent(spec, x: Tensor) -> AttackResult:
 class Round:
     """Plays one round of each of ``games`` (one game for the PettingZoo env, N for a vector)."""
 
-    def __init__(self, games: Sequence[LeakGame], *, batch_attacks: bool = True) -> None:
+    def __init__(self, games: Sequence[LeakGame], *, batch_attacks: bool = True, batch_clients: bool = False) -> None:
+        """``batch_attacks``: one engine call per attack strategy (:func:`reconstruct_all`).
+        ``batch_clients``: phase 5 of all games as batched computations (``LeakGame.federated_steps``;
+        equal to the game-by-game phase to floating-point rounding, not bit for bit, hence off by default)."""
         if not games:
             raise ValueError("a Round needs at least one game")
         self.games = list(games)
         self.batch_attacks = batch_attacks
+        self.batch_clients = bool(batch_clients)
 
     def plan(self, actions: Sequence[tuple[Any, Any]]) -> list[RoundPlan]:
         """Validate and decode ``(defender_action, attacker_action)`` per game; changes nothing."""
@@ -177,12 +187,12 @@ class Round:
             results, attack_s = self._attacks(defended)
             audits = self._self_audits(defended)
             t_attack = time.perf_counter() - t0
-            outcomes = []
-            for g, p, d, r, a_s, audit in zip(self.games, plans, defended, results, attack_s, audits):
+            scored = []
+            for g, d, r, a_s, audit in zip(self.games, defended, results, attack_s, audits):
                 d.timings["attack_s"] = a_s if len(self.games) > 1 else t_attack
-                scored = g.score(d, r, audit)
-                g.federated_step(d)
-                outcomes.append(g.conclude(p, d, r, scored))
+                scored.append(g.score(d, r, audit))
+            self._federated_steps(defended)
+            outcomes = [g.conclude(p, d, r, s) for g, p, d, r, s in zip(self.games, plans, defended, results, scored)]
         except Exception as exc:
             for g, snap in zip(self.games, snapshots):
                 g.restore(snap)
@@ -198,6 +208,15 @@ class Round:
         for i, r, t in zip(sent, out, secs):
             results[i], seconds[i] = r, t
         return results, seconds
+
+    def _federated_steps(self, defended) -> None:
+        """Phase 5 of every game: batched over the games with ``batch_clients``, else game by game
+        (each game's own draws either way)."""
+        if self.batch_clients and len(self.games) > 1:
+            type(self.games[0]).federated_steps(self.games, defended)
+        else:
+            for g, d in zip(self.games, defended):
+                g.federated_step(d)
 
     def _self_audits(self, defended) -> list[float | None]:
         """The defender's self-audit (scenario ``audit_iterations``): it attacks its own update."""

@@ -2,8 +2,9 @@
 
 ``gym.make_vec("LeakGym-Digits-v0", num_envs=16)`` builds this (it is the ids' vector entry point).
 A step validates every learner action first (a bad one raises ``ValueError`` and changes nothing in
-any sub-environment), lets every opponent act, then plays one Round over all active games: attacks
-that share a configuration become one batched ``Attack.reconstruct_batch`` call, and every game
+any sub-environment), lets every opponent act, then plays one Round over all active games: the
+attacks of one strategy become one batched ``Attack.reconstruct_batch`` call whatever their budgets
+(per-problem iterations, restarts, TV weight and learning rate), and every game
 keeps its own seed, so game ``i`` plays the same trajectory alone or beside any neighbours.
 Sub-environments reset automatically on the step after their episode ends (Gymnasium's
 ``NEXT_STEP`` autoreset mode).
@@ -32,16 +33,21 @@ class LeakGymVectorEnv(VectorEnv):
             call; False runs each game's attack alone, so that every game's trajectory is
             bit-identical to the single-agent view's (batching may change attack results by
             floating-point rounding, see :func:`leakgym.envs.round.reconstruct_all`).
+        batch_clients: True computes all games' benign clients, aggregation and evaluation as one
+            vmapped computation (:mod:`leakgym.fl.batched`; LeNet-style models, else the loop);
+            equal to the game-by-game loop to about 1e-7, so off by default.
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int = 1, opponents: list[Any] | None = None, render_mode: str | None = None,
-                 batch_attacks: bool = True, **kwargs: Any) -> None:
-        if not isinstance(batch_attacks, bool):
-            raise ValueError(f"batch_attacks={batch_attacks!r}; allowed: True or False")  # noqa: TRY004
+                 batch_attacks: bool = True, batch_clients: bool = False, **kwargs: Any) -> None:
+        for name, flag in (("batch_attacks", batch_attacks), ("batch_clients", batch_clients)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name}={flag!r}; allowed: True or False")  # noqa: TRY004
         self.batch_attacks = batch_attacks
+        self.batch_clients = batch_clients
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
         if opponents is None or len(opponents) != num_envs:
@@ -86,7 +92,8 @@ class LeakGymVectorEnv(VectorEnv):
         saved = {i: self.envs[i].opponent_state() for i in active}
         try:
             pairs = [self.envs[i].prepare_step(actions[i]) for i in active]
-            outcomes = Round([self.envs[i].parallel.game for i in active], batch_attacks=self.batch_attacks).play(pairs) if active else []
+            outcomes = Round([self.envs[i].parallel.game for i in active], batch_attacks=self.batch_attacks,
+                             batch_clients=self.batch_clients).play(pairs) if active else []
         except Exception:
             for i, state in saved.items():
                 self.envs[i].undo_prepare(state)

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
 from leakgym.attacks.base import AttackerKnowledge
+from leakgym.attacks.dlg import DLG
 from leakgym.attacks.engine import (
+    BatchedAdam,
     BatchedLBFGS,
     MatchingObjective,
+    PerProblem,
     ProblemSet,
     Schedule,
     run_gradient_matching,
 )
+from leakgym.attacks.engine.adam import decay_milestones, decayed_rates
+from leakgym.attacks.engine.objective import ragged_group_consistency
+from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.inverting_gradients import InvertingGradients
+from leakgym.attacks.losses import group_consistency
 from leakgym.data import load_dataset
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
@@ -112,36 +120,40 @@ def test_batch_of_problems_equals_problems_one_at_a_time(digits):
         assert together[i].cost.wall_time_s > 0
 
 
-def test_batched_lbfgs_follows_torch_lbfgs_per_problem():
-    """Three independent quadratics optimised together follow torch.optim.LBFGS run on each alone."""
-    g = torch.Generator().manual_seed(0)
-    p, d = 3, 5
+def quadratics(seed: int, p: int, d: int):
+    """``(hess, b, x0)``: P random strictly convex quadratics ``0.5 x'Hx - b'x`` and starting points."""
+    g = torch.Generator().manual_seed(seed)
     a = torch.randn(p, d, d, generator=g, dtype=torch.float64)
     hess = a @ a.transpose(1, 2) + 0.5 * torch.eye(d, dtype=torch.float64)
-    b = torch.randn(p, d, generator=g, dtype=torch.float64)
-    x0 = torch.randn(p, d, generator=g, dtype=torch.float64)
+    return hess, torch.randn(p, d, generator=g, dtype=torch.float64), torch.randn(p, d, generator=g, dtype=torch.float64)
 
-    def loss(x, i):
-        return 0.5 * x @ hess[i] @ x - b[i] @ x
 
+def torch_lbfgs(hess, b, x0, *, lr: float, iterations: int, history_size: int) -> torch.Tensor:
+    """``torch.optim.LBFGS`` (no line search, no early exit) on one quadratic, ``iterations`` evaluations."""
+    x = x0.clone().requires_grad_(True)
+    ref = torch.optim.LBFGS([x], lr=lr, max_iter=iterations, history_size=history_size, tolerance_grad=0,
+                            tolerance_change=0)
+
+    def closure():
+        ref.zero_grad()
+        val = 0.5 * x @ hess @ x - b @ x
+        val.backward()
+        return val
+
+    ref.step(closure)
+    return x.detach()
+
+
+def test_batched_lbfgs_follows_torch_lbfgs_per_problem():
+    """Three independent quadratics optimised together follow torch.optim.LBFGS run on each alone."""
+    hess, b, x0 = quadratics(0, 3, 5)
     x = x0.clone()
     opt = BatchedLBFGS([x], lr=0.5, history_size=4)
     for _ in range(12):
-        grads = (hess @ x.unsqueeze(-1)).squeeze(-1) - b
-        opt.step([grads])
-    for i in range(p):
-        xi = x0[i].clone().requires_grad_(True)
-        ref = torch.optim.LBFGS([xi], lr=0.5, max_iter=12, history_size=4, tolerance_grad=0,
-                                tolerance_change=0)
-
-        def closure(ref=ref, xi=xi, i=i):
-            ref.zero_grad()
-            val = loss(xi, i)
-            val.backward()
-            return val
-
-        ref.step(closure)
-        torch.testing.assert_close(x[i], xi.detach(), rtol=1e-8, atol=1e-10)
+        opt.step([(hess @ x.unsqueeze(-1)).squeeze(-1) - b])
+    for i in range(3):
+        expected = torch_lbfgs(hess[i], b[i], x0[i], lr=0.5, iterations=12, history_size=4)
+        torch.testing.assert_close(x[i], expected, rtol=1e-8, atol=1e-10)
 
 
 def test_fedavg_model_difference_is_simulated_exactly(digits):
@@ -216,12 +228,16 @@ def test_objective_validation(bad):
         MatchingObjective(**bad)
 
 
-def test_init_shape_is_checked(digits):
+def lenet_problem_set(digits, n: int) -> ProblemSet:
+    """n single-image problems on one LeNet, labels known."""
     torch.manual_seed(0)
-    model = build_model("lenet", digits.spec)
-    updates, knowledges = problems_for(model, digits, n=2, b=1)
-    ps = ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors),
-                                 labels=torch.stack([k.labels for k in knowledges]))
+    updates, knowledges = problems_for(build_model("lenet", digits.spec), digits, n=n, b=1)
+    return ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors),
+                                   labels=torch.stack([k.labels for k in knowledges]))
+
+
+def test_init_shape_is_checked(digits):
+    ps = lenet_problem_set(digits, 2)
     with pytest.raises(ValueError, match="init has shape"):
         run_gradient_matching(ps, MatchingObjective(), Schedule(iterations=1), torch.zeros(1, 1, 1, 1, 16, 16))
 
@@ -241,3 +257,198 @@ def test_engine_leaves_its_model_copy_clean(digits):
     assert not any(m._forward_pre_hooks for m in ps.model.modules())
     second = run_gradient_matching(ps, MatchingObjective(bn=1.0), Schedule(iterations=1), init)
     assert torch.equal(first.total_loss, second.total_loss)
+
+
+# -- per-problem budgets, restarts, step sizes and TV weights ---------------------------------------
+#: Vectorised rows vs the same problem alone (as tests/test_attacks_seeds.py: rounding of batched kernels).
+VECTORISED_TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def assert_same(a, b, tol):
+    """Same reconstruction: bit for bit (``tol=None``) or within ``tol``; same labels and cost."""
+    assert torch.equal(a.labels, b.labels)
+    assert (a.cost.iterations, a.cost.restarts) == (b.cost.iterations, b.cost.restarts)
+    assert len(a.history["matching_loss"]) == len(b.history["matching_loss"]) == a.cost.iterations
+    if tol is None:
+        assert torch.equal(a.images, b.images)
+        assert a.history == b.history and a.final_loss == b.final_loss
+    else:
+        torch.testing.assert_close(a.images, b.images, **tol)
+        assert a.history["matching_loss"] == pytest.approx(b.history["matching_loss"], rel=tol["rtol"], abs=tol["atol"])
+
+
+def mixed_configs(attack, overrides):
+    return [dataclasses.replace(attack.config, **o) for o in overrides]
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_budget_20_beside_60_and_150_equals_alone(digits, vectorize):
+    """Inverting Gradients (signed Adam, LR decay, box): a problem with budget 20 batched with budgets
+    60 and 150, other TV weights and step sizes, gets its result alone and is charged 20 iterations."""
+    torch.manual_seed(0)
+    model = build_model("lenet", digits.spec)
+    updates, knowledges = problems_for(model, digits, n=4, b=1)
+    attack = InvertingGradients(iterations=20, restarts=1, tv=1e-4)
+    attack.vectorize = vectorize
+    overrides = [{}, {"iterations": 60, "tv": 0.0}, {"iterations": 150, "tv": 1e-2, "lr": 0.05},
+                 {"iterations": 60, "restarts": 2}]
+    configs = mixed_configs(attack, overrides)
+    seeds = [3, 4, 5, 6]
+    together = attack.reconstruct_batch(updates, knowledges, seeds=seeds, configs=configs)
+    for i, c in enumerate(configs):
+        alone = InvertingGradients(c)
+        alone.vectorize = vectorize
+        assert_same(together[i], alone.reconstruct(updates[i], knowledges[i], seed=seeds[i]),
+                    None if not vectorize else VECTORISED_TOL)
+    assert [r.cost.iterations for r in together] == [20, 60, 150, 60]
+    assert [r.cost.restarts for r in together] == [1, 1, 1, 2]
+    assert [r.cost.units for r in together] == [20, 60, 150, 120]
+
+
+def test_dlg_lbfgs_per_problem_budget_and_step_length(digits):
+    """L-BFGS (DLG, joint soft labels): problems leave the batch at their own budget, with their own
+    step length; the sequential path equals each problem alone bit for bit."""
+    torch.manual_seed(0)
+    model = build_model("lenet", digits.spec)
+    updates, knowledges = problems_for(model, digits, n=3, b=1)
+    knowledges = [dataclasses.replace(k, labels=None) for k in knowledges]
+    attack = DLG(iterations=4, restarts=1)
+    configs = mixed_configs(attack, [{}, {"iterations": 9, "lr": 0.5}, {"iterations": 6, "restarts": 2}])
+    for vectorize, tol in ((False, None), (True, VECTORISED_TOL)):
+        attack.vectorize = vectorize
+        together = attack.reconstruct_batch(updates, knowledges, seeds=[1, 2, 3], configs=configs)
+        for i, c in enumerate(configs):
+            alone = DLG(c)
+            alone.vectorize = vectorize
+            assert_same(together[i], alone.reconstruct(updates[i], knowledges[i], seed=i + 1), tol)
+
+
+def test_gradinversion_mixed_restarts_form_their_own_groups(digits):
+    """GradInversion's group consistency over each victim's own restarts (1, 2 or 3 of them)."""
+    torch.manual_seed(0)
+    model = build_model("lenet", digits.spec)
+    updates, knowledges = problems_for(model, digits, n=3, b=1)
+    attack = GradInversion(iterations=5, restarts=2)
+    attack.vectorize = False
+    configs = mixed_configs(attack, [{}, {"restarts": 1, "iterations": 3}, {"restarts": 3, "tv": 0.0}])
+    together = attack.reconstruct_batch(updates, knowledges, seeds=[7, 8, 9], configs=configs)
+    for i, c in enumerate(configs):
+        alone = GradInversion(c)
+        alone.vectorize = False
+        assert_same(together[i], alone.reconstruct(updates[i], knowledges[i], seed=7 + i), None)
+
+
+def test_ragged_group_consistency_matches_uniform_groups():
+    x = torch.randn(6, 2, 1, 3, 3, generator=torch.Generator().manual_seed(0))
+    index = torch.tensor([0, 0, 1, 1, 2, 2])
+    torch.testing.assert_close(ragged_group_consistency(x, index, torch.tensor([2, 2, 2])),
+                               group_consistency(x, 2), rtol=0, atol=1e-7)
+    ragged = ragged_group_consistency(x, torch.tensor([0, 1, 1, 1, 2, 2]), torch.tensor([1, 3, 2]))
+    assert ragged[0] == 0  # a group of one restart adds nothing
+    torch.testing.assert_close(ragged[1:4], group_consistency(x[1:4], 3), rtol=0, atol=1e-7)
+
+
+def test_configs_may_differ_only_in_per_problem_fields(digits):
+    torch.manual_seed(0)
+    model = build_model("lenet", digits.spec)
+    updates, knowledges = problems_for(model, digits, n=2, b=1)
+    attack = InvertingGradients(iterations=2)
+    bad = mixed_configs(attack, [{}, {"signed": False}])
+    with pytest.raises(ValueError, match=r"configs\[1\] differs .* outside the per-problem fields"):
+        attack.reconstruct_batch(updates, knowledges, configs=bad)
+    with pytest.raises(ValueError, match="got 1 configs for 2 problems"):
+        attack.reconstruct_batch(updates, knowledges, configs=bad[:1])
+    with pytest.raises(ValueError, match=r"configs\[0\] is a DLGConfig"):
+        attack.reconstruct_batch(updates, knowledges, configs=[DLG().config, attack.config])
+
+
+def test_batched_adam_is_torch_adam_with_multistep_decay_per_row():
+    """Rows with budgets 1, 5 and 20 (milestones at 3/8, 5/8, 7/8 of their own budget) and their own
+    step sizes follow torch.optim.Adam + MultiStepLR run on each row alone, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    budgets, lrs = [1, 5, 20], [0.1, 0.05, 0.2]
+    x0 = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
+    grads = [torch.randn(3, 4, 5, generator=g, dtype=torch.float64).sign() for _ in range(20)]
+    x = x0.clone()
+    marks = [decay_milestones(t) for t in budgets]
+    opt = BatchedAdam([x], lr=torch.tensor([decayed_rates(lr, m) for lr, m in zip(lrs, marks)], dtype=torch.float64),
+                      milestones=torch.tensor(marks))
+    rows = [0, 1, 2]
+    finals = {}
+    for it in range(20):
+        opt.step([grads[it][rows]])
+        done = [r for r in rows if budgets[r] == it + 1]
+        for r in done:
+            finals[r] = x[rows.index(r)].clone()
+        if done:
+            keep = torch.tensor([r not in done for r in rows])
+            rows = [r for r in rows if r not in done]
+            if rows:
+                x = x[keep].clone()
+                opt.keep(keep, [x])
+    for r in range(3):
+        ref = x0[r].clone().requires_grad_(True)
+        ref_opt = torch.optim.Adam([ref], lr=lrs[r])
+        sched = torch.optim.lr_scheduler.MultiStepLR(ref_opt, milestones=marks[r], gamma=0.1)
+        for it in range(budgets[r]):
+            ref.grad = grads[it][r].clone()
+            ref_opt.step()
+            sched.step()
+        assert torch.equal(finals[r], ref.detach()), r
+
+
+def test_batched_lbfgs_keeps_the_state_of_the_remaining_problems():
+    """Problems leaving a BatchedLBFGS (keep) do not disturb the others, which follow torch's L-BFGS."""
+    hess, b, x0 = quadratics(1, 3, 4)
+    x = x0.clone()
+    lrs = [0.5, 0.3, 0.7]
+    opt = BatchedLBFGS([x], lr=torch.tensor(lrs, dtype=torch.float64), history_size=3)
+    alive = [0, 1, 2]
+    for it in range(10):
+        opt.step([(hess[alive] @ x.unsqueeze(-1)).squeeze(-1) - b[alive]])
+        if it == 3:  # problem 1 leaves after 4 iterations
+            keep = torch.tensor([True, False, True])
+            x = x[keep].clone()
+            opt.keep(keep, [x])
+            alive = [0, 2]
+    for row, i in enumerate(alive):
+        expected = torch_lbfgs(hess[i], b[i], x0[i], lr=lrs[i], iterations=10, history_size=3)
+        torch.testing.assert_close(x[row], expected, rtol=1e-8, atol=1e-10)
+
+
+def test_per_problem_settings_are_validated(digits):
+    ps = lenet_problem_set(digits, 2)
+    init = [torch.zeros(1, 1, *digits.spec.shape), torch.zeros(2, 1, *digits.spec.shape)]
+    with pytest.raises(ValueError, match=r"PerProblem.iterations\[1\]=0"):
+        run_gradient_matching(ps, MatchingObjective(), Schedule(iterations=1), init,
+                              per_problem=PerProblem(iterations=[1, 0], restarts=[1, 2]))
+    with pytest.raises(ValueError, match="init has shapes"):
+        run_gradient_matching(ps, MatchingObjective(), Schedule(iterations=1), init,
+                              per_problem=PerProblem(restarts=[1, 1]))
+    with pytest.raises(ValueError, match="PerProblem.tv has 1 values for 2 problems"):
+        run_gradient_matching(ps, MatchingObjective(), Schedule(iterations=1), init,
+                              per_problem=PerProblem(restarts=[1, 2], tv=[0.1]))
+    out = run_gradient_matching(ps, MatchingObjective(), Schedule(iterations=1), init,
+                                per_problem=PerProblem(iterations=[2, 5], restarts=[1, 2]))
+    assert out.budgets == [2, 5] and out.restart_counts == [1, 2] and out.iterations == 5
+    assert out.history.shape == (5, 2) and torch.isnan(out.history[2:, 0]).all()
+    assert torch.isfinite(out.history[:, 1]).all()
+
+
+@pytest.mark.cuda
+def test_per_problem_budgets_on_cuda(digits, cuda_device):
+    """Mixed budgets, restarts and TV weights on a GPU: everything stays on the device, each problem is
+    charged its own budget and gets its result alone (to the TF32 tolerance of cuDNN)."""
+    torch.manual_seed(0)
+    model = build_model("lenet", digits.spec).to(cuda_device)
+    updates, knowledges = problems_for(model, digits, n=3, b=1)
+    updates = [u.to(cuda_device) for u in updates]
+    knowledges = [dataclasses.replace(k, labels=k.labels.to(cuda_device)) for k in knowledges]
+    attack = InvertingGradients(iterations=4)
+    configs = mixed_configs(attack, [{}, {"iterations": 9, "tv": 0.0}, {"iterations": 6, "restarts": 2, "lr": 0.05}])
+    together = attack.reconstruct_batch(updates, knowledges, seeds=[1, 2, 3], configs=configs)
+    assert [r.cost.units for r in together] == [4, 9, 12]
+    for i, c in enumerate(configs):
+        assert together[i].images.device.type == "cuda"
+        alone = InvertingGradients(c).reconstruct(updates[i], knowledges[i], seed=i + 1)
+        torch.testing.assert_close(together[i].images, alone.images, rtol=1e-2, atol=1e-2)

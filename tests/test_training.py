@@ -259,3 +259,18 @@ def test_ppo_attacker_beats_random_on_the_digits_menu(tmp_path):
     learned, random_, _ = _learned_vs_random(tmp_path, overrides, 1024, 4, {})
     print(f"learned attacker SSIM {learned:.3f} vs uniform-random {random_:.3f}")
     assert learned > random_ + 0.1, (learned, random_)
+
+
+def test_train_on_the_batched_vector_env(tmp_path):
+    """--n-envs N > 1 trains PPO directly on the batched vector env (LeakGymSB3VecEnv over gym.make_vec)."""
+    from leakgym.agents.training import make_training_env
+    from leakgym.cli import main
+
+    env = make_training_env("LeakGym-Digits-v0", {"role": "attacker", "opponent": "none", "rounds": 2,
+                                                  "num_clients": 1, "eval_size": 16, "iterations": [2]}, 3, seed=0)
+    assert env.num_envs == 3 and type(env.venv).__name__ == "LeakGymSB3VecEnv"
+    env.close()
+    rc = main(["train", "--env", "LeakGym-Digits-v0", "--n-envs", "2", "--timesteps", "8", "--opponent", "none",
+               "--out", str(tmp_path / "run"), "--no-progress", "--checkpoint-freq", "0",
+               "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]", "restarts=[1]"])
+    assert rc == 0 and (tmp_path / "run" / "policy.zip").is_file()

@@ -82,6 +82,9 @@ class Attack(ABC):
     Config: ClassVar[type] = object
     #: True for attacks that modify the model before the round (malicious server).
     malicious: ClassVar[bool] = False
+    #: Config fields that may differ between the problems of one :meth:`reconstruct_batch` call
+    #: (``configs=``); attacks whose computation takes them per problem batch such problems together.
+    per_problem_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Any | None = None, **overrides: Any) -> None:
         if config is None:
@@ -110,6 +113,13 @@ class Attack(ABC):
         """One reconstruction: ``reconstruct_batch([update], [knowledge], seeds=[seed])[0]``."""
         return self.reconstruct_batch([update], [knowledge], seeds=[seed])[0]
 
+    def batch_key(self) -> tuple:
+        """What problems of one :meth:`reconstruct_batch` call must share: the attack class and every
+        config field except :attr:`per_problem_fields` (as ``repr`` text, so any field value works)."""
+        fields = dataclasses.fields(self.config) if dataclasses.is_dataclass(self.config) else ()
+        return (type(self), tuple((f.name, repr(getattr(self.config, f.name)))
+                                  for f in fields if f.name not in self.per_problem_fields))
+
     def reconstruct_batch(
         self,
         updates: Sequence[SharedUpdate],
@@ -117,6 +127,7 @@ class Attack(ABC):
         *,
         seeds: Sequence[int] | None = None,
         seed: int = 0,
+        configs: Sequence[Any] | None = None,
     ) -> list[AttackResult]:
         """Run N independent reconstructions (one per update) as one computation.
 
@@ -129,19 +140,64 @@ class Attack(ABC):
                 any other problems (up to floating-point differences of the vectorised kernels,
                 see :mod:`leakgym.attacks.engine`).
             seed: used when ``seeds`` is omitted: ``seeds[i] = seed + i``.
+            configs: problem ``i``'s config (default: this attack's for every problem). They may differ
+                from this attack's config only in :attr:`per_problem_fields` (e.g. the iteration budget);
+                result ``i`` is then what ``type(self)(configs[i])`` would return for problem ``i``.
         """
         if len(updates) != len(knowledges):
             raise ValueError(f"got {len(updates)} updates but {len(knowledges)} knowledges; they must pair up")
         seeds = problem_seeds(len(updates), seeds=seeds, seed=seed)
+        configs = self._check_configs(configs, len(updates))
         if not updates:
             return []
         start = time.perf_counter()
-        results = self._reconstruct_batch(list(updates), list(knowledges), seeds=seeds)
+        if configs is None:
+            results = self._reconstruct_batch(list(updates), list(knowledges), seeds=seeds)
+        else:
+            results = self._reconstruct_mixed(list(updates), list(knowledges), seeds=seeds, configs=configs)
         elapsed = time.perf_counter() - start
         for r in results:
             # Wall time of a batched call is shared by its N problems.
             r.cost.wall_time_s = elapsed / len(results)
         return results
+
+    def _check_configs(self, configs: Sequence[Any] | None, n: int) -> list[Any] | None:
+        """``configs`` validated against this attack (None when every problem uses ``self.config``)."""
+        if configs is None:
+            return None
+        configs = list(configs)
+        if len(configs) != n:
+            raise ValueError(f"got {len(configs)} configs for {n} problems; give exactly one config per problem")
+        key = self.batch_key()
+        for i, c in enumerate(configs):
+            if type(c) is not type(self.config):
+                raise ValueError(f"configs[{i}] is a {type(c).__name__}; expected {type(self.config).__name__}")
+            if c is not self.config and type(self)(c).batch_key() != key:
+                raise ValueError(
+                    f"configs[{i}] differs from the attack's config outside the per-problem fields "
+                    f"{self.per_problem_fields}: {c} vs {self.config}")
+        if all(c is self.config or c == self.config for c in configs):
+            return None
+        return configs
+
+    def _reconstruct_mixed(
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int],
+        configs: list[Any],
+    ) -> list[AttackResult]:
+        """Problems with their own configs (validated by :meth:`reconstruct_batch`). Default: one
+        :meth:`_reconstruct_batch` call per distinct config; attacks that take the per-problem fields
+        per problem override this to make one computation."""
+        groups: dict[str, list[int]] = {}
+        for i, c in enumerate(configs):
+            groups.setdefault(repr(c), []).append(i)
+        results: list[AttackResult | None] = [None] * len(updates)
+        for members in groups.values():
+            attack = type(self)(configs[members[0]])
+            out = attack._reconstruct_batch([updates[i] for i in members], [knowledges[i] for i in members],
+                                            seeds=[seeds[i] for i in members])
+            for i, r in zip(members, out):
+                results[i] = r
+        return results  # type: ignore[return-value]
 
     @abstractmethod
     def _reconstruct_batch(

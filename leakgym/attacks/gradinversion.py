@@ -83,8 +83,9 @@ class GradInversion(OptimizationAttack):
 
     def objective(self) -> MatchingObjective:
         c = self.config
-        return MatchingObjective(distance=c.distance, tv=c.tv, l2=c.l2, bn=c.bn,
-                                 group=c.group if c.restarts > 1 else 0.0)
+        # The group term of a victim with one restart is identically 0 (its consensus is itself): the
+        # engine drops it then, so the objective does not depend on the (per-problem) restart count.
+        return MatchingObjective(distance=c.distance, tv=c.tv, l2=c.l2, bn=c.bn, group=c.group)
 
     def schedule(self) -> Schedule:
         c = self.config

@@ -1,11 +1,25 @@
-"""``leakgym bench env``: environment steps per second, peak memory and the per-phase cost split.
+"""``leakgym bench env``: batched environment steps per second beside the sequential baseline.
 
-For each environment id, a single environment and a vector of N environments (``gym.make_vec``)
-play a fixed number of steps with a fixed attack budget (the attacker's action is fixed to its
-first strategy at the first budget level; the defender plays no defense) so rows are comparable.
-Each configuration runs in its own spawned process, so its peak resident memory is its own.
-The cost split (defense / attack / scoring / FL round) comes from the game's phase timers and shows
-where the next optimisation should go. Results go to a JSON file and a markdown table beside it.
+For each environment id and each vector size N (``--num-envs 1,16,256,1024``), one spawned worker
+process builds
+
+* the **batched** vector env (``gym.make_vec``, N games, one :class:`~leakgym.envs.round.Round` per
+  step with batched attacks and batched benign clients), and
+* the **sequential baseline**: the same games (same seeds, same actions) as single-agent envs
+  (``gym.make``) stepped one at a time, on ``min(N, --baseline-games)`` of them,
+
+and steps them alternately (one baseline step of every baseline game, then one vector step), so both
+see the same machine load; every row carries the ratio of the two rates. The attacker's actions are
+``fixed`` (the first strategy at the first budget level) or ``random`` (uniform over the menu, drawn
+from a seeded generator, the same for both paths); the defender plays no defense. Rows report env
+steps per second (vector steps x N / wall time), the peak resident memory of the worker process
+(both paths), the peak device memory of each path on CUDA, and the cost split: the game's phase
+timers (defense / attack / FL round / scoring) and the rest of the wall time as Python overhead
+(planning, snapshots, observations, the vector env's bookkeeping).
+
+A scenario whose dataset is not on disk is timed on synthetic images of the dataset's shape (uniform
+noise, random labels) inside the worker only, and its row says ``synthetic data (timing only)``; the
+environment itself never substitutes data. Results go to ``--json`` and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -19,65 +33,192 @@ import time
 from leakgym.bench import device_label, markdown_table, write_results
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
+DEFAULT_NUM_ENVS = "1,16"
+PHASES = ("defense", "attack", "fl", "score")
+SYNTHETIC = "synthetic data (timing only)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", required=True, help="output JSON path (a .md table is written beside it)")
+    parser.add_argument("--json", default="runs/bench/bench_env.json",
+                        help="output JSON path, a .md table is written beside it (default: %(default)s; the "
+                        "committed docs/results/bench_env.json is rewritten only when named here)")
     parser.add_argument("--envs", default=DEFAULT_IDS, help=f"comma-separated Gymnasium ids (default: {DEFAULT_IDS})")
-    parser.add_argument("--steps", type=int, default=16, help="environment steps per configuration (default: 16)")
-    parser.add_argument("--num-envs", type=int, default=16, help="N of the vectorised configuration (default: 16)")
+    parser.add_argument("--steps", type=int, default=4, help="vector steps per configuration (default: 4)")
+    parser.add_argument("--num-envs", default=DEFAULT_NUM_ENVS,
+                        help=f"comma-separated vector sizes N, e.g. 1,16,256,1024 (default: {DEFAULT_NUM_ENVS})")
+    parser.add_argument("--actions", choices=("fixed", "random"), default="random",
+                        help="attacker actions: the first menu entry, or uniform over the menu (default: random)")
+    parser.add_argument("--baseline-games", type=int, default=16,
+                        help="games of the sequential baseline: min(N, this) (default: 16)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads of the worker, both paths (default: 1: LeakGym's models are "
+                             "tiny, and more threads than free cores make every small op wait)")
 
 
-def _measure(gym_id: str, num_envs: int, steps: int, device: str, queue) -> None:
+def parse_sizes(text: str) -> list[int]:
+    """``"1,16,256"`` -> ``[1, 16, 256]``; ValueError naming the bad entry."""
+    sizes = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"--num-envs entry {part!r}; allowed: integers >= 1, comma-separated (e.g. 1,16,256)")
+        sizes.append(int(part))
+    if not sizes:
+        raise ValueError("--num-envs is empty; give e.g. 1,16")
+    return sizes
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker (one spawned process per configuration)
+# --------------------------------------------------------------------------------------------------
+def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
+             queue) -> None:
     try:
-        queue.put(_measure_row(gym_id, num_envs, steps, device))
-    except Exception as exc:  # noqa: BLE001 - dataset missing offline, a failed round, ...: recorded, not hidden
+        import torch
+
+        torch.set_num_threads(threads)
+        row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device)
+        queue.put({**row, "threads": threads})
+    except Exception as exc:  # noqa: BLE001 - a failed round, a bad id, ...: recorded, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {first_line}"})
 
 
-def _measure_row(gym_id: str, num_envs: int, steps: int, device: str) -> dict:
+def _use_synthetic_data_if_missing(gym_id: str) -> str:
+    """``"real"``, or (dataset not on disk) make this worker's games use synthetic images of its shape."""
+    import gymnasium as gym
+    import torch
+
+    from leakgym.data import load_dataset
+    from leakgym.data.catalog import dataset_spec
+    from leakgym.data.loading import Dataset, DatasetUnavailableError
+    from leakgym.envs import game as game_module
+    from leakgym.envs.scenario import load_scenario
+
+    sc = load_scenario(gym.spec(gym_id).kwargs["scenario"])
+    try:
+        load_dataset(sc.dataset, image_size=sc.image_size, download=False)
+        return "real"
+    except DatasetUnavailableError:
+        pass
+    spec = dataset_spec(sc.dataset, sc.image_size)
+    g = torch.Generator().manual_seed(0)
+    n_train, n_test = 600 * (sc.num_clients + 2), max(sc.eval_size, 100)
+
+    def images(n: int):
+        return torch.rand(n, *spec.shape, generator=g), torch.randint(0, spec.num_classes, (n,), generator=g)
+
+    data = Dataset(spec, *images(n_train), *images(n_test))
+    game_module._dataset = lambda name, image_size: data  # this worker process only
+    return SYNTHETIC
+
+
+def _enable_batched_clients(vector_cls) -> dict:
+    """Keyword for ``gym.make_vec`` that batches the benign clients."""
+    return {"batch_clients": True}
+
+
+def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str) -> dict:
     import gymnasium as gym
     import numpy as np
+    import torch
 
     import leakgym  # noqa: F401  (registers the ids)
+    from leakgym.envs.vector import LeakGymVectorEnv
 
+    data = _use_synthetic_data_if_missing(gym_id)
+    cuda = torch.device(device).type == "cuda"
     kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
-    env = gym.make_vec(gym_id, num_envs=num_envs, **kwargs) if num_envs > 1 else gym.make(gym_id, **kwargs)
-    games = [e.parallel.game for e in env.envs] if num_envs > 1 else [env.unwrapped.parallel.game]
-    action = np.zeros(env.action_space.shape, dtype=np.int64)
-    env.reset(seed=0)
-    split = {"defense_s": 0.0, "attack_s": 0.0, "score_s": 0.0, "fl_s": 0.0}
-    start = time.perf_counter()
-    for _ in range(steps):
-        _, _, terminated, truncated, _ = env.step(action)
-        if num_envs == 1 and (terminated or truncated):
-            env.reset()  # the vector env resets its games itself
+    vec = gym.make_vec(gym_id, num_envs=num_envs, **kwargs, **_enable_batched_clients(LeakGymVectorEnv))
+    m = min(num_envs, baseline_games)
+    singles = [gym.make(gym_id, **kwargs) for _ in range(m)]
+    nvec = np.asarray(vec.single_action_space.nvec)
+    rng = np.random.default_rng(0)
+    plan = [rng.integers(0, nvec, size=(num_envs, len(nvec))) if actions == "random"
+            else np.zeros((num_envs, len(nvec)), dtype=np.int64) for _ in range(steps)]
+
+    vec.reset(seed=0)  # game i: seed i, in the vector and in the baseline
+    for i, env in enumerate(singles):
+        env.reset(seed=i)
+    vec_games = [e.parallel.game for e in vec.envs]
+    seq_games = [env.unwrapped.parallel.game for env in singles]
+    cost = {"batched": dict.fromkeys(PHASES, 0.0), "sequential": dict.fromkeys(PHASES, 0.0)}
+    wall = {"batched": 0.0, "sequential": 0.0}
+    device_peak = {"batched": 0.0, "sequential": 0.0}
+
+    def add_timings(games, path):
         for g in games:
-            for k in split:
-                split[k] += g.timings.get(k, 0.0)
-    elapsed = time.perf_counter() - start
-    env.close()
-    total = sum(split.values()) or 1.0
+            for k in PHASES:
+                cost[path][k] += g.timings.get(f"{k}_s", 0.0)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    for t in range(steps):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        sync()
+        t0 = time.perf_counter()
+        for i, env in enumerate(singles):
+            _, _, terminated, truncated, _ = env.step(plan[t][i])
+            add_timings([seq_games[i]], "sequential")
+            if terminated or truncated:
+                env.reset()
+        sync()
+        wall["sequential"] += time.perf_counter() - t0
+        if cuda:
+            device_peak["sequential"] = max(device_peak["sequential"], torch.cuda.max_memory_allocated(device) / 2**20)
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        vec.step(plan[t])  # the vector env resets finished games itself
+        sync()
+        wall["batched"] += time.perf_counter() - t0
+        add_timings(vec_games, "batched")
+        if cuda:
+            device_peak["batched"] = max(device_peak["batched"], torch.cuda.max_memory_allocated(device) / 2**20)
+    vec.close()
+    for env in singles:
+        env.close()
+
+    def split(path):
+        phases = dict(cost[path])
+        phases["overhead"] = max(wall[path] - sum(phases.values()), 0.0)
+        total = sum(phases.values()) or 1.0
+        return {k: v / total for k, v in phases.items()}
+
+    rate = steps * num_envs / wall["batched"]
+    baseline = steps * m / wall["sequential"]
+    shares = split("batched")
     return {
         "env": gym_id,
         "num_envs": num_envs,
+        "actions": actions,
         "steps": steps,
-        "env_steps_per_s": steps * num_envs / elapsed,
+        "data": data,
+        "env_steps_per_s": rate,
+        "baseline_games": m,
+        "baseline_env_steps_per_s": baseline,
+        "speedup": rate / baseline,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        **{f"share_{k[:-2]}": v / total for k, v in split.items()},
+        "peak_device_mb": device_peak["batched"] if cuda else None,
+        "baseline_peak_device_mb": device_peak["sequential"] if cuda else None,
+        **{f"share_{k}": v for k, v in shares.items()},
+        "baseline_split": split("sequential"),
+        "seconds": {"batched": wall["batched"], "sequential": wall["sequential"],
+                    "batched_phases": cost["batched"], "sequential_phases": cost["sequential"]},
         "device": device_label(device),
     }
 
 
-def run(ids: list[str], steps: int, num_envs: int, device: str) -> list[dict]:
+def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
+        threads: int = 1) -> list[dict]:
     ctx = mp.get_context("spawn")
     rows = []
     for gym_id in ids:
-        for n in (1, num_envs):
+        for n in sizes:
             queue = ctx.Queue()
-            proc = ctx.Process(target=_measure, args=(gym_id, n, steps, device, queue))
+            proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads, queue))
             proc.start()
             row = None
             while row is None:
@@ -92,21 +233,32 @@ def run(ids: list[str], steps: int, num_envs: int, device: str) -> list[dict]:
 
 
 def to_markdown(rows: list[dict], machine: str) -> str:
+    def mb(value):
+        return "-" if value is None else f"{value:.0f}"
+
     return markdown_table(
-        f"Environment throughput ({machine})",
-        [("env", lambda r: r["env"]), ("N", lambda r: str(r["num_envs"])),
-         ("env steps/s", lambda r: f"{r['env_steps_per_s']:.2f}"), ("peak RSS (MB)", lambda r: f"{r['peak_rss_mb']:.0f}"),
+        f"Environment throughput, batched vector env vs sequential single-agent envs ({machine})",
+        [("env", lambda r: r["env"] + ("" if r["data"] == "real" else f" ({r['data']})")),
+         ("N", lambda r: str(r["num_envs"])), ("actions", lambda r: r["actions"]),
+         ("env steps/s", lambda r: f"{r['env_steps_per_s']:.2f}"),
+         ("sequential steps/s (games)", lambda r: f"{r['baseline_env_steps_per_s']:.2f} ({r['baseline_games']})"),
+         ("ratio", lambda r: f"{r['speedup']:.2f}x"),
+         ("peak RSS (MB)", lambda r: mb(r["peak_rss_mb"])), ("peak device (MB)", lambda r: mb(r["peak_device_mb"])),
          ("defense", lambda r: f"{r['share_defense']:.0%}"), ("attack", lambda r: f"{r['share_attack']:.0%}"),
-         ("scoring", lambda r: f"{r['share_score']:.0%}"), ("FL round", lambda r: f"{r['share_fl']:.0%}")],
+         ("FL round", lambda r: f"{r['share_fl']:.0%}"), ("scoring", lambda r: f"{r['share_score']:.0%}"),
+         ("Python overhead", lambda r: f"{r['share_overhead']:.0%}")],
         rows, key=["env", "num_envs"],
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.steps < 1 or args.num_envs < 1:
-        raise ValueError(f"--steps={args.steps} and --num-envs={args.num_envs} must be >= 1")
+    sizes = parse_sizes(args.num_envs)
+    if args.steps < 1 or args.baseline_games < 1 or args.threads < 1:
+        raise ValueError(f"--steps={args.steps}, --baseline-games={args.baseline_games} and --threads={args.threads} "
+                         "must be >= 1")
     ids = [s.strip() for s in args.envs.split(",") if s.strip()]
-    rows = run(ids, args.steps, args.num_envs, args.device)
-    machine = f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, device {device_label(args.device)}"
+    rows = run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads)
+    machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
+               f"thread(s), device {device_label(args.device)}")
     write_results(args.json, machine, rows, to_markdown(rows, machine))
     return 0

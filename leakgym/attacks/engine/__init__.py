@@ -10,10 +10,12 @@ engine runs ``P = N x R`` such problems -- N victims (or environments, possibly 
 parameters of the same architecture), each with R restarts folded into the batch dimension -- as
 *one* computation per iteration. One concept per module:
 
-* :mod:`~leakgym.attacks.engine.objective` -- :class:`MatchingObjective` (distance, priors, EOT) and
-  :class:`Schedule` (optimiser and budget);
+* :mod:`~leakgym.attacks.engine.objective` -- :class:`MatchingObjective` (distance, priors, EOT),
+  :class:`Schedule` (optimiser and budget) and :class:`PerProblem` (budgets, restarts, step sizes and
+  TV weights that differ between the problems of one call);
 * :mod:`~leakgym.attacks.engine.problems` -- :class:`ProblemSet` (N stacked problems) and the
   simulator of the victims' updates (``vmap`` over ``torch.func.grad``, BatchNorm, PRECODE noise);
+* :mod:`~leakgym.attacks.engine.adam` -- :class:`BatchedAdam`, Adam with a step size and decay per row;
 * :mod:`~leakgym.attacks.engine.lbfgs` -- :class:`BatchedLBFGS`, L-BFGS per problem;
 * :mod:`~leakgym.attacks.engine.randomness` -- :class:`BatchedGenerator`, one generator per problem;
 * :mod:`~leakgym.attacks.engine.matching` -- :func:`run_gradient_matching`, the optimisation loop;
@@ -26,14 +28,16 @@ in the random numbers, and up to floating-point rounding in the vectorised arith
 and oneDNN kernels pick their algorithm by the batch size).
 """
 
+from leakgym.attacks.engine.adam import BatchedAdam
 from leakgym.attacks.engine.lbfgs import BatchedLBFGS
 from leakgym.attacks.engine.matching import MatchingOutput, run_gradient_matching
-from leakgym.attacks.engine.objective import DefenseSimulator, MatchingObjective, Schedule
+from leakgym.attacks.engine.objective import DefenseSimulator, MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.optimization import OptimizationAttack, OptimizationConfig, config_fields
 from leakgym.attacks.engine.problems import ProblemSet
 from leakgym.attacks.engine.randomness import BatchedGenerator
 
 __all__ = [
+    "BatchedAdam",
     "BatchedGenerator",
     "BatchedLBFGS",
     "DefenseSimulator",
@@ -41,6 +45,7 @@ __all__ = [
     "MatchingOutput",
     "OptimizationAttack",
     "OptimizationConfig",
+    "PerProblem",
     "ProblemSet",
     "Schedule",
     "config_fields",

@@ -27,9 +27,13 @@ class BatchedLBFGS:
     zero pair (it contributes nothing) instead of being skipped, so that histories stay aligned
     across problems; the tolerance-based early exits are replaced by freezing problems whose gradient
     is below ``tolerance_grad`` (the engine always spends its full budget).
+
+    ``lr`` is one step length for every problem or a ``(P,)`` tensor of step lengths, one per problem.
+    :meth:`keep` drops problems that leave the optimisation (past their budget): every kept problem's
+    history pairs, curvature estimate and last step stay exactly as they were.
     """
 
-    def __init__(self, variables: Sequence[Tensor], *, lr: float = 1.0, history_size: int = 100,
+    def __init__(self, variables: Sequence[Tensor], *, lr: float | Tensor = 1.0, history_size: int = 100,
                  tolerance_grad: float = 1e-7) -> None:
         self.variables = list(variables)
         self.lr = lr
@@ -44,6 +48,25 @@ class BatchedLBFGS:
         self._d: Tensor | None = None
         self._t: Tensor | None = None
 
+    def _lr(self, g: Tensor) -> Tensor:
+        if isinstance(self.lr, Tensor):
+            return self.lr.to(dtype=g.dtype, device=g.device)
+        return torch.full((self.p,), self.lr, dtype=g.dtype, device=g.device)
+
+    def keep(self, mask: Tensor, variables: Sequence[Tensor]) -> None:
+        """Keep only the problems ``mask`` (``(P,)`` bool); ``variables`` are the kept problems' tensors."""
+        self.variables = list(variables)
+        self.p = self.variables[0].shape[0]
+        self._s = [s[mask] for s in self._s]
+        self._y = [y[mask] for y in self._y]
+        self._rho = [r[mask] for r in self._rho]
+        if isinstance(self.lr, Tensor):
+            self.lr = self.lr[mask]
+        for name in ("_h_diag", "_prev_g", "_d", "_t"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value[mask])
+
     def _flat(self, tensors: Sequence[Tensor]) -> Tensor:
         return torch.cat([t.reshape(self.p, -1) for t in tensors], dim=1)
 
@@ -53,7 +76,7 @@ class BatchedLBFGS:
         if self._prev_g is None:
             d = -g
             self._h_diag = torch.ones(self.p, dtype=g.dtype, device=g.device)
-            t = (1.0 / g.abs().sum(dim=1)).clamp(max=1.0) * self.lr
+            t = (1.0 / g.abs().sum(dim=1)).clamp(max=1.0) * self._lr(g)
         else:
             y = g - self._prev_g
             s = self._d * self._t[:, None]
@@ -77,7 +100,7 @@ class BatchedLBFGS:
             for s_i, y_i, r_i, a_i in zip(self._s, self._y, self._rho, reversed(alphas)):
                 b_i = (y_i * d).sum(dim=1) * r_i
                 d = d + s_i * (a_i - b_i)[:, None]
-            t = torch.full((self.p,), self.lr, dtype=g.dtype, device=g.device)
+            t = self._lr(g).expand(self.p).clone()
         converged = g.abs().amax(dim=1) <= self.tolerance_grad
         t = torch.where(converged, torch.zeros_like(t), t)
         self._prev_g, self._d, self._t = g, d, t

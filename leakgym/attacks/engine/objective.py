@@ -9,13 +9,15 @@ with ``D`` a gradient distance and ``R_k`` image priors (:mod:`leakgym.attacks.l
 them for ``P`` problems at once. With a :data:`DefenseSimulator` the matching term is Expectation over
 Transformation (CENSOR paper, Zhang et al. 2025, Sec. V-D): the attacker applies E random draws of
 the defense to its own dummy updates and matches their mean (or averages the E distances).
-:class:`Schedule` is the optimiser and budget.
+:class:`Schedule` is the optimiser and budget; :class:`PerProblem` lets the problems of one engine call
+differ in budget (iterations, restarts), learning rate and TV weight, so that games choosing different
+budgets of one attack still make one engine call.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,6 +114,64 @@ class Schedule:
             raise ValueError(f"history_size={self.history_size}; must be >= 1")
 
 
+@dataclass(frozen=True)
+class PerProblem:
+    """Settings that may differ between the N problems of one engine call (None: the shared value).
+
+    Each field is one value per problem (a sequence or an ``(N,)`` tensor). Problem ``i`` then runs
+    ``iterations[i]`` optimiser iterations and ``restarts[i]`` restarts with step size ``lr[i]`` and TV
+    weight ``tv[i]``, exactly as it would alone with those values in its :class:`Schedule` and
+    :class:`MatchingObjective`: a problem past its budget is frozen (no further update of its images,
+    label logits or optimiser state) while the others go on, its learning-rate decay milestones are
+    fractions of its own budget, and its restarts are rows of its own.
+    """
+
+    iterations: Sequence[int] | Tensor | None = None
+    """Optimiser iterations per problem (None: ``Schedule.iterations`` for every problem)."""
+    restarts: Sequence[int] | Tensor | None = None
+    """Restarts per problem (None: ``Schedule.restarts``)."""
+    lr: Sequence[float] | Tensor | None = None
+    """Step size per problem (None: ``Schedule.lr``)."""
+    tv: Sequence[float] | Tensor | None = None
+    """Total-variation weight per problem (None: ``MatchingObjective.tv``)."""
+
+    def resolve(self, n: int, schedule: Schedule, objective: MatchingObjective) -> ResolvedPerProblem:
+        """Validated per-problem lists of length ``n`` (the shared value where a field is None)."""
+
+        def values(name: str, default, kind):
+            given = getattr(self, name)
+            if given is None:
+                return [default] * n
+            out = given.tolist() if isinstance(given, Tensor) else list(given)
+            if len(out) != n:
+                raise ValueError(f"PerProblem.{name} has {len(out)} values for {n} problems")
+            return [kind(v) for v in out]
+
+        iterations = values("iterations", schedule.iterations, int)
+        restarts = values("restarts", schedule.restarts, int)
+        lr = values("lr", schedule.lr, float)
+        tv = values("tv", objective.tv, float)
+        for name, vals, ok in (("iterations", iterations, lambda v: v >= 1), ("restarts", restarts, lambda v: v >= 1),
+                               ("lr", lr, lambda v: v > 0 and math.isfinite(v)),
+                               ("tv", tv, lambda v: v >= 0 and math.isfinite(v))):
+            bad = [(i, v) for i, v in enumerate(vals) if not ok(v)]
+            if bad:
+                i, v = bad[0]
+                allowed = {"iterations": ">= 1", "restarts": ">= 1", "lr": "finite and > 0", "tv": "finite and >= 0"}
+                raise ValueError(f"PerProblem.{name}[{i}]={v}; must be {allowed[name]}")
+        return ResolvedPerProblem(iterations=iterations, restarts=restarts, lr=lr, tv=tv)
+
+
+@dataclass(frozen=True)
+class ResolvedPerProblem:
+    """:class:`PerProblem` resolved against a schedule and objective: one Python value per problem."""
+
+    iterations: list[int]
+    restarts: list[int]
+    lr: list[float]
+    tv: list[float]
+
+
 def matching_term(
     objective: MatchingObjective,
     dummy: dict[str, Tensor],
@@ -143,21 +203,53 @@ def objective_terms(
     matching: Tensor,
     x: Tensor,
     *,
-    restarts: int,
+    restarts: int | None = None,
     bn_stats: tuple[tuple[Tensor, Tensor], ...] = (),
     bn_targets: list[tuple[Tensor, Tensor]] | None = None,
+    tv: Tensor | None = None,
+    groups: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """``(P,)`` total objective: ``matching`` plus the weighted priors of the dummy images ``x``."""
+    """``(P,)`` total objective: ``matching`` plus the weighted priors of the dummy images ``x``.
+
+    ``tv`` (``(P,)`` weights), when given, replaces ``objective.tv`` row by row (a row of weight 0 adds
+    exactly 0). The group-consistency consensus is taken over blocks of ``restarts`` consecutive rows,
+    or, with ``groups = (index, sizes)`` (see :func:`ragged_group_consistency`), over groups of any size.
+    """
     total = matching
-    if objective.tv > 0:
+    if tv is not None:
+        total = total + tv.to(total.dtype) * total_variation(x)
+    elif objective.tv > 0:
         total = total + objective.tv * total_variation(x)
     if objective.l2 > 0:
         total = total + objective.l2 * l2_prior(x)
     if objective.bn > 0:
         total = total + objective.bn * bn_statistics_loss(bn_stats, bn_targets)
     if objective.group > 0:
-        total = total + objective.group * group_consistency(x, restarts)
+        if groups is not None:
+            total = total + objective.group * ragged_group_consistency(x, *groups)
+        else:
+            total = total + objective.group * group_consistency(x, restarts or 1)
     return total
 
 
-__all__ = ["DefenseSimulator", "MatchingObjective", "Schedule", "matching_term", "objective_terms"]
+def ragged_group_consistency(x: Tensor, index: Tensor, sizes: Tensor) -> Tensor:
+    """GradInversion's group consistency (:func:`~leakgym.attacks.losses.group_consistency`) for groups
+    of different sizes: row ``p`` of ``x (P, ...)`` is pulled towards the detached pixel mean of the rows
+    of its group ``index[p]`` (``(P,)`` in ``[0, G)``); ``sizes`` ``(G,)`` counts each group's rows. A
+    group of one row adds exactly 0."""
+    flat = x.flatten(1)
+    sums = flat.new_zeros(sizes.shape[0], flat.shape[1]).index_add_(0, index, flat.detach())
+    consensus = sums / sizes.to(flat.dtype).unsqueeze(1)
+    return (flat - consensus.index_select(0, index)).pow(2).mean(dim=1)
+
+
+__all__ = [
+    "DefenseSimulator",
+    "MatchingObjective",
+    "PerProblem",
+    "ResolvedPerProblem",
+    "Schedule",
+    "matching_term",
+    "objective_terms",
+    "ragged_group_consistency",
+]

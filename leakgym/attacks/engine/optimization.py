@@ -21,7 +21,7 @@ from torch import Tensor
 
 from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult, seeded_generator
 from leakgym.attacks.engine.matching import run_gradient_matching
-from leakgym.attacks.engine.objective import MatchingObjective, Schedule
+from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.problems import ProblemSet
 from leakgym.attacks.engine.randomness import BatchedGenerator
 from leakgym.attacks.labels import LABEL_METHODS, infer_labels
@@ -71,11 +71,21 @@ class OptimizationAttack(Attack):
     initial images, its initial label logits (DLG), and during the run its PRECODE noise and EOT
     samples; so ``reconstruct_batch(us, ks, seeds=s)[i]`` equals ``reconstruct(us[i], ks[i],
     seed=s[i])`` whatever the other problems are, up to the rounding differences of batched kernels.
+
+    With ``configs=`` (problems that differ in :attr:`per_problem_fields`), each problem's schedule and
+    objective come from its own config (``type(self)(configs[i]).schedule()`` / ``.objective()``) and the
+    problems still make one engine call per group, each with its own budget, restarts, step size and
+    TV weight; its cost is its own budget. Subclasses that override :meth:`_reconstruct_batch` with
+    further stages (LODA, Mixup decoding) run one computation per distinct config instead.
     """
 
     Config: Any = OptimizationConfig
     #: Computation path of the engine; False runs the reference per-problem loop.
     vectorize: bool = True
+    #: The budget, restarts, step size and TV weight may differ per problem: problems of one
+    #: ``reconstruct_batch(..., configs=...)`` call that differ only in these run as one engine call
+    #: (:class:`~leakgym.attacks.engine.objective.PerProblem`).
+    per_problem_fields = ("iterations", "restarts", "lr", "tv")
 
     # -- hooks -----------------------------------------------------------------------------------
     def objective(self) -> MatchingObjective:
@@ -118,12 +128,33 @@ class OptimizationAttack(Attack):
     ) -> list[AttackResult]:
         return self.invert(updates, knowledges, self.generators(seeds, knowledges))
 
+    def _reconstruct_mixed(
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int],
+        configs: list[Any],
+    ) -> list[AttackResult]:
+        if type(self)._reconstruct_batch is not OptimizationAttack._reconstruct_batch:
+            # A subclass with further stages: each config through its own full pipeline.
+            return super()._reconstruct_mixed(updates, knowledges, seeds=seeds, configs=configs)
+        return self.invert(updates, knowledges, self.generators(seeds, knowledges), configs=configs)
+
+    def problem_settings(self, configs: Sequence[Any]) -> list[tuple[int, int, float, float]]:
+        """``(iterations, restarts, lr, tv)`` of each config, read from its own schedule and objective."""
+        out = []
+        for c in configs:
+            attack = self if c is self.config else type(self)(c)
+            s, o = attack.schedule(), attack.objective()
+            out.append((s.iterations, s.restarts, s.lr, o.tv))
+        return out
+
     def invert(
-        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], generators: list[torch.Generator]
+        self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], generators: list[torch.Generator],
+        *, configs: Sequence[Any] | None = None,
     ) -> list[AttackResult]:
         """Gradient inversion of every update; problem ``i`` draws from ``generators[i]`` (whose stream
-        continues: attacks with a later stage keep drawing from it)."""
+        continues: attacks with a later stage keep drawing from it) and, with ``configs``, runs with the
+        budget, restarts, step size and TV weight of ``configs[i]``."""
         objective, schedule = self.objective(), self.schedule()
+        settings = self.problem_settings(configs if configs is not None else [self.config] * len(updates))
         dtype = _DTYPES[self.config.dtype]
         prepared = []
         for i, (u, k) in enumerate(zip(updates, knowledges)):
@@ -156,26 +187,29 @@ class OptimizationAttack(Attack):
             )
             inits, label_inits = [], []
             for i in idx:
-                g, k = generators[i], knowledges[i]
-                inits.append(self.initial_images(k, prepared[i][1], schedule.restarts, g))
+                g, k, restarts = generators[i], knowledges[i], settings[i][1]
+                inits.append(self.initial_images(k, prepared[i][1], restarts, g))
                 if optimise:
-                    label_inits.append(torch.randn(schedule.restarts, k.batch_size, k.spec.num_classes,
+                    label_inits.append(torch.randn(restarts, k.batch_size, k.spec.num_classes,
                                                    generator=g, device=g.device))
             group_objective = objective if key[7] else dataclasses.replace(objective, bn=0.0)
+            iterations, restarts, lrs, tvs = (list(v) for v in zip(*(settings[i] for i in idx)))
             out = run_gradient_matching(
-                problems, group_objective, schedule, torch.stack(inits),
+                problems, group_objective, schedule, inits,
                 generator=BatchedGenerator([generators[i] for i in idx]), vectorize=self.vectorize,
-                label_init=torch.stack(label_inits) if optimise else None,
+                label_init=label_inits if optimise else None,
+                per_problem=PerProblem(iterations=iterations, restarts=restarts, lr=lrs, tv=tvs),
             )
             # One transfer per group for the bookkeeping (not one per problem).
             history, losses = out.history.cpu(), out.matching_loss.cpu()
             optimised = out.soft_labels.argmax(dim=-1).cpu() if optimise else None
             for j, i in enumerate(idx):
+                budget = out.budgets[j]
                 results[i] = AttackResult(
                     images=out.images[j],
                     labels=optimised[j] if optimise else prepared[i][1],
-                    cost=AttackCost(iterations=out.iterations, restarts=out.restarts, wall_time_s=0.0),
-                    history={"matching_loss": history[:, j].tolist()},
+                    cost=AttackCost(iterations=budget, restarts=out.restart_counts[j], wall_time_s=0.0),
+                    history={"matching_loss": history[:budget, j].tolist()},
                     final_loss=float(losses[j]),
                 )
         return results  # type: ignore[return-value]

@@ -316,15 +316,20 @@ class _BottleneckNoise:
 
 
 class UpdateSimulator:
-    """Computes dummy updates (and BN statistics) for all ``P = N x R`` rows: vectorised or looped.
+    """Computes dummy updates (and BN statistics) for the engine's rows: vectorised or looped.
 
-    ``restarts`` rows per problem share the problem's parameters, targets and learning rate.
+    Rows are problems x restarts: problem ``i`` owns ``restarts[i]`` consecutive rows (``restarts`` is
+    one count for every problem or one per problem), which share the problem's parameters, targets
+    and learning rate. :meth:`select` restricts the computation to a subset of rows (the problems still
+    within their budget); the per-row copies of the parameters are made once per selection.
     Call :meth:`close` when done: it removes the hooks and forward overrides from the model copy.
     """
 
-    def __init__(self, problems: ProblemSet, restarts: int, record_bn: bool) -> None:
+    def __init__(self, problems: ProblemSet, restarts: int | Sequence[int], record_bn: bool) -> None:
         self.ps = problems
-        self.r = restarts
+        counts = [restarts] * problems.n if isinstance(restarts, int) else list(restarts)
+        if len(counts) != problems.n:
+            raise ValueError(f"got {len(counts)} restart counts for {problems.n} problems")
         self.names = list(problems.targets)
         forwards = problems.local_steps if problems.kind == "model_delta" else 1
         self.recorder = _BNRecorder(problems.model, record_bn)
@@ -358,22 +363,29 @@ class UpdateSimulator:
         # Every random number comes in through ``eps``: a random op inside the model is an error.
         self.vmapped = vmap(update_fn, in_dims=(pdim, pdim, 0, 0, 0, 0), randomness="error")
         self._leaves: list[dict[str, Tensor]] | None = None
+        self.select(torch.repeat_interleave(torch.arange(problems.n, device=problems.device),
+                                            torch.tensor(counts, device=problems.device)))
 
     @property
     def noise_numel(self) -> int:
         """Bottleneck noise entries per row and simulated update (0 for deterministic models)."""
         return self.noise.numel
 
-    def _expand(self, t: Tensor) -> Tensor:
-        return t.repeat_interleave(self.r, dim=0) if self.r > 1 else t
+    def select(self, owner: Tensor) -> None:
+        """Compute only the rows whose problems are ``owner`` (``(P',)`` problem index of each row)."""
+        ps = self.ps
+        self.owner = owner
+        self._owner = owner.tolist()
+        same = owner.shape[0] == ps.n and bool(torch.equal(owner, torch.arange(ps.n, device=owner.device)))
+        pick = (lambda t: t) if same else (lambda t: t.index_select(0, owner))
+        self._free = {n: pick(t) for n, t in ps.free.items()} if ps.batched else ps.free
+        self._fixed = {n: pick(t) for n, t in ps.fixed.items()} if ps.batched else ps.fixed
+        self._lr = pick(ps.local_lr)
 
     def vectorised(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
-        """Dummy updates of all rows as one vmapped computation; ``eps`` is ``(P, noise_numel)``."""
-        ps = self.ps
-        free = {n: self._expand(t) for n, t in ps.free.items()} if ps.batched else ps.free
-        fixed = {n: self._expand(t) for n, t in ps.fixed.items()} if ps.batched else ps.fixed
+        """Dummy updates of the selected rows as one vmapped computation; ``eps`` is ``(P', noise_numel)``."""
         try:
-            return self.vmapped(free, fixed, x, y, self._expand(ps.local_lr), eps)
+            return self.vmapped(self._free, self._fixed, x, y, self._lr, eps)
         except RuntimeError as e:
             if "randomness" not in str(e):
                 raise
@@ -384,7 +396,7 @@ class UpdateSimulator:
             ) from e
 
     def sequential(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
-        """The same dummy updates, one row at a time with ``torch.autograd.grad``."""
+        """The same dummy updates of the selected rows, one row at a time with ``torch.autograd.grad``."""
         ps = self.ps
         if self._leaves is None:
             # Leaf copies of each problem's parameters that autograd can differentiate.
@@ -392,12 +404,12 @@ class UpdateSimulator:
                 {k: (t[i] if ps.batched else t).detach().clone().requires_grad_(True) for k, t in ps.free.items()}
                 for i in range(ps.n)
             ]
-            self._fixed = [{k: (t[i] if ps.batched else t) for k, t in ps.fixed.items()} for i in range(ps.n)]
+            self._fixed_rows = [{k: (t[i] if ps.batched else t) for k, t in ps.fixed.items()} for i in range(ps.n)]
         outs: list[dict[str, Tensor]] = []
         all_stats: list[tuple] = []
         for p in range(x.shape[0]):
-            i = p // self.r
-            free, fixed = self._leaves[i], self._fixed[i]
+            i = self._owner[p]
+            free, fixed = self._leaves[i], self._fixed_rows[i]
             lr = ps.local_lr[i]
             self.noise.start(eps[p])
             try:

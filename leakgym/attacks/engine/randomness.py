@@ -39,27 +39,34 @@ def canonical_device(device: torch.device | str) -> torch.device:
 class BatchedGenerator:
     """One ``torch.Generator`` per problem; draws return ``rows_per_problem`` rows per problem.
 
-    ``randn(shape)`` has shape ``(N * rows_per_problem, *shape)``: problem ``i``'s generator draws the
-    block ``(rows_per_problem, *shape)`` that forms rows ``i * rows_per_problem`` to
-    ``(i + 1) * rows_per_problem - 1`` (the engine's layout of N problems x R restarts). Every block is
-    drawn on the generators' device, so nothing crosses devices.
+    ``randn(shape)`` has shape ``(rows, *shape)``: problem ``i``'s generator draws the block
+    ``(rows_i, *shape)`` that forms its rows (problems in order, each problem's rows contiguous: the
+    engine's layout of N problems x their restarts). ``rows_per_problem`` is one count for every problem
+    or one count per problem (problems with different restart counts). Every block is drawn on the
+    generators' device, so nothing crosses devices.
     """
 
-    def __init__(self, generators: Sequence[torch.Generator], *, rows_per_problem: int = 1) -> None:
+    def __init__(self, generators: Sequence[torch.Generator], *,
+                 rows_per_problem: int | Sequence[int] = 1) -> None:
         self.generators = list(generators)
         if not self.generators:
             raise ValueError("BatchedGenerator needs at least one generator (one per problem)")
         devices = {canonical_device(g.device) for g in self.generators}
         if len(devices) != 1:
             raise ValueError(f"all generators must live on one device; got {sorted(map(str, devices))}")
-        if not isinstance(rows_per_problem, int) or rows_per_problem < 1:
-            raise ValueError(f"rows_per_problem={rows_per_problem!r}; must be an integer >= 1")
-        self.rows_per_problem = rows_per_problem
+        counts = [rows_per_problem] * len(self.generators) if isinstance(rows_per_problem, int) \
+            else list(rows_per_problem)
+        if len(counts) != len(self.generators) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
+            raise ValueError(f"rows_per_problem={rows_per_problem!r}; must be an integer >= 1 or one such "
+                             f"integer per problem ({len(self.generators)})")
+        self.counts = counts
+        self.rows_per_problem = rows_per_problem if isinstance(rows_per_problem, int) else tuple(counts)
         self.device = devices.pop()
 
     @classmethod
     def from_seeds(cls, seeds: Sequence[int], device: torch.device | str, *,
-                   rows_per_problem: int = 1) -> BatchedGenerator:
+                   rows_per_problem: int | Sequence[int] = 1) -> BatchedGenerator:
         """Fresh generators on ``device``, problem ``i``'s seeded with ``seeds[i]``."""
         return cls([seeded_generator(s, device) for s in seeds], rows_per_problem=rows_per_problem)
 
@@ -70,12 +77,17 @@ class BatchedGenerator:
 
     @property
     def rows(self) -> int:
-        """Leading size of every draw: ``n * rows_per_problem``."""
-        return self.n * self.rows_per_problem
+        """Leading size of every draw: the sum of the problems' row counts."""
+        return sum(self.counts)
 
-    def with_rows(self, rows_per_problem: int) -> BatchedGenerator:
+    def with_rows(self, rows_per_problem: int | Sequence[int]) -> BatchedGenerator:
         """The same generators (the streams continue) drawing ``rows_per_problem`` rows per problem."""
         return BatchedGenerator(self.generators, rows_per_problem=rows_per_problem)
+
+    def subset(self, index: Sequence[int]) -> BatchedGenerator:
+        """The generators of problems ``index`` (the streams continue), each with its row count."""
+        return BatchedGenerator([self.generators[i] for i in index],
+                                rows_per_problem=[self.counts[i] for i in index])
 
     def randn(self, shape: Sequence[int], *, dtype: torch.dtype = torch.float32) -> Tensor:
         """Standard normal ``(rows, *shape)``, one block per problem."""
@@ -86,8 +98,9 @@ class BatchedGenerator:
         return self._draw(torch.rand, shape, dtype)
 
     def _draw(self, sample, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
-        size = (self.rows_per_problem, *tuple(shape))
-        return torch.cat([sample(size, generator=g, device=self.device, dtype=dtype) for g in self.generators])
+        shape = tuple(shape)
+        return torch.cat([sample((c, *shape), generator=g, device=self.device, dtype=dtype)
+                          for g, c in zip(self.generators, self.counts)])
 
 
 __all__ = ["BatchedGenerator", "canonical_device"]

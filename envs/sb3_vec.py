@@ -1,0 +1,120 @@
+"""Stable-Baselines3 ``VecEnv`` over the batched vector env: ``PPO("MlpPolicy", LeakGymSB3VecEnv(...))``.
+
+SB3 steps its environments through its own ``VecEnv`` API (``reset() -> obs``, ``step_async`` /
+``step_wait`` returning per-env info dicts, finished environments reset in the same step with the final
+observation under ``info["terminal_observation"]``). Its ``DummyVecEnv`` steps N single-agent views one
+after the other; :class:`LeakGymSB3VecEnv` instead plays each SB3 step as one step of
+:class:`~leakgym.envs.vector.LeakGymVectorEnv`, i.e. one :class:`~leakgym.envs.round.Round` over the N
+games (batched attacks, and batched benign clients where the Round does so)::
+
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecMonitor
+    from leakgym.envs.sb3_vec import LeakGymSB3VecEnv
+
+    venv = VecMonitor(LeakGymSB3VecEnv(gym.make_vec("LeakGym-Digits-v0", num_envs=16, opponent="random")))
+    venv.seed(0)  # game i gets seed 0 + i, as make_vec_env(..., seed=0) seeds DummyVecEnv's env i
+    PPO("MlpPolicy", venv, n_steps=8).learn(1_000)
+
+Game ``i`` follows the trajectory of env ``i`` of ``make_vec_env(id, n_envs=N, seed=s)`` (same seeds,
+same opponent draws), up to the floating-point rounding of batched attacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+from .vector import LeakGymVectorEnv
+
+
+def unbatch_infos(infos: dict[str, Any], index: int) -> dict[str, Any]:
+    """Environment ``index``'s info dict out of a Gymnasium vector env's batched infos."""
+    out: dict[str, Any] = {}
+    for key, value in infos.items():
+        if key.startswith("_") or not infos.get(f"_{key}", np.ones(index + 1, bool))[index]:
+            continue
+        if isinstance(value, dict):
+            out[key] = unbatch_infos(value, index)
+        else:
+            item = value[index]
+            out[key] = item.item() if isinstance(item, np.generic) else item
+    return out
+
+
+class LeakGymSB3VecEnv(VecEnv):
+    """SB3's ``VecEnv`` interface over a :class:`~leakgym.envs.vector.LeakGymVectorEnv`.
+
+    Args:
+        venv: the vector env (``gym.make_vec("LeakGym-...", num_envs=N, ...)``); this adapter owns it
+            (``close()`` closes it).
+
+    Finished games are reset in the step that finished them (SB3's convention; the vector env itself
+    resets on the next step): the returned observation is the new episode's, the final one is in
+    ``infos[i]["terminal_observation"]``, and ``infos[i]["TimeLimit.truncated"]`` marks a truncated
+    episode so that SB3 bootstraps its value.
+    """
+
+    def __init__(self, venv: LeakGymVectorEnv) -> None:
+        venv = getattr(venv, "unwrapped", venv)
+        if not isinstance(venv, LeakGymVectorEnv):
+            raise ValueError(  # noqa: TRY004 -- bad input is a ValueError (docs/architecture.md)
+                f"venv={venv!r}; expected a LeakGymVectorEnv (gym.make_vec('LeakGym-...', num_envs=N))")
+        self.venv = venv
+        self.envs = venv.envs
+        super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
+        self._actions: np.ndarray | None = None
+
+    # -- SB3 VecEnv API ------------------------------------------------------------------------------
+    def reset(self) -> VecEnvObs:
+        seeds = None if all(s is None for s in self._seeds) else list(self._seeds)
+        obs, infos = self.venv.reset(seed=seeds)
+        self.reset_infos = [unbatch_infos(infos, i) for i in range(self.num_envs)]
+        self._reset_seeds()
+        self._reset_options()
+        return obs
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = np.asarray(actions)
+
+    def step_wait(self) -> VecEnvStepReturn:
+        if self._actions is None:
+            raise RuntimeError("step_wait() called without step_async()")
+        obs, rewards, terminated, truncated, infos = self.venv.step(self._actions)
+        self._actions = None
+        obs = np.array(obs, copy=True)
+        dones = np.logical_or(terminated, truncated)
+        out = [unbatch_infos(infos, i) for i in range(self.num_envs)]
+        for i in np.flatnonzero(dones):
+            out[i]["terminal_observation"] = obs[i].copy()
+            out[i]["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
+            obs[i], self.reset_infos[i] = self.envs[i].reset()
+            # Reset here, so the vector env must not reset this game again on its next step.
+            self.venv._autoreset[i] = False
+        return obs, rewards.astype(np.float32), dones, out
+
+    def close(self) -> None:
+        self.venv.close()
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        return [getattr(self.envs[i], attr_name) for i in self._get_indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        for i in self._get_indices(indices):
+            setattr(self.envs[i], attr_name, value)
+
+    def env_method(self, method_name: str, *method_args, indices: VecEnvIndices = None, **method_kwargs) -> list[Any]:
+        return [getattr(self.envs[i], method_name)(*method_args, **method_kwargs) for i in self._get_indices(indices)]
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return [isinstance(self.envs[i], wrapper_class) for i in self._get_indices(indices)]
+
+    def get_images(self) -> Sequence[np.ndarray | None]:
+        return [env.render() for env in self.envs]
+
+
+__all__ = ["LeakGymSB3VecEnv", "unbatch_infos"]

@@ -1,0 +1,151 @@
+"""The Round at RL scale: one engine call per strategy whatever the budgets; batched benign clients.
+
+A game's result stays a function of its own (update, knowledge, seed, budget): exactly on the
+engine's sequential path, within the seed tests' tolerance on the vectorised one
+(``tests/test_attacks_seeds.py``), and within the batched-FL tolerance of ``tests/test_batched_fl.py``
+when the benign clients are batched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import leakgym  # noqa: F401  (registers the ids)
+from leakgym.attacks import AttackerKnowledge, build_attack
+from leakgym.attacks.engine import optimization
+from leakgym.data import federated_split, load_dataset
+from leakgym.defenses import DefenseConfig, apply_defense
+from leakgym.envs import RoundError, parallel_env
+from leakgym.envs.game import LeakGame
+from leakgym.envs.round import AttackJob, Round, reconstruct_all
+from leakgym.models import build_model
+
+VECTORISED_TOL = {"rtol": 1e-4, "atol": 1e-4}
+FL_TOL = 1e-5
+MENU = {"strategies": ["inverting-gradients", "dlg", "prior-init", "gradinversion"], "iterations": [2, 3, 5],
+        "restarts": [1, 2], "tv": [0.0, 1e-4, 1e-2]}
+
+
+@pytest.fixture(scope="module")
+def victims():
+    ds = load_dataset("digits", image_size=16)
+    split = federated_split(ds, num_clients=1, seed=0)
+    spec = ds.spec
+    out = []
+    for i in range(4):
+        model = build_model("lenet", spec, seed=i)  # every game has its own global model
+        x, y = spec.normalize(split.clients[0][0][i:i + 1]), split.clients[0][1][i:i + 1]
+        update, _ = apply_defense(model, x, y, DefenseConfig(), seed=i)
+        out.append((update, AttackerKnowledge(model=model, spec=spec, batch_size=1, public_x=split.public_x,
+                                              public_y=split.public_y)))
+    return out
+
+
+def _jobs(victims, settings, vectorize=True):
+    jobs = []
+    for i, ((update, knowledge), (strategy, options)) in enumerate(zip(victims, settings)):
+        attack = build_attack(strategy, **options)
+        attack.vectorize = vectorize
+        jobs.append(AttackJob(attack=attack, update=update, knowledge=knowledge, seed=100 + i))
+    return jobs
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_a_game_with_budget_20_beside_budgets_60_and_150_gets_its_result_alone(victims, vectorize, monkeypatch):
+    settings = [("inverting-gradients", {"iterations": 20, "tv": 1e-4}),
+                ("inverting-gradients", {"iterations": 60, "tv": 0.0}),
+                ("inverting-gradients", {"iterations": 150, "tv": 1e-2, "restarts": 2}),
+                ("dlg", {"iterations": 7})]
+    calls = []
+    original = optimization.run_gradient_matching
+    monkeypatch.setattr(optimization, "run_gradient_matching", lambda *a, **k: calls.append(1) or original(*a, **k))
+    together, _ = reconstruct_all(_jobs(victims, settings, vectorize))
+    assert len(calls) == 2  # one engine call per strategy
+    assert [r.cost.iterations for r in together] == [20, 60, 150, 7]
+    assert [r.cost.units for r in together] == [20, 60, 300, 7]
+    for i in (0, 3):
+        job = dataclasses.replace(_jobs(victims[i:i + 1], settings[i:i + 1], vectorize)[0], seed=100 + i)
+        (alone,), _ = reconstruct_all([job])
+        assert alone.cost.iterations == together[i].cost.iterations
+        if vectorize:
+            torch.testing.assert_close(together[i].images, alone.images, **VECTORISED_TOL)
+        else:
+            assert torch.equal(together[i].images, alone.images)
+            assert together[i].history == alone.history
+
+
+def test_a_vector_step_with_random_actions_makes_one_engine_call_per_strategy(cheap_overrides, monkeypatch):
+    overrides = dict(cheap_overrides, **MENU)
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=12, opponent="none", **overrides)
+    vec.reset(seed=0)
+    calls = []
+    original = optimization.run_gradient_matching
+    monkeypatch.setattr(optimization, "run_gradient_matching", lambda *a, **k: calls.append(1) or original(*a, **k))
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        actions = rng.integers(0, vec.single_action_space.nvec, size=(12, 4))
+        calls.clear()
+        _, _, _, _, infos = vec.step(actions)
+        strategies = set(infos["strategy"])
+        assert len(calls) == len(strategies)
+        assert len({tuple(a[1:]) for a in actions}) > 1  # budgets, restarts and TV weights did differ
+        units = infos["attack_units"]
+        for a, u in zip(actions, units):
+            assert u == MENU["iterations"][a[1]] * MENU["restarts"][a[2]]  # each game pays its own budget
+    vec.close()
+
+
+def _vector(cheap_overrides, batch_clients, monkeypatch):
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=4, opponent="random", batch_attacks=False,
+                       batch_clients=batch_clients, **dict(cheap_overrides, num_clients=3))
+    vec.reset(seed=[5, 6, 7, 8])
+    rng = np.random.default_rng(1)
+    steps = []
+    for _ in range(cheap_overrides["rounds"] + 2):  # across an episode end (autoreset)
+        steps.append(vec.step(rng.integers(0, vec.single_action_space.nvec, size=(4, 4))))
+    vec.close()
+    return steps
+
+
+def test_batched_clients_play_the_game_by_game_trajectory_to_rounding(cheap_overrides, monkeypatch):
+    loop = _vector(cheap_overrides, False, monkeypatch)
+    batch = _vector(cheap_overrides, True, monkeypatch)
+    played = 0
+    for (o1, r1, te1, tr1, i1), (o2, r2, te2, tr2, i2) in zip(loop, batch):
+        np.testing.assert_allclose(o1, o2, atol=1e-4)
+        np.testing.assert_allclose(r1, r2, atol=1e-4)
+        assert (te1 == te2).all() and (tr1 == tr2).all()
+        assert i1.keys() == i2.keys()
+        if "test_loss" not in i1:  # every game reset in this step
+            continue
+        np.testing.assert_array_equal(i1["round"], i2["round"])
+        np.testing.assert_allclose(i1["test_loss"], i2["test_loss"], rtol=FL_TOL)
+        np.testing.assert_allclose(i1["accuracy"], i2["accuracy"], atol=1e-9)
+        played += 1
+    assert played >= cheap_overrides["rounds"]
+
+
+def test_a_failing_batched_phase_restores_every_game(cheap_overrides, monkeypatch):
+    envs = [parallel_env("digits", **cheap_overrides) for _ in range(3)]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    before = [({k: v.clone() for k, v in e.game.server.model.state_dict().items()},
+               e.game.rng.bit_generator.state, e.game.round) for e in envs]
+    original = LeakGame.federated_steps
+
+    def fails(games, defended):
+        original(games, defended)
+        raise RuntimeError("aggregation on fire")
+
+    monkeypatch.setattr(LeakGame, "federated_steps", staticmethod(fails))
+    actions = [(np.zeros(6, np.int64), np.zeros(4, np.int64))] * 3
+    with pytest.raises(RoundError, match="aggregation on fire"):
+        Round([e.game for e in envs], batch_clients=True).play(actions)
+    for e, (state, rng, rnd) in zip(envs, before):
+        assert e.game.round == rnd and e.game.rng.bit_generator.state == rng
+        assert all(torch.equal(v, state[k]) for k, v in e.game.server.model.state_dict().items())
