@@ -1,13 +1,16 @@
 """``leakgym reproduce <paper>``: scaled-down, faithful re-runs of each paper's main table.
 
-    leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--out docs/results] [--size small|full]
-                      [--seed S] [--images N] [--no-utility] [--no-progress]
+    leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--out runs/reproduce] [--size small|full]
+                      [--seeds 0,1,2] [--images N] [--no-utility] [--no-progress]
 
 Each paper module (:mod:`.dcs2`, :mod:`.ppp`, :mod:`.oasis`, :mod:`.censor`, :mod:`.loda`) is data --
-the table's defenses and attacks, the scaled-down sizes and the paper's own numbers -- run by the one
-generic harness (:mod:`.harness`, :mod:`.runner`). Each writes ``reproduce_<paper>.json`` (every
-number, per image), ``.md`` (ours next to the paper, and computed verdicts on whether the paper's
-ordering/trend holds) and ``.png``.
+the table's defenses and attacks, the scaled-down sizes and the paper's own numbers (one cited
+``PAPER`` table) -- run by the one generic harness (:mod:`.harness`, :mod:`.runner`), once per seed.
+Each writes ``reproduce_<paper>.json`` (every number, per image and seed), ``.md`` (ours as mean ±
+standard error next to the paper, and computed verdicts: "holds" only beyond two standard errors,
+:mod:`.stats`) and ``.png`` (the paper's panels and the accuracy curves of every row), to
+``runs/reproduce`` unless ``--out`` names another folder (the committed results in ``docs/results``
+are rewritten only with ``--out docs/results``).
 """
 
 from __future__ import annotations
@@ -37,20 +40,33 @@ def paper_spec(name: str):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``leakgym reproduce``."""
     parser.add_argument("paper", choices=[*PAPERS, "all"], help="which paper's table to reproduce ('all': every one)")
-    parser.add_argument("--out", type=Path, default=Path("docs/results"),
+    parser.add_argument("--out", type=Path, default=Path("runs/reproduce"),
                         help="output folder for reproduce_<paper>.{json,md,png} (default: %(default)s)")
     parser.add_argument("--size", choices=("small", "full"), default="small",
                         help="small: minutes on 2 CPU cores; full: closer to the paper's sizes (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of everything (default: %(default)s)")
+    parser.add_argument("--seeds", type=_seeds, default=(0, 1, 2),
+                        help="comma-separated seeds, one run each; numbers are mean ± se over them (default: 0,1,2)")
     parser.add_argument("--images", type=int, default=None,
                         help="victim images per cell (default: the size's; rounded up to a multiple of the batch)")
     parser.add_argument("--no-utility", action="store_true", help="skip the FedSGD accuracy runs")
     parser.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bars")
+    parser.add_argument("--rerender", action="store_true",
+                        help="do not run: recompute the verdicts and rewrite the .md/.png from <out>/reproduce_<paper>.json")
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}; allowed: comma-separated integers, e.g. 0,1,2") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}; the seeds must be distinct")
+    return seeds
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the chosen paper(s); returns 0, or 1 if any paper failed (the others still run)."""
-    from leakgym.reproduce.runner import run_paper
+    from leakgym.reproduce.runner import rerender, run_paper
 
     names = list(PAPERS) if args.paper == "all" else [args.paper]
     if args.images is not None and args.images < 1:
@@ -58,7 +74,11 @@ def main(args: argparse.Namespace) -> int:
     failed = False
     for name in names:
         try:
-            result = run_paper(paper_spec(name), size=args.size, seed=args.seed, images=args.images, out=args.out,
+            if args.rerender:
+                rerender(paper_spec(name), args.out / f"reproduce_{name}.json")
+                print(f"reproduce {name}: re-rendered {args.out}/reproduce_{name}.md", file=sys.stderr)
+                continue
+            result = run_paper(paper_spec(name), size=args.size, seeds=args.seeds, images=args.images, out=args.out,
                                utility=not args.no_utility, progress=not args.no_progress)
         except Exception as err:  # noqa: BLE001 - report, continue with the other papers, exit 1
             failed = True
@@ -66,8 +86,7 @@ def main(args: argparse.Namespace) -> int:
             continue
         print(f"reproduce {name}: {result['wall_s']:.0f} s -> {args.out}/reproduce_{name}.md", file=sys.stderr)
         for v in result["verdicts"]:
-            mark = {True: "holds", False: "DOES NOT HOLD", None: "not checkable"}[v["holds"]]
-            print(f"  [{mark}] {v['claim']}", file=sys.stderr)
+            print(f"  [{v['status']}] {v['claim']}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -4,53 +4,69 @@ Gradients, Geiping et al. 2020) on MNIST/LeNet and CIFAR-10/ConvNet, batch size 
 PSNR/SSIM of the reconstructions (lower = better protection) and the FL accuracy on the sensitive
 data (Acc_S) and the test set (Acc_T).
 
-Scaled down: digits 16x16 instead of MNIST 28x28, LeNet, 8 victim images (``small``), Inverting
-Gradients with 300 iterations instead of the GS attack's thousands, DCS² with 100 instead of 1000
-concealed-sample steps; utility from a 100-round FedSGD run in which only the victim (the target
-client) conceals its samples (paper: full FL training).
+Scaled down: digits 16x16 instead of MNIST 28x28, LeNet, 8 victim images per seed (``small``),
+Inverting Gradients with 300 iterations instead of the GS attack's thousands, DCS² with 100 instead
+of 1000 concealed-sample steps; utility from a FedSGD run long enough for the undefended model to
+plateau, in which only the victim (the target client) conceals its samples (paper: full FL
+training).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from leakgym.defenses import DefenseConfig
-from leakgym.reproduce.harness import (
-    AttackColumn,
-    DefenseRow,
-    Scale,
-    discordant_pairs,
-    kendall_tau,
-    markdown_table,
-    order,
+from leakgym.reproduce.harness import AttackColumn, DefenseRow, Scale, markdown_table
+from leakgym.reproduce.runner import (
+    Panel,
+    Paper,
+    accuracy,
+    drop_verdict,
+    est,
+    extreme_verdict,
+    quote,
+    ranking_verdict,
+    still_rising,
+    utility_table,
 )
-from leakgym.reproduce.runner import Paper, accuracy, metric, verdict
 
 ROWS = ("None", "DP-Gaussian", "Prune", "Soteria", "DCS²")
 
-#: DCS² Table 1 (PSNR, SSIM, Acc_S, Acc_T), copied from our text of the paper (means; ± omitted).
+
+def _t(psnr, ssim, acc_s, acc_t):
+    return {"psnr": psnr, "ssim": ssim, "acc_s": acc_s, "acc_t": acc_t}
+
+
+#: DCS² Table 1 (PSNR, SSIM, Acc_S %, Acc_T %): the paper's means (its ± omitted). The only source of the
+#: paper's numbers printed by this reproduction.
 PAPER = {
     "MNIST": {
-        "None": {"psnr": 59.20, "ssim": 1.00, "acc_s": 86.98, "acc_t": 87.16},
-        "DP-Gaussian": {"psnr": 35.38, "ssim": 0.83, "acc_s": 85.94, "acc_t": 86.91},
-        "Prune": {"psnr": 14.13, "ssim": 0.37, "acc_s": 85.94, "acc_t": 86.91},
-        "Soteria": {"psnr": 9.67, "ssim": 0.30, "acc_s": 86.98, "acc_t": 86.94},
-        "DCS²": {"psnr": 7.84, "ssim": 0.17, "acc_s": 86.98, "acc_t": 86.98},
+        "cite": "DCS² Table 1, MNIST block (LeNet, GS attack, batch 1)",
+        "None": _t(59.20, 1.00, 86.98, 87.16),
+        "DP-Gaussian": _t(35.38, 0.83, 85.94, 86.91),
+        "Prune": _t(14.13, 0.37, 85.94, 86.91),
+        "Soteria": _t(9.67, 0.30, 86.98, 86.94),
+        "DCS²": _t(7.84, 0.17, 86.98, 86.98),
     },
     "CIFAR10": {
-        "None": {"psnr": 20.41, "ssim": 0.73, "acc_s": 90.35, "acc_t": 80.41},
-        "DP-Gaussian": {"psnr": 12.34, "ssim": 0.28, "acc_s": 77.19, "acc_t": 79.65},
-        "Prune": {"psnr": 11.26, "ssim": 0.22, "acc_s": 77.80, "acc_t": 79.51},
-        "Soteria": {"psnr": 11.48, "ssim": 0.29, "acc_s": 84.70, "acc_t": 79.76},
-        "DCS²": {"psnr": 8.04, "ssim": 0.15, "acc_s": 80.39, "acc_t": 79.79},
+        "cite": "DCS² Table 1, CIFAR10 block (ConvNet, GS attack, batch 1)",
+        "None": _t(20.41, 0.73, 90.35, 80.41),
+        "DP-Gaussian": _t(12.34, 0.28, 77.19, 79.65),
+        "Prune": _t(11.26, 0.22, 77.80, 79.51),
+        "Soteria": _t(11.48, 0.29, 84.70, 79.76),
+        "DCS²": _t(8.04, 0.15, 80.39, 79.79),
     },
+    "claim": {"cite": "DCS² §Results (Tabs. 1-2)",
+              "text": "our defense provides the best protection with minimal drop in accuracy"},
 }
 
+#: The largest accuracy drop (points) we accept as "minimal", and why: the paper's own MNIST drop of
+#: Acc_T is 87.16 -> 86.98; ours must be measured, so a drop is "minimal" if it stays below 1 point.
+MAX_DROP = 1.0
+
 SCALES = {
-    "small": {"B=1": Scale(batch_size=1, images=8, iterations=300, utility_rounds=100,
-                                 utility_defended="victim")},
-    "full": {"B=1": Scale(batch_size=1, images=32, iterations=1000, restarts=2, utility_rounds=300,
-                                utility_defended="victim")},
+    "small": {"B=1": Scale(batch_size=1, images=8, iterations=300, utility_rounds=200, utility_batch=16,
+                           eval_size=None, utility_defended="victim")},
+    "full": {"B=1": Scale(batch_size=1, images=32, iterations=1000, restarts=2, utility_rounds=600, utility_batch=16,
+                          eval_size=None, utility_defended="victim")},
 }
 DCS2_STEPS = {"small": 100, "full": 1000}
 
@@ -63,7 +79,9 @@ def rows(size: str) -> list[DefenseRow]:
         DefenseRow("Prune", DefenseConfig.preset("prune"), note="per-layer pruning p=0.9 (ratio not in our copy)"),
         DefenseRow("Soteria", DefenseConfig.preset("soteria"), note="80% of representation units pruned"),
         DefenseRow("DCS²", DefenseConfig.preset("dcs2").replace(dcs2_steps=DCS2_STEPS[size]),
-                   note=f"lambda_g=0.7, {DCS2_STEPS[size]} concealed-sample steps (paper: 1000)"),
+                   utility_seeds=1 if size == "small" else None,
+                   note=f"lambda_g=0.7, {DCS2_STEPS[size]} concealed-sample steps (paper: 1000)"
+                        + ("; utility with one seed (time budget on 2 contended cores)" if size == "small" else "")),
     ]
 
 
@@ -76,76 +94,58 @@ ATTACK = "GS (Inverting Gradients)"
 
 
 def verdicts(result: dict) -> list[dict]:
-    ssim = {r: metric(result, r, ATTACK, "ssim") for r in ROWS}
-    psnr = {r: metric(result, r, ATTACK, "psnr") for r in ROWS}
-    paper_ssim = {r: PAPER["MNIST"][r]["ssim"] for r in ROWS}
-    out = []
-    ours_order, paper_order = order(ssim), order(paper_ssim)
-    tau = kendall_tau(ssim, paper_ssim)
-    out.append(verdict(
-        "Defense ranking by SSIM (best protection first) matches the paper's MNIST ranking",
-        ours_order == paper_order,
-        ours=" < ".join(f"{r} {ssim[r]:.2f}" for r in ours_order) + f" (Kendall tau vs paper {tau:.2f})",
-        paper=" < ".join(f"{r} {paper_ssim[r]:.2f}" for r in paper_order),
-        why="only these pairs are swapped: " + discordant_pairs(
-            ssim, paper_ssim, {r: metric(result, r, ATTACK, "ssim_std") for r in ROWS}) + "."))
-    best = ours_order[0]
-    out.append(verdict("DCS² gives the lowest SSIM (best protection)", best == "DCS²",
-                       ours=f"lowest: {best} ({ssim[best]:.2f}); DCS² {ssim['DCS²']:.2f}", paper="DCS² 0.17 lowest",
-                       why="DCS² was run with fewer concealed-sample optimisation steps than the paper "
-                           "(see the DCS² row's setting), so the concealed sample is less converged."))
-    out.append(verdict("Every defense lowers PSNR below no defense",
-                       all(psnr[r] < psnr["None"] for r in ROWS[1:]),
-                       ours=", ".join(f"{r} {psnr[r]:.1f}" for r in ROWS), paper="59.2 -> 35.4 / 14.1 / 9.7 / 7.8",
-                       why="a defense whose perturbation is small relative to the gradient at this scale "
-                           "(e.g. sigma=1e-2 noise) leaves the cosine-matching attack unaffected."))
-    acc = {r: accuracy(result, r) for r in ROWS}
-    if acc["None"] is None or acc["DCS²"] is None:
-        out.append(verdict("DCS² keeps the accuracy of no defense (within 2 points)", None, why="utility not measured"))
-    else:
-        drop = acc["None"] - acc["DCS²"]
-        out.append(verdict("DCS² keeps the accuracy of no defense (drop <= 2 points of Acc_T)", drop <= 2.0,
-                           ours=f"Acc_T none {acc['None']:.1f}%, DCS² {acc['DCS²']:.1f}% (drop {drop:.1f})",
-                           paper="87.16% -> 86.98% (drop 0.18)",
-                           why="a 100-round FedSGD run from scratch is far from converged, so the concealed "
-                               "sample's gradient share (lambda_g) weighs more on accuracy than after full training."))
+    mnist = PAPER["MNIST"]
+    ours = {m: {r: est(result, r, ATTACK, m) for r in ROWS} for m in ("ssim", "psnr")}
+    small_perturbation = ("a defense whose perturbation is small relative to the gradient at this scale "
+                          "(sigma=1e-2 noise on an untrained LeNet) leaves the cosine-matching attack unaffected")
+    out = [ranking_verdict(f"Defense ranking by {m.upper()} (best protection first) matches the paper's MNIST "
+                           "ranking, every pair beyond two standard errors",
+                           ours[m], {r: mnist[r][m] for r in ROWS}, why=small_perturbation + ".")
+           for m in ("ssim", "psnr")]
+    for m in ("ssim", "psnr"):
+        out.append(extreme_verdict(
+            f"DCS² gives the lowest {m.upper()} (best protection)", ours[m], "DCS²",
+            paper=f"DCS² {quote(mnist['DCS²'][m])} lowest (MNIST); \"{PAPER['claim']['text']}\"",
+            why="DCS² was run with fewer concealed-sample steps than the paper (see its row), so the concealed "
+                "sample is less converged; Prune and Soteria also destroy most of the signal at this scale."))
+    out.append(extreme_verdict(
+        "Every defense lowers PSNR below no defense", ours["psnr"], "None", lowest=False,
+        paper=" / ".join(quote(mnist[r]["psnr"]) for r in ROWS), why=small_perturbation + "."))
+    paper_drop = f"Acc_T {quote(mnist['None']['acc_t'])}% -> {quote(mnist['DCS²']['acc_t'])}%"
+    for key, label, pd in (("accuracy", "Acc_T", paper_drop),
+                           ("accuracy_victim", "Acc_S",
+                            f"Acc_S {quote(mnist['None']['acc_s'])}% -> {quote(mnist['DCS²']['acc_s'])}%")):
+        out.append(drop_verdict(
+            f"DCS² keeps the {label} of no defense (drop below {MAX_DROP:g} point)",
+            accuracy(result, "None", key), accuracy(result, "DCS²", key), MAX_DROP, labels=("None", "DCS²"),
+            paper=pd, why="the concealed sample's gradient share (lambda_g) replaces most of the victim's signal "
+                          "in every round; see the accuracy curves." + still_rising(result, "DCS²")))
     return out
 
 
 def tables(result: dict) -> str:
     body = []
     for r in ROWS:
-        c = {k: metric(result, r, ATTACK, k) for k in ("psnr", "ssim", "psnr_std", "ssim_std")}
-        u = result["utility"].get(r, {})
-        acc_t = None if u.get("accuracy") is None else 100 * u["accuracy"]
-        acc_s = None if u.get("accuracy_victim") is None else 100 * u["accuracy_victim"]
         p, q = PAPER["MNIST"][r], PAPER["CIFAR10"][r]
-        body.append([r, f"{c['psnr']:.2f} ± {c['psnr_std']:.2f}", f"{p['psnr']:.2f}", f"{q['psnr']:.2f}",
-                     f"{c['ssim']:.2f} ± {c['ssim_std']:.2f}", f"{p['ssim']:.2f}", f"{q['ssim']:.2f}",
-                     acc_s, p["acc_s"], acc_t, p["acc_t"]])
+        body.append([r, est(result, r, ATTACK, "psnr"), quote(p["psnr"]), quote(q["psnr"]),
+                     est(result, r, ATTACK, "ssim"), quote(p["ssim"]), quote(q["ssim"]),
+                     accuracy(result, r, "accuracy_victim"), quote(p["acc_s"]), quote(q["acc_s"]),
+                     accuracy(result, r), quote(p["acc_t"]), quote(q["acc_t"])])
     header = ["defense", "PSNR↓ ours", "PSNR MNIST", "PSNR CIFAR10", "SSIM↓ ours", "SSIM MNIST", "SSIM CIFAR10",
-              "Acc_S ours %", "Acc_S MNIST", "Acc_T ours %", "Acc_T MNIST"]
+              "Acc_S ours %", "Acc_S MNIST", "Acc_S CIFAR10", "Acc_T ours %", "Acc_T MNIST", "Acc_T CIFAR10"]
     settings = "\n".join(f"* {r['name']}: {r['note'] or '-'} (active: {', '.join(r['active']) or 'none'})"
                          for r in result["rows"])
-    return ("## Table 1 (GS attack): ours vs paper\n\n" + markdown_table(header, body)
+    return (f"## Table 1 (GS attack): ours vs paper ({PAPER['MNIST']['cite']}; {PAPER['CIFAR10']['cite']})\n\n"
+            + markdown_table(header, body) + "\n\n" + utility_table(result, ROWS)
             + "\n\nDefense settings:\n\n" + settings)
 
 
-def figure(result: dict, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    from leakgym.reproduce.plots import paired_bars, save
-
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    paired_bars(axes[0], list(ROWS), [metric(result, r, ATTACK, "ssim") for r in ROWS],
-                [PAPER["MNIST"][r]["ssim"] for r in ROWS], ylabel="SSIM ↓", title="SSIM vs GS attack")
-    paired_bars(axes[1], list(ROWS), [metric(result, r, ATTACK, "psnr") for r in ROWS],
-                [PAPER["MNIST"][r]["psnr"] for r in ROWS], ylabel="PSNR (dB) ↓", title="PSNR vs GS attack")
-    paired_bars(axes[2], list(ROWS), [accuracy(result, r) for r in ROWS],
-                [PAPER["MNIST"][r]["acc_t"] for r in ROWS], ylabel="Acc_T (%)", title="test accuracy")
-    axes[0].legend(fontsize=7)
-    fig.suptitle("DCS² Table 1: ours (digits 16x16, LeNet) vs paper (MNIST)", fontsize=10)
-    save(fig, path)
+def panels(result: dict) -> list[Panel]:
+    mnist = PAPER["MNIST"]
+    return [Panel(f"{m.upper()} vs GS attack", f"{m.upper()} ↓", list(ROWS), [est(result, r, ATTACK, m) for r in ROWS],
+                  [mnist[r][m] for r in ROWS]) for m in ("ssim", "psnr")] + [
+        Panel("test accuracy", "Acc_T (%)", list(ROWS), [accuracy(result, r) for r in ROWS],
+              [mnist[r]["acc_t"] for r in ROWS])]
 
 
 PAPER_SPEC = Paper(
@@ -160,14 +160,17 @@ PAPER_SPEC = Paper(
     paper_numbers=PAPER,
     verdicts=verdicts,
     tables=tables,
-    figure=figure,
+    panels=panels,
+    printed=("MNIST", "CIFAR10"),
     deviations=[
         "Digits 16x16 instead of MNIST 28x28 (offline); CIFAR-10 only if present (see the CIFAR-10 line).",
         "DCS² concealed-sample optimisation shortened (small: 100 steps, full: 1000 = paper).",
         ("The Prune ratio is not in our copy of the paper; we use p=0.9 (the PPP paper's GC90). Soteria prunes "
-        "80% of the representation units (the DCS² text says Soteria perturbs ~90% on TinyImageNet; the MNIST "
-        "ratio is not in our copy)."),
-        ("Acc_S/Acc_T come from a 100-round FedSGD run from scratch (only the victim defends, as in DCS²), not "
-        "full training."),
+         "80% of the representation units (the DCS² text says Soteria perturbs ~90% on TinyImageNet; the MNIST "
+         "ratio is not in our copy)."),
+        ("Acc_S/Acc_T come from a FedSGD run from scratch (only the victim defends, as in DCS²) stopped once the "
+         "undefended model has plateaued (see the plateau line), not the paper's full FL training."),
+        (f"\"Minimal drop in accuracy\" is not a number in the paper; we accept a drop below {MAX_DROP:g} point "
+         "(beyond two standard errors)."),
     ],
 )

@@ -16,10 +16,12 @@ the game's round for every cell, exactly as ``docs/architecture.md`` draws it:
 4. the round's scoring phase (:func:`leakgym.envs.round.score_all`) scores each reconstruction
    against its batch (optimal matching), and the cell keeps the per-image PSNR / SSIM / MSE.
 
-Utility (:func:`measure_utility`) is a short FedSGD run in which every client (or, with
+Utility (:func:`measure_utility`) is a FedSGD run in which every client (or, with
 ``Scale.utility_defended="victim"``, only client 0) applies the row's defense, evaluated on the
-held-out test split and on the victim's shard; rows with
-``utility=False`` are reported as "not measured" together with the reason.
+held-out test split every ``Scale.utility_eval_every`` rounds (the accuracy curve) and at the end
+on the victim's shard; rows with ``utility=False`` are reported as "not measured" together with the
+reason. ``Scale.pretrain_rounds`` serves a model trained by that many undefended rounds instead of
+a fresh one (a late round of training).
 
 Threat model shared by every cell (stated in each results file): the attacker knows the labels of
 the victim's batch (``AttackerKnowledge.labels``) unless a column says otherwise, the public split
@@ -28,7 +30,8 @@ the encoding's mixing matrix in ``update.metadata["encoding"]`` (the upper-bound
 :mod:`leakgym.attacks.mixup_decoding`). Only the mixup-decoding attack reads it.
 
 Randomness: the victim's images, the model initialisation, every defense draw and every attack
-restart derive from the one ``seed``.
+restart derive from the one ``seed``; :func:`leakgym.reproduce.runner.run_paper` runs the grid once
+per seed and pools the images.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ class DefenseRow:
     """Names of the columns that apply to this row; ``None``: every column."""
     utility: bool = True
     """Measure the FedSGD accuracy under this defense (``False``: too slow at this scale; say why in ``note``)."""
+    utility_seeds: int | None = None
+    """Run the utility measurement for the first this many seeds only (``None``: every seed); for rows
+    whose defense is too slow to train with every seed at this scale (the results say so)."""
     note: str = ""
 
 
@@ -101,15 +107,22 @@ class Scale:
     utility_batch: int = 8
     utility_lr: float = 0.5
     eval_size: int | None = 300
+    utility_eval_every: int = 25
+    """Evaluate the test accuracy every this many rounds (the accuracy curve; the last round always)."""
+    pretrain_rounds: int = 0
+    """Attack the model after this many undefended FedSGD rounds (the utility run's clients, batch and lr)
+    instead of the untrained one: a late round of training, where e.g. CENSOR's trials fail more often."""
 
     def __post_init__(self) -> None:
         for name in ("image_size", "batch_size", "images", "iterations", "restarts", "utility_clients",
-                     "utility_batch"):
+                     "utility_batch", "utility_eval_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Scale.{name}={value!r}; allowed: integers >= 1")
-        if not isinstance(self.utility_rounds, int) or self.utility_rounds < 0:
-            raise ValueError(f"Scale.utility_rounds={self.utility_rounds!r}; allowed: integers >= 0")
+        for name in ("utility_rounds", "pretrain_rounds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Scale.{name}={value!r}; allowed: integers >= 0")
         if self.utility_defended not in ("all", "victim"):
             raise ValueError(f"Scale.utility_defended={self.utility_defended!r}; allowed: 'all', 'victim'")
         if self.images % self.batch_size:
@@ -138,18 +151,21 @@ class Cell:
     attack_s: float
     fidelity: float
     overhead_ms: float
+    sent: list[str] = field(default_factory=list)
+    """Per image, what its update was (``"update"``; CENSOR: ``"candidate"`` or the fallback it sent)."""
 
     def summary(self) -> dict:
-        out: dict[str, Any] = {"defense": self.defense, "attack": self.attack, "n_images": len(self.per_image["psnr"])}
-        for k, v in self.per_image.items():
-            arr = np.asarray(v, dtype=float)
-            out[k] = float(arr.mean())
-            out[f"{k}_std"] = float(arr.std())
-            out[f"{k}_min"] = float(arr.min())
-            out[f"{k}_max"] = float(arr.max())
-        out.update(attack_s=self.attack_s, fidelity=self.fidelity, overhead_ms=self.overhead_ms,
-                   per_image={k: [float(x) for x in v] for k, v in self.per_image.items()})
-        return out
+        return {"defense": self.defense, "attack": self.attack, "n_images": len(self.per_image["psnr"]),
+                "attack_s": self.attack_s, "fidelity": self.fidelity, "overhead_ms": self.overhead_ms,
+                "sent": list(self.sent), "per_image": {k: [float(x) for x in v] for k, v in self.per_image.items()}}
+
+
+def sent_kinds(details: dict) -> list[str]:
+    """What each local step of one shared update sent: CENSOR's ``sent`` entries, else ``["update"]``."""
+    steps = details.get("censor")
+    if not steps:
+        return ["skip"] if details.get("skipped") else ["update"]
+    return [str(step.get("sent", "update")) for step in steps]
 
 
 def _build_attack(column: AttackColumn, scale: Scale):
@@ -177,11 +193,20 @@ def victim_batches(split, scale: Scale, seed: int) -> list[tuple[Tensor, Tensor]
     return [(cx[idx[i:i + b]].clone(), cy[idx[i:i + b]].clone()) for i in range(0, scale.images, b)]
 
 
-def build_models(scale: Scale, spec, seed: int, precode_flags: set[bool]) -> dict[bool, torch.nn.Module]:
+def build_models(scale: Scale, spec, seed: int, precode_flags: set[bool], split=None) -> dict[bool, torch.nn.Module]:
+    """The served model per PRECODE flag: fresh, or after ``scale.pretrain_rounds`` undefended FedSGD rounds."""
     from leakgym.models import build_model
 
-    return {flag: build_model(scale.model, spec, precode=flag, width=scale.model_width, seed=seed)
-            for flag in sorted(precode_flags)}
+    models = {flag: build_model(scale.model, spec, precode=flag, width=scale.model_width, seed=seed)
+              for flag in sorted(precode_flags)}
+    if scale.pretrain_rounds:
+        if split is None:
+            raise ValueError("Scale.pretrain_rounds > 0 needs the split to train on")
+        for model in models.values():
+            _fedsgd(model, DefenseRow("pretrain"), scale.replace(utility_rounds=scale.pretrain_rounds,
+                                                                  utility_eval_every=scale.pretrain_rounds),
+                    split, seed, progress=False)
+    return models
 
 
 def run_grid(
@@ -215,7 +240,7 @@ def run_grid(
             raise ValueError(f"row {row.name!r} names unknown column(s) {bad}; allowed: {names}")
     spec = split.spec
     batches = victim_batches(split, scale, seed)
-    base = build_models(scale, spec, seed, {r.precode for r in rows})
+    base = build_models(scale, spec, seed, {r.precode for r in rows}, split)
     cells: dict[tuple[str, str], Cell] = {}
     for column in tqdm(columns, desc="attacks", disable=not progress):
         attack = _build_attack(column, scale)
@@ -227,7 +252,7 @@ def run_grid(
             group = [r for r in applicable if r.precode == flag]
             if not group:
                 continue
-            jobs, origs, owners, fids, overheads = [], [], [], {}, {}
+            jobs, origs, owners, fids, overheads, sent = [], [], [], {}, {}, {}
             for row in tqdm(group, desc=f"{column.name}: defenses", leave=False, disable=not progress):
                 for j, (xu, y) in enumerate(batches):
                     upd, rep = share_update(model, spec.normalize(xu), y, row.config, seed=seed * 1000 + j,
@@ -237,11 +262,12 @@ def run_grid(
                         labels=y.clone() if column.labels_known else None,
                         public_x=split.public_x, public_y=split.public_y)
                     jobs.append(AttackJob(attack=attack, update=upd.detached(), knowledge=knowledge,
-                                          seed=seed + len(jobs)))
+                                          seed=seed * 100_003 + len(jobs)))
                     origs.append(spec.normalize(xu))
                     owners.append(row.name)
                     fids.setdefault(row.name, []).append(rep.fidelity)
                     overheads.setdefault(row.name, []).append(rep.overhead_s)
+                    sent.setdefault(row.name, []).extend(sent_kinds(rep.details)[-1:] * len(y))
             start = time.perf_counter()
             results, _ = reconstruct_all(jobs)
             elapsed = time.perf_counter() - start
@@ -255,29 +281,38 @@ def run_grid(
                     defense=row.name, attack=column.name, per_image=per_row[row.name],
                     attack_s=elapsed * len(fids[row.name]) / len(jobs),
                     fidelity=float(np.mean(fids[row.name])), overhead_ms=1000 * float(np.mean(overheads[row.name])),
+                    sent=sent[row.name],
                 )
     return cells
 
 
 def measure_utility(row: DefenseRow, scale: Scale, *, split, seed: int = 0, progress: bool = True) -> dict:
-    """Test accuracy after ``scale.utility_rounds`` FedSGD rounds under the defense of ``row``.
+    """Test accuracy over ``scale.utility_rounds`` FedSGD rounds under the defense of ``row``.
 
     Every round each of the first ``scale.utility_clients`` clients draws ``scale.utility_batch``
     examples of its shard and shares ``apply_defense(...)`` (with ``utility_defended="victim"`` only
     client 0 defends; the others share their clean gradient); the server (:class:`leakgym.fl.server.Server`)
-    takes the example-weighted mean gradient step with learning rate ``scale.utility_lr``.
+    takes the example-weighted mean gradient step with learning rate ``scale.utility_lr`` (skipped
+    updates left out). The test accuracy is evaluated every ``scale.utility_eval_every`` rounds
+    (``curve``); ``sent`` counts what the defending clients' updates were (CENSOR: ``"candidate"`` or
+    its fallback, see :func:`sent_kinds`).
     """
+    if not row.utility:
+        return {"accuracy": None, "note": row.note or "not measured"}
+    if scale.utility_rounds == 0:
+        return {"accuracy": None, "note": "not measured (utility_rounds=0)"}
+    model = build_models(scale.replace(pretrain_rounds=0), split.spec, seed, {row.precode})[row.precode]
+    return _fedsgd(model, row, scale, split, seed, progress=progress)
+
+
+def _fedsgd(model, row: DefenseRow, scale: Scale, split, seed: int, *, progress: bool) -> dict:
+    """Train ``model`` in place by ``scale.utility_rounds`` FedSGD rounds under ``row``'s defense."""
     from tqdm import tqdm
 
     from leakgym.envs.round import share_update
     from leakgym.fl.server import Server
 
-    if not row.utility:
-        return {"accuracy": None, "note": row.note or "not measured"}
-    if scale.utility_rounds == 0:
-        return {"accuracy": None, "note": "not measured (utility_rounds=0)"}
     spec = split.spec
-    model = build_models(scale, spec, seed, {row.precode})[row.precode]
     test_x, test_y = split.test_x, split.test_y
     if scale.eval_size is not None:
         test_x, test_y = test_x[: scale.eval_size], test_y[: scale.eval_size]
@@ -285,71 +320,45 @@ def measure_utility(row: DefenseRow, scale: Scale, *, split, seed: int = 0, prog
     clients = split.clients[: scale.utility_clients]
     gen = torch.Generator().manual_seed(seed + 17)
     start = time.perf_counter()
+    curve: list[list[float]] = [[0, float(server.evaluate()[0])]]
+    sent: dict[str, int] = {}
     for rnd in tqdm(range(scale.utility_rounds), desc=f"utility {row.name}", leave=False, disable=not progress):
         updates = []
         for k, (cx, cy) in enumerate(clients):
             idx = torch.randperm(len(cx), generator=gen)[: scale.utility_batch]
             defends = scale.utility_defended == "all" or k == 0
-            upd, _ = share_update(server.model, spec.normalize(cx[idx]), cy[idx],
-                                  row.config if defends else DefenseConfig(),
-                                  seed=seed * 100_003 + rnd * 101 + k, public_x=split.public_x,
-                                  public_y=split.public_y)
+            upd, rep = share_update(server.model, spec.normalize(cx[idx]), cy[idx],
+                                    row.config if defends else DefenseConfig(),
+                                    seed=seed * 100_003 + rnd * 101 + k, public_x=split.public_x,
+                                    public_y=split.public_y)
             updates.append(upd)
+            if defends:
+                for kind in sent_kinds(rep.details):
+                    sent[kind] = sent.get(kind, 0) + 1
         server.aggregate(updates)
+        done = rnd + 1
+        if done % scale.utility_eval_every == 0 or done == scale.utility_rounds:
+            curve.append([done, float(server.evaluate()[0])])
     accuracy, loss = server.evaluate()
     # Acc_S (DCS² Table 1): accuracy on the victim's own (sensitive) training shard.
     vx, vy = split.clients[0]
     acc_s, _ = Server(server.model, lr=1.0, eval_x=spec.normalize(vx), eval_y=vy).evaluate()
     return {"accuracy": float(accuracy), "accuracy_victim": float(acc_s), "test_loss": float(loss),
-            "wall_s": time.perf_counter() - start,
+            "wall_s": time.perf_counter() - start, "curve": curve, "sent": sent,
             "rounds": scale.utility_rounds, "clients": len(clients), "batch": scale.utility_batch,
             "defended": scale.utility_defended,
             "test_images": len(test_x)}
 
 
 # -- comparing with the paper -------------------------------------------------------------------------
-def order(values: dict[str, float], *, lower_is_better: bool = True) -> list[str]:
-    """Names sorted from best to worst (for a leakage metric: best protection first)."""
-    return sorted(values, key=lambda k: values[k], reverse=not lower_is_better)
-
-
-def kendall_tau(ours: dict[str, float], paper: dict[str, float]) -> float:
-    """Kendall's tau between our and the paper's numbers over their common keys (``scipy.stats``)."""
-    from scipy.stats import kendalltau
-
-    keys = [k for k in paper if k in ours and ours[k] is not None and paper[k] is not None]
-    if len(keys) < 2:
-        return math.nan
-    tau = kendalltau([ours[k] for k in keys], [paper[k] for k in keys]).statistic
-    return float(tau) if tau is not None else math.nan
-
-
-def discordant_pairs(ours: dict[str, float], paper: dict[str, float], spread: dict[str, float] | None = None) -> str:
-    """The pairs our numbers order differently from the paper's, with our gap (and the per-image std).
-
-    Used as the computed "likely reason" of a failed ranking verdict: a swap within the per-image
-    spread is a near-tie at this sample size, a swap beyond it a real difference.
-    """
-    keys = [k for k in paper if k in ours and ours[k] is not None and paper[k] is not None]
-    parts = []
-    for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
-            if (ours[a] - ours[b]) * (paper[a] - paper[b]) < 0:
-                gap = abs(ours[a] - ours[b])
-                tie = ""
-                if spread is not None:
-                    s = max(spread.get(a, 0.0), spread.get(b, 0.0))
-                    tie = f" (within the per-image std {s:.2f}: a near-tie)" if gap < s else f" (beyond the std {s:.2f})"
-                parts.append(f"{a} {ours[a]:.2f} vs {b} {ours[b]:.2f}, gap {gap:.2f}{tie}")
-    return "; ".join(parts) if parts else "no pair is swapped"
-
-
 def fmt(value: Any, digits: int = 2) -> str:
-    """A table entry: numbers with ``digits`` decimals, ``None`` as 'n/a'."""
+    """A table entry: numbers with ``digits`` decimals, estimates as ``mean ± se``, ``None`` as 'n/a'."""
     if value is None:
         return "n/a"
     if isinstance(value, str):
         return value
+    if hasattr(value, "fmt"):  # an Estimate: mean ± standard error
+        return value.fmt(digits)
     if isinstance(value, float) and math.isnan(value):
         return "nan"
     return f"{value:.{digits}f}"

@@ -1,31 +1,70 @@
-"""Run one paper's reproduction and write ``reproduce_<paper>.{json,md,png}``.
+"""Run one paper's reproduction over several seeds and write ``reproduce_<paper>.{json,md,png}``.
 
 A paper module (``leakgym.reproduce.dcs2`` ...) is *data*: it defines a :class:`Paper` -- the
-table's rows and columns, the scaled-down sizes, the paper's own numbers -- plus the function that
-turns our numbers into verdicts ("does the ordering/trend hold?") and, where a picture helps, a
-figure. :func:`run_paper` runs the grid (:func:`leakgym.reproduce.harness.run_grid`) for every
-setting of the chosen size, measures utility where the paper's table has it
-(:func:`leakgym.reproduce.harness.measure_utility`), and writes the three files.
+table's rows and columns, the scaled-down sizes, the paper's own numbers (one ``PAPER`` table whose
+sections carry their table/figure citation, :func:`quote`) -- plus the function that turns our
+numbers into verdicts and the panels of its figure. :func:`run_paper` runs the grid
+(:func:`leakgym.reproduce.harness.run_grid`) for every setting and every seed, measures utility
+(:func:`leakgym.reproduce.harness.measure_utility`) for every seed, and writes the three files.
 
-Verdicts are computed from the numbers, never edited by hand: each is a dict
-``{"claim", "holds": bool | None, "ours", "paper", "why"}``; ``why`` gives the likely reason when a
-claim does not reproduce (``holds=None``: cannot be checked at this scale).
+Every number of ours is an :class:`~leakgym.reproduce.stats.Estimate` -- the mean over the images of
+all seeds (privacy) or over the seeds (utility) with its standard error. Verdicts are computed, never
+edited by hand: each is ``{"claim", "status", "ours", "paper", "why"}`` with ``status`` one of
+:data:`~leakgym.reproduce.stats.STATUSES` ("holds" only beyond two standard errors, see
+:mod:`leakgym.reproduce.stats`); ``why`` gives the likely reason when a claim does not hold.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from leakgym.reproduce.harness import AttackColumn, DefenseRow, Scale, measure_utility, run_grid
+from leakgym.reproduce.harness import (
+    AttackColumn,
+    DefenseRow,
+    Scale,
+    markdown_table,
+    measure_utility,
+    run_grid,
+)
+from leakgym.reproduce.stats import (
+    FAILS,
+    HOLDS,
+    STATUSES,
+    TIE,
+    UNCHECKED,
+    Estimate,
+    against,
+    combine,
+    compare,
+    difference,
+    estimate,
+    ranking,
+)
 
 SIZES = ("small", "full")
+#: The undefended model has plateaued when its accuracy rose by less than this (points) over the last
+#: quarter of the utility run, or by less than two standard errors.
+PLATEAU_POINTS = 1.0
+
+
+@dataclass
+class Panel:
+    """One panel of a paper's figure: ours (mean ± se) next to the paper's numbers."""
+
+    title: str
+    ylabel: str
+    labels: list[str]
+    ours: list[Estimate | None]
+    paper: list[float | None]
 
 
 @dataclass
@@ -43,12 +82,54 @@ class Paper:
     rows: Callable[[str], list[DefenseRow]]
     columns: Callable[[str], list[AttackColumn]]
     paper_numbers: dict
+    """The paper's numbers and claims, ``{section: {"cite": "Table 1, MNIST", ...values}}``: the only place
+    a number attributed to the paper may come from (``tests/test_reproduce_quotes.py`` checks it)."""
     verdicts: Callable[[dict], list[dict]]
     tables: Callable[[dict], str]
     """Markdown: ours next to the paper's numbers."""
-    figure: Callable[[dict, Path], None] | None = None
+    panels: Callable[[dict], list[Panel]] | None = None
+    """The figure's panels (the runner adds the accuracy curves of every row)."""
+    draw: Callable[[dict, list], None] | None = None
+    """A custom figure part instead of ``panels``: draws into the given axes (see ``draw_axes``)."""
+    draw_axes: int = 0
+    extra: Callable[..., dict] | None = None
+    """Further measurements ``(split, utility scale, seeds, size=, progress=) -> {"utility": {label: entry}, ...}``:
+    the utility entries join the utility table and curves, the rest is kept as ``result["extras"]``."""
+    printed: tuple[str, ...] = ()
+    """Sections of ``paper_numbers`` whose every number the markdown tables print."""
     deviations: list[str] = field(default_factory=list)
     """What differs from the paper and why (printed in the results)."""
+
+
+# -- the paper's numbers --------------------------------------------------------------------------------
+def quote(value: float | None) -> str:
+    """A number of the paper as printed: at least two decimals, no float noise (``1.0`` -> ``1.00``)."""
+    if value is None:
+        return "n/a"
+    text = repr(float(value))
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}" if "e" not in text else text
+
+
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")
+
+
+def numbers_in(obj) -> set[float]:
+    """Every number in a (nested) table of the paper: values, and numbers inside its quoted text."""
+    out: set[float] = set()
+    if isinstance(obj, dict):
+        for v in obj.values():
+            out |= numbers_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            out |= numbers_in(v)
+    elif isinstance(obj, bool) or obj is None:
+        pass
+    elif isinstance(obj, (int, float)):
+        out.add(float(obj))
+    elif isinstance(obj, str):
+        out |= {float(m) for m in NUMBER.findall(obj)}
+    return out
 
 
 def dataset_status(name: str) -> str:
@@ -62,25 +143,62 @@ def dataset_status(name: str) -> str:
     return "present"
 
 
+# -- running --------------------------------------------------------------------------------------------
+def _merge_cells(per_seed: list[dict]) -> dict:
+    """One cell from the same cell of every seed: images pooled, per-seed means kept."""
+    first = per_seed[0]
+    per_image = {k: [x for c in per_seed for x in c["per_image"][k]] for k in first["per_image"]}
+    return {"setting": first["setting"], "defense": first["defense"], "attack": first["attack"],
+            "n_images": len(per_image["psnr"]), "attack_s": sum(c["attack_s"] for c in per_seed),
+            "fidelity": float(np.mean([c["fidelity"] for c in per_seed])),
+            "overhead_ms": float(np.mean([c["overhead_ms"] for c in per_seed])),
+            "sent": [s for c in per_seed for s in c["sent"]],
+            "per_seed": {k: [float(np.mean(c["per_image"][k])) for c in per_seed] for k in first["per_image"]},
+            "per_image": per_image}
+
+
+def merge_utility(runs: list[dict], seeds: Sequence[int]) -> dict:
+    """One utility entry from the runs of several seeds (accuracy mean ± se over seeds, mean curve)."""
+    if runs[0].get("accuracy") is None:
+        return runs[0]
+    out = {k: runs[0][k] for k in ("rounds", "clients", "batch", "defended", "test_images")}
+    for key in ("accuracy", "accuracy_victim", "test_loss"):
+        e = estimate(r[key] for r in runs)
+        out[key], out[f"{key}_se"], out[f"{key}_per_seed"] = e.mean, e.se, [r[key] for r in runs]
+    out["seeds"] = list(seeds[: len(runs)])
+    out["wall_s"] = sum(r["wall_s"] for r in runs)
+    rounds = [pt[0] for pt in runs[0]["curve"]]
+    acc = np.array([[pt[1] for pt in r["curve"]] for r in runs])
+    se = acc.std(axis=0, ddof=1) / math.sqrt(len(runs)) if len(runs) > 1 else np.zeros(len(rounds))
+    out["curve"] = {"rounds": rounds, "accuracy": acc.mean(axis=0).tolist(), "se": se.tolist()}
+    sent: dict[str, int] = {}
+    for r in runs:
+        for k, v in r["sent"].items():
+            sent[k] = sent.get(k, 0) + v
+    out["sent"] = sent
+    return out
+
+
 def run_paper(
     paper: Paper,
     *,
     size: str = "small",
-    seed: int = 0,
+    seeds: Sequence[int] = (0, 1, 2),
     images: int | None = None,
-    out: Path | str | None = Path("docs/results"),
+    out: Path | str | None = Path("runs/reproduce"),
     scale_overrides: dict | None = None,
     utility: bool = True,
     progress: bool = True,
 ) -> dict:
-    """Run ``paper`` at ``size`` and (if ``out``) write ``reproduce_<key>.{json,md,png}`` there.
+    """Run ``paper`` at ``size`` for every seed and (if ``out``) write ``reproduce_<key>.{json,md,png}``.
 
     Args:
         paper: a :class:`Paper`.
         size: ``"small"`` (minutes on 2 CPU cores) or ``"full"``.
-        seed: seeds everything (split, images, models, defenses, attacks).
-        images: override the number of victim images per cell (rounded up to a multiple of the
-            batch size of each setting).
+        seeds: one run per seed (victim images, models, defenses, attacks, utility run); the data split
+            is the same for all (``federated_split(seed=0)``), so seeds vary everything but the shards.
+        images: override the number of victim images per cell and seed (rounded up to a multiple of
+            the batch size of each setting).
         out: output folder; ``None`` writes nothing.
         scale_overrides: further :class:`~leakgym.reproduce.harness.Scale` fields to change
             (e.g. ``{"iterations": 20}`` for a smoke run); recorded in the results.
@@ -96,6 +214,9 @@ def run_paper(
         raise ValueError(f"size={size!r}; allowed: {SIZES}")
     if images is not None and (not isinstance(images, int) or images < 1):
         raise ValueError(f"images={images!r}; allowed: integers >= 1")
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds={seeds!r}; allowed: one or more distinct integers")
     torch.set_num_threads(1)
     start = time.perf_counter()
     settings = {}
@@ -107,29 +228,37 @@ def run_paper(
             scale = scale.replace(images=b * math.ceil(images / b))
         settings[label] = scale
     rows, columns = paper.rows(size), paper.columns(size)
-    cells, splits = [], {}
+    splits = {}
+    per_cell: dict[tuple, list[dict]] = {}
     for label, scale in settings.items():
         if scale.image_size not in splits:
             dataset = load_dataset("digits", image_size=scale.image_size)
-            splits[scale.image_size] = federated_split(dataset, num_clients=max(4, scale.utility_clients), seed=seed)
-        grid = run_grid(rows, columns, scale, split=splits[scale.image_size], seed=seed, progress=progress)
-        for cell in grid.values():
-            cells.append({"setting": label, **cell.summary()})
+            splits[scale.image_size] = federated_split(dataset, num_clients=max(4, scale.utility_clients), seed=0)
+        for seed in seeds:
+            grid = run_grid(rows, columns, scale, split=splits[scale.image_size], seed=seed, progress=progress)
+            for key, c in grid.items():
+                per_cell.setdefault((label, *key), []).append({"setting": label, **c.summary()})
+    cells = [_merge_cells(v) for v in per_cell.values()]
     first_label, first = next(iter(settings.items()))
     utility_rows = {}
-    if utility:
-        for row in rows:
-            utility_rows[row.name] = measure_utility(row, first, split=splits[first.image_size], seed=seed,
-                                                     progress=progress)
-    else:
-        utility_rows = {row.name: {"accuracy": None, "note": "not measured (--no-utility)"} for row in rows}
+    for row in rows:
+        if not utility:
+            utility_rows[row.name] = {"accuracy": None, "note": "not measured (--no-utility)"}
+            continue
+        use = seeds[: row.utility_seeds] if row.utility_seeds else seeds
+        runs = [measure_utility(row, first, split=splits[first.image_size], seed=s, progress=progress) for s in use]
+        utility_rows[row.name] = merge_utility(runs, use)
+    extras: dict = {}
+    if paper.extra is not None and utility:
+        extras = dict(paper.extra(splits[first.image_size], first, seeds, size=size, progress=progress))
+        utility_rows.update(extras.pop("utility", {}))
     result = {
         "paper": paper.key,
         "title": paper.title,
         "source": paper.source,
         "paper_setting": paper.paper_setting,
         "size": size,
-        "seed": seed,
+        "seeds": seeds,
         "dataset": "digits",
         "cifar10": dataset_status("cifar10"),
         "settings": {k: v.to_dict() for k, v in settings.items()},
@@ -143,7 +272,9 @@ def run_paper(
         "paper_numbers": paper.paper_numbers,
         "deviations": paper.deviations,
         "scale_overrides": scale_overrides or {},
+        "extras": extras,
     }
+    result["plateau"] = plateau(result)
     result["verdicts"] = paper.verdicts(result)
     result["wall_s"] = time.perf_counter() - start
     if out is not None:
@@ -151,8 +282,25 @@ def run_paper(
     return result
 
 
+def rerender(paper: Paper, path: Path | str, out: Path | str | None = None) -> dict:
+    """Recompute the verdicts and rewrite the markdown and figure of a saved results JSON (no run).
+
+    For a presentation change after a long run; the measured numbers (cells, utility, extras, wall
+    time) are kept as they are. Writes next to the JSON unless ``out`` is given.
+    """
+    path = Path(path)
+    result = json.loads(path.read_text())
+    if result.get("paper") != paper.key:
+        raise ValueError(f"{path} holds the results of {result.get('paper')!r}, not {paper.key!r}")
+    result["plateau"] = plateau(result)
+    result["verdicts"] = paper.verdicts(result)
+    write_outputs(paper, result, Path(out) if out is not None else path.parent)
+    return result
+
+
+# -- reading results -------------------------------------------------------------------------------------
 def cell(result: dict, defense: str, attack: str, setting: str | None = None) -> dict | None:
-    """The summary of one cell of ``result`` (``None`` if that cell was not run)."""
+    """One merged cell of ``result`` (``None`` if that cell was not run)."""
     setting = setting if setting is not None else result["utility_setting"]
     for c in result["cells"]:
         if c["defense"] == defense and c["attack"] == attack and c["setting"] == setting:
@@ -160,27 +308,140 @@ def cell(result: dict, defense: str, attack: str, setting: str | None = None) ->
     return None
 
 
-def metric(result: dict, defense: str, attack: str, name: str, setting: str | None = None) -> float | None:
+def est(result: dict, defense: str, attack: str, name: str, setting: str | None = None, *,
+        sent: Sequence[str] | None = None) -> Estimate | None:
+    """``name`` (psnr/ssim/mse) of one cell: mean ± standard error over the images of every seed.
+
+    Images whose update was not sent (CENSOR's ``skip`` fallback) are left out: nothing reached the
+    attacker. ``sent``: keep only the images whose update was one of these kinds (e.g. ``("original",)``).
+    ``None`` if the cell was not run or no update of it was sent.
+    """
     c = cell(result, defense, attack, setting)
-    return None if c is None else c[name]
+    if c is None:
+        return None
+    values = c["per_image"][name]
+    kinds = c.get("sent") or []
+    if len(kinds) == len(values):
+        values = [v for v, k in zip(values, kinds) if k != "skip" and (sent is None or k in sent)]
+    return estimate(values) if values else None
 
 
-def accuracy(result: dict, defense: str) -> float | None:
+def sent_share(entry: dict | None, kinds: Sequence[str]) -> float | None:
+    """Share of updates whose ``sent`` is one of ``kinds`` (a cell, or a utility entry's counts)."""
+    if not entry:
+        return None
+    sent = entry.get("sent")
+    if isinstance(sent, dict):
+        total = sum(sent.values())
+        return None if total == 0 else sum(sent.get(k, 0) for k in kinds) / total
+    if not sent:
+        return None
+    return sum(s in kinds for s in sent) / len(sent)
+
+
+def accuracy(result: dict, defense: str, key: str = "accuracy") -> Estimate | None:
+    """Utility of a row in percent: mean ± standard error over the seeds (``key``: accuracy / accuracy_victim)."""
     u = result["utility"].get(defense) or {}
-    return None if u.get("accuracy") is None else 100.0 * u["accuracy"]
+    if u.get(key) is None:
+        return None
+    return Estimate(100.0 * u[key], 100.0 * u.get(f"{key}_se", 0.0), len(u.get(f"{key}_per_seed", [0])))
 
 
-def verdict(claim: str, holds: bool | None, *, ours: str = "", paper: str = "", why: str = "") -> dict:
-    return {"claim": claim, "holds": holds, "ours": ours, "paper": paper, "why": "" if holds else why}
+def plateau(result: dict, name: str | None = None) -> dict | None:
+    """Has row ``name`` (default: the first row, the undefended model) plateaued? Its accuracy gain over the
+    last quarter of its run."""
+    name = result["rows"][0]["name"] if name is None else name
+    u = result["utility"].get(name) or {}
+    curve = u.get("curve")
+    if not curve or len(curve["rounds"]) < 3:
+        return None
+    rounds, acc, se = curve["rounds"], curve["accuracy"], curve["se"]
+    last = len(rounds) - 1
+    target = rounds[last] * 3 / 4
+    ref = min(range(last), key=lambda i: abs(rounds[i] - target))
+    gain = 100.0 * (acc[last] - acc[ref])
+    noise = 200.0 * math.hypot(se[last], se[ref])
+    return {"row": name, "from_round": rounds[ref], "to_round": rounds[last], "gain_points": gain,
+            "two_se_points": noise, "plateaued": gain < max(PLATEAU_POINTS, noise)}
+
+
+def still_rising(result: dict, name: str) -> str:
+    """A sentence if row ``name``'s accuracy was still rising at the end of its run ("" otherwise)."""
+    p = plateau(result, name)
+    if p is None or p["plateaued"]:
+        return ""
+    return (f" Measured: {name}'s accuracy still rose by {p['gain_points']:+.1f} points from round {p['from_round']} "
+            f"to {p['to_round']} (not converged at the end of the run).")
+
+
+def verdict(claim: str, status: str, *, ours: str = "", paper: str = "", why: str = "") -> dict:
+    """A computed verdict; ``why`` is kept only when the claim does not hold or is a tie."""
+    if status not in STATUSES:
+        raise ValueError(f"verdict status {status!r}; allowed: {STATUSES}")
+    return {"claim": claim, "status": status, "ours": ours, "paper": paper, "why": "" if status == HOLDS else why}
+
+
+def unmeasured(claim: str) -> dict:
+    return verdict(claim, UNCHECKED, why="utility not measured")
+
+
+def ranking_verdict(claim: str, ours: dict[str, Estimate | None], paper: dict[str, float], *, why: str = "",
+                    digits: int = 2) -> dict:
+    """Every pair the paper orders must be ordered the same way in ours, beyond two standard errors."""
+    if any(v is None for v in ours.values()):
+        return verdict(claim, UNCHECKED, why="a cell was not run")
+    status, notes = ranking(ours, paper)  # type: ignore[arg-type]
+    notes = sorted(notes, key=lambda n: not n.endswith(FAILS))  # reversals first
+    if len(notes) > 4:
+        notes = [*notes[:4], f"and {len(notes) - 4} more pair(s) not separated"]
+    return verdict(claim, status,
+                   ours=" < ".join(f"{k} {ours[k].fmt(digits)}" for k in sorted(ours, key=lambda k: ours[k].mean)),
+                   paper=" < ".join(f"{k} {quote(paper[k])}" for k in sorted(paper, key=paper.get)),
+                   why=("pairs not separated as in the paper: " + "; ".join(notes) + ". " + why).strip())
+
+
+def extreme_verdict(claim: str, ours: dict[str, Estimate | None], best: str, *, lowest: bool = True, paper: str = "",
+                    why: str = "") -> dict:
+    """``best`` is the lowest (``lowest``) or highest of ``ours``, beyond two standard errors of each pair."""
+    if any(v is None for v in ours.values()):
+        return verdict(claim, UNCHECKED, why="a cell was not run")
+    parts = {k: compare(ours[best], v, lower=lowest) for k, v in ours.items() if k != best}  # type: ignore[arg-type]
+    loose = [f"{best} vs {k}: {st}" for k, st in parts.items() if st != HOLDS]
+    return verdict(claim, combine(list(parts.values())), ours=listing(ours), paper=paper,
+                   why=("; ".join(loose) + ". " + why).strip())
+
+
+def drop_verdict(claim: str, base: Estimate | None, other: Estimate | None, max_drop: float, *, labels=("", ""),
+                 paper: str = "", why: str = "") -> dict:
+    """``base - other`` (an accuracy drop, points) stays below ``max_drop`` beyond two standard errors."""
+    if base is None or other is None:
+        return unmeasured(claim)
+    drop = difference(base, other)
+    status = against(drop, max_drop, lower=True)
+    if status == TIE:
+        why = (f"the drop ({drop} points) cannot be told from the {max_drop:g}-point bound at two standard errors "
+               "(more seeds would decide it).")
+    return verdict(claim, status, ours=f"{labels[0]} {base}%, {labels[1]} {other}% (drop {drop})", paper=paper,
+                   why=why)
+
+
+def listing(values: dict[str, Estimate | None], digits: int = 2) -> str:
+    """``"A 1.00 ± 0.01, B ..."``: our estimates of several rows."""
+    return ", ".join(f"{k} {'n/a' if v is None else v.fmt(digits)}" for k, v in values.items())
+
+
+# -- writing ---------------------------------------------------------------------------------------------
+_MARK = {HOLDS: "holds", TIE: "tie (within noise)", FAILS: "**does not hold**", UNCHECKED: "not checkable"}
 
 
 def markdown(paper: Paper, result: dict) -> str:
     def width(s: dict) -> str:
         return "" if s["model_width"] is None else f" (width {s['model_width']})"
 
+    seeds = ",".join(map(str, result["seeds"]))
     settings = "; ".join(
         f"**{label}**: {s['model']}{width(s)}, "
-        f"digits {s['image_size']}x{s['image_size']}, batch {s['batch_size']}, {s['images']} victim images, "
+        f"digits {s['image_size']}x{s['image_size']}, batch {s['batch_size']}, {s['images']} victim images per seed, "
         f"{s['iterations']} attack iterations x {s['restarts']} restart(s)"
         for label, s in result["settings"].items()
     )
@@ -188,17 +449,22 @@ def markdown(paper: Paper, result: dict) -> str:
     lines = [
         f"# Reproduction: {paper.title}",
         "",
-        (f"Generated by `leakgym reproduce {paper.key} --size {result['size']} --seed {result['seed']}` "
-        f"in {result['wall_s']:.0f} s (2 CPU cores, one torch thread). Reproduces {paper.source}."),
+        (f"Generated by `leakgym reproduce {paper.key} --size {result['size']} --seeds {seeds}` "
+         f"in {result['wall_s']:.0f} s (2 CPU cores shared with other jobs, one torch thread). "
+         f"Reproduces {paper.source}."),
         "",
         f"* Paper: {paper.paper_setting}",
         (f"* Ours: {settings}. Victim = client 0 of a 4-client digits split; the attacker knows the labels "
-        "(unless a column says otherwise) and the public split."),
+         "(unless a column says otherwise) and the public split."),
+        (f"* Statistics: seeds {seeds}; every privacy number is the mean ± standard error over the images of all "
+         "seeds, every accuracy the mean ± standard error over the seeds. A verdict \"holds\" only when the "
+         "difference exceeds two standard errors; \"tie (within noise)\" otherwise."),
         (f"* Utility: FedSGD, {u['utility_rounds']} rounds, {u['utility_clients']} clients x batch "
-        f"{u['utility_batch']}, server lr {u['utility_lr']}, "
-        f"{'every client applies' if u['utility_defended'] == 'all' else 'only the victim (client 0) applies'} "
-        "the defense; accuracy on "
-        f"{u['eval_size'] or 'all'} test images (Acc_T) and on the victim's shard (Acc_S)."),
+         f"{u['utility_batch']}, server lr {u['utility_lr']}, "
+         f"{'every client applies' if u['utility_defended'] == 'all' else 'only the victim (client 0) applies'} "
+         f"the defense; accuracy on {u['eval_size'] or 'all'} test images (Acc_T), evaluated every "
+         f"{u['utility_eval_every']} rounds (curves in the figure)."),
+        f"* {plateau_line(result)}",
         f"* CIFAR-10: {result['cifar10']}; all our numbers are on digits.",
         "",
         paper.tables(result),
@@ -207,8 +473,7 @@ def markdown(paper: Paper, result: dict) -> str:
         "",
     ]
     for v in result["verdicts"]:
-        mark = {True: "yes", False: "**no**", None: "not checkable"}[v["holds"]]
-        line = f"* {v['claim']} — {mark}."
+        line = f"* {v['claim']} — {_MARK[v['status']]}."
         if v["ours"]:
             line += f" Ours: {v['ours']}."
         if v["paper"]:
@@ -221,18 +486,35 @@ def markdown(paper: Paper, result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_outputs(paper: Paper, result: dict, out: Path) -> dict[str, Path]:
-    """Write the JSON, markdown and (if the paper has one) PNG figure; returns their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"reproduce_{paper.key}.json", "md": out / f"reproduce_{paper.key}.md"}
-    paths["json"].write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
-    text = markdown(paper, result)
-    if paper.figure is not None:
-        import matplotlib
+def plateau_line(result: dict) -> str:
+    p = result.get("plateau")
+    if p is None:
+        return "Plateau: not measured (no utility curve)."
+    state = "has plateaued" if p["plateaued"] else "has **not** plateaued"
+    return (f"Plateau: the undefended model ({p['row']}) {state} — accuracy gain {p['gain_points']:+.1f} points "
+            f"from round {p['from_round']} to {p['to_round']} (two standard errors: {p['two_se_points']:.1f}).")
 
-        matplotlib.use("Agg")
-        paths["png"] = out / f"reproduce_{paper.key}.png"
-        paper.figure(result, paths["png"])
-        text += f"\n![figure](reproduce_{paper.key}.png)\n"
-    paths["md"].write_text(text)
+
+def utility_table(result: dict, names: Sequence[str]) -> str:
+    """Accuracy of every row: mean ± se over its seeds, the seeds and the rounds of its run."""
+    body = []
+    for r in names:
+        u = result["utility"].get(r) or {}
+        if u.get("accuracy") is None:
+            body.append([r, u.get("note", "not measured"), "", ""])
+        else:
+            body.append([r, accuracy(result, r), str(len(u["seeds"])), str(u["rounds"])])
+    return "## Utility\n\n" + markdown_table(["defense", "Acc_T ours %", "seeds", "rounds"], body)
+
+
+def write_outputs(paper: Paper, result: dict, out: Path) -> dict[str, Path]:
+    """Write the JSON, markdown and PNG figure (the paper's panels + every row's accuracy curve)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"reproduce_{paper.key}.json", "md": out / f"reproduce_{paper.key}.md",
+             "png": out / f"reproduce_{paper.key}.png"}
+    paths["json"].write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+    from leakgym.reproduce.plots import figure
+
+    figure(paper, result, paths["png"])
+    paths["md"].write_text(markdown(paper, result) + f"\n![figure](reproduce_{paper.key}.png)\n")
     return paths

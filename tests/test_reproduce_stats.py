@@ -1,0 +1,93 @@
+"""Verdict statistics of `leakgym reproduce`: holds / tie / does not hold, on synthetic numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from leakgym.reproduce.runner import drop_verdict, extreme_verdict, ranking_verdict
+from leakgym.reproduce.stats import (
+    FAILS,
+    HOLDS,
+    TIE,
+    UNCHECKED,
+    Estimate,
+    against,
+    combine,
+    compare,
+    difference,
+    estimate,
+    ranking,
+)
+
+
+def test_estimate_is_mean_and_standard_error():
+    e = estimate([1.0, 2.0, 3.0, 4.0])
+    assert e.mean == 2.5 and e.n == 4
+    assert e.se == pytest.approx(math.sqrt(5 / 3) / 2)  # std(ddof=1) / sqrt(n)
+    assert estimate([7.0]).se == 0.0
+    with pytest.raises(ValueError, match="no values"):
+        estimate([])
+
+
+@pytest.mark.parametrize(("a", "b", "lower", "want"), [
+    (Estimate(1.0, 0.1, 8), Estimate(2.0, 0.1, 8), True, HOLDS),     # gap 1.0 > 2 * 0.141
+    (Estimate(1.0, 0.4, 8), Estimate(2.0, 0.4, 8), True, TIE),       # gap 1.0 < 2 * 0.566
+    (Estimate(2.0, 0.1, 8), Estimate(1.0, 0.1, 8), True, FAILS),     # the other way, beyond noise
+    (Estimate(2.0, 0.1, 8), Estimate(1.0, 0.1, 8), False, HOLDS),    # "higher" claim
+    (Estimate(1.0, 0.0, 1), Estimate(1.0, 0.0, 1), True, TIE),       # equal: never "holds"
+])
+def test_compare(a, b, lower, want):
+    assert compare(a, b, lower=lower) == want
+
+
+def test_two_standard_errors_is_the_boundary():
+    se = 0.5 / math.sqrt(2)  # hypot(se, se) = 0.5 -> noise band 1.0
+    assert compare(Estimate(0.0, se, 4), Estimate(1.01, se, 4)) == HOLDS
+    assert compare(Estimate(0.0, se, 4), Estimate(0.99, se, 4)) == TIE
+
+
+def test_against_a_threshold_and_difference():
+    assert against(Estimate(20.0, 1.0, 10), 25.0) == HOLDS
+    assert against(Estimate(24.0, 1.0, 10), 25.0) == TIE
+    assert against(Estimate(30.0, 1.0, 10), 25.0) == FAILS
+    d = difference(Estimate(90.0, 0.3, 3), Estimate(88.0, 0.4, 3))
+    assert d.mean == pytest.approx(2.0) and d.se == pytest.approx(0.5)
+
+
+def test_combine():
+    assert combine([HOLDS, HOLDS]) == HOLDS
+    assert combine([HOLDS, TIE]) == TIE
+    assert combine([HOLDS, TIE, FAILS]) == FAILS
+    assert combine([HOLDS, UNCHECKED]) == UNCHECKED
+    assert combine([]) == UNCHECKED
+    with pytest.raises(ValueError, match="unknown verdict status"):
+        combine(["maybe"])
+
+
+def test_ranking_checks_every_pair_the_paper_orders():
+    paper = {"a": 0.1, "b": 0.5, "c": 0.9, "d": 0.9}  # c and d tie in the paper: no claim between them
+    clear = {"a": Estimate(0.0, 0.01, 8), "b": Estimate(0.5, 0.01, 8), "c": Estimate(1.0, 0.01, 8),
+             "d": Estimate(0.95, 0.01, 8)}
+    assert ranking(clear, paper) == (HOLDS, [])
+    noisy = dict(clear, b=Estimate(0.5, 0.4, 8))
+    status, notes = ranking(noisy, paper)
+    assert status == TIE and any(n.startswith("a ") and "b " in n for n in notes)
+    swapped = dict(clear, a=Estimate(0.7, 0.01, 8))
+    status, notes = ranking(swapped, paper)
+    assert status == FAILS and any("does not hold" in n for n in notes)
+
+
+def test_verdict_helpers():
+    ours = {"x": Estimate(1.0, 0.1, 8), "y": Estimate(3.0, 0.1, 8), "z": Estimate(1.1, 0.1, 8)}
+    assert extreme_verdict("x lowest", ours, "x")["status"] == TIE          # x vs z within noise
+    assert extreme_verdict("y highest", ours, "y", lowest=False)["status"] == HOLDS
+    v = ranking_verdict("rank", ours, {"x": 1.0, "y": 2.0})
+    assert v["status"] == HOLDS and v["why"] == "" and "x 1.00 ± 0.10" in v["ours"]
+    keeps = drop_verdict("keeps", Estimate(95.0, 0.2, 3), Estimate(94.5, 0.2, 3), 2.0)
+    loses = drop_verdict("loses", Estimate(95.0, 0.2, 3), Estimate(80.0, 0.2, 3), 2.0, why="because")
+    unsure = drop_verdict("unsure", Estimate(95.0, 1.0, 3), Estimate(93.0, 1.0, 3), 2.0)
+    assert (keeps["status"], loses["status"], unsure["status"]) == (HOLDS, FAILS, TIE)
+    assert loses["why"] == "because" and "two standard errors" in unsure["why"]
+    assert drop_verdict("n/a", None, Estimate(1.0, 0.0, 1), 2.0)["status"] == UNCHECKED
