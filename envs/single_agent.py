@@ -33,20 +33,15 @@ ROLES = ("attacker", "defender")
 
 
 class CallableOpponent:
-    """Adapts ``f(observation, action_space, rng) -> action`` to the opponent protocol."""
+    """Adapts ``f(observation, action_space, rng) -> action`` to the opponent protocol (``act`` only:
+    the view calls ``reset``/``observe`` only on opponents that have them)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
         self.name = getattr(fn, "__name__", "callable")
 
-    def reset(self, seed: int | None = None) -> None:
-        pass
-
     def act(self, observation, action_space, rng):
         return self.fn(observation, action_space, rng)
-
-    def observe(self, reward: float, info: dict[str, Any]) -> None:
-        pass
 
 
 def as_opponent(opponent: Any) -> Any:

@@ -4,9 +4,9 @@
 """
 
 import gymnasium as gym
-from leakgym.envs import parallel_env
 
 import leakgym  # noqa: F401  (registers the LeakGym-* ids)
+from leakgym.envs import parallel_env
 
 # The two-player game: both agents act at once, one step = one federated-learning round.
 env = parallel_env("digits", rounds=3, render_mode="png", render_dir="runs/quickstart")

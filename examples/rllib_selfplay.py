@@ -33,8 +33,9 @@ COLUMNS = ["iteration", "env_steps", "attacker_return", "defender_return", "leak
 
 def make_env(config: dict[str, Any]):
     """RLlib's env creator: the LeakGym parallel env (``config``: scenario and overrides) wrapped for RLlib."""
-    from leakgym.envs import leakgym_v0
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
+
+    from leakgym.envs import leakgym_v0
 
     return ParallelPettingZooEnv(leakgym_v0.parallel_env(**config))
 
@@ -56,11 +57,12 @@ def metrics_callback():
 
 def build_config(args: argparse.Namespace, env_config: dict[str, Any]):
     """The PPOConfig: one RLModule per agent, ``args.env_runners`` runners, whole episodes per batch."""
-    from leakgym.envs.scenario import load_scenario
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
     from ray.tune.registry import register_env
+
+    from leakgym.envs.scenario import load_scenario
 
     register_env("leakgym_v0", make_env)
     rounds = env_config.get("max_cycles") or load_scenario(env_config.get("scenario", "digits")).rounds

@@ -10,8 +10,9 @@ the JSON file beside the zip that LeakGym needs to load the policy without un-pi
 """
 
 import gymnasium as gym
-from leakgym.agents import save_policy
 from stable_baselines3 import PPO
+
+from leakgym.agents import save_policy
 
 env = gym.make("LeakGym-Digits-v0", role="attacker", opponent="noise-0.1", rounds=4)
 model = PPO("MlpPolicy", env, n_steps=64, batch_size=32, seed=0, verbose=1)

@@ -11,6 +11,7 @@ leak of more than ~0.06 MB per round crosses it within the soak, and
 it within 40 rounds (measured +26.7 MB).
 """
 
+import contextlib
 import ctypes
 import gc
 
@@ -33,10 +34,8 @@ def _trim() -> None:
     Without it, a process that freed a lot earlier (the rest of the test suite) serves new allocations
     from already-resident free pages, and even a real leak does not move RSS.
     """
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS as it is
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: RSS as it is
-        pass
 
 
 def _rss_mb() -> float:

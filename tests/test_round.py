@@ -251,3 +251,21 @@ def test_a_skipped_update_is_not_attacked_and_leaks_nothing(cheap_overrides):
             skipped += 1
             assert infos["attacker"]["leakage"] == 0.0 and infos["attacker"]["attack_units"] == 0.0
     assert skipped >= 1  # a huge trial step never lowers the loss: every round falls back to skip
+
+
+def test_the_single_agent_view_takes_a_plain_callable_opponent(cheap_overrides):
+    """``envs`` takes opponent objects or callables; resolving names is the agents package's job."""
+    from leakgym.envs.single_agent import LeakGymSingleAgentEnv
+
+    calls = []
+
+    def no_defense(observation, action_space, rng):
+        calls.append(observation.shape)
+        return np.zeros(len(action_space.nvec), np.int64)
+
+    env = LeakGymSingleAgentEnv("digits", role="attacker", opponent=no_defense, **cheap_overrides)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(np.array([0, 0, 0, 0]))
+    assert calls and info["leakage"] >= 0.0
+    with pytest.raises(ValueError, match="opponent=.*expected an object with act"):
+        LeakGymSingleAgentEnv("digits", opponent="random", **cheap_overrides)

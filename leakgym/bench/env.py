@@ -25,6 +25,7 @@ environment itself never substitutes data. Results go to ``--json`` and a markdo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import platform
 import resource
@@ -96,11 +97,9 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
     from leakgym.envs.scenario import load_scenario
 
     sc = load_scenario(gym.spec(gym_id).kwargs["scenario"])
-    try:
+    with contextlib.suppress(DatasetUnavailableError):
         load_dataset(sc.dataset, image_size=sc.image_size, download=False)
         return "real"
-    except DatasetUnavailableError:
-        pass
     spec = dataset_spec(sc.dataset, sc.image_size)
     g = torch.Generator().manual_seed(0)
     n_train, n_test = 600 * (sc.num_clients + 2), max(sc.eval_size, 100)

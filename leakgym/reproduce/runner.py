@@ -123,9 +123,7 @@ def numbers_in(obj) -> set[float]:
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             out |= numbers_in(v)
-    elif isinstance(obj, bool) or obj is None:
-        pass
-    elif isinstance(obj, (int, float)):
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
         out.add(float(obj))
     elif isinstance(obj, str):
         out |= {float(m) for m in NUMBER.findall(obj)}
