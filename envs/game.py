@@ -37,6 +37,7 @@ from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores
 from leakgym.models import build_model
 
+from .menus import Menu
 from .observations import attacker_obs_size, attacker_observation, defender_obs_size, defender_observation
 from .rewards import leakage_score, rewards
 from .round import AttackJob, score_all, share_update
@@ -51,9 +52,9 @@ def _dataset(name: str, image_size: int | None):
     return load_dataset(name, image_size=image_size)
 
 
-def defense_config_for(scenario: Scenario, defender_action: Any) -> DefenseConfig:
+def defense_config_for(scenario: Scenario, defender_action: Any, menu: Menu | None = None) -> DefenseConfig:
     """Defender action -> the DefenseConfig applied this round (scenario defaults + menu fields)."""
-    fields = scenario.defender_menu_dims.config_fields(defender_action)
+    fields = (menu or scenario.defender_menu_dims).config_fields(defender_action)
     return DefenseConfig(**{**scenario.defense_defaults, **fields})
 
 
@@ -184,6 +185,8 @@ class LeakGame:
                     "leakage_metric='lpips' needs the pretrained LPIPS backbone weights, which are not "
                     "installed (see the warning above / README 'LPIPS'); choose 'ssim', 'psnr' or 'ssim+psnr'"
                 )
+        #: the scenario's action menus, built once (the scenario is fixed for the game's lifetime)
+        self.menus: dict[str, Menu] = {role: scenario.menu(role) for role in self.agents}
         self.round = 0
         self.last: RoundRecord | None = None
         self.timings: dict[str, float] = {}
@@ -245,16 +248,18 @@ class LeakGame:
                 round_fraction=frac,
                 update=None if last is None else last.update,
                 matching_loss=None if last is None else last.matching_loss,
-                last_action=np.zeros(len(sc.attacker_nvec), np.int64) if last is None else last.attacker_action,
-                menu=sc.attacker_menu_dims,
+                last_action=np.zeros(len(self.menus["attacker"].dims), np.int64) if last is None
+                else last.attacker_action,
+                menu=self.menus["attacker"],
             ),
             "defender": defender_observation(
                 round_fraction=frac,
                 accuracy=self.accuracy,
                 loss=self.test_loss,
                 num_classes=self.spec.num_classes,
-                last_action=np.zeros(len(sc.defender_nvec), np.int64) if last is None else last.defender_action,
-                menu=sc.defender_menu_dims,
+                last_action=np.zeros(len(self.menus["defender"].dims), np.int64) if last is None
+                else last.defender_action,
+                menu=self.menus["defender"],
                 audit_leakage=0.0 if last is None else last.audit_leakage,
                 fidelity=1.0 if last is None else last.fidelity,
             ),
@@ -267,16 +272,15 @@ class LeakGame:
     # ------------------------------------------------------------------ phase 1: plan
     def plan(self, defender_action: Any, attacker_action: Any) -> RoundPlan:
         """Validate and decode the actions. Draws nothing and changes nothing."""
-        sc = self.scenario
-        d_action = sc.defender_menu_dims.check(defender_action)
-        a_action = sc.attacker_menu_dims.check(attacker_action)
-        a_settings = sc.decode_attacker(a_action)
+        sc, defender, attacker = self.scenario, self.menus["defender"], self.menus["attacker"]
+        d_action, a_action = defender.check(defender_action), attacker.check(attacker_action)
+        a_settings = attacker.read(a_action)
         return RoundPlan(
             defender_action=d_action,
             attacker_action=a_action,
-            defense_settings=sc.decode_defender(d_action),
+            defense_settings=sc.decode_defender(d_action, defender),
             attack_settings=a_settings,
-            defense=defense_config_for(sc, d_action),
+            defense=defense_config_for(sc, d_action, defender),
             attack=attack_for(sc, a_settings),
         )
 

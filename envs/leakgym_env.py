@@ -111,7 +111,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             raise ValueError(f"agent={agent!r}; allowed: {self.possible_agents}")
         if self.flat_actions:
             return self._flat[agent].to_multi(action)
-        return self.scenario.menu(agent).check(action)
+        return self.game.menus[agent].check(action)
 
     # ------------------------------------------------------------------ reset / step
     def reset(self, seed: int | None = None, options: dict | None = None):

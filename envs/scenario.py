@@ -227,9 +227,12 @@ class Scenario:
     def attacker_dims(self) -> list[str]:
         return self.attacker_menu_dims.names
 
-    def decode_defender(self, action: np.ndarray) -> dict[str, Any]:
-        """Defender action -> readable settings (menu values; ``oasis`` lists the augmentations on)."""
-        settings = self.defender_menu_dims.read(action)
+    def decode_defender(self, action: np.ndarray, menu: Menu | None = None) -> dict[str, Any]:
+        """Defender action -> readable settings (menu values; ``oasis`` lists the augmentations on).
+
+        ``menu``: this scenario's defender menu if the caller already holds it (a game does).
+        """
+        settings = (menu or self.defender_menu_dims).read(action)
         settings.setdefault("oasis", [])
         return settings
 

@@ -93,8 +93,9 @@ class LeakGymSingleAgentEnv(gym.Env):
         self.render_mode = render_mode
         self.observation_space = self.parallel.observation_space(role)
         self._opponent_space = self.parallel.action_space(self.other)
-        self.action_space = spaces.Discrete(FlatActions(self.scenario.menu(role)).n) if self.flat_actions \
-            else self.parallel.action_space(role)
+        self._menu = self.parallel.game.menus[role]
+        self._flat = FlatActions(self._menu)
+        self.action_space = spaces.Discrete(self._flat.n) if self.flat_actions else self.parallel.action_space(role)
         self._other_obs: np.ndarray | None = None
         self._opponent_rng = np.random.default_rng(0)
 
@@ -114,8 +115,8 @@ class LeakGymSingleAgentEnv(gym.Env):
     def to_multi(self, action: Any) -> np.ndarray:
         """The learner's action (flat or MultiDiscrete) -> the validated MultiDiscrete action."""
         if self.flat_actions:
-            return FlatActions(self.scenario.menu(self.role)).to_multi(action)
-        return self.scenario.menu(self.role).check(action)
+            return self._flat.to_multi(action)
+        return self._menu.check(action)
 
     def prepare_step(self, action: Any) -> tuple[Any, Any]:
         """Validate the learner's action, let the opponent act; returns (defender, attacker) actions.

@@ -7,7 +7,6 @@ from toy_defense import ToyScale
 from leakgym.cli import main
 from leakgym.defenses import DefenseConfig, registered
 from leakgym.envs import parallel_env
-from leakgym.envs.describe import format_description
 
 
 def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_overrides, capsys):
@@ -29,8 +28,3 @@ def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_over
     with pytest.raises(ValueError, match="toy_scale"):
         parallel_env("digits", **dict(cheap_overrides, defender_menu={"toy_scale": [1.0, -1.0]}))
 
-
-def test_describe_shows_a_registered_defense_dimension(cheap_overrides):
-    from leakgym.envs.describe import describe
-
-    assert "noise_sigma" in format_description(describe("digits"))

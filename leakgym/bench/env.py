@@ -112,23 +112,17 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
     return SYNTHETIC
 
 
-def _enable_batched_clients(vector_cls) -> dict:
-    """Keyword for ``gym.make_vec`` that batches the benign clients."""
-    return {"batch_clients": True}
-
-
 def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str) -> dict:
     import gymnasium as gym
     import numpy as np
     import torch
 
     import leakgym  # noqa: F401  (registers the ids)
-    from leakgym.envs.vector import LeakGymVectorEnv
 
     data = _use_synthetic_data_if_missing(gym_id)
     cuda = torch.device(device).type == "cuda"
     kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
-    vec = gym.make_vec(gym_id, num_envs=num_envs, **kwargs, **_enable_batched_clients(LeakGymVectorEnv))
+    vec = gym.make_vec(gym_id, num_envs=num_envs, **kwargs, batch_clients=True)
     m = min(num_envs, baseline_games)
     singles = [gym.make(gym_id, **kwargs) for _ in range(m)]
     nvec = np.asarray(vec.single_action_space.nvec)
