@@ -1,8 +1,8 @@
 """``leakgym bench defenses``: utility, leakage and cost of every defense next to no defense.
 
-For each defense the same federated model is trained from the same initialisation with plain FedSGD
-(:class:`leakgym.fl.server.Server`, example-weighted mean of the clients' gradients, server
-learning rate ``--lr``) on the digits dataset split over ``--clients`` IID shards
+For each defense the same federated model (``--model``; the PRECODE/PPP rows: see below) is trained
+from the same initialisation with plain FedSGD (:class:`leakgym.fl.server.Server`, example-weighted
+mean of the clients' gradients, server learning rate ``--lr``) on the digits dataset split over ``--clients`` IID shards
 (:func:`leakgym.data.federated_split`, which also holds out a public split). Every round each client
 draws a fresh batch from its shard; client 0 is the **victim**: it draws ``--victim-batch`` examples
 and shares its update through :func:`leakgym.defenses.apply_defense`. By default **only the victim
@@ -22,13 +22,26 @@ Measured per defense:
 * ``overhead_ms``: the victim's mean extra wall time per update over the clean computation, and
   ``wall_s`` the training wall time of the whole run.
 
-PRECODE is a model option, so ``precode`` and the ``PPP-*`` rows train a PRECODE LeNet (same seed)
-and attack it with the same reference attack. The defense settings are the named presets of
+PRECODE is a model option (a variational bottleneck before the classifier head), so ``precode`` and
+the ``PPP-*`` rows train a PRECODE model and attack it with the same reference attack as every other
+row (plain Inverting Gradients on all layers, i.e. the paper's "PRECODE*" attack; the layer-skipping
+attack that breaks PRECODE is in ``leakgym reproduce ppp``). They do **not** use ``--model``: a
+PRECODE bottleneck on the DLG LeNet (sigmoid convolutions, ``U(-0.5, 0.5)`` initialisation) stays at
+chance (10%) after 100 FedSGD rounds, which is not the paper's defense, whose utility claim is an
+almost unchanged accuracy. They train ``--precode-model`` (default: the PPP reproduction's MLP, 4
+hidden layers of width ``--precode-width`` 128 with BatchNorm, PRECODE ``K=256, beta=1e-3``) with
+server learning rate ``--precode-lr`` (default 0.1, the reproduction's: with 0.5 its PRECODE MLP
+diverged under PPP noise), and the bench adds an undefended ``none`` row on that same model and
+learning rate, so their ``Δ acc`` is measured against the same architecture (every row's ``Δ acc``
+is against the ``none`` row of its own model and learning rate; ``baseline`` in the JSON names it).
+With ``--precode-model lenet --precode-width 0 --precode-lr 0.5`` (width 0: the class default) the
+PRECODE rows share the main LeNet setting and its ``none`` row again.
+
+The defense settings are the named presets of
 :data:`leakgym.defenses.config.PRESETS`, except for DCS² and LODA whose per-update optimisation (1000
 resp. 500 steps) is too slow to run every round on a CPU: the bench uses ``BENCH_OVERRIDES`` (fewer
-steps) and says so in the table. DCS² is not in the default list at all: its synthesis measured about
-2 s per step for LeNet with a batch of 4 on the 2-core CI machine, i.e. minutes per round even with
-20 steps; run it with ``--defenses none,dcs2 --rounds 10``.
+steps) and says so in the table. With 20 steps each, the DCS² and LODA rows are the slowest of the
+default run (about 0.3 s resp. 0.2 s per round, under 30 s per row, on the 2-core CI machine).
 
 Output: a JSON file (``--json``) with the settings and one record per defense, and a markdown table
 next to it (``--markdown``, default: the JSON path with ``.md``).
@@ -42,6 +55,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -58,6 +72,34 @@ BENCH_OVERRIDES: dict[str, dict] = {
 }
 #: Rows that train a PRECODE model.
 PRECODE_ROWS = ("precode", "PPP-NG3", "PPP-NG2", "PPP-NG1", "PPP-NG05", "PPP-GC90", "PPP-GC99")
+#: Model, width and server learning rate of the PRECODE rows: those of the PPP reproduction's small
+#: scale (``leakgym.reproduce.ppp.SCALES["small"]``), where PRECODE trains to ~98% on digits. The DLG
+#: LeNet of the other rows stays at chance with a PRECODE bottleneck.
+PRECODE_MODEL = "mlp"
+PRECODE_WIDTH = 128
+PRECODE_LR = 0.1
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a row trains: architecture, width (``None``: the class default) and server learning rate."""
+
+    model: str
+    width: int | None
+    lr: float
+    precode: bool = False
+
+    @property
+    def base(self) -> tuple:
+        """The undefended setting this row is compared with (same model, width and lr, no PRECODE)."""
+        return (self.model, self.width, self.lr)
+
+    def label(self, main_lr: float) -> str:
+        """E.g. ``lenet``, ``mlp-128, lr 0.1 + PRECODE`` (the lr only where it differs from ``--lr``)."""
+        text = self.model if self.width is None else f"{self.model}-{self.width}"
+        if self.lr != main_lr:
+            text += f", lr {self.lr:g}"
+        return text + (" + PRECODE" if self.precode else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +116,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="batch size of the honest clients")
     parser.add_argument("--victim-batch", type=int, default=4, help="batch size of the victim (client 0)")
     parser.add_argument("--lr", type=float, default=0.5, help="server learning rate (default: %(default)s)")
-    parser.add_argument("--model", type=str, default="lenet", help="architecture (default: %(default)s)")
+    parser.add_argument("--model", type=str, default="lenet",
+                        help="architecture of the non-PRECODE rows (default: %(default)s)")
+    parser.add_argument("--precode-model", type=str, default=PRECODE_MODEL,
+                        help="architecture of the PRECODE/PPP rows and of their own undefended 'none' row "
+                        "(default: %(default)s, the PPP reproduction's, where PRECODE trains)")
+    parser.add_argument("--precode-width", type=int, default=PRECODE_WIDTH,
+                        help="width of --precode-model (0: the class default; default: %(default)s)")
+    parser.add_argument("--precode-lr", type=float, default=PRECODE_LR,
+                        help="server learning rate of the PRECODE/PPP rows and their baseline "
+                        "(default: %(default)s)")
     parser.add_argument("--image-size", type=int, default=16, help="digits image size (default: %(default)s)")
     parser.add_argument("--attack-rounds", type=int, default=3,
                         help="number of evenly spaced rounds at which the victim is attacked")
@@ -95,14 +146,50 @@ def _check(args: argparse.Namespace) -> list[str]:
         if not isinstance(value, int) or value < (0 if name == "attack_rounds" else 1):
             raise ValueError(f"--{name.replace('_', '-')}={value!r}; allowed: integers >= "
                              f"{0 if name == 'attack_rounds' else 1}")
-    if not (args.lr > 0 and math.isfinite(args.lr)):
-        raise ValueError(f"--lr={args.lr!r}; allowed range (0, inf)")
+    from leakgym.models import MODEL_NAMES
+
+    for flag in ("lr", "precode_lr"):
+        value = getattr(args, flag)
+        if not (value > 0 and math.isfinite(value)):
+            raise ValueError(f"--{flag.replace('_', '-')}={value!r}; allowed range (0, inf)")
+    for flag in ("model", "precode_model"):
+        if getattr(args, flag) not in MODEL_NAMES:
+            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)!r}; allowed: {', '.join(MODEL_NAMES)}")
+    if not isinstance(args.precode_width, int) or args.precode_width < 0:
+        raise ValueError(f"--precode-width={args.precode_width!r}; allowed: integers >= 0 (0: class default)")
     names = [n.strip() for n in args.defenses.split(",") if n.strip()]
     known = {k.lower(): k for k in PRESETS} | {"precode": "precode"}
     unknown = [n for n in names if n.lower() not in known]
     if unknown or not names:
         raise ValueError(f"--defenses: unknown name(s) {unknown}; allowed: {sorted(known.values())}")
     return [known[n.lower()] for n in names]
+
+
+def plan(names: list[str], args: argparse.Namespace) -> list[tuple[str, Setup]]:
+    """The rows to run, each with its :class:`Setup`.
+
+    Non-PRECODE rows train ``--model`` with ``--lr``; PRECODE rows train ``--precode-model`` with
+    ``--precode-lr``. When that differs from the main setting, an undefended ``none`` row on the
+    PRECODE rows' model and lr is inserted before the first PRECODE row, so that their ``Δ acc`` has a
+    baseline of the same architecture.
+    """
+    main = Setup(args.model, None, args.lr)
+    pre = Setup(args.precode_model, args.precode_width or None, args.precode_lr, precode=True)
+    rows = [(n, pre if n in PRECODE_ROWS else main) for n in names]
+    first = next((i for i, (n, _) in enumerate(rows) if n in PRECODE_ROWS), None)
+    if first is not None and pre.base != main.base:
+        rows.insert(first, ("none", Setup(pre.model, pre.width, pre.lr)))
+    return rows
+
+
+def baseline_index(records: list[dict], i: int) -> int | None:
+    """Index of the undefended row on the same model, width and lr as ``records[i]`` (None: no such row)."""
+    key = tuple(records[i][k] for k in ("model", "width", "lr"))
+    for j, r in enumerate(records):
+        if ("error" not in r and r["defense"] == "none" and not r["precode"]
+                and tuple(r[k] for k in ("model", "width", "lr")) == key):
+            return j
+    return None
 
 
 def _row_config(name: str):
@@ -133,8 +220,10 @@ def attack_rounds(rounds: int, count: int) -> list[int]:
     return sorted({round(i * (rounds - 1) / (count - 1)) for i in range(count)})
 
 
-def run_defense(name: str, args: argparse.Namespace, split, progress: bool) -> tuple[dict, list]:
-    """Train under one defense; returns (record without leakage, attack problems)."""
+def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
+                setup: Setup | None = None) -> tuple[dict, list]:
+    """Train under one defense on ``setup`` (default: the row's setup in :func:`plan`); returns (record
+    without leakage, attack problems)."""
     from tqdm import tqdm
 
     from leakgym.attacks.base import AttackerKnowledge
@@ -145,16 +234,19 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool) -> t
 
     spec = split.spec
     cfg = _row_config(name)
-    model = build_model(args.model, spec, precode=name in PRECODE_ROWS, seed=args.seed)
+    if setup is None:
+        setup = dict(plan([name], args))[name]
+    model = build_model(setup.model, spec, precode=setup.precode, width=setup.width, seed=args.seed)
     test_x, test_y = split.test_x, split.test_y
     if args.eval_size is not None:
         test_x, test_y = test_x[: args.eval_size], test_y[: args.eval_size]
-    server = Server(model, lr=args.lr, eval_x=spec.normalize(test_x), eval_y=test_y)
+    server = Server(model, lr=setup.lr, eval_x=spec.normalize(test_x), eval_y=test_y)
     gen = torch.Generator().manual_seed(args.seed)
     probe_rounds = set(attack_rounds(args.rounds, args.attack_rounds))
     overheads, fidelities, curve, problems = [], [], [], []
     start = time.perf_counter()
-    for rnd in tqdm(range(args.rounds), desc=f"{name:>14s}", disable=not progress, leave=False):
+    desc = f"{name} [{setup.label(args.lr)}]"
+    for rnd in tqdm(range(args.rounds), desc=f"{desc:>24s}", disable=not progress, leave=False):
         updates = []
         for k, (cx, cy) in enumerate(split.clients):
             size = args.victim_batch if k == 0 else args.batch_size
@@ -184,7 +276,11 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool) -> t
         "defense": name,
         "setting": _setting(cfg),
         "bench_override": BENCH_OVERRIDES.get(name, {}),
-        "precode": name in PRECODE_ROWS,
+        "model": setup.model,
+        "width": setup.width,
+        "lr": setup.lr,
+        "precode": setup.precode,
+        "model_label": setup.label(args.lr),
         "applied": cfg.active(),
         "accuracy": accuracy,
         "test_loss": loss,
@@ -213,30 +309,54 @@ def attack_all(problems: list, args: argparse.Namespace, spec) -> list[dict]:
     return scores
 
 
+def add_baselines(records: list[dict]) -> None:
+    """Set ``baseline`` (the compared row: defense and model) and ``delta_acc`` (accuracy points against
+    it, ``None`` without one) of every record, against the ``none`` row of the same model, width and lr."""
+    for i, r in enumerate(records):
+        if "error" in r:
+            continue
+        j = baseline_index(records, i)
+        if j is None:
+            r["baseline"], r["delta_acc"] = None, None
+        else:
+            ref = records[j]
+            r["baseline"] = {"defense": ref["defense"], "model": ref["model"], "width": ref["width"], "lr": ref["lr"]}
+            r["delta_acc"] = 100 * (r["accuracy"] - ref["accuracy"])
+
+
 def markdown_table(records: list[dict], settings: dict) -> str:
-    """The results as a markdown table (accuracy and leakage next to no defense)."""
-    ref = next((r for r in records if r["defense"] == "none" and "error" not in r), None)
+    """The results as a markdown table (accuracy and leakage next to no defense on the same model)."""
+    add_baselines(records)
     who = "every client" if settings["all_clients"] else "the victim (client 0) only"
+    pre = settings.get("precode_model")
+    header = (
+        f"Digits {settings['image_size']}x{settings['image_size']}, FedSGD {settings['rounds']} rounds, "
+        f"{settings['clients']} clients (batch {settings['batch_size']}, victim batch {settings['victim_batch']}); "
+        f"defense applied by {who}. Model column: rows train {settings['model']} with server lr "
+        f"{settings['lr']}")
+    if pre is not None:
+        width = settings.get("precode_width") or "class default"
+        header += (f"; the PRECODE/PPP rows train {pre} (width {width}) with a PRECODE bottleneck and server lr "
+                   f"{settings['precode_lr']}, next to an undefended {pre} row with the same lr")
+    header += (". Δ acc: accuracy points against the `none` row of the same model and lr. "
+               f"Leakage: Inverting Gradients on all layers ({settings['attack_iterations']} iterations, labels "
+               f"known) on the victim's update at rounds {settings['attack_rounds']}; SSIM/PSNR lower = less "
+               "leakage.")
     lines = [
-        (f"Digits {settings['image_size']}x{settings['image_size']}, {settings['model']}, FedSGD "
-        f"{settings['rounds']} rounds, {settings['clients']} clients (batch {settings['batch_size']}, "
-        f"victim batch {settings['victim_batch']}), server lr {settings['lr']}; defense applied by {who}. "
-        f"Leakage: Inverting Gradients ({settings['attack_iterations']} iterations, labels known) on the "
-        f"victim's update at rounds {settings['attack_rounds']}; SSIM/PSNR lower = less leakage."),
+        header,
         "",
-        "| defense | setting | accuracy | Δ acc | SSIM ↓ | PSNR ↓ | fidelity | overhead ms/update |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| defense | model | setting | accuracy | Δ acc | SSIM ↓ | PSNR ↓ | fidelity | overhead ms/update |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['defense']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['defense']} | {r.get('model_label', '')} | error: {r['error']} | | | | | | |")
             continue
-        delta = "" if ref is None else f"{100 * (r['accuracy'] - ref['accuracy']):+.1f}"
+        delta = "" if r["delta_acc"] is None else f"{r['delta_acc']:+.1f}"
         setting = r["setting"] + (" (bench: fewer steps)" if r["bench_override"] else "")
-        setting += " [PRECODE model]" if r["precode"] else ""
         lines.append(
-            f"| {r['defense']} | {setting} | {100 * r['accuracy']:.1f}% | {delta} | {r['ssim']:.3f} | "
-            f"{r['psnr']:.2f} | {r['fidelity']:.3f} | {r['overhead_ms']:.1f} |"
+            f"| {r['defense']} | {r['model_label']} | {setting} | {100 * r['accuracy']:.1f}% | {delta} | "
+            f"{r['ssim']:.3f} | {r['psnr']:.2f} | {r['fidelity']:.3f} | {r['overhead_ms']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -253,22 +373,27 @@ def main(args: argparse.Namespace) -> int:
     settings = {
         "dataset": "digits", "image_size": args.image_size, "model": args.model, "rounds": args.rounds,
         "clients": args.clients, "batch_size": args.batch_size, "victim_batch": args.victim_batch,
-        "lr": args.lr, "all_clients": bool(args.all_clients), "seed": args.seed,
+        "lr": args.lr, "precode_model": args.precode_model, "precode_width": args.precode_width or None,
+        "precode_lr": args.precode_lr, "all_clients": bool(args.all_clients), "seed": args.seed,
         "attack": "inverting-gradients", "attack_iterations": args.attack_iterations,
         "attack_rounds": attack_rounds(args.rounds, args.attack_rounds), "bench_overrides": BENCH_OVERRIDES,
     }
     records, problems, failed = [], [], False
-    for name in names:
+    for name, setup in plan(names, args):
+        label = setup.label(args.lr)
         try:
-            record, probs = run_defense(name, args, split, progress)
+            record, probs = run_defense(name, args, split, progress, setup)
         except Exception as err:  # noqa: BLE001 - keep the other rows; the failure is in the table and exit code
             failed = True
-            print(f"defense {name!r} failed: {type(err).__name__}: {err}", file=sys.stderr)
-            records.append({"defense": name, "error": f"{type(err).__name__}: {err}"})
+            print(f"defense {name!r} [{label}] failed: {type(err).__name__}: {err}", file=sys.stderr)
+            records.append({"defense": name, "model": setup.model, "width": setup.width, "lr": setup.lr,
+                            "precode": setup.precode, "model_label": label,
+                            "error": f"{type(err).__name__}: {err}"})
             continue
         records.append(record)
         problems.extend((len(records) - 1, rnd, upd, kn, orig) for rnd, upd, kn, orig in probs)
-        print(f"{name:>14s}: accuracy {100 * record['accuracy']:.1f}%  wall {record['wall_s']:.1f}s", file=sys.stderr)
+        print(f"{name:>14s} [{label}]: accuracy {100 * record['accuracy']:.1f}%  wall {record['wall_s']:.1f}s",
+              file=sys.stderr)
     start = time.perf_counter()
     scores = attack_all(problems, args, split.spec)
     print(f"attacks: {len(problems)} updates in {time.perf_counter() - start:.1f}s", file=sys.stderr)
@@ -282,6 +407,7 @@ def main(args: argparse.Namespace) -> int:
         record["leakage"] = rows
         record["ssim"] = sum(s["ssim"] for s in rows) / len(rows) if rows else math.nan
         record["psnr"] = sum(s["psnr"] for s in rows) / len(rows) if rows else math.nan
+    add_baselines(records)
     result = {"benchmark": "defenses", "settings": settings, "results": records}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
