@@ -11,9 +11,9 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
 2. **defend** — each victim draws its private batch and shares its defended update
    (:meth:`LeakGame.defend` -> :func:`share_update`); a malicious server's model modification
    comes first, because the server sends the model before the client trains.
-3. **attack** — :func:`reconstruct_all` runs the attacks of all games, one batched engine call per
-   attack strategy whatever the budgets (per-problem iterations, restarts, TV weight, learning rate),
-   each game with its *own* seed (``Attack.reconstruct_batch(..., seeds=...)``), so a game's
+3. **attack** — :func:`reconstruct_all` runs the attacks of all games as one batched engine call for
+   all optimisation strategies whatever the budgets (per-problem iterations, restarts, TV weight,
+   learning rate) and one call per other strategy, each game with its *own* seed, so a game's
    reconstruction does not depend on its neighbours.
 4. **score** — :func:`score_all` matches and scores reconstructions against the private batches;
    the leakage score of :mod:`leakgym.envs.rewards`; the defender's optional self-audit.
@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult
+from leakgym.attacks.engine.optimization import OptimizationAttack, reconstruct_jointly
 from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstruction
@@ -89,26 +90,41 @@ class AttackJob:
 
 
 def reconstruct_all(jobs: Sequence[AttackJob], *, batched: bool = True) -> tuple[list[AttackResult], list[float]]:
-    """Phase 3: run every job, one ``reconstruct_batch`` call per attack strategy.
+    """Phase 3: run every job in as few engine calls as the problems allow.
 
-    Jobs are grouped by (attack class, the config fields other than the attack's per-problem ones,
-    and for malicious attacks the modified model they sent): jobs that differ only in budget,
-    restarts, step size or TV weight (:attr:`~leakgym.attacks.base.Attack.per_problem_fields`) share
-    one call, each with its own config (``reconstruct_batch(..., configs=...)``), so a vector step with
-    random attacker actions makes one engine call per strategy. Each job keeps its own seed and
-    settings, so its result does not depend on its neighbours' seeds or actions. It may still differ
-    from the job run alone by floating-point rounding: vectorised kernels sum in a different order for
-    different batch sizes (measured on CPU for LeNet on digits: at most 1e-4 in a pixel, 2e-6 in SSIM;
-    chaotic optimisers such as L-BFGS on a ConvNet amplify it). ``batched=False`` runs every job as its
-    own call, which makes each result bit-identical to the job alone, at the cost of the batching
-    speed-up. Returns the results in job order and each job's share of its group's wall time.
+    The optimisation attacks (DLG, Inverting Gradients, prior-init, GradInversion, ...) of all jobs
+    share engine calls whatever their strategies, budgets, restarts, step sizes and TV weights
+    (:func:`~leakgym.attacks.engine.optimization.reconstruct_jointly`): one call per architecture and
+    update protocol, so a vector step with random attacker actions makes one engine call. Every other
+    attack (analytic and malicious attacks, and attacks with stages after the inversion: Mixup
+    decoding, LODA inversion) makes one ``reconstruct_batch`` call per strategy, jobs grouped by
+    (attack class, the config fields other than the per-problem ones, and for malicious attacks the
+    modified model they sent), each job with its own config.
+
+    Each job keeps its own seed and settings, so its result does not depend on its neighbours' seeds
+    or actions. It may still differ from the job run alone by floating-point rounding: vectorised
+    kernels sum in a different order for different batch sizes (measured on CPU for LeNet on digits: at
+    most 1e-4 in a pixel, 2e-6 in SSIM; chaotic optimisers such as L-BFGS on a ConvNet amplify it).
+    ``batched=False`` runs every job as its own call, which makes each result bit-identical to the job
+    alone, at the cost of the batching speed-up. Returns the results in job order and each job's share
+    of its call's wall time.
     """
-    groups: dict[tuple, list[int]] = {}
-    for i, job in enumerate(jobs):
-        key = (job.attack.batch_key(), id(job.knowledge.model) if job.attack.malicious else 0)
-        groups.setdefault(key if batched else (i,), []).append(i)
     results: list[AttackResult | None] = [None] * len(jobs)
     seconds = [0.0] * len(jobs)
+    joint = [i for i, job in enumerate(jobs)
+             if batched and isinstance(job.attack, OptimizationAttack) and job.attack.joins_other_attacks]
+    if joint:
+        out = reconstruct_jointly([jobs[i].attack for i in joint], [jobs[i].update for i in joint],
+                                  [jobs[i].knowledge for i in joint], seeds=[jobs[i].seed for i in joint])
+        for i, r in zip(joint, out):
+            results[i], seconds[i] = r, r.cost.wall_time_s
+    groups: dict[tuple, list[int]] = {}
+    taken = set(joint)
+    for i, job in enumerate(jobs):
+        if i in taken:
+            continue
+        key = (job.attack.batch_key(), id(job.knowledge.model) if job.attack.malicious else 0)
+        groups.setdefault(key if batched else (i,), []).append(i)
     for members in groups.values():
         t0 = time.perf_counter()
         out = jobs[members[0]].attack.reconstruct_batch(
@@ -161,7 +177,7 @@ class Round:
     """Plays one round of each of ``games`` (one game for the PettingZoo env, N for a vector)."""
 
     def __init__(self, games: Sequence[LeakGame], *, batch_attacks: bool = True, batch_clients: bool = False) -> None:
-        """``batch_attacks``: one engine call per attack strategy (:func:`reconstruct_all`).
+        """``batch_attacks``: the games' attacks share engine calls (:func:`reconstruct_all`).
         ``batch_clients``: phase 5 of all games as batched computations (``LeakGame.federated_steps``;
         equal to the game-by-game phase to floating-point rounding, not bit for bit, hence off by default)."""
         if not games:

@@ -59,16 +59,16 @@ def test_unknown_option_and_role_are_clear_errors(cheap_overrides):
 
 
 def test_make_vec_runs_lockstep_and_batches_attacks(cheap_overrides, monkeypatch):
-    from leakgym.attacks.base import Attack
+    from leakgym.attacks.engine import optimization
 
     calls = []
-    original = Attack.reconstruct_batch
+    original = optimization.run_joint_matching
 
-    def spy(self, updates, knowledges, **seeds):
-        calls.append(len(updates))
-        return original(self, updates, knowledges, **seeds)
+    def spy(problems, parts, **kwargs):
+        calls.append(problems.n)
+        return original(problems, parts, **kwargs)
 
-    monkeypatch.setattr(Attack, "reconstruct_batch", spy)
+    monkeypatch.setattr(optimization, "run_joint_matching", spy)
     venv = gym.make_vec("LeakGym-Digits-v0", num_envs=3, **cheap_overrides)
     obs, _ = venv.reset(seed=0)
     assert obs.shape == (3,) + venv.single_observation_space.shape

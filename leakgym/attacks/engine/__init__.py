@@ -18,9 +18,12 @@ parameters of the same architecture), each with R restarts folded into the batch
 * :mod:`~leakgym.attacks.engine.adam` -- :class:`BatchedAdam`, Adam with a step size and decay per row;
 * :mod:`~leakgym.attacks.engine.lbfgs` -- :class:`BatchedLBFGS`, L-BFGS per problem;
 * :mod:`~leakgym.attacks.engine.randomness` -- :class:`BatchedGenerator`, one generator per problem;
-* :mod:`~leakgym.attacks.engine.matching` -- :func:`run_gradient_matching`, the optimisation loop;
+* :mod:`~leakgym.attacks.engine.matching` -- :func:`run_gradient_matching`, the optimisation loop, and
+  :func:`run_joint_matching`, the same loop over several :class:`Part` s (strategies with their own
+  objective, optimiser and label handling) whose rows are simulated together;
 * :mod:`~leakgym.attacks.engine.optimization` -- :class:`OptimizationAttack`, the base class of the
-  attacks, which turns ``reconstruct_batch`` calls into engine calls.
+  attacks, which turns ``reconstruct_batch`` calls into engine calls, and :func:`reconstruct_jointly`,
+  which runs problems of different attacks (a vector step's random attacker actions) as one call.
 
 Seeds: problem ``i`` of ``reconstruct_batch(..., seeds=seeds)`` draws every random number from its
 own generator seeded with ``seeds[i]``, so its result does not depend on its neighbours -- exactly
@@ -30,9 +33,15 @@ and oneDNN kernels pick their algorithm by the batch size).
 
 from leakgym.attacks.engine.adam import BatchedAdam
 from leakgym.attacks.engine.lbfgs import BatchedLBFGS
-from leakgym.attacks.engine.matching import MatchingOutput, run_gradient_matching
+from leakgym.attacks.engine.matching import MatchingOutput, Part, run_gradient_matching, run_joint_matching
 from leakgym.attacks.engine.objective import DefenseSimulator, MatchingObjective, PerProblem, Schedule
-from leakgym.attacks.engine.optimization import OptimizationAttack, OptimizationConfig, config_fields
+from leakgym.attacks.engine.optimization import (
+    OptimizationAttack,
+    OptimizationConfig,
+    config_fields,
+    invert_jointly,
+    reconstruct_jointly,
+)
 from leakgym.attacks.engine.problems import ProblemSet
 from leakgym.attacks.engine.randomness import BatchedGenerator
 
@@ -45,9 +54,13 @@ __all__ = [
     "MatchingOutput",
     "OptimizationAttack",
     "OptimizationConfig",
+    "Part",
     "PerProblem",
     "ProblemSet",
     "Schedule",
     "config_fields",
+    "invert_jointly",
+    "reconstruct_jointly",
     "run_gradient_matching",
+    "run_joint_matching",
 ]

@@ -96,6 +96,31 @@ def _rows(init: Tensor | Sequence[Tensor], counts: list[int], tail: tuple[int, .
     return torch.cat(parts)
 
 
+@dataclass(frozen=True)
+class Part:
+    """Consecutive problems of one engine call that share an objective and a schedule.
+
+    One engine call may hold several parts -- e.g. the Inverting Gradients, GradInversion and DLG
+    attacks that the games of one vector step chose -- which differ in distance, priors, optimiser
+    and label handling. All rows of all parts are simulated together (one vmapped update simulation
+    and one double backward per iteration, the cost that dominates); each part then evaluates its own
+    objective and steps its own optimiser. A problem's result does not depend on the other parts.
+    """
+
+    problems: int
+    """How many consecutive problems of the :class:`ProblemSet` this part owns."""
+    objective: MatchingObjective
+    schedule: Schedule
+    init: Tensor | Sequence[Tensor]
+    """Initial images ``(n, R, B, C, H, W)`` or ``n`` tensors ``(R_i, B, C, H, W)`` (normalised space)."""
+    label_init: Tensor | Sequence[Tensor] | None = None
+    """Initial label logits when the part optimises its labels (standard normal if omitted)."""
+    per_problem: PerProblem | None = None
+    """Budgets, restarts, step sizes and TV weights per problem of this part."""
+    optimise_labels: bool | None = None
+    """Optimise soft labels jointly (DLG); None: when the ProblemSet has no labels."""
+
+
 def run_gradient_matching(
     problems: ProblemSet,
     objective: MatchingObjective,
@@ -108,7 +133,7 @@ def run_gradient_matching(
     label_init: Tensor | Sequence[Tensor] | None = None,
     per_problem: PerProblem | None = None,
 ) -> MatchingOutput:
-    """Optimise dummy images for all problems and restarts at once.
+    """Optimise dummy images for all problems and restarts at once (one objective and schedule).
 
     Args:
         problems: the N problems (:meth:`ProblemSet.from_updates`).
@@ -132,183 +157,286 @@ def run_gradient_matching(
         :class:`MatchingOutput`; each victim's restart with the lowest matching loss of its best
         iterate (iterates are kept by lowest total objective, as in the ``breaching`` library).
     """
-    n, b = problems.n, problems.batch_size
-    shape = tuple(problems.image_shape)
-    settings = (per_problem or PerProblem()).resolve(n, schedule, objective)
-    budgets, counts = settings.iterations, settings.restarts
-    x0 = _rows(init, counts, (b, *shape), "init")
-    if objective.bn > 0 and problems.bn_targets is None:
-        raise ValueError("objective.bn > 0 needs a ProblemSet built with use_bn_stats=True")
-    if objective.group > 0 and max(counts) < 2:
-        # The consensus of a single restart is the restart itself: the term is identically 0.
-        objective = dataclasses.replace(objective, group=0.0)
+    part = Part(problems.n, objective, schedule, init, label_init=label_init, per_problem=per_problem)
+    return run_joint_matching(problems, [part], generator=generator, seed=seed, vectorize=vectorize)[0]
+
+
+class _PartRun:
+    """The optimisation state of one :class:`Part`: its rows, optimiser, best iterates and working set."""
+
+    def __init__(self, problems: ProblemSet, part: Part, offset: int, generator: BatchedGenerator) -> None:
+        n, b = part.problems, problems.batch_size
+        device, dtype = problems.device, problems.dtype
+        self.ps, self.n, self.offset = problems, n, offset
+        objective, schedule = part.objective, part.schedule
+        settings = (part.per_problem or PerProblem()).resolve(n, schedule, objective)
+        self.budgets, self.counts = settings.iterations, settings.restarts
+        budgets, counts = self.budgets, self.counts
+        x0 = _rows(part.init, counts, (b, *problems.image_shape), "init")
+        if objective.bn > 0 and problems.bn_targets is None:
+            raise ValueError("objective.bn > 0 needs a ProblemSet built with use_bn_stats=True")
+        if objective.group > 0 and max(counts) < 2:
+            # The consensus of a single restart is the restart itself: the term is identically 0.
+            objective = dataclasses.replace(objective, group=0.0)
+        self.schedule = schedule
+        self.rows = generator.with_rows(counts)  # problem i's restarts draw from its own generator
+        self.p_count = sum(counts)
+        self.weights = layer_weights(list(problems.targets), objective.layer_weights)
+        self.t_norm = target_sq_norms(problems.targets, self.weights) if objective.distance == "cosine" else None
+        local = torch.repeat_interleave(torch.arange(n, device=device), torch.tensor(counts, device=device))
+        self.local = local
+        self.owner = local + offset  # problem (of the ProblemSet) of each row
+        self.start = [0]
+        for c in counts[:-1]:
+            self.start.append(self.start[-1] + c)
+
+        optimise = problems.labels is None if part.optimise_labels is None else part.optimise_labels
+        if not optimise and problems.labels is None:
+            raise ValueError("a part with known labels needs a ProblemSet built with labels")
+        x_all = x0.to(device=device, dtype=dtype).clone()
+        logits_all = None
+        if optimise:
+            if part.label_init is None:
+                logits_all = self.rows.randn((b, problems.num_classes), dtype=dtype)
+            else:
+                logits_all = _rows(part.label_init, counts, (b, problems.num_classes), "label_init")
+            logits_all = logits_all.to(device=device, dtype=dtype).clone()
+        self.hard_all = None if optimise else problems.labels.index_select(0, self.owner)
+
+        # Per-row settings, float64 for the step sizes (as the Python floats of torch.optim).
+        rate_dtype = torch.float64 if device.type != "mps" else torch.float32
+        use_tv = any(v > 0 for v in settings.tv)
+        self.tv_all = torch.tensor(settings.tv, dtype=dtype, device=device).index_select(0, local) if use_tv else None
+        if not use_tv:
+            objective = dataclasses.replace(objective, tv=0.0)
+        self.objective = objective
+
+        self.history = torch.full((max(budgets), self.p_count), math.nan, dtype=dtype, device=device)
+        self.best_total = torch.full((self.p_count,), math.inf, dtype=dtype, device=device)
+        self.best_match = torch.full((self.p_count,), math.inf, dtype=dtype, device=device)
+        self.best_x = x_all.clone()
+        self.best_logits = None if logits_all is None else logits_all.clone()
+
+        self.x = x_all.requires_grad_(True)
+        self.logits = None if logits_all is None else logits_all.requires_grad_(True)
+        if schedule.optimizer == "adam":
+            milestones = [decay_milestones(t) for t in budgets] if schedule.lr_decay else [[] for _ in budgets]
+            rates = torch.tensor([decayed_rates(lr, m) for lr, m in zip(settings.lr, milestones)],
+                                 dtype=rate_dtype, device=device).index_select(0, local)
+            marks = torch.tensor(milestones, dtype=torch.int64, device=device).index_select(0, local) \
+                if schedule.lr_decay else None
+            self.opt = BatchedAdam(self.variables, lr=rates, milestones=marks)
+        else:
+            step_lengths = torch.tensor(settings.lr, dtype=rate_dtype, device=device).index_select(0, local)
+            self.opt = BatchedLBFGS(self.variables, lr=step_lengths, history_size=schedule.history_size)
+        self.last = max(budgets)  # the iteration of this part's final evaluation
+        self.select(list(range(n)))
+
+    @property
+    def variables(self) -> list[Tensor]:
+        return [self.x] if self.logits is None else [self.x, self.logits]
+
+    def select(self, victims: list[int]) -> None:
+        """Work on the rows of problems ``victims`` (local indices) only: those within their budget."""
+        ps, device, counts = self.ps, self.ps.device, self.counts
+        self.victims = victims
+        self.all = len(victims) == self.n
+        self.exit = min(self.budgets[i] for i in victims)  # the first iteration at which a problem leaves
+        if self.all:
+            self.active = torch.arange(self.p_count, device=device)
+            own = self.owner
+        else:
+            keep = torch.zeros(self.n, dtype=torch.bool, device=device)
+            keep[torch.tensor(victims, device=device)] = True
+            self.active = torch.nonzero(keep.index_select(0, self.local)).squeeze(1)
+            own = self.owner.index_select(0, self.active)
+        self.active_owner = own
+        self.gen = self.rows if self.all else self.rows.subset(victims)
+        pick = (lambda t: t) if self.all else (lambda t: t.index_select(0, self.active))
+        self.targets = {k: t.index_select(0, own) for k, t in ps.targets.items()}
+        self.norms = None if self.t_norm is None else self.t_norm.index_select(0, own)
+        self.bn_targets = None if ps.bn_targets is None else [
+            (m.index_select(0, own), v.index_select(0, own)) for m, v in ps.bn_targets]
+        self.hard = None if self.hard_all is None else pick(self.hard_all)
+        self.tv = None if self.tv_all is None else pick(self.tv_all)
+        # Group consistency: each problem's restarts form its group (blocks of R rows, or any sizes).
+        sizes = [counts[i] for i in victims]
+        self.restarts = sizes[0]
+        self.groups = None
+        if len(set(sizes)) > 1:
+            size_t = torch.tensor(sizes, device=device)
+            self.groups = (torch.repeat_interleave(torch.arange(len(victims), device=device), size_t), size_t)
+
+    def labels(self, soft: bool) -> Tensor:
+        """The rows' labels for the simulated update: hard ``(P', B)``, or distributions ``(P', B, C)``."""
+        if self.logits is not None:
+            return self.logits.softmax(dim=-1)
+        if not soft:
+            return self.hard
+        return torch.nn.functional.one_hot(self.hard, self.ps.num_classes).to(self.ps.dtype)
+
+    def objective_of(self, dummy: dict[str, Tensor], stats: tuple) -> tuple[Tensor, Tensor]:
+        """``(matching, total)`` of the working rows, given their dummy updates and BN statistics."""
+        matching = matching_term(self.objective, dummy, self.targets, self.weights, self.norms, self.gen)
+        total = objective_terms(self.objective, matching, self.x, restarts=self.restarts, bn_stats=stats,
+                                bn_targets=self.bn_targets, tv=self.tv, groups=self.groups)
+        return matching, total
+
+    def keep_best(self, matching: Tensor, total: Tensor) -> None:
+        x, logits = self.x, self.logits
+        view = (-1,) + (1,) * (x.dim() - 1)
+        if self.all:  # every row: in place, without gathering
+            better = total < self.best_total  # False for NaN: diverged iterates are never kept
+            self.best_total.copy_(torch.where(better, total, self.best_total))
+            self.best_match.copy_(torch.where(better, matching, self.best_match))
+            self.best_x.copy_(torch.where(better.view(view), x.detach(), self.best_x))
+            if logits is not None:
+                self.best_logits.copy_(torch.where(better.view(-1, 1, 1), logits.detach(), self.best_logits))
+            return
+        idx = self.active
+        prev = self.best_total.index_select(0, idx)
+        better = total < prev  # False for NaN: diverged iterates are never kept
+        self.best_total.index_copy_(0, idx, torch.where(better, total, prev))
+        self.best_match.index_copy_(0, idx, torch.where(better, matching, self.best_match.index_select(0, idx)))
+        self.best_x.index_copy_(0, idx, torch.where(better.view(view), x.detach(), self.best_x.index_select(0, idx)))
+        if logits is not None:
+            self.best_logits.index_copy_(0, idx, torch.where(better.view(-1, 1, 1), logits.detach(),
+                                                             self.best_logits.index_select(0, idx)))
+
+    def going(self, it: int) -> list[int]:
+        """The problems that take a step after evaluation ``it`` (those still within their budget)."""
+        return self.victims if it < self.exit else [i for i in self.victims if self.budgets[i] > it]
+
+    def step(self, it: int, going: list[int], matching: Tensor, grads: list[Tensor]) -> None:
+        """Problems at their budget leave; the others record their loss and take one optimiser step."""
+        if len(going) < len(self.victims):
+            # Problems at their budget leave: no further update of their images or optimiser state.
+            device = self.ps.device
+            mask = torch.tensor([self.budgets[i] > it for i in self.victims for _ in range(self.counts[i])],
+                                device=device)
+            matching, grads = matching[mask], [g[mask] for g in grads]
+            self.x = self.x.detach()[mask].requires_grad_(True)
+            self.logits = None if self.logits is None else self.logits.detach()[mask].requires_grad_(True)
+            self.opt.keep(mask, self.variables)
+            self.select(going)
+        if self.all:
+            self.history[it] = matching
+        else:
+            self.history[it].index_copy_(0, self.active, matching)
+        if self.schedule.optimizer == "adam" and self.schedule.signed:
+            grads[0] = grads[0].sign()
+        self.opt.step(grads)
+        x = self.x
+        with torch.no_grad():
+            if self.schedule.boxed:
+                x.copy_(torch.maximum(torch.minimum(x, self.ps.upper), self.ps.lower))
+            # A diverged problem restarts from its best iterate; others are unaffected.
+            bad = ~torch.isfinite(x).flatten(1).all(dim=1)
+            view = (-1,) + (1,) * (x.dim() - 1)
+            x.copy_(torch.where(bad.view(view), self.best_x if self.all else self.best_x.index_select(0, self.active), x))
+
+    def output(self) -> MatchingOutput:
+        """Each victim's restart with the lowest matching loss (first on ties)."""
+        device, dtype = self.ps.device, self.ps.dtype
+        start = torch.tensor(self.start, device=device)
+        r_max = max(self.counts)
+        score = torch.full((self.n, r_max), math.inf, dtype=dtype, device=device)
+        position = torch.arange(self.p_count, device=device) - start.index_select(0, self.local)
+        found = torch.where(torch.isfinite(self.best_match), self.best_match, torch.full_like(self.best_match, math.inf))
+        score[self.local, position] = found
+        best_r = score.argmin(dim=1)
+        pick = start + best_r
+        soft = None if self.best_logits is None else self.best_logits[pick].softmax(dim=-1)
+        return MatchingOutput(
+            images=self.best_x[pick].detach(), soft_labels=soft, matching_loss=self.best_match[pick],
+            total_loss=self.best_total[pick], history=self.history[:, pick], best_restart=best_r,
+            iterations=max(self.budgets), restarts=r_max, budgets=list(self.budgets),
+            restart_counts=list(self.counts),
+        )
+
+
+def run_joint_matching(
+    problems: ProblemSet,
+    parts: Sequence[Part],
+    *,
+    generator: BatchedGenerator | None = None,
+    seed: int = 0,
+    vectorize: bool = True,
+) -> list[MatchingOutput]:
+    """Optimise the problems of several :class:`Part` s (objectives and schedules) as one computation.
+
+    Part ``k`` owns the next ``parts[k].problems`` problems of ``problems``. Every iteration simulates
+    the dummy updates of the working rows of all parts at once and differentiates the sum of all
+    parts' objectives in one backward pass; each part then steps its own optimiser (Adam or L-BFGS)
+    on its own rows. Rows never interact, so each part's problems compute what they would compute in
+    an engine call of their own (:func:`run_gradient_matching`), up to floating-point rounding of the
+    vectorised kernels; labels of parts with known labels are fed as one-hot distributions when
+    another part optimises its labels (the same cross-entropy). ``generator`` holds one generator
+    per problem (``seed`` seeds problem ``i`` with ``seed + i`` when it is None). Returns one
+    :class:`MatchingOutput` per part.
+    """
+    n = problems.n
     device, dtype = problems.device, problems.dtype
+    if not parts or any(p.problems < 1 for p in parts) or sum(p.problems for p in parts) != n:
+        raise ValueError(f"parts own {[p.problems for p in parts]} problems; they must be >= 1 each and add up to "
+                         f"the ProblemSet's {n}")
     if generator is None:
         generator = BatchedGenerator.from_seeds(problem_seeds(n, seed=seed), device)
     if generator.n != n or generator.device != canonical_device(device):
         raise ValueError(f"generator has {generator.n} generators on {generator.device}; "
                          f"expected one per problem ({n}) on {device}")
-    rows = generator.with_rows(counts)  # draws of P = sum R_i rows, restarts of problem i from its generator
-    p_count = sum(counts)
-    weights = layer_weights(list(problems.targets), objective.layer_weights)
-    t_norm = target_sq_norms(problems.targets, weights) if objective.distance == "cosine" else None
-    owner = torch.repeat_interleave(torch.arange(n, device=device), torch.tensor(counts, device=device))
-    start = [0]
-    for c in counts[:-1]:
-        start.append(start[-1] + c)
-
-    x_all = x0.to(device=device, dtype=dtype).clone()
-    logits_all = None
-    if problems.labels is None:
-        if label_init is None:
-            logits_all = rows.randn((b, problems.num_classes), dtype=dtype)
-        else:
-            logits_all = _rows(label_init, counts, (b, problems.num_classes), "label_init")
-        logits_all = logits_all.to(device=device, dtype=dtype).clone()
-    hard_all = None if problems.labels is None else problems.labels.index_select(0, owner)
-
-    # Per-row settings, float64 for the step sizes (as the Python floats of torch.optim).
-    rate_dtype = torch.float64 if device.type != "mps" else torch.float32
-    if schedule.optimizer == "adam":
-        milestones = [decay_milestones(t) for t in budgets] if schedule.lr_decay else [[] for _ in budgets]
-        rates = torch.tensor([decayed_rates(lr, m) for lr, m in zip(settings.lr, milestones)],
-                             dtype=rate_dtype, device=device).index_select(0, owner)
-        marks = torch.tensor(milestones, dtype=torch.int64, device=device).index_select(0, owner) \
-            if schedule.lr_decay else None
-    else:
-        step_lengths = torch.tensor(settings.lr, dtype=rate_dtype, device=device).index_select(0, owner)
-    use_tv = any(v > 0 for v in settings.tv)
-    tv_all = torch.tensor(settings.tv, dtype=dtype, device=device).index_select(0, owner) if use_tv else None
-    if not use_tv:
-        objective = dataclasses.replace(objective, tv=0.0)
-    lower, upper = problems.lower, problems.upper
-
-    history = torch.full((max(budgets), p_count), math.nan, dtype=dtype, device=device)
-    best_total = torch.full((p_count,), math.inf, dtype=dtype, device=device)
-    best_match = torch.full((p_count,), math.inf, dtype=dtype, device=device)
-    best_x = x_all.clone()
-    best_logits = None if logits_all is None else logits_all.clone()
-
-    sim = UpdateSimulator(problems, counts, record_bn=objective.bn > 0)  # closed below: it patches the model copy
-
-    class Working:
-        """The rows still optimised (problems within their budget) and their per-row data."""
-
-        def __init__(self, victims: list[int]) -> None:
-            self.victims = victims
-            self.all = len(victims) == n
-            self.exit = min(budgets[i] for i in victims)  # the first iteration at which a problem leaves
-            if self.all:
-                self.rows, own = torch.arange(p_count, device=device), owner
-            else:
-                active = torch.zeros(n, dtype=torch.bool, device=device)
-                active[torch.tensor(victims, device=device)] = True
-                self.rows = torch.nonzero(active.index_select(0, owner)).squeeze(1)
-                own = owner.index_select(0, self.rows)
-            sim.select(own)
-            self.gen = rows if self.all else rows.subset(victims)
-            pick = (lambda t: t) if self.all else (lambda t: t.index_select(0, self.rows))
-            self.targets = {k: t.index_select(0, own) for k, t in problems.targets.items()}
-            self.t_norm = None if t_norm is None else t_norm.index_select(0, own)
-            self.bn_targets = None if problems.bn_targets is None else [
-                (m.index_select(0, own), v.index_select(0, own)) for m, v in problems.bn_targets]
-            self.hard = None if hard_all is None else pick(hard_all)
-            self.tv = None if tv_all is None else pick(tv_all)
-            # Group consistency: each problem's restarts form its group (blocks of R rows, or any sizes).
-            sizes = [counts[i] for i in victims]
-            self.restarts = sizes[0]
-            self.groups = None
-            if len(set(sizes)) > 1:
-                size_t = torch.tensor(sizes, device=device)
-                self.groups = (torch.repeat_interleave(torch.arange(len(victims), device=device), size_t), size_t)
-
-    def evaluate(work: Working, x: Tensor, logits: Tensor | None, need_grad: bool):
-        variables = [x] if logits is None else [x, logits]
-        y = work.hard if logits is None else logits.softmax(dim=-1)
-        eps = work.gen.randn((sim.noise_numel,), dtype=dtype) if sim.noise_numel else x.new_zeros(x.shape[0], 0)
-        dummy, stats = sim.vectorised(x, y, eps) if vectorize else sim.sequential(x, y, eps)
-        matching = matching_term(objective, dummy, work.targets, weights, work.t_norm, work.gen)
-        total = objective_terms(objective, matching, x, restarts=work.restarts, bn_stats=stats,
-                                bn_targets=work.bn_targets, tv=work.tv, groups=work.groups)
-        grads = list(torch.autograd.grad(total.sum(), variables)) if need_grad else None
-        return matching.detach(), total.detach(), grads
-
-    def keep_best(work: Working, x: Tensor, logits: Tensor | None, matching: Tensor, total: Tensor) -> None:
-        if work.all:  # every row: in place, without gathering
-            better = total < best_total  # False for NaN: diverged iterates are never kept
-            best_total.copy_(torch.where(better, total, best_total))
-            best_match.copy_(torch.where(better, matching, best_match))
-            best_x.copy_(torch.where(better.view((-1,) + (1,) * (x.dim() - 1)), x.detach(), best_x))
-            if logits is not None:
-                best_logits.copy_(torch.where(better.view(-1, 1, 1), logits.detach(), best_logits))
-            return
-        idx = work.rows
-        prev = best_total.index_select(0, idx)
-        better = total < prev  # False for NaN: diverged iterates are never kept
-        best_total.index_copy_(0, idx, torch.where(better, total, prev))
-        best_match.index_copy_(0, idx, torch.where(better, matching, best_match.index_select(0, idx)))
-        view = (-1,) + (1,) * (x.dim() - 1)
-        best_x.index_copy_(0, idx, torch.where(better.view(view), x.detach(), best_x.index_select(0, idx)))
-        if logits is not None:
-            best_logits.index_copy_(0, idx, torch.where(better.view(-1, 1, 1), logits.detach(),
-                                                        best_logits.index_select(0, idx)))
-
-    work = Working(list(range(n)))
-    x = x_all.requires_grad_(True)
-    logits = None if logits_all is None else logits_all.requires_grad_(True)
-    variables = [x] if logits is None else [x, logits]
-    if schedule.optimizer == "adam":
-        opt = BatchedAdam(variables, lr=rates, milestones=marks)
-    else:
-        opt = BatchedLBFGS(variables, lr=step_lengths, history_size=schedule.history_size)
+    runs, offset = [], 0
+    for part in parts:
+        runs.append(_PartRun(problems, part, offset, generator.subset(range(offset, offset + part.problems))))
+        offset += part.problems
+    # Known labels go in as class indices unless some part optimises soft labels (then as one-hot rows).
+    soft = any(r.logits is not None for r in runs) and len(runs) > 1
+    sim = UpdateSimulator(problems, [c for r in runs for c in r.counts],
+                          record_bn=any(r.objective.bn > 0 for r in runs))  # closed below: it patches the model copy
+    selected = None
     try:
-        for it in range(max(budgets) + 1):
-            going = work.victims if it < work.exit else [i for i in work.victims if budgets[i] > it]
-            matching, total, grads = evaluate(work, x, logits, need_grad=bool(going))
-            keep_best(work, x, logits, matching, total)  # for problems at their budget: the final iterate
-            if not going:
-                break
-            if len(going) < len(work.victims):
-                # Problems at their budget leave: no further update of their images or optimiser state.
-                mask = torch.tensor([budgets[i] > it for i in work.victims for _ in range(counts[i])], device=device)
-                matching, grads = matching[mask], [g[mask] for g in grads]
-                x = x.detach()[mask].requires_grad_(True)
-                logits = None if logits is None else logits.detach()[mask].requires_grad_(True)
-                variables = [x] if logits is None else [x, logits]
-                opt.keep(mask, variables)
-                work = Working(going)
-            if work.all:
-                history[it] = matching
+        for it in range(max(r.last for r in runs) + 1):
+            alive = [r for r in runs if it <= r.last]
+            key = [(id(r), len(r.active)) for r in alive]
+            if key != selected:
+                sim.select(alive[0].active_owner if len(alive) == 1 else torch.cat([r.active_owner for r in alive]))
+                selected = key
+            going = [r.going(it) for r in alive]
+            if len(alive) == 1:
+                r = alive[0]
+                x, y = r.x, r.labels(soft)
+                eps = r.gen.randn((sim.noise_numel,), dtype=dtype) if sim.noise_numel else x.new_zeros(x.shape[0], 0)
             else:
-                history[it].index_copy_(0, work.rows, matching)
-            if schedule.optimizer == "adam" and schedule.signed:
-                grads[0] = grads[0].sign()
-            opt.step(grads)
-            with torch.no_grad():
-                if schedule.boxed:
-                    x.copy_(torch.maximum(torch.minimum(x, upper), lower))
-                # A diverged problem restarts from its best iterate; others are unaffected.
-                bad = ~torch.isfinite(x).flatten(1).all(dim=1)
-                view = (-1,) + (1,) * (x.dim() - 1)
-                x.copy_(torch.where(bad.view(view), best_x if work.all else best_x.index_select(0, work.rows), x))
+                x = torch.cat([r.x for r in alive])
+                y = torch.cat([r.labels(soft) for r in alive])
+                eps = torch.cat([r.gen.randn((sim.noise_numel,), dtype=dtype) for r in alive]) if sim.noise_numel \
+                    else x.new_zeros(x.shape[0], 0)
+            dummy, stats = sim.vectorised(x, y, eps) if vectorize else sim.sequential(x, y, eps)
+            terms, row = [], 0
+            for r in alive:
+                rows = r.x.shape[0]
+                if len(alive) == 1:
+                    mine, st = dummy, stats
+                else:
+                    mine = {k: v.narrow(0, row, rows) for k, v in dummy.items()}
+                    st = tuple((m.narrow(0, row, rows), v.narrow(0, row, rows)) for m, v in stats)
+                terms.append(r.objective_of(mine, st))
+                row += rows
+            stepping = [(r, g, t) for r, g, t in zip(alive, going, terms) if g]
+            grads = []
+            if stepping:
+                total = terms[0][1].sum() if len(alive) == 1 else torch.stack([t.sum() for _, t in terms]).sum()
+                variables = [v for r, _, _ in stepping for v in r.variables]
+                grads = list(torch.autograd.grad(total, variables))
+            for r, (matching, total_r) in zip(alive, terms):
+                r.keep_best(matching.detach(), total_r.detach())  # for problems at their budget: the final iterate
+            for r, g, (matching, _) in stepping:
+                k = len(r.variables)
+                mine, grads = grads[:k], grads[k:]
+                r.step(it, g, matching.detach(), mine)
     finally:
         sim.close()
-
-    # Each victim's restart with the lowest matching loss (first on ties).
-    r_max = max(counts)
-    score = torch.full((n, r_max), math.inf, dtype=dtype, device=device)
-    position = torch.arange(p_count, device=device) - torch.tensor(start, device=device).index_select(0, owner)
-    found = torch.where(torch.isfinite(best_match), best_match, torch.full_like(best_match, math.inf))
-    score[owner, position] = found
-    best_r = score.argmin(dim=1)
-    pick = torch.tensor(start, device=device) + best_r
-    images = best_x[pick].detach()
-    soft = None if best_logits is None else best_logits[pick].softmax(dim=-1)
-    return MatchingOutput(
-        images=images, soft_labels=soft, matching_loss=best_match[pick], total_loss=best_total[pick],
-        history=history[:, pick], best_restart=best_r, iterations=max(budgets), restarts=r_max,
-        budgets=list(budgets), restart_counts=list(counts),
-    )
+    return [r.output() for r in runs]
 
 
-__all__ = ["MatchingOutput", "run_gradient_matching"]
+__all__ = ["MatchingOutput", "Part", "run_gradient_matching", "run_joint_matching"]

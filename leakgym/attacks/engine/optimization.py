@@ -3,15 +3,18 @@
 :class:`OptimizationAttack` turns N (update, knowledge, seed) problems into engine calls: it infers
 or takes the labels, groups compatible problems into :class:`~leakgym.attacks.engine.problems.ProblemSet`
 objects, draws each problem's initial images from its own generator, runs
-:func:`~leakgym.attacks.engine.matching.run_gradient_matching` once per group and packs the results.
+:func:`~leakgym.attacks.engine.matching.run_joint_matching` once per group and packs the results.
 A subclass only states its objective (:class:`~leakgym.attacks.engine.objective.MatchingObjective`)
-and schedule (:class:`~leakgym.attacks.engine.objective.Schedule`).
+and schedule (:class:`~leakgym.attacks.engine.objective.Schedule`). :func:`reconstruct_jointly` does the
+same for problems of *different* attacks (the random attacker actions of one vector step): one engine
+call per group, one :class:`~leakgym.attacks.engine.matching.Part` per objective and optimiser.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,8 +22,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult, seeded_generator
-from leakgym.attacks.engine.matching import run_gradient_matching
+from leakgym.attacks.base import (
+    Attack,
+    AttackCost,
+    AttackerKnowledge,
+    AttackResult,
+    check_seed,
+    seeded_generator,
+)
+from leakgym.attacks.engine.matching import Part, run_joint_matching
 from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.problems import ProblemSet
 from leakgym.attacks.engine.randomness import BatchedGenerator
@@ -137,14 +147,23 @@ class OptimizationAttack(Attack):
             return super()._reconstruct_mixed(updates, knowledges, seeds=seeds, configs=configs)
         return self.invert(updates, knowledges, self.generators(seeds, knowledges), configs=configs)
 
-    def problem_settings(self, configs: Sequence[Any]) -> list[tuple[int, int, float, float]]:
-        """``(iterations, restarts, lr, tv)`` of each config, read from its own schedule and objective."""
-        out = []
-        for c in configs:
-            attack = self if c is self.config else type(self)(c)
-            s, o = attack.schedule(), attack.objective()
-            out.append((s.iterations, s.restarts, s.lr, o.tv))
-        return out
+    def settings(self) -> tuple[int, int, float, float]:
+        """``(iterations, restarts, lr, tv)`` of this attack's config (its per-problem fields)."""
+        s, o = self.schedule(), self.objective()
+        return s.iterations, s.restarts, s.lr, o.tv
+
+    def _with_config(self, config: Any) -> OptimizationAttack:
+        if config is self.config:
+            return self
+        attack = type(self)(config)
+        attack.vectorize = self.vectorize
+        return attack
+
+    @property
+    def joins_other_attacks(self) -> bool:
+        """Whether this attack's problems can share engine calls with other attacks' problems
+        (:func:`reconstruct_jointly`): true unless a subclass adds stages after the inversion."""
+        return type(self)._reconstruct_batch is OptimizationAttack._reconstruct_batch
 
     def invert(
         self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], generators: list[torch.Generator],
@@ -153,66 +172,126 @@ class OptimizationAttack(Attack):
         """Gradient inversion of every update; problem ``i`` draws from ``generators[i]`` (whose stream
         continues: attacks with a later stage keep drawing from it) and, with ``configs``, runs with the
         budget, restarts, step size and TV weight of ``configs[i]``."""
-        objective, schedule = self.objective(), self.schedule()
-        settings = self.problem_settings(configs if configs is not None else [self.config] * len(updates))
-        dtype = _DTYPES[self.config.dtype]
-        prepared = []
-        for i, (u, k) in enumerate(zip(updates, knowledges)):
-            if u.batch_size != k.batch_size:
-                raise ValueError(f"update {i}: batch_size={u.batch_size} but knowledge.batch_size={k.batch_size}")
-            mode = self.label_mode(k)
-            if mode == "known":
-                labels = k.labels.detach().to(torch.int64).cpu()
-            elif mode == "infer":
-                labels = infer_labels(u, k, method=self.config.label_method)
-            else:
-                labels = None
-            names = tuple(self.matched_names(u, k))
-            signature = tuple((n, tuple(p.shape)) for n, p in k.model.named_parameters())
-            key = (type(k.model), signature, k.batch_size, u.kind, u.local_steps, names, mode == "optimize",
-                   self.uses_bn_stats(k), self._device(k))
-            prepared.append((key, labels, names))
+        attacks = [self] * len(updates) if configs is None else [self._with_config(c) for c in configs]
+        return invert_jointly(attacks, updates, knowledges, generators)
 
-        results: list[AttackResult | None] = [None] * len(updates)
-        groups: dict[tuple, list[int]] = {}
-        for i, (key, _, _) in enumerate(prepared):
-            groups.setdefault(key, []).append(i)
-        for key, idx in groups.items():
-            names, device = prepared[idx[0]][2], key[-1]
-            optimise = key[6]
-            labels = None if optimise else torch.stack([prepared[i][1] for i in idx])
-            problems = ProblemSet.from_updates(
-                [updates[i] for i in idx], [knowledges[i] for i in idx], names=names, labels=labels,
-                device=device, dtype=dtype, use_bn_stats=key[7],
-            )
+
+def invert_jointly(
+    attacks: Sequence[OptimizationAttack], updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
+    generators: Sequence[torch.Generator],
+) -> list[AttackResult]:
+    """Problem ``i`` attacked by ``attacks[i]`` (its own strategy and config), drawing from ``generators[i]``.
+
+    Problems that can share a :class:`~leakgym.attacks.engine.problems.ProblemSet` (architecture,
+    batch size, update protocol, matched layers, BN prior, device, dtype, engine path) make one engine
+    call, :func:`~leakgym.attacks.engine.matching.run_joint_matching`, whatever their strategies: the
+    problems with one objective, optimiser and label handling form one
+    :class:`~leakgym.attacks.engine.matching.Part`, and their budgets, restarts, step sizes, TV weights
+    and start images are per problem. Problem ``i``'s result is what ``attacks[i]`` would return for it alone, up to the
+    rounding of the vectorised kernels.
+    """
+    prepared = []
+    for i, (a, u, k) in enumerate(zip(attacks, updates, knowledges)):
+        if u.batch_size != k.batch_size:
+            raise ValueError(f"update {i}: batch_size={u.batch_size} but knowledge.batch_size={k.batch_size}")
+        mode = a.label_mode(k)
+        if mode == "known":
+            labels = k.labels.detach().to(torch.int64).cpu()
+        elif mode == "infer":
+            labels = infer_labels(u, k, method=a.config.label_method)
+        else:
+            labels = None
+        names = tuple(a.matched_names(u, k))
+        signature = tuple((n, tuple(p.shape)) for n, p in k.model.named_parameters())
+        key = (type(k.model), signature, k.batch_size, u.kind, u.local_steps, names, a.uses_bn_stats(k),
+               a._device(k), a.config.dtype, a.vectorize)
+        prepared.append((key, _part_key(a, mode == "optimize"), labels, names))
+
+    results: list[AttackResult | None] = [None] * len(updates)
+    groups: dict[tuple, dict[tuple, list[int]]] = {}
+    for i, (key, part, _, _) in enumerate(prepared):
+        groups.setdefault(key, {}).setdefault(part, []).append(i)
+    for key, parts in groups.items():
+        idx = [i for members in parts.values() for i in members]  # problems ordered part by part
+        names, use_bn, device, dtype, vectorize = prepared[idx[0]][3], key[6], key[7], _DTYPES[key[8]], key[9]
+        if all(part[-1] for part in parts):  # every part optimises its labels
+            labels = None
+        else:
+            b = knowledges[idx[0]].batch_size
+            labels = torch.stack([prepared[i][2] if prepared[i][2] is not None else torch.zeros(b, dtype=torch.int64)
+                                  for i in idx])
+        problems = ProblemSet.from_updates(
+            [updates[i] for i in idx], [knowledges[i] for i in idx], names=names, labels=labels,
+            device=device, dtype=dtype, use_bn_stats=use_bn,
+        )
+        engine_parts = []
+        for (*_, optimise), members in parts.items():
+            lead = attacks[members[0]]
+            settings = [attacks[i].settings() for i in members]
             inits, label_inits = [], []
-            for i in idx:
-                g, k, restarts = generators[i], knowledges[i], settings[i][1]
-                inits.append(self.initial_images(k, prepared[i][1], restarts, g))
+            for i, (_, restarts, _, _) in zip(members, settings):
+                g, k = generators[i], knowledges[i]
+                inits.append(attacks[i].initial_images(k, prepared[i][2], restarts, g))
                 if optimise:
                     label_inits.append(torch.randn(restarts, k.batch_size, k.spec.num_classes,
                                                    generator=g, device=g.device))
-            group_objective = objective if key[7] else dataclasses.replace(objective, bn=0.0)
-            iterations, restarts, lrs, tvs = (list(v) for v in zip(*(settings[i] for i in idx)))
-            out = run_gradient_matching(
-                problems, group_objective, schedule, inits,
-                generator=BatchedGenerator([generators[i] for i in idx]), vectorize=self.vectorize,
-                label_init=label_inits if optimise else None,
+            objective = lead.objective() if use_bn else dataclasses.replace(lead.objective(), bn=0.0)
+            iterations, restarts, lrs, tvs = (list(v) for v in zip(*settings))
+            engine_parts.append(Part(
+                len(members), objective, lead.schedule(), inits, label_init=label_inits if optimise else None,
                 per_problem=PerProblem(iterations=iterations, restarts=restarts, lr=lrs, tv=tvs),
-            )
-            # One transfer per group for the bookkeeping (not one per problem).
+                optimise_labels=optimise))
+        outputs = run_joint_matching(problems, engine_parts, generator=BatchedGenerator([generators[i] for i in idx]),
+                                     vectorize=vectorize)
+        for ((*_, optimise), members), out in zip(parts.items(), outputs):
+            # One transfer per part for the bookkeeping (not one per problem).
             history, losses = out.history.cpu(), out.matching_loss.cpu()
             optimised = out.soft_labels.argmax(dim=-1).cpu() if optimise else None
-            for j, i in enumerate(idx):
+            for j, i in enumerate(members):
                 budget = out.budgets[j]
                 results[i] = AttackResult(
                     images=out.images[j],
-                    labels=optimised[j] if optimise else prepared[i][1],
+                    labels=optimised[j] if optimise else prepared[i][2],
                     cost=AttackCost(iterations=budget, restarts=out.restart_counts[j], wall_time_s=0.0),
                     history={"matching_loss": history[:budget, j].tolist()},
                     final_loss=float(losses[j]),
                 )
-        return results  # type: ignore[return-value]
+    return results  # type: ignore[return-value]
+
+
+def _part_key(attack: OptimizationAttack, optimise: bool) -> tuple:
+    """Problems whose attacks have the same objective and schedule up to the per-problem settings
+    (budget, restarts, step size, TV weight) and the same label handling form one engine part, whatever
+    their class: Inverting Gradients and prior-init (which differ only in their start images) share one."""
+    objective = dataclasses.replace(attack.objective(), tv=0.0)
+    schedule = dataclasses.replace(attack.schedule(), iterations=1, restarts=1, lr=1.0)
+    return repr(objective), repr(schedule), optimise
+
+
+def reconstruct_jointly(
+    attacks: Sequence[OptimizationAttack], updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
+    *, seeds: Sequence[int],
+) -> list[AttackResult]:
+    """``attacks[i].reconstruct(updates[i], knowledges[i], seed=seeds[i])`` for every ``i``, as few engine
+    calls as the problems allow (:func:`invert_jointly`): the attacks of one vector step with random
+    attacker actions share one call. Every attack must be an :class:`OptimizationAttack` whose
+    :attr:`~OptimizationAttack.joins_other_attacks` is true; the wall time is shared by all problems."""
+    if not (len(attacks) == len(updates) == len(knowledges) == len(seeds)):
+        raise ValueError(f"got {len(attacks)} attacks, {len(updates)} updates, {len(knowledges)} knowledges and "
+                         f"{len(seeds)} seeds; give one of each per problem")
+    for i, a in enumerate(attacks):
+        if not (isinstance(a, OptimizationAttack) and a.joins_other_attacks):
+            raise ValueError(f"attacks[{i}] ({type(a).__name__}) cannot share engine calls with other attacks")
+    if not attacks:
+        return []
+    seeds = [check_seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
+    start = time.perf_counter()
+    generators = [seeded_generator(s, a._device(k)) for a, s, k in zip(attacks, seeds, knowledges)]
+    results = invert_jointly(attacks, updates, knowledges, generators)
+    elapsed = time.perf_counter() - start
+    for r in results:
+        r.cost.wall_time_s = elapsed / len(results)
+    return results
 
 
 def config_fields(config: Any) -> dict[str, Any]:
@@ -220,4 +299,4 @@ def config_fields(config: Any) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
-__all__ = ["OptimizationAttack", "OptimizationConfig", "config_fields"]
+__all__ = ["OptimizationAttack", "OptimizationConfig", "config_fields", "invert_jointly", "reconstruct_jointly"]

@@ -1,0 +1,196 @@
+"""One engine call for several strategies: parts with their own objective, optimiser and labels.
+
+A vector step with random attacker actions hands the engine Inverting Gradients, prior-init and
+GradInversion problems (Adam, cosine or L2, different priors) beside DLG problems (L-BFGS, L2, soft
+labels optimised jointly). :func:`run_joint_matching` simulates all their rows together; every part
+must still compute exactly what it computes in an engine call of its own (the sequential path is
+bit-identical, the vectorised one equal to the kernels' rounding).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from leakgym.attacks import AttackerKnowledge, build_attack
+from leakgym.attacks.engine import (
+    MatchingObjective,
+    Part,
+    PerProblem,
+    ProblemSet,
+    Schedule,
+    reconstruct_jointly,
+    run_gradient_matching,
+    run_joint_matching,
+)
+from leakgym.attacks.engine.randomness import BatchedGenerator
+from leakgym.data import federated_split, load_dataset
+from leakgym.defenses import DefenseConfig, apply_defense
+from leakgym.fl.update import SharedUpdate
+from leakgym.models import build_model, task_loss
+
+VECTORISED_TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits", image_size=16)
+
+
+def _problems(digits, n: int, *, labels: bool = True) -> tuple[ProblemSet, list[SharedUpdate], list[AttackerKnowledge]]:
+    spec = digits.spec
+    updates, knowledges = [], []
+    for i in range(n):
+        model = build_model("lenet", spec, seed=i)  # every problem has its own parameters
+        x, y = spec.normalize(digits.train_x[i:i + 1]), digits.train_y[i:i + 1]
+        grads = torch.autograd.grad(task_loss(model, x, y), list(model.parameters()))
+        updates.append(SharedUpdate({k: g.detach() for (k, _), g in zip(model.named_parameters(), grads)},
+                                    batch_size=1))
+        knowledges.append(AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y))
+    ps = ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors),
+                                 labels=torch.stack([k.labels for k in knowledges]) if labels else None)
+    return ps, updates, knowledges
+
+
+def _parts(digits, counts):
+    """An Inverting-Gradients-like part (Adam, cosine, TV, budgets 3/6), a GradInversion-like part
+    (Adam, L2 + l2 prior + group consistency, 2 restarts) and a DLG part (L-BFGS, L2, soft labels)."""
+    shape = digits.spec.shape
+    g = torch.Generator().manual_seed(0)
+    ig = Part(counts[0], MatchingObjective(distance="cosine", tv=1e-4),
+              Schedule(iterations=6, signed=True, boxed=True, lr_decay=True),
+              torch.randn(counts[0], 1, 1, *shape, generator=g),
+              per_problem=PerProblem(iterations=[3, 6][: counts[0]], tv=[1e-4, 1e-2][: counts[0]]))
+    gi = Part(counts[1], MatchingObjective(distance="l2", l2=1e-4, group=0.01),
+              Schedule(iterations=4, restarts=2, lr=0.05, boxed=True),
+              torch.randn(counts[1], 2, 1, *shape, generator=g))
+    dlg = Part(counts[2], MatchingObjective(distance="l2"), Schedule(iterations=5, optimizer="lbfgs", lr=0.5),
+               torch.randn(counts[2], 1, 1, *shape, generator=g),
+               label_init=torch.randn(counts[2], 1, 1, digits.spec.num_classes, generator=g),
+               optimise_labels=True)
+    return [ig, gi, dlg]
+
+
+def _subset(ps: ProblemSet, lo: int, hi: int, *, labels: bool) -> ProblemSet:
+    pick = (lambda t: t[lo:hi]) if ps.batched else (lambda t: t)
+    return dataclasses.replace(
+        ps, free={k: pick(t) for k, t in ps.free.items()}, fixed={k: pick(t) for k, t in ps.fixed.items()},
+        targets={k: t[lo:hi] for k, t in ps.targets.items()}, local_lr=ps.local_lr[lo:hi],
+        labels=ps.labels[lo:hi] if labels else None)
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_each_part_computes_what_it_computes_alone(digits, vectorize):
+    counts = [2, 1, 2]
+    ps, _, _ = _problems(digits, sum(counts))
+    parts = _parts(digits, counts)
+    seeds = [10, 11, 12, 13, 14]
+    joint = run_joint_matching(ps, parts, generator=BatchedGenerator.from_seeds(seeds, "cpu"), vectorize=vectorize)
+    assert len(joint) == 3
+    lo = 0
+    for part, out in zip(parts, joint):
+        hi = lo + part.problems
+        optimise = bool(part.optimise_labels)
+        alone = run_gradient_matching(
+            _subset(ps, lo, hi, labels=not optimise), part.objective, part.schedule, part.init,
+            generator=BatchedGenerator.from_seeds(seeds[lo:hi], "cpu"), vectorize=vectorize,
+            label_init=part.label_init, per_problem=part.per_problem)
+        assert out.budgets == alone.budgets and out.restart_counts == alone.restart_counts
+        if vectorize:
+            torch.testing.assert_close(out.images, alone.images, **VECTORISED_TOL)
+            torch.testing.assert_close(out.history, alone.history, equal_nan=True, **VECTORISED_TOL)
+        else:
+            assert torch.equal(out.images, alone.images)
+            assert torch.equal(out.history.isnan(), alone.history.isnan())
+            assert torch.equal(out.history.nan_to_num(), alone.history.nan_to_num())
+        if optimise:
+            torch.testing.assert_close(out.soft_labels, alone.soft_labels, **VECTORISED_TOL)
+        lo = hi
+
+
+def test_parts_do_not_borrow_each_others_objective(digits):
+    """Sabotage check: swapping the first two parts' objectives changes their results."""
+    counts = [2, 1, 2]
+    ps, _, _ = _problems(digits, sum(counts))
+    parts = _parts(digits, counts)
+    seeds = [10, 11, 12, 13, 14]
+    right = run_joint_matching(ps, parts, generator=BatchedGenerator.from_seeds(seeds, "cpu"))
+    swapped = [dataclasses.replace(parts[0], objective=parts[1].objective), *parts[1:]]
+    wrong = run_joint_matching(ps, swapped, generator=BatchedGenerator.from_seeds(seeds, "cpu"))
+    assert not torch.allclose(right[0].images, wrong[0].images, **VECTORISED_TOL)
+    torch.testing.assert_close(right[2].images, wrong[2].images, **VECTORISED_TOL)
+
+
+def test_parts_are_validated(digits):
+    ps, _, _ = _problems(digits, 3)
+    parts = _parts(digits, [1, 1, 1])
+    with pytest.raises(ValueError, match="add up to the ProblemSet's 3"):
+        run_joint_matching(ps, parts[:2])
+    with pytest.raises(ValueError, match="add up"):
+        run_joint_matching(ps, [])
+    unlabelled, _, _ = _problems(digits, 3, labels=False)
+    with pytest.raises(ValueError, match="known labels needs a ProblemSet built with labels"):
+        run_joint_matching(unlabelled, [dataclasses.replace(parts[0], optimise_labels=False), *parts[1:]])
+
+
+@pytest.fixture(scope="module")
+def victims():
+    ds = load_dataset("digits", image_size=16)
+    split = federated_split(ds, num_clients=1, seed=0)
+    spec = ds.spec
+    out = []
+    for i in range(6):
+        model = build_model("lenet", spec, seed=i)
+        x, y = spec.normalize(split.clients[0][0][i:i + 1]), split.clients[0][1][i:i + 1]
+        update, _ = apply_defense(model, x, y, DefenseConfig(), seed=i)
+        # Every other victim's labels are unknown: Inverting Gradients infers them, DLG optimises them.
+        out.append((update, AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y if i % 2 else None,
+                                              public_x=split.public_x, public_y=split.public_y)))
+    return out
+
+
+SETTINGS = [("inverting-gradients", {"iterations": 8, "tv": 1e-4}), ("dlg", {"iterations": 6}),
+            ("prior-init", {"iterations": 5, "restarts": 2}), ("gradinversion", {"iterations": 7}),
+            ("dlg", {"iterations": 4, "restarts": 2}), ("inverting-gradients", {"iterations": 10, "restarts": 2})]
+
+
+def test_four_strategies_in_one_call_match_each_attack_alone(victims):
+    attacks = [build_attack(name, **options) for name, options in SETTINGS]
+    updates, knowledges = [v[0] for v in victims], [v[1] for v in victims]
+    seeds = [100 + i for i in range(len(victims))]
+    together = reconstruct_jointly(attacks, updates, knowledges, seeds=seeds)
+    for i, attack in enumerate(attacks):
+        alone = attack.reconstruct(updates[i], knowledges[i], seed=seeds[i])
+        assert together[i].cost.iterations == alone.cost.iterations == SETTINGS[i][1]["iterations"]
+        assert together[i].cost.restarts == alone.cost.restarts
+        assert torch.equal(together[i].labels, alone.labels)
+        torch.testing.assert_close(together[i].images, alone.images, **VECTORISED_TOL)
+        assert together[i].cost.wall_time_s > 0
+
+
+def test_only_plain_optimisation_attacks_join(victims):
+    update, knowledge = victims[1]
+    with pytest.raises(ValueError, match=r"attacks\[1\] \(MixupDecoding\) cannot share"):
+        reconstruct_jointly([build_attack("inverting-gradients"), build_attack("mixup-decoding")],
+                            [update, update], [knowledge, knowledge], seeds=[0, 1])
+    with pytest.raises(ValueError, match="give one of each per problem"):
+        reconstruct_jointly([build_attack("dlg")], [update, update], [knowledge, knowledge], seeds=[0, 1])
+    with pytest.raises(ValueError, match=r"seeds\[0\]=-1"):
+        reconstruct_jointly([build_attack("dlg")], [update], [knowledge], seeds=[-1])
+
+
+@pytest.mark.cuda
+def test_four_strategies_in_one_call_on_cuda(victims, cuda_device):
+    """The joint call on a GPU: every tensor and generator on the device, each problem its own budget."""
+    attacks = [build_attack(name, **options) for name, options in SETTINGS]
+    moved = [(u.to(cuda_device), dataclasses.replace(k, model=copy.deepcopy(k.model).to(cuda_device)))
+             for u, k in victims]
+    out = reconstruct_jointly(attacks, [m[0] for m in moved], [m[1] for m in moved], seeds=list(range(len(moved))))
+    for r in out:
+        assert r.images.device.type == "cuda" and torch.isfinite(r.images).all()
+    cpu = reconstruct_jointly(attacks, [v[0] for v in victims], [v[1] for v in victims], seeds=list(range(len(moved))))
+    for a, b in zip(out, cpu):
+        assert a.cost.iterations == b.cost.iterations
