@@ -125,3 +125,34 @@ def test_bad_arguments_raise(bad, match):
               "generator": torch.Generator(), **bad}
     with pytest.raises(ValueError, match=match):
         dcs2_gradient(model, x, y, _grad(model, x, y), **kwargs)
+
+
+def test_the_latent_term_reuses_the_loss_forward_pass_and_gives_the_same_gradient(digits, monkeypatch):
+    """Speed-up: without BatchNorm or PRECODE, Eq. 9's latent term f(x~_c) is taken from the loss's own
+    forward pass (the head's input) instead of a second ``model.features`` pass; the result equals the
+    two-pass computation up to float32 summation order (measured: 2e-6 relative on the shared gradient)."""
+    import leakgym.defenses.dcs2 as dcs2_module
+
+    spec, xu, yu, px, py = digits
+    x, y = spec.normalize(xu[:4]), yu[:4]
+    model = build_model("lenet", spec, seed=0)
+    g = _grad(model, x, y)
+    calls = []
+    features = model.features
+    monkeypatch.setattr(model, "features", lambda inp: calls.append(len(inp)) or features(inp))
+
+    def run():
+        calls.clear()
+        out = dcs2_gradient(model, x, y, g, **PAPER, steps=30, start="mixup", public_x=px, public_y=py,
+                            generator=torch.Generator().manual_seed(0))
+        return out, len(calls)
+
+    (one, det1), n_one = run()
+    monkeypatch.setattr(dcs2_module, "has_batchnorm", lambda m: True)  # forces the separate forward pass
+    (two, det2), n_two = run()
+    assert n_one == 1 and n_two == 1 + 30 + 2  # the sensitive batch only vs. also every objective evaluation
+    a, b = _flat(one), _flat(two)
+    assert float((a - b).norm() / b.norm()) < 1e-5
+    for key in ("gradient_cosine", "pixel_distance", "latent_distance", "objective", "shared_cosine"):
+        assert det1[key] == pytest.approx(det2[key], rel=1e-4), key
+    assert det1["projected"] == det2["projected"]

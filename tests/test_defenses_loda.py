@@ -58,9 +58,10 @@ def test_obscured_images_keep_features_and_move_pixels(setup):
     """c=5, 100 steps of lr 0.1, first five conv layers (LODA1's layers; paper: c=20, 500 steps --
     c is scale-dependent: with this extractor c=2 collapses onto x and c=10 loses the features).
 
-    Measured on these 3 digits: relative feature distance 1.04 at the public start -> 0.66 after
-    100 steps (0.21 after 500); pixel L2 (normalised space) 12.4 from the private image, whose own
-    norm is ~16 (4.5 after 500 steps); SSIM(obscured, private) 0.61."""
+    Measured on these 3 digits (step tau in image units): relative feature distance 1.04 at the public
+    start -> 0.46 after 100 steps (0.17 after 500, where all three collapse onto their private images);
+    pixel L2 (normalised space) 9.2 from the private image, whose own norm is ~16 (3.5 after 500 steps);
+    SSIM(obscured, private) 0.87, 0.99, 0.31."""
     s = setup
     spec = s["spec"]
     xu, y = s["split"].clients[0][0][:3], s["split"].clients[0][1][:3]
@@ -115,3 +116,46 @@ def test_eq6_descent_reaches_a_root_of_the_stationarity_condition():
     closed_form = ((x_prime - start) @ k).pow(2).sum(1).mean()
     torch.testing.assert_close(torch.tensor(hist[0], dtype=torch.float64), closed_form)
     assert ((x_prime - x_rec) @ k).norm() < 5e-2 * ((x_prime - start) @ k).norm()  # measured 0.024
+
+
+def test_chunked_obscuring_equals_obscuring_the_batch_at_once(setup):
+    """obscure() works ``chunk`` images at a time (speed); every image's objective and normalised step are its
+    own (frozen extractor in eval mode), so the chunks must give the images (and objective) of one batch.
+    Fails if a chunk pairs an image with another image's start or target."""
+    s = setup
+    spec = s["spec"]
+    x = spec.normalize(s["split"].clients[1][0][:7])
+    x0 = s["px"][torch.arange(7) * 5]
+    g = loda.LayerFeatures(s["extractor"], 5)
+    lo, hi = spec.unit_bounds(x)
+    whole, hist_whole = loda.obscure(x, g, x0, c=9.0, steps=6, lr=0.1, lo=lo, hi=hi, chunk=None)
+    for chunk in (3, 1):
+        parts, hist = loda.obscure(x, g, x0, c=9.0, steps=6, lr=0.1, lo=lo, hi=hi, chunk=chunk)
+        torch.testing.assert_close(parts, whole, rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(hist), torch.tensor(hist_whole), rtol=1e-5, atol=1e-4)
+    assert (whole - x0).abs().max() > 0.1  # the steps moved the images
+    with pytest.raises(ValueError, match="chunk"):
+        loda.obscure(x, g, x0, c=9.0, steps=1, lr=0.1, lo=lo, hi=hi, chunk=0)
+
+
+def test_one_step_moves_the_image_by_tau_in_pixel_units(setup):
+    """Algorithm 1's step ``tau`` is an L2 step of the image (the paper's code works on [0, 1] images). LeakGym
+    obscures normalised inputs ``(x - mean) / std``, so the step must be rescaled: one step of tau = 0.1 moves
+    an image by 0.1 in [0, 1] units. The old step in normalised units moved it by 0.1 * std = 0.032 on digits."""
+    s = setup
+    spec = s["spec"]
+    x = spec.normalize(s["split"].clients[0][0][:8])
+    y = s["split"].clients[0][1][:8]
+    xo, det = loda.loda_obscure(x, y, spec=spec, c=loda.CALIBRATED_C, steps=1, lr=0.1, layers=5, public_x=s["px"],
+                                public_y=s["py"], seed=0, cache_dir=s["cache"], epochs=EPOCHS)
+    start = spec.denormalize(s["px"][det["start_indices"]]).clamp(0, 1)
+    moved = (spec.denormalize(xo) - start).flatten(1).norm(dim=1)
+    assert (moved <= 0.1 + 1e-5).all()  # the projection onto [0, 1] can only shorten a step
+    assert moved.max() > 0.09  # measured: 0.0999 (the largest of the 8; the old step: <= 0.032)
+    # In the interior of the box (no projection) the step is exactly tau, for any std.
+    g = loda.LayerFeatures(s["extractor"], 5)
+    mid = spec.normalize(torch.full_like(x[:2], 0.5))
+    lo, hi = spec.unit_bounds(x)
+    std = torch.tensor(spec.std).view(1, -1, 1, 1)
+    one, _ = loda.obscure(x[:2], g, mid, c=1.0, steps=1, lr=0.01, lo=lo, hi=hi, pixel_scale=std)
+    torch.testing.assert_close((spec.denormalize(one) - 0.5).flatten(1).norm(dim=1), torch.full((2,), 0.01))

@@ -25,45 +25,52 @@ Deviations, and why:
   LODA §1) with the fixed seed :data:`LODA_EXTRACTOR_SEED`; the *start images* (Algorithm 1 line 3)
   are drawn from the round's own generator, so they differ between batches, rounds, clients and
   games and are reproducible from the round's seed.
+* Units. LeakGym's images are normalised model inputs ``(x_unit - mean) / std``; the paper (and its
+  code) works on [0, 1] images. The step ``tau`` is applied in image units, as in Algorithm 1: every
+  step moves the [0, 1] image by ``tau`` in L2 (an earlier version took the step in normalised units:
+  ``tau * std`` = 0.032 per step on digits, 3.1x shorter than the paper's). The pixel term of Eq. 4
+  is in normalised units: ``c ||x' - x||^2`` (normalised) is ``(c / std^2) ||x' - x||^2`` on [0, 1]
+  images, so the paper's ``c = 20`` equals our ``c = 20 * std^2`` (2.0 on digits, std 0.319) and our
+  ``c = 9`` is 88 in the paper's units.
 * ``c``. The paper's ``c = 20`` (LODA1) balances the pixel term against a ResNet-18's feature scale;
   Eq. 4 is not scale-free (``||g(x') - g(x)||^2`` grows with the extractor's activations), and near
   ``x`` the objective is ``(x' - x)^T (J^T J - c I)(x' - x)``: ``c`` is a threshold on the
   extractor's sensitivity, pixel directions less sensitive than ``c`` are pushed away from ``x``,
   the others pulled in. For LeakGym's extractor the paper's value pushes every direction away.
   :data:`CALIBRATED_C` is calibrated on digits 16x16 (LODA1: first five conv layers, 500 steps of
-  lr 0.1, extractor seed 0): 64 private images (32 each of clients 0 and 1 of
-  ``federated_split(..., num_clients=4, seed=0)``), two independent draws of public start images
-  each (rows c = 0-5 and 20: 16 images, one draw). Measured means of the relative feature distance
-  ``||g(x')-g(x)|| / ||g(x)||`` (0.99 at the public start), the pixel L2 distance to the private
-  image (normalised space; 15.65 at the start, the images' own norm is 16.0), the distance travelled
-  from the start image, SSIM to the private image (0.69 at the start) and the share of images that
-  collapse onto the private one (SSIM > 0.9):
+  ``tau = 0.1`` in image units, extractor seed 0): 64 private images (the first 32 of clients 0 and 1
+  of ``federated_split(..., num_clients=4, seed=0)``), two independent draws of public start images
+  each (generators seeded 0 and 1; 128 obscured images per row). Measured means of the relative
+  feature distance ``||g(x')-g(x)|| / ||g(x)||`` (0.97 at the public start), the pixel L2 distance to
+  the private image (normalised units; 15.12 at the start), the distance travelled from the start
+  image, SSIM to the private image (:func:`leakgym.metrics.ssim` on [0, 1] images; 0.20 at the start)
+  and the share that collapses onto the private image (SSIM > 0.9):
 
   =====  ============  ==========  ==========  =====  =========
   c      feature dist  pixel dist  from start  SSIM   collapsed
   =====  ============  ==========  ==========  =====  =========
-  0-3    0.02          0.06-0.13   15.6        1.00   16/16
-  5      0.20          4.17        13.98       0.92   most
-  6      0.29          6.06        12.45       0.81   71/128
-  7      0.45          9.61        10.89       0.67   34/128
-  7.5    0.52          11.26       10.43       0.63   25/128
-  8      0.58          12.50       10.21       0.60   19/128
-  **9**  **0.67**      **14.88**   **10.36**   0.53   3/128
-  10     0.76          17.27       11.17       0.50   0/128
-  12     0.90          20.55       13.09       0.43   0/128
-  20     1.17          26.93       17.82       0.21   0/16
+  3      0.06          0.29        15.09       1.00   128/128
+  5      0.11          1.72        14.76       0.98   124/128
+  6      0.23          4.66        13.82       0.89   97/128
+  7      0.42          9.02        12.29       0.68   48/128
+  8      0.59          13.41       11.81       0.45   17/128
+  **9**  **0.72**      **16.92**   **13.26**   0.28   7/128
+  10     0.86          20.87       16.12       0.12   2/128
+  12     1.11          27.96       22.77       -0.12  0/128
+  20     1.49          37.07       31.80       -0.39  0/128
   =====  ============  ==========  ==========  =====  =========
 
   Eq. 4 acts image by image like a threshold: an image either falls back onto the private one
   (the attracting directions win) or is pushed away, so the mean hides a bimodal spread. ``c = 9``
-  is the smallest value at which (almost) no image collapses onto its private original (3 of 128)
-  while the features still move a third of the way to the target (0.99 -> 0.67) and the obscured
-  image has left its start (10.4 in L2) and is less similar to the private image than a random
-  public image is (SSIM 0.53 vs 0.69). Smaller ``c`` align the features better on average but hand
-  a growing share of the private images to the attacker unchanged. With 100 steps ``c = 9`` reaches
-  feature distance 0.73 (16 images). At the paper's ``c = 20`` the features end *further* from the
-  target than the start image was (1.17): the pixel term wins everywhere. ``c = 20`` remains
-  available (preset ``loda-paper``); it is the right value only for its own extractor.
+  is kept as the smallest value at which only a few images collapse onto their private original
+  (7 of 128) while the features still move a quarter of the way to the target (0.97 -> 0.72); at
+  ``c = 10`` the features barely move (0.86), at ``c = 8`` 13% of the images collapse. Smaller ``c``
+  align the features better on average but hand a growing share of the private images to the
+  attacker unchanged. With the reproduction's 100 steps ``c = 9`` reaches feature distance 0.69,
+  SSIM 0.31 and 3/128 collapsed (``c = 7``: 0.56, 0.51, 15/128; ``c = 5``: 0.38, 0.75, 47/128).
+  At the paper's ``c = 20`` the features end *further* from the target than the start image was
+  (1.49): the pixel term wins everywhere. ``c = 20`` remains available (preset ``loda-paper``); it is
+  the right value only for its own extractor (and its own pixel units, see above).
 
 Images in and out are normalised model inputs; ``public_x`` must be normalised the same way.
 """
@@ -230,26 +237,53 @@ class _StopForward(Exception):
     """Raised by the last hook: the rest of the extractor is not needed."""
 
 
+#: Images obscured together in one tensor by :func:`obscure`. Every image's objective and normalised step
+#: depend on that image alone (the extractor is frozen, in eval mode), so chunking does not change the
+#: result; 64 is the fastest size measured on one CPU thread (per image and step: 0.47 ms in chunks of 64,
+#: 0.67 ms for a whole 324-image shard at once, which leaves the cache).
+OBSCURE_CHUNK = 64
+
+
 def obscure(
-    x: Tensor, g: nn.Module, x0: Tensor, *, c: float, steps: int, lr: float, lo: Tensor, hi: Tensor
+    x: Tensor, g: nn.Module, x0: Tensor, *, c: float, steps: int, lr: float, lo: Tensor, hi: Tensor,
+    chunk: int | None = OBSCURE_CHUNK, pixel_scale: Tensor | None = None,
 ) -> tuple[Tensor, list[float]]:
     """Algorithm 1 lines 4-8 for a batch: normalised gradient descent on Eq. 4 from ``x0``.
 
-    Returns the obscured images and the per-step mean objective.
+    ``x``, ``x0`` are normalised model inputs ``(x_unit - mean) / std``. ``pixel_scale``: the ``std``
+    (broadcastable to ``x``); given, every step moves the *image* (``x_unit``, in [0, 1]) by ``lr`` in L2
+    along its normalised gradient, as Algorithm 1 (and the paper's code, which works on [0, 1] images)
+    does; ``None``: the step is taken in normalised-input units (``lr * std`` in image units). The
+    pixel term ``c ||x' - x||^2`` is in normalised-input units either way (``c`` is calibrated in them).
+    The images are processed ``chunk`` at a time (``None``: all at once); the result does not depend
+    on ``chunk``. Returns the obscured images and the per-step mean objective over all images.
     """
-    with torch.no_grad():
-        target = g(x)
-    xp = x0.detach().clone()
-    history: list[float] = []
-    for _ in range(steps):
-        xp.requires_grad_(True)
-        per_image = (g(xp) - target).pow(2).sum(1) - c * (xp - x).flatten(1).pow(2).sum(1)
-        (grad,) = torch.autograd.grad(per_image.sum(), [xp])
-        history.append(float(per_image.detach().mean()))
-        norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
+    n = x.shape[0]
+    size = n if chunk is None else int(chunk)
+    if size < 1:
+        raise ValueError(f"chunk={chunk}; must be >= 1 or None")
+    parts: list[Tensor] = []
+    totals = [0.0] * steps
+    for start in range(0, n, size):
+        xc, xp = x[start:start + size], x0[start:start + size].detach().clone()
         with torch.no_grad():
-            xp = torch.max(torch.min(xp - lr * grad / norm, hi), lo)
-    return xp.detach(), history
+            target = g(xc)
+        for t in range(steps):
+            xp.requires_grad_(True)
+            per_image = (g(xp) - target).pow(2).sum(1) - c * (xp - xc).flatten(1).pow(2).sum(1)
+            (grad,) = torch.autograd.grad(per_image.sum(), [xp])
+            totals[t] += float(per_image.detach().sum())
+            if pixel_scale is not None:  # d/dx_unit = d/dx / std; the image moves by lr, x by lr / std
+                grad = grad / pixel_scale
+            norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
+            step = lr * grad / norm
+            if pixel_scale is not None:
+                step = step / pixel_scale
+            with torch.no_grad():
+                xp = torch.max(torch.min(xp - step, hi), lo)
+        parts.append(xp.detach())
+    out = torch.cat(parts) if parts else x0.detach().clone()
+    return out, [v / max(n, 1) for v in totals]
 
 
 def loda_obscure(
@@ -275,8 +309,10 @@ def loda_obscure(
     Args:
         x: ``(B, C, H, W)`` normalised private images; ``y``: their labels (unchanged by LODA).
         spec: the dataset description (image box, cache key).
-        c: pixel-distance weight (paper: LODA1 c=20, LODA2 c=30).
-        steps, lr: normalised-gradient-descent steps ``T`` and step size ``tau`` (paper: 500, 0.1).
+        c: pixel-distance weight, on normalised inputs (paper: LODA1 c=20, LODA2 c=30, on [0, 1] images;
+            see "Units" in the module docstring).
+        steps, lr: normalised-gradient-descent steps ``T`` and step size ``tau``, an L2 step of the image in
+            [0, 1] units (paper: 500, 0.1).
         layers: which extractor layers form ``g`` (int: first k conv layers, paper LODA1: 5;
             ``"all"``: every conv layer, LODA2; or module names).
         public_x, public_y: normalised public split (extractor training and start images).
@@ -311,14 +347,17 @@ def loda_obscure(
     x0 = public_x[pick].to(x)
     lo, hi = spec.unit_bounds(x)
     x0 = torch.max(torch.min(x0, hi), lo)
-    xp, history = obscure(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi)
+    std = torch.tensor(spec.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    xp, history = obscure(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi, pixel_scale=std)
     with torch.no_grad():
-        fx = g(x)
 
         def dists(z: Tensor) -> tuple[float, float]:
-            feat = ((g(z) - fx).norm(dim=1) / fx.norm(dim=1).clamp_min(1e-12)).mean()
-            pix = (z - x).flatten(1).norm(dim=1).mean()
-            return float(feat), float(pix)
+            feat = []
+            for i in range(0, x.shape[0], OBSCURE_CHUNK):  # chunked: 1,300 images' features take ~140 MB
+                fx = g(x[i:i + OBSCURE_CHUNK])
+                feat.append((g(z[i:i + OBSCURE_CHUNK]) - fx).norm(dim=1) / fx.norm(dim=1).clamp_min(1e-12))
+            pix = (z - x).flatten(1).norm(dim=1)
+            return float(torch.cat(feat).mean()), float(pix.mean())
 
         f0, p0 = dists(x0)
         f1, p1 = dists(xp)
@@ -342,7 +381,7 @@ class Loda(InputDefense):
         real_field("loda_c", 0.0, "LODA pixel-distance weight c of Eq. (4); 0 off (paper: 20 for its ResNet-18; "
                    f"calibrated for LeakGym's extractor: {CALIBRATED_C:g})."),
         int_field("loda_steps", 500, "LODA normalised-gradient-descent steps T (paper: 500).", low=1),
-        real_field("loda_lr", 0.1, "LODA step size tau (paper: 0.1).", low_open=True),
+        real_field("loda_lr", 0.1, "LODA step size tau: L2 step of the [0, 1] image (paper: 0.1).", low_open=True),
         int_field("loda_layers", 5, "LODA feature extractor g: output of the first ``loda_layers`` convolutional "
                   "layers (paper LODA1: 5).", low=1),
     )
