@@ -79,9 +79,7 @@ def rows(size: str) -> list[DefenseRow]:
         DefenseRow("Prune", DefenseConfig.preset("prune"), note="per-layer pruning p=0.9 (ratio not in our copy)"),
         DefenseRow("Soteria", DefenseConfig.preset("soteria"), note="80% of representation units pruned"),
         DefenseRow("DCS²", DefenseConfig.preset("dcs2").replace(dcs2_steps=DCS2_STEPS[size]),
-                   utility_seeds=1 if size == "small" else None,
-                   note=f"lambda_g=0.7, {DCS2_STEPS[size]} concealed-sample steps (paper: 1000)"
-                        + ("; utility with one seed (time budget on 2 contended cores)" if size == "small" else "")),
+                   note=f"lambda_g=0.7, {DCS2_STEPS[size]} concealed-sample steps (paper: 1000)"),
     ]
 
 
