@@ -106,6 +106,27 @@ def test_imprint_thresholds(digits):
         imprint_thresholds(direction, 32, spec, digits.train_x[:200, :, :8])
 
 
+def test_imprint_thresholds_keep_off_every_attainable_brightness(digits):
+    """Digit brightness lies on a lattice and quantiles (and midpoints of even gaps) land on it: an image
+    measured exactly on a threshold falls on either side by float32 rounding, so OASIS's rotated copies
+    split into different bins depending on the BLAS kernel. Every interior threshold keeps a margin from
+    every image's brightness (measured minimum here: 1.5e-4; a threshold on the lattice has 0)."""
+    spec = digits.spec
+    direction = torch.full((256,), 1 / 256, dtype=torch.float64)
+    public = digits.train_x[:200]
+    t = imprint_thresholds(direction, 256, spec, public)[1:]
+    measured = spec.normalize(digits.train_x.double()).flatten(1) @ direction
+    inside = t < measured.max()
+    gap = (t[inside][:, None] - measured[None]).abs().min()
+    assert gap > 1e-5, float(gap)
+    # the public split is cut as the quantiles cut it, up to the images that tie with a quantile
+    pub = spec.normalize(public.double()).flatten(1) @ direction
+    q = torch.quantile(pub, torch.arange(1, 256, dtype=torch.float64) / 256)
+    ties = ((pub[None] - q[:, None]).abs() < 1e-9).sum(1)
+    moved = ((pub[None] <= t[:, None]).sum(1) - (pub[None] <= q[:, None]).sum(1)).abs()
+    assert (moved <= ties).all() and moved.sum() > 0  # some quantiles did sit on a tie
+
+
 def test_imprint_batch8_recovers_most_images(digits, mlp):
     """B = 8, 256 brightness bins on public quantiles. Measured 8/8 recovered at PSNR >= 60 dB for this
     batch (8, 6, 8, 8, 8, 5, 8, 8 over the first 8 test batches); bar >= 5 of 8."""

@@ -126,7 +126,7 @@ def test_censor_table_1():
 def test_oasis_figures_5_and_6():
     """OASIS Figs. 5-6 (MLP, malicious servers), 32 images at B = 8 and 64 at B = 64, PSNR in dB.
 
-    Measured: RTF WO 100.0 ± 0.0 (every image recovered), MR 17.1 ± 3.9; CAH at B = 8 WO 100.0 ± 0.0,
+    Measured: RTF WO 100.0 ± 0.0 (every image recovered), MR 10.8 ± 0.7; CAH at B = 8 WO 100.0 ± 0.0,
     MR+SH 17.2 ± 4.8; at B = 64 WO 29.0 ± 3.5, MR+SH 11.6 ± 1.4. Claims: without OASIS both attacks
     recover the batch; major rotation stops RTF, rotation + shear stops CAH (below 30 dB, the old bar).
     """

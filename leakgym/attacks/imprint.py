@@ -138,6 +138,37 @@ def insert_input_block(model: nn.Module, block: nn.Module, name: str) -> nn.Modu
     return wrapped
 
 
+#: Where in the gap between two public measurements a threshold goes (see :func:`_between_values`).
+GAP_FRACTION = 1 - 1 / math.sqrt(2)
+
+
+def _between_values(thresholds: Tensor, measured: Tensor) -> Tensor:
+    """Move every threshold into the gap between the public measurements around it, off their lattice.
+
+    Digit images take few distinct brightness values, so a quantile often *equals* a measurement that
+    many images share; an image measured exactly on a threshold falls on either side by float32
+    rounding of the server's layer, i.e. by the BLAS kernel's summation order. Then the rotated or
+    flipped copies of one image (same brightness: OASIS's argument) land in different bins, and which
+    images are recovered changes with the torch build. Brightness values lie on a lattice (sums of
+    quantised pixels), and the middle of a gap of an even number of lattice steps is itself a lattice
+    point, i.e. the brightness of some other image; so each threshold is put at the fraction
+    ``1 - 1/sqrt(2)`` of its gap, which is no lattice point for any gap (irrational) and at least 5%
+    of a step away from one for gaps of up to 10 steps. It splits the public data as the quantile
+    does, except that images tied with the quantile all count as below it. Thresholds beyond the
+    largest measurement stay where they are.
+    """
+    values = torch.unique(measured)  # sorted
+    # Images of equal brightness measure equal only up to float64 rounding (their pixels are summed in
+    # another order): values closer than this are one value, or a "gap" would be a rounding error.
+    tol = 1e-9 * max(float(values.abs().max()), 1.0)
+    values = values[torch.cat([torch.ones(1, dtype=torch.bool), values.diff() > tol])]
+    idx = torch.searchsorted(values, thresholds, right=True)  # values[idx - 1] <= t < values[idx]
+    inside = (idx > 0) & (idx < values.numel())
+    lo = values[(idx - 1).clamp(min=0)]
+    hi = values[idx.clamp(max=values.numel() - 1)]
+    return torch.where(inside, lo + (hi - lo) * GAP_FRACTION, thresholds)
+
+
 def imprint_thresholds(
     direction: Tensor,
     num_bins: int,
@@ -147,7 +178,8 @@ def imprint_thresholds(
     """Ascending thresholds ``t_0 < ... < t_{n-1}`` of the cumulative bins (float64, ``(n,)``).
 
     ``t_i`` is the quantile ``i / n`` of the measurement ``direction . x`` over the normalised
-    ``public_x`` (unit images), or of ``N(0, 1)`` without public data (Fowl et al.'s fallback).
+    ``public_x`` (unit images), moved into the gap between the public measurements around it
+    (:func:`_between_values`), or of ``N(0, 1)`` without public data (Fowl et al.'s fallback).
     ``t_0`` lies below every measurement a valid image can produce, so neuron 0 is always active.
     """
     if num_bins < 2:
@@ -161,7 +193,7 @@ def imprint_thresholds(
                 f"{tuple(public_x.shape)}"
             )
         measured = spec.normalize(public_x.detach().to(torch.float64).cpu()).flatten(1) @ w
-        inner = torch.quantile(measured, levels)
+        inner = _between_values(torch.quantile(measured, levels), measured)
     else:
         normal = NormalDist()
         inner = torch.tensor([normal.inv_cdf(float(q)) for q in levels], dtype=torch.float64)
