@@ -39,3 +39,38 @@ def cuda_device():
     if not torch.cuda.is_available():  # pragma: no cover - guarded by the marker as well
         pytest.skip("needs a CUDA device")
     return torch.device("cuda")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for the test (restored after), whatever an earlier test set."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def digit_victims():
+    """``make(n, known=lambda i: True)``: n single-image digits victims, victim i with its own LeNet (seed i),
+    as ``(undefended update, AttackerKnowledge)``; ``known(i)`` says whether the server knows its label."""
+    from leakgym.attacks.base import AttackerKnowledge
+    from leakgym.data import federated_split, load_dataset
+    from leakgym.defenses import DefenseConfig, apply_defense
+    from leakgym.models import build_model
+
+    ds = load_dataset("digits", image_size=16)
+    split = federated_split(ds, num_clients=1, seed=0)
+    spec = ds.spec
+
+    def make(n, known=lambda i: True):
+        out = []
+        for i in range(n):
+            model = build_model("lenet", spec, seed=i)  # every game has its own global model
+            x, y = spec.normalize(split.clients[0][0][i:i + 1]), split.clients[0][1][i:i + 1]
+            update, _ = apply_defense(model, x, y, DefenseConfig(), seed=i)
+            out.append((update, AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y if known(i) else None,
+                                                  public_x=split.public_x, public_y=split.public_y)))
+        return out
+
+    return make

@@ -16,14 +16,11 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401  (registers the ids)
-from leakgym.attacks import AttackerKnowledge, build_attack
+from leakgym.attacks import build_attack
 from leakgym.attacks.engine import optimization
-from leakgym.data import federated_split, load_dataset
-from leakgym.defenses import DefenseConfig, apply_defense
 from leakgym.envs import RoundError, parallel_env
 from leakgym.envs.game import LeakGame
 from leakgym.envs.round import AttackJob, Round, reconstruct_all
-from leakgym.models import build_model
 
 VECTORISED_TOL = {"rtol": 1e-4, "atol": 1e-4}
 FL_TOL = 1e-5
@@ -32,18 +29,8 @@ MENU = {"strategies": ["inverting-gradients", "dlg", "prior-init", "gradinversio
 
 
 @pytest.fixture(scope="module")
-def victims():
-    ds = load_dataset("digits", image_size=16)
-    split = federated_split(ds, num_clients=1, seed=0)
-    spec = ds.spec
-    out = []
-    for i in range(4):
-        model = build_model("lenet", spec, seed=i)  # every game has its own global model
-        x, y = spec.normalize(split.clients[0][0][i:i + 1]), split.clients[0][1][i:i + 1]
-        update, _ = apply_defense(model, x, y, DefenseConfig(), seed=i)
-        out.append((update, AttackerKnowledge(model=model, spec=spec, batch_size=1, public_x=split.public_x,
-                                              public_y=split.public_y)))
-    return out
+def victims(digit_victims):
+    return digit_victims(4, known=lambda i: False)
 
 
 def _jobs(victims, settings, vectorize=True):

@@ -27,8 +27,7 @@ from leakgym.attacks.engine import (
     run_joint_matching,
 )
 from leakgym.attacks.engine.randomness import BatchedGenerator
-from leakgym.data import federated_split, load_dataset
-from leakgym.defenses import DefenseConfig, apply_defense
+from leakgym.data import load_dataset
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
 
@@ -137,19 +136,9 @@ def test_parts_are_validated(digits):
 
 
 @pytest.fixture(scope="module")
-def victims():
-    ds = load_dataset("digits", image_size=16)
-    split = federated_split(ds, num_clients=1, seed=0)
-    spec = ds.spec
-    out = []
-    for i in range(6):
-        model = build_model("lenet", spec, seed=i)
-        x, y = spec.normalize(split.clients[0][0][i:i + 1]), split.clients[0][1][i:i + 1]
-        update, _ = apply_defense(model, x, y, DefenseConfig(), seed=i)
-        # Every other victim's labels are unknown: Inverting Gradients infers them, DLG optimises them.
-        out.append((update, AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y if i % 2 else None,
-                                              public_x=split.public_x, public_y=split.public_y)))
-    return out
+def victims(digit_victims):
+    # Every other victim's labels are unknown: Inverting Gradients infers them, DLG optimises them.
+    return digit_victims(6, known=lambda i: i % 2 == 1)
 
 
 SETTINGS = [("inverting-gradients", {"iterations": 8, "tv": 1e-4}), ("dlg", {"iterations": 6}),

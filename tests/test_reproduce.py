@@ -17,12 +17,7 @@ from leakgym.reproduce.stats import FAILS, STATUSES, TIE
 TINY = {"iterations": 10, "utility_rounds": 2, "eval_size": 50, "utility_eval_every": 1}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

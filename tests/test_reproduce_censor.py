@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from leakgym.reproduce import paper_spec
 from leakgym.reproduce.runner import run_paper
 from leakgym.reproduce.stats import UNCHECKED
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("size", ["small", "full"])

@@ -16,13 +16,9 @@ from leakgym.reproduce.stats import FAILS, HOLDS
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_and_own_cache(tmp_path_factory, monkeypatch):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread_and_own_cache(one_torch_thread, tmp_path_factory, monkeypatch):
     # The LODA extractor is trained once into this module's own cache (not the user's).
     monkeypatch.setenv("LEAKGYM_DATA", str(tmp_path_factory.getbasetemp() / "loda-repro-data"))
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
