@@ -89,6 +89,17 @@ class RoundPlan:
     attack: Attack
 
 
+@dataclass(frozen=True)
+class Drawn:
+    """Phase 2a: what the victim's round starts from (drawn from the game's generator)."""
+
+    seed: int
+    x: Tensor  # private batch, normalised
+    y: Tensor
+    model: Any  # the model the server sent (maybe maliciously modified)
+    seconds: float
+
+
 @dataclass
 class Defended:
     """What the victim shared (phase 2) and what the attack needs."""
@@ -287,15 +298,29 @@ class LeakGame:
     # ------------------------------------------------------------------ phase 2: defend
     def defend(self, plan: RoundPlan) -> Defended:
         """The victim draws its private batch and shares its (defended) update."""
+        return self.share(plan, self.draw(plan))
+
+    def draw(self, plan: RoundPlan) -> Drawn:
+        """Phase 2a: the round seed, the victim's private batch and the model the server sends."""
         sc = self.scenario
-        seed = int(self.rng.integers(2**31 - 1))
         t0 = time.perf_counter()
+        seed = int(self.rng.integers(2**31 - 1))
         idx = self.rng.choice(len(self.victim_x), size=sc.batch_size, replace=len(self.victim_x) < sc.batch_size)
         x, y = self.victim_x[idx], self.victim_y[idx]
         sent_model = plan.attack.prepare_model(self.server.model, self.spec, public_x=self.public_x)
+        return Drawn(seed=seed, x=x, y=y, model=sent_model, seconds=time.perf_counter() - t0)
+
+    def share(self, plan: RoundPlan, drawn: Drawn, clean: SharedUpdate | None = None,
+              clean_seconds: float = 0.0) -> Defended:
+        """Phase 2b: the victim's defended update of ``drawn``; ``clean``: its clean update when the Round
+        computed it already (for all games at once, :meth:`clean_updates`)."""
+        sc = self.scenario
+        t0 = time.perf_counter()
+        x, y, seed, sent_model = drawn.x, drawn.y, drawn.seed, drawn.model
         update, report = share_update(
             sent_model, x, y, plan.defense, seed=seed, update_kind=sc.update_kind, local_steps=sc.local_steps,
-            local_lr=sc.local_lr, public_x=self.public_x, public_y=self.public_y,
+            local_lr=sc.local_lr, public_x=self.public_x, public_y=self.public_y, clean=clean,
+            clean_seconds=clean_seconds,
         )
         knowledge = AttackerKnowledge(
             model=sent_model,
@@ -311,8 +336,34 @@ class LeakGame:
         return Defended(
             x=x, y=y, update=update, report=report, seed=seed,
             attack_job=AttackJob(attack=plan.attack, update=update, knowledge=knowledge, seed=attack_seed),
-            timings={"defense_s": time.perf_counter() - t0},
+            timings={"defense_s": drawn.seconds + clean_seconds + time.perf_counter() - t0},
         )
+
+    @staticmethod
+    def clean_updates(games: list[LeakGame], drawn: list[Drawn]) -> tuple[list[SharedUpdate | None], list[float]]:
+        """The victims' clean updates of all games as batched computations (the Round's ``batch_clients``
+        path): games whose sent model :func:`leakgym.fl.batched.supports` and whose architecture, batch shape
+        and protocol agree make one :func:`leakgym.fl.batched.client_updates` call; the others get ``None``
+        (their pipeline computes it). Equal to ``compute_update`` to floating-point rounding. Returns the
+        updates and each game's share of its call's wall time."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (g, d) in enumerate(zip(games, drawn)):
+            sc = g.scenario
+            if fl_batched.supports(d.model):
+                key = (fl_batched.signature(d.model), tuple(d.x.shape), sc.update_kind, sc.local_steps, sc.local_lr)
+                groups.setdefault(key, []).append(i)
+        cleans: list[SharedUpdate | None] = [None] * len(games)
+        seconds = [0.0] * len(games)
+        for (_, _, kind, steps, lr), members in groups.items():
+            if len(members) < 2:
+                continue
+            t0 = time.perf_counter()
+            out = fl_batched.client_updates([drawn[i].model for i in members], [drawn[i].x for i in members],
+                                            [drawn[i].y for i in members], kind=kind, local_steps=steps, local_lr=lr)
+            share = (time.perf_counter() - t0) / len(members)
+            for i, u in zip(members, out):
+                cleans[i], seconds[i] = u, share
+        return cleans, seconds
 
     def audit_job(self, defended: Defended) -> AttackJob | None:
         """The defender's self-audit: Inverting Gradients with known labels on its own update."""

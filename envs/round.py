@@ -10,7 +10,9 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
    ``ValueError`` here, before any game draws a random number or changes state.
 2. **defend** — each victim draws its private batch and shares its defended update
    (:meth:`LeakGame.defend` -> :func:`share_update`); a malicious server's model modification
-   comes first, because the server sends the model before the client trains.
+   comes first, because the server sends the model before the client trains. With
+   ``batch_clients=True`` the victims' clean updates of all games are one batched computation
+   (:meth:`LeakGame.clean_updates`) that the pipeline reuses.
 3. **attack** — :func:`reconstruct_all` runs the attacks of all games as one batched engine call for
    all optimisation strategies whatever the budgets (per-problem iterations, restarts, TV weight,
    learning rate) and one call per other strategy, each game with its *own* seed, so a game's
@@ -71,11 +73,14 @@ def share_update(
     local_lr: float = 0.1,
     public_x: Tensor | None = None,
     public_y: Tensor | None = None,
+    clean: SharedUpdate | None = None,
+    clean_seconds: float = 0.0,
 ) -> tuple[SharedUpdate, DefenseReport]:
-    """Phase 2 for one client: the update it shares under ``defense`` (``x`` normalised)."""
+    """Phase 2 for one client: the update it shares under ``defense`` (``x`` normalised); ``clean``: its
+    clean update if already computed (``apply_defense``)."""
     return apply_defense(
         model, x, y, defense, update_kind=update_kind, local_steps=local_steps, local_lr=local_lr,
-        seed=seed, public_x=public_x, public_y=public_y,
+        seed=seed, public_x=public_x, public_y=public_y, clean=clean, clean_seconds=clean_seconds,
     )
 
 
@@ -178,8 +183,9 @@ class Round:
 
     def __init__(self, games: Sequence[LeakGame], *, batch_attacks: bool = True, batch_clients: bool = False) -> None:
         """``batch_attacks``: the games' attacks share engine calls (:func:`reconstruct_all`).
-        ``batch_clients``: phase 5 of all games as batched computations (``LeakGame.federated_steps``;
-        equal to the game-by-game phase to floating-point rounding, not bit for bit, hence off by default)."""
+        ``batch_clients``: the victims' clean updates (phase 2, ``LeakGame.clean_updates``) and phase 5 of
+        all games as batched computations (``LeakGame.federated_steps``; equal to the game-by-game phases
+        to floating-point rounding, not bit for bit, hence off by default)."""
         if not games:
             raise ValueError("a Round needs at least one game")
         self.games = list(games)
@@ -198,7 +204,7 @@ class Round:
         plans = self.plan(actions)
         snapshots = [g.snapshot() for g in self.games]
         try:
-            defended = [g.defend(p) for g, p in zip(self.games, plans)]
+            defended = self._defend(plans)
             t0 = time.perf_counter()
             results, attack_s = self._attacks(defended)
             audits = self._self_audits(defended)
@@ -214,6 +220,16 @@ class Round:
                 g.restore(snap)
             raise RoundError(self._describe_failure(plans, exc)) from exc
         return outcomes
+
+    def _defend(self, plans) -> list:
+        """Phase 2 of every game; with ``batch_clients`` the victims' clean updates are one batched
+        computation per architecture (``LeakGame.clean_updates``), each game's own draws either way."""
+        if not (self.batch_clients and len(self.games) > 1):
+            return [g.defend(p) for g, p in zip(self.games, plans)]
+        drawn = [g.draw(p) for g, p in zip(self.games, plans)]
+        cleans, seconds = type(self.games[0]).clean_updates(self.games, drawn)
+        return [g.share(p, d, clean=c, clean_seconds=t)
+                for g, p, d, c, t in zip(self.games, plans, drawn, cleans, seconds)]
 
     def _attacks(self, defended) -> tuple[list[AttackResult], list[float]]:
         """Phase 3 for every game whose client sent an update (CENSOR ``skip`` sends none)."""

@@ -33,9 +33,9 @@ class LeakGymVectorEnv(VectorEnv):
             call; False runs each game's attack alone, so that every game's trajectory is
             bit-identical to the single-agent view's (batching may change attack results by
             floating-point rounding, see :func:`leakgym.envs.round.reconstruct_all`).
-        batch_clients: True computes all games' benign clients, aggregation and evaluation as one
-            vmapped computation (:mod:`leakgym.fl.batched`; LeNet-style models, else the loop);
-            equal to the game-by-game loop to about 1e-7, so off by default.
+        batch_clients: True computes all games' victims' clean updates, benign clients, aggregation
+            and evaluation as one vmapped computation each (:mod:`leakgym.fl.batched`; LeNet-style
+            models, else the loop); equal to the game-by-game loop to about 1e-7, so off by default.
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
     """
 

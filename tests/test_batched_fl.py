@@ -51,6 +51,25 @@ def test_benign_updates_equal_compute_update(digits, kind, steps):
                 torch.testing.assert_close(out[name][n, k], t, **FL_TOL)
 
 
+@pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 2)])
+def test_client_updates_are_compute_update_of_each_game(digits, kind, steps):
+    """The victims' clean updates of a vector step: game i's entry is compute_update(model_i, x_i, y_i) to
+    rounding, with the same SharedUpdate fields; fails if games are swapped or a batch is mixed up."""
+    models, x, y = games_and_batches(digits, n=3, k=1, b=2)
+    xs, ys = list(x[:, 0]), list(y[:, 0])
+    out = batched.client_updates(models, xs, ys, kind=kind, local_steps=steps, local_lr=0.05)
+    for m, xi, yi, u in zip(models, xs, ys, out):
+        ref = compute_update(m, xi, yi, kind=kind, local_steps=steps, local_lr=0.05)
+        assert (u.kind, u.batch_size, u.local_steps, u.local_lr) == (ref.kind, ref.batch_size, ref.local_steps,
+                                                                      ref.local_lr)
+        assert u.tensors.keys() == ref.tensors.keys()
+        for name, t in ref.tensors.items():
+            torch.testing.assert_close(u.tensors[name], t, **FL_TOL)
+    assert not torch.allclose(out[0].tensors["head.weight"], out[1].tensors["head.weight"])
+    with pytest.raises(ValueError, match="one architecture"):
+        batched.client_updates([models[0], build_model("mlp", digits.spec)], xs[:2], ys[:2])
+
+
 def test_aggregate_many_is_server_aggregate_bit_for_bit(digits):
     models, x, y = games_and_batches(digits, n=3, k=2)
     updates = [[compute_update(m, x[n, k], y[n, k]) for k in range(2)] for n, m in enumerate(models)]
@@ -151,3 +170,8 @@ def test_batched_fl_on_cuda(digits, cuda_device):
     slots = [{n: t[:, 0] for n, t in out.items()}]
     new = batched.aggregate_many(params, slots, torch.ones(3, 1), step=0.1)
     assert all(t.device.type == "cuda" for t in new.values())
+    victims = batched.client_updates(models, list(x[:, 0]), list(y[:, 0]))
+    ref = compute_update(models[2], x[2, 0], y[2, 0])
+    for name, t in ref.tensors.items():
+        assert victims[2].tensors[name].device.type == "cuda"
+        torch.testing.assert_close(victims[2].tensors[name], t, **CUDA_TOL)

@@ -40,14 +40,17 @@ def test_every_offline_scenario_plays_on_cuda_in_both_roles(role, cheap_override
             assert game.last.update.tensors[next(iter(game.last.update.tensors))].device.type == "cuda"
 
 
-def test_vector_env_on_cuda_matches_the_single_view_within_tolerance(cheap_overrides):
+@pytest.mark.parametrize("batch_clients", [False, True])
+def test_vector_env_on_cuda_matches_the_single_view_within_tolerance(cheap_overrides, batch_clients):
     """On CUDA, batched kernels (TF32, shape-dependent algorithms) change the attack's rounding:
-    game 0 of a vector matches the single-agent view within 1e-2 in every attack-derived number."""
+    game 0 of a vector matches the single-agent view within 1e-2 in every attack-derived number, also
+    with the victims' clean updates and the FL round batched over games (``batch_clients``)."""
     overrides = dict(cheap_overrides, rounds=2)
     opponent = FixedAgent([1, 2, 1, 0, 1, 0])
     single = gym.make("LeakGym-Digits-v0", opponent=opponent, device="cuda", **overrides)
     single.reset(seed=3)
-    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=8, opponent=opponent, device="cuda", **overrides)
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=8, opponent=opponent, device="cuda", batch_clients=batch_clients,
+                       **overrides)
     vec.reset(seed=[3, *range(10, 17)])
     for t in range(2):
         mine = np.array([t % 2, 1, 0, 1])

@@ -50,6 +50,39 @@ def test_update_side_composition_follows_canonical_order_exactly():
     assert rep.details["clip"]["factor"] < 1.0 and rep.details["topk"]["density"] <= 0.2 + 1e-4
 
 
+def test_update_side_defenses_compute_the_gradient_once_and_use_a_given_clean_update(monkeypatch):
+    """With update-side defenses only, the shared update is the clean one post-processed: one gradient
+    computation, not two (bit-identical to recomputing it). A clean update passed in (the vector env's
+    batched victims) is used as is: no gradient is computed, and a different one changes the result."""
+    import leakgym.defenses.pipeline as pipeline
+
+    model = build_model("lenet", SPEC, seed=0)
+    x, y = _batch(3)
+    cfg = DefenseConfig(noise_sigma=1e-3, prune=0.5)
+    calls = []
+    real = pipeline.compute_update
+    monkeypatch.setattr(pipeline, "compute_update", lambda *a, **k: calls.append(1) or real(*a, **k))
+    upd, rep = apply_defense(model, x, y, cfg, seed=3)
+    assert len(calls) == 1 and rep.overhead_s >= 0.0
+    clean = compute_update(model, x, y)
+    manual = add_noise(prune_smallest(clean.tensors, 0.5), 1e-3, generator=derived_generator(3, "noise"))
+    assert all(torch.equal(upd.tensors[n], manual[n]) for n in manual)
+    calls.clear()
+    given, rep2 = apply_defense(model, x, y, cfg, seed=3, clean=clean, clean_seconds=0.01)
+    assert calls == [] and all(torch.equal(given.tensors[n], upd.tensors[n]) for n in manual)
+    assert rep2.fidelity == pytest.approx(rep.fidelity, abs=1e-6)
+    assert all(torch.equal(clean.tensors[n], compute_update(model, x, y).tensors[n]) for n in manual)  # not modified
+    other = compute_update(model, *_batch(3, seed=1))
+    moved, _ = apply_defense(model, x, y, cfg, seed=3, clean=other)
+    assert not torch.equal(moved.tensors["head.weight"], upd.tensors["head.weight"])
+    # an input-side defense recomputes (OASIS trains on more images) and still uses the given clean update
+    calls.clear()
+    apply_defense(model, x, y, DefenseConfig(oasis=1), seed=3, clean=clean)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="clean"):
+        apply_defense(model, x, y, cfg, clean=compute_update(model, x, y, kind="model_delta"))
+
+
 def test_input_per_step_and_update_side_stages_compose_with_report_details():
     model = build_model("lenet", SPEC, seed=0)
     x, y = _batch(2)

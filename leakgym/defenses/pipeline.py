@@ -33,8 +33,10 @@ and the client does not tell the server. The model passed in is never modified.
 
 The report compares against the *clean* update — the same computation with no defense, same seed —
 so ``fidelity`` (cosine between shared and clean update over all parameters) is 1.0 exactly and
-``overhead_s`` is 0 when no defense is on. ``overhead_s`` is the measured wall time of the defended
-computation minus that of the clean one (clamped at 0; both include the gradient computation).
+``overhead_s`` is 0 when no defense is on. With input-side or step defenses ``overhead_s`` is the
+measured wall time of the defended computation minus that of the clean one (clamped at 0; both include
+the gradient computation); with update-side defenses only, the defended update is the clean update
+post-processed (computed once), and ``overhead_s`` is the post-processing time.
 
 Randomness: every defense draws from its own ``torch.Generator`` derived from ``seed`` and its name,
 created on the private batch's device, so switching one defense on does not change another's
@@ -45,6 +47,7 @@ so both the clean and the defended computation run inside ``torch.random.fork_rn
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -97,6 +100,8 @@ def apply_defense(
     seed: int = 0,
     public_x: Tensor | None = None,
     public_y: Tensor | None = None,
+    clean: SharedUpdate | None = None,
+    clean_seconds: float = 0.0,
 ) -> tuple[SharedUpdate, DefenseReport]:
     """Compute the update a defended client shares (see the module docstring for the order).
 
@@ -111,6 +116,13 @@ def apply_defense(
         public_x, public_y: the public split as *unit* images ``[0, 1]`` and labels (the
             convention of :class:`~leakgym.attacks.base.AttackerKnowledge`); used by LODA, DCS² and
             cross-dataset InstaHide. Moved to ``x``'s device and normalised here.
+        clean: the clean update, when the caller has already computed it -- what
+            ``compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr)``
+            returns, e.g. for all games of a vector step at once (:mod:`leakgym.fl.batched`); it is not
+            modified. ``clean_seconds``: the time it took (this client's share), for ``overhead_s``.
+
+    Without input-side or step defenses the defended update *is* the clean update, post-processed by
+    the update-side defenses: it is not computed a second time.
 
     Returns:
         ``(SharedUpdate, DefenseReport)``.
@@ -127,10 +139,16 @@ def apply_defense(
     batch = int(x.shape[0])
     device = x.device
 
-    t0 = time.perf_counter()
-    with seeded_global_rng(seed, device):
-        clean = compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr)
-    t_clean = time.perf_counter() - t0
+    if clean is None:
+        t0 = time.perf_counter()
+        with seeded_global_rng(seed, device):
+            clean = compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr)
+        t_clean = time.perf_counter() - t0
+    else:
+        if clean.kind != update_kind or set(clean.tensors) != {n for n, p in model.named_parameters() if p.requires_grad}:
+            raise ValueError(f"clean is a {clean.kind!r} update of {sorted(clean.tensors)[:3]}...; expected the "
+                             f"{update_kind!r} update of every parameter of the model")
+        t_clean = float(clean_seconds)
     applied = config.active()
     details: dict = {"declared_batch_size": batch, "examples_used": batch}
     if not applied:
@@ -172,9 +190,14 @@ def apply_defense(
                 details[d.name].append(info)
             return grad
 
-    with seeded_global_rng(seed, device):
-        shared = compute_update(model, x_in, y_in, kind=update_kind, local_steps=local_steps,
-                                local_lr=local_lr, gradient_transform=transform, batch_size=batch)
+    recomputed = any(d.stage in ("input", "step") for d in defenses)
+    if recomputed:
+        with seeded_global_rng(seed, device):
+            shared = compute_update(model, x_in, y_in, kind=update_kind, local_steps=local_steps,
+                                    local_lr=local_lr, gradient_transform=transform, batch_size=batch)
+    else:  # the same computation as the clean update (same arguments, same seeded RNG): reuse it
+        shared = dataclasses.replace(clean, tensors={k: t.clone() for k, t in clean.tensors.items()},
+                                     metadata=dict(clean.metadata))
 
     # ---- 3. update side ----------------------------------------------------------------------
     tensors = shared.tensors
@@ -191,7 +214,8 @@ def apply_defense(
 
     report = DefenseReport(
         applied=applied,
-        overhead_s=max(0.0, t_def - t_clean),
+        # recomputed: the defended computation includes its own gradient; else only the post-processing
+        overhead_s=max(0.0, t_def - t_clean) if recomputed else t_def,
         fidelity=cosine_similarity(shared.tensors, clean.tensors),
         details=details,
     )

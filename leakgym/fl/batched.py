@@ -8,7 +8,8 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
 * :func:`benign_updates` -- the ``N x K`` client updates as one ``torch.func.vmap`` (over games, with
   each game's parameters stacked) of a ``vmap`` (over clients) of ``torch.func.grad`` of
   :func:`leakgym.models.task_loss`: FedSGD gradients, or FedAvg model differences ``w_0 - w_E`` after
-  ``E`` local SGD steps unrolled functionally;
+  ``E`` local SGD steps unrolled functionally; :func:`client_updates` -- the same for one client per
+  game (the victims' clean updates), as ``SharedUpdate`` objects;
 * :func:`aggregate_many` -- every game's example-weighted mean of its clients' updates applied to its
   parameters, with the arithmetic of :meth:`Server.aggregate` (same operations in the same order);
 * :func:`evaluate_many` -- accuracy and mean cross-entropy of N models on their held-out sets.
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from leakgym.fl.update import SharedUpdate
 from leakgym.models import has_batchnorm, task_loss
 from leakgym.models.precode import VariationalBottleneck
 
@@ -106,6 +108,34 @@ def benign_updates(
     per_game = vmap(client, in_dims=(None, 0, 0))
     with _train_mode(model):
         return vmap(per_game, in_dims=(0, 0, 0))(params, x, y)
+
+
+def client_updates(
+    models: Sequence[nn.Module],
+    x: Sequence[Tensor],
+    y: Sequence[Tensor],
+    *,
+    kind: str = "gradient",
+    local_steps: int = 1,
+    local_lr: float = 0.1,
+) -> list[SharedUpdate]:
+    """``compute_update(models[i], x[i], y[i], ...)`` for N clients of N games, as one vectorised call.
+
+    The models share a :func:`signature` and :func:`supports` them; the batches share a shape. It is
+    :func:`benign_updates` with one client per game, packed as the :class:`~leakgym.fl.update.SharedUpdate`
+    that :func:`~leakgym.fl.client.compute_update` returns (equal to rounding, module docstring) -- without
+    its ``deepcopy`` of every model. The victims of a vector step use it for their clean updates.
+    """
+    if len(models) != len(x) or len(x) != len(y) or not models:
+        raise ValueError(f"got {len(models)} models, {len(x)} batches and {len(y)} label sets; one of each per game")
+    if len({signature(m) for m in models}) != 1:
+        raise ValueError("client_updates needs models of one architecture (equal signature)")
+    params = stack_parameters(models)
+    out = benign_updates(models[0], params, torch.stack(list(x)).unsqueeze(1), torch.stack(list(y)).unsqueeze(1),
+                         kind=kind, local_steps=local_steps, local_lr=local_lr)
+    return [SharedUpdate(tensors={n: t[i, 0] for n, t in out.items()}, kind=kind, batch_size=int(x[i].shape[0]),
+                         local_steps=local_steps, local_lr=float(local_lr) if kind == "model_delta" else 0.0)
+            for i in range(len(models))]
 
 
 @torch.no_grad()
@@ -209,4 +239,4 @@ def _train_mode(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-__all__ = ["aggregate_many", "benign_updates", "evaluate_many", "signature", "stack_parameters", "supports"]
+__all__ = ["aggregate_many", "benign_updates", "client_updates", "evaluate_many", "signature", "stack_parameters", "supports"]
