@@ -54,7 +54,7 @@ def test_update_side_defenses_compute_the_gradient_once_and_use_a_given_clean_up
     """With update-side defenses only, the shared update is the clean one post-processed: one gradient
     computation, not two (bit-identical to recomputing it). A clean update passed in (the vector env's
     batched victims) is used as is: no gradient is computed, and a different one changes the result."""
-    import leakgym.defenses.pipeline as pipeline
+    from leakgym.defenses import pipeline
 
     model = build_model("lenet", SPEC, seed=0)
     x, y = _batch(3)
