@@ -145,7 +145,8 @@ def apply_defense(
             clean = compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr)
         t_clean = time.perf_counter() - t0
     else:
-        if clean.kind != update_kind or set(clean.tensors) != {n for n, p in model.named_parameters() if p.requires_grad}:
+        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        if clean.kind != update_kind or set(clean.tensors) != trained:
             raise ValueError(f"clean is a {clean.kind!r} update of {sorted(clean.tensors)[:3]}...; expected the "
                              f"{update_kind!r} update of every parameter of the model")
         t_clean = float(clean_seconds)
