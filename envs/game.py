@@ -67,13 +67,6 @@ def attack_for(scenario: Scenario, attack_settings: dict[str, Any]) -> Attack:
     return build_attack(strategy, **overrides)
 
 
-def _benign_update(benign: dict[str, Tensor], game: int, client: int, sc: Scenario, batch_size: int) -> SharedUpdate:
-    """Client ``client`` of game ``game`` out of :func:`leakgym.fl.batched.benign_updates`' output."""
-    return SharedUpdate(tensors={n: t[game, client] for n, t in benign.items()}, kind=sc.update_kind,
-                        batch_size=batch_size, local_steps=sc.local_steps,
-                        local_lr=float(sc.local_lr) if sc.update_kind == "model_delta" else 0.0)
-
-
 # --------------------------------------------------------------------------------------------------
 # Records passed between the phases
 # --------------------------------------------------------------------------------------------------
@@ -492,7 +485,9 @@ class LeakGame:
             # excludes the victim (Server.aggregate's per-name rule), so it is aggregated on its own.
             for i in missing:
                 games[i].server.aggregate([defended[i].update]
-                                          + [_benign_update(benign, i, j, sc, b) for j in range(k)])
+                                          + [fl_batched.unpack(benign, i, j, kind=sc.update_kind, batch_size=b,
+                                                               local_steps=sc.local_steps, local_lr=sc.local_lr)
+                                             for j in range(k)])
         step = sc.server_lr if sc.update_kind == "gradient" else 1.0
         keep = [i for i in range(len(games)) if i not in missing]
         if keep:

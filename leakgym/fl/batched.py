@@ -133,9 +133,16 @@ def client_updates(
     params = stack_parameters(models)
     out = benign_updates(models[0], params, torch.stack(list(x)).unsqueeze(1), torch.stack(list(y)).unsqueeze(1),
                          kind=kind, local_steps=local_steps, local_lr=local_lr)
-    return [SharedUpdate(tensors={n: t[i, 0] for n, t in out.items()}, kind=kind, batch_size=int(x[i].shape[0]),
-                         local_steps=local_steps, local_lr=float(local_lr) if kind == "model_delta" else 0.0)
+    return [unpack(out, i, 0, kind=kind, batch_size=int(x[i].shape[0]), local_steps=local_steps, local_lr=local_lr)
             for i in range(len(models))]
+
+
+def unpack(updates: dict[str, Tensor], game: int, client: int, *, kind: str, batch_size: int, local_steps: int,
+           local_lr: float) -> SharedUpdate:
+    """Client ``client`` of game ``game`` out of :func:`benign_updates`' output, as the
+    :class:`~leakgym.fl.update.SharedUpdate` that :func:`~leakgym.fl.client.compute_update` returns."""
+    return SharedUpdate(tensors={n: t[game, client] for n, t in updates.items()}, kind=kind, batch_size=batch_size,
+                        local_steps=local_steps, local_lr=float(local_lr) if kind == "model_delta" else 0.0)
 
 
 @torch.no_grad()
@@ -239,4 +246,7 @@ def _train_mode(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-__all__ = ["aggregate_many", "benign_updates", "client_updates", "evaluate_many", "signature", "stack_parameters", "supports"]
+__all__ = [
+    "aggregate_many", "benign_updates", "client_updates", "evaluate_many", "signature", "stack_parameters", "supports",
+    "unpack",
+]
