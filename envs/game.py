@@ -40,7 +40,7 @@ from leakgym.models import build_model
 from .menus import Menu
 from .observations import attacker_obs_size, attacker_observation, defender_obs_size, defender_observation
 from .rewards import leakage_score, rewards
-from .round import AttackJob, score_all, share_update
+from .round import AttackJob, share_update
 from .scenario import Scenario
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
@@ -367,21 +367,22 @@ class LeakGame:
         return AttackJob(attack=attack, update=defended.update, knowledge=knowledge, seed=defended.attack_job.seed + 1)
 
     # ------------------------------------------------------------------ phase 4: score
-    def score(self, defended: Defended, result: AttackResult, audit: float | None) -> Scored:
+    def score(self, defended: Defended, audit: float | None, scores: ReconstructionScores,
+              images: tuple[Tensor, Tensor], seconds: float) -> Scored:
+        """Phase 4 of this game, from what the :class:`~leakgym.envs.round.Round` computed for all games
+        at once (:func:`~leakgym.envs.round.score_all`): this game's ``scores``, its ``images``
+        (originals and reconstructions, unit images on the CPU) and its share of the time, ``seconds``."""
         t0 = time.perf_counter()
-        (scores,) = score_all(
-            self.spec, [result], [defended.x], true_labels=[defended.y], lpips="lpips" in self.scenario.leakage_metric
-        )
         skipped = bool(defended.update.metadata.get("skipped"))
         scored = Scored(
             scores=scores,
             # nothing sent, nothing leaked: the grey guess's chance similarity is not leakage
             leakage=0.0 if skipped else leakage_score(scores, self.scenario.leakage_metric),
             audit_leakage=0.0 if audit is None else audit,
-            originals=self.spec.denormalize(defended.x).clamp(0, 1).cpu(),
-            reconstructions=self.spec.denormalize(result.images.detach()).clamp(0, 1).cpu(),
+            originals=images[0],
+            reconstructions=images[1],
         )
-        defended.timings["score_s"] = time.perf_counter() - t0
+        defended.timings["score_s"] = seconds + time.perf_counter() - t0
         return scored
 
     # ------------------------------------------------------------------ phase 5: aggregate

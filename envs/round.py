@@ -44,7 +44,7 @@ from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackRe
 from leakgym.attacks.engine.optimization import OptimizationAttack, reconstruct_jointly
 from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
 from leakgym.fl.update import SharedUpdate
-from leakgym.metrics import ReconstructionScores, score_reconstruction
+from leakgym.metrics import ReconstructionScores, score_reconstructions
 
 if TYPE_CHECKING:
     from .game import LeakGame, RoundOutcome, RoundPlan
@@ -153,19 +153,23 @@ def score_all(
     true_labels: Sequence[Tensor] | None = None,
     lpips: bool = False,
 ) -> list[ReconstructionScores]:
-    """Phase 4: match and score each reconstruction (normalised) against its originals (normalised)."""
-    scores = []
-    for i, (res, x) in enumerate(zip(results, originals)):
-        scores.append(
-            score_reconstruction(
-                spec.denormalize(res.images.detach()).clamp(0, 1),
-                spec.denormalize(x).clamp(0, 1),
-                pred_labels=res.labels if true_labels is not None else None,
-                true_labels=None if true_labels is None else true_labels[i],
-                lpips=lpips,
-            )
-        )
-    return scores
+    """Phase 4: match and score each reconstruction (normalised) against its originals (normalised),
+    all of them at once (:func:`~leakgym.metrics.score_reconstructions`: one metric call per shape,
+    on the images' device; only the Hungarian matching of batches of several images per batch)."""
+    return score_reconstructions(
+        [spec.denormalize(r.images.detach()).clamp(0, 1) for r in results],
+        [spec.denormalize(x).clamp(0, 1) for x in originals],
+        pred_labels=None if true_labels is None else [r.labels for r in results],
+        true_labels=true_labels,
+        lpips=lpips,
+    )
+
+
+def to_host(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """The tensors on the CPU, in one transfer when they share a shape, dtype and device."""
+    if len(tensors) > 1 and len({(t.shape, t.dtype, t.device) for t in tensors}) == 1:
+        return list(torch.stack(list(tensors)).cpu().unbind(0))
+    return [t.cpu() for t in tensors]
 
 
 def nothing_sent(spec, x: Tensor) -> AttackResult:
@@ -209,10 +213,9 @@ class Round:
             results, attack_s = self._attacks(defended)
             audits = self._self_audits(defended)
             t_attack = time.perf_counter() - t0
-            scored = []
-            for g, d, r, a_s, audit in zip(self.games, defended, results, attack_s, audits):
+            for d, a_s in zip(defended, attack_s):
                 d.timings["attack_s"] = a_s if len(self.games) > 1 else t_attack
-                scored.append(g.score(d, r, audit))
+            scored = self._score(defended, results, audits)
             self._federated_steps(defended)
             outcomes = [g.conclude(p, d, r, s) for g, p, d, r, s in zip(self.games, plans, defended, results, scored)]
         except Exception as exc:
@@ -240,6 +243,26 @@ class Round:
         for i, r, t in zip(sent, out, secs):
             results[i], seconds[i] = r, t
         return results, seconds
+
+    def _score(self, defended, results, audits) -> list:
+        """Phase 4 of every game, the games of one scenario scored together (:func:`score_all`)."""
+        groups: dict[int, list[int]] = {}
+        for i, g in enumerate(self.games):
+            groups.setdefault(id(g.scenario), []).append(i)
+        scored: list = [None] * len(self.games)
+        for members in groups.values():
+            t0 = time.perf_counter()
+            lead = self.games[members[0]]
+            scores = score_all(lead.spec, [results[i] for i in members], [defended[i].x for i in members],
+                               true_labels=[defended[i].y for i in members],
+                               lpips="lpips" in lead.scenario.leakage_metric)
+            spec = lead.spec
+            originals = to_host([spec.denormalize(defended[i].x).clamp(0, 1) for i in members])
+            recons = to_host([spec.denormalize(results[i].images.detach()).clamp(0, 1) for i in members])
+            share = (time.perf_counter() - t0) / len(members)
+            for i, s, o, r in zip(members, scores, originals, recons):
+                scored[i] = self.games[i].score(defended[i], audits[i], s, (o, r), share)
+        return scored
 
     def _federated_steps(self, defended) -> None:
         """Phase 5 of every game: batched over the games with ``batch_clients``, else game by game

@@ -23,6 +23,7 @@ from leakgym.metrics import (
     perceptual,
     psnr,
     score_reconstruction,
+    score_reconstructions,
     ssim,
 )
 
@@ -118,6 +119,52 @@ def test_permuted_batch_is_matched_back():
     assert scores.label_accuracy is None
     for cost in ("psnr", "ssim"):
         assert np.array_equal(match_reconstructions(recon, x, cost=cost), assignment)
+
+
+@pytest.mark.parametrize("cost", ["mse", "psnr", "ssim"])
+def test_batched_scoring_equals_one_batch_at_a_time(cost):
+    """score_reconstructions over games (single images, permuted batches of 3, 5 for 3, other sizes)
+    gives what score_reconstruction gives each pair: same matching, metrics to float32 rounding."""
+    recons, origs, preds, trues = [], [], [], []
+    for g in range(7):
+        if g < 3:  # batches of one image
+            x = unit_images(1, seed=g)
+            r = noisy(x, 0.05 * g, seed=g).clamp(0, 1)
+        elif g < 5:  # permuted noisy batches of three
+            x = unit_images(3, seed=g)
+            r = noisy(x, 0.05, seed=g)[torch.tensor([2, 0, 1])].clamp(0, 1)
+        elif g == 5:  # five reconstructions for three originals
+            x = unit_images(3, seed=g)
+            r = torch.cat([noisy(x, 0.05, seed=g), unit_images(2, seed=40)]).clamp(0, 1)
+        else:  # another image size and channel count
+            x = unit_images(2, c=3, size=12, seed=g)
+            r = noisy(x, 0.1, seed=g).clamp(0, 1)
+        recons.append(r)
+        origs.append(x)
+        preds.append(torch.arange(r.shape[0]) % 10)
+        trues.append(torch.arange(x.shape[0]) % 10 if g != 4 else torch.tensor([0, 5, 5]))
+    together = score_reconstructions(recons, origs, pred_labels=preds, true_labels=trues, match_cost=cost)
+    for g, got in enumerate(together):
+        want = score_reconstruction(recons[g], origs[g], pred_labels=preds[g], true_labels=trues[g], match_cost=cost)
+        assert np.array_equal(got.assignment, want.assignment), g
+        assert got.label_accuracy == want.label_accuracy
+        assert set(got.per_image) == {"mse", "psnr", "ssim"}
+        for k in got.per_image:
+            np.testing.assert_allclose(got.per_image[k], want.per_image[k], rtol=1e-5, atol=1e-6)
+            assert got.mean[k] == pytest.approx(want.mean[k], rel=1e-5, abs=1e-6)
+    assert together[4].label_accuracy == pytest.approx(1 / 3)
+
+
+def test_batched_scoring_checks_its_input():
+    x = unit_images(2)
+    with pytest.raises(ValueError, match="2 reconstruction batches for 1 original"):
+        score_reconstructions([x, x], [x])
+    with pytest.raises(ValueError, match="at least as many reconstructions"):
+        score_reconstructions([x[:1]], [x])
+    with pytest.raises(ValueError, match="true_labels has 1 entries for 2 batches"):
+        score_reconstructions([x, x], [x, x], pred_labels=[None, None], true_labels=[None])
+    with pytest.raises(ValueError, match="cost='l1'"):
+        score_reconstructions([x], [x], match_cost="l1")
 
 
 def test_rectangular_matching_uses_distinct_reconstructions():

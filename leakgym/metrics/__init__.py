@@ -26,7 +26,7 @@ from leakgym.metrics.perceptual import (
     lpips_available,
     lpips_weights_path,
 )
-from leakgym.metrics.scores import ReconstructionScores, score_reconstruction
+from leakgym.metrics.scores import ReconstructionScores, score_reconstruction, score_reconstructions
 
 __all__ = [
     "DEFAULT_MAX_DB",
@@ -47,5 +47,6 @@ __all__ = [
     "pairwise_cost",
     "psnr",
     "score_reconstruction",
+    "score_reconstructions",
     "ssim",
 ]

@@ -1,8 +1,11 @@
 """``score_reconstruction``: match reconstructions to originals, then score every pair.
 
-This is the one call the environment makes per round (``docs/architecture.md``): reconstructions
-(already mapped to unit images with ``spec.denormalize``) and the private originals go in; per-image
-and mean MSE, PSNR, SSIM (and optionally LPIPS), the matching and the label accuracy come out.
+Reconstructions (already mapped to unit images with ``spec.denormalize``) and the private originals
+go in; per-image and mean MSE, PSNR, SSIM (and optionally LPIPS), the matching and the label
+accuracy come out. :func:`score_reconstructions` does the same for the batches of many games at
+once (the environment's scoring phase, ``docs/architecture.md``): batches of one shape are stacked,
+their matching costs and every metric computed in one call on their device; only the Hungarian
+matching of batches of more than one image runs per batch, on the host.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from torch import Tensor
 
 from leakgym.metrics.functional import DEFAULT_MAX_DB, DEFAULT_SSIM_WINDOW, mse, psnr, ssim
-from leakgym.metrics.matching import label_accuracy, match_reconstructions
+from leakgym.metrics.matching import MATCHING_COSTS, _check_batches, label_accuracy, match_reconstructions
 from leakgym.metrics.perceptual import lpips as lpips_fn
 
 
@@ -69,3 +72,78 @@ def score_reconstruction(recon_unit: Tensor, orig_unit: Tensor, *,
     if pred_labels is not None and true_labels is not None:
         acc = label_accuracy(pred_labels, true_labels)
     return ReconstructionScores(per_image=per_image, mean=mean, assignment=assignment, label_accuracy=acc)
+
+
+def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
+                          pred_labels: Sequence[Tensor | np.ndarray | Sequence[int] | None] | None = None,
+                          true_labels: Sequence[Tensor | np.ndarray | Sequence[int] | None] | None = None,
+                          lpips: bool = False, lpips_net: str = "alex", data_range: float = 1.0,
+                          match_cost: str = "mse", ssim_window: int = DEFAULT_SSIM_WINDOW,
+                          max_db: float = DEFAULT_MAX_DB) -> list[ReconstructionScores]:
+    """:func:`score_reconstruction` of every pair ``(recons[g], origs[g])``, batched over the pairs.
+
+    Pairs whose reconstructions and originals have the same shapes, device and dtype are stacked:
+    their ``(N, M)`` matching costs come from one metric call, and the matched pairs of all of them
+    are scored by one call of each metric (one ``kornia`` SSIM for all games). Batches of one image
+    need no matching; for larger ones only ``scipy``'s Hungarian algorithm runs per batch, on the
+    cost matrix copied to the host. ``pred_labels`` / ``true_labels``: one entry per pair (or None).
+    Returns one :class:`ReconstructionScores` per pair, equal to :func:`score_reconstruction`'s up to
+    the rounding of batched kernels.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    if len(recons) != len(origs):
+        raise ValueError(f"got {len(recons)} reconstruction batches for {len(origs)} original batches")
+    for name, labels in (("pred_labels", pred_labels), ("true_labels", true_labels)):
+        if labels is not None and len(labels) != len(origs):
+            raise ValueError(f"{name} has {len(labels)} entries for {len(origs)} batches; give one per batch")
+    if match_cost not in MATCHING_COSTS:
+        raise ValueError(f"cost={match_cost!r} is not supported; allowed: {', '.join(MATCHING_COSTS)}")
+    for r, o in zip(recons, origs):
+        _check_batches(r, o)
+
+    def metric(name: str, a: Tensor, b: Tensor) -> Tensor:
+        if name == "mse":
+            return mse(a, b, data_range)
+        if name == "psnr":
+            return psnr(a, b, data_range, max_db=max_db)
+        if name == "ssim":
+            return ssim(a, b, data_range, window_size=ssim_window)
+        return lpips_fn(a, b, net=lpips_net, data_range=data_range)
+
+    groups: dict[tuple, list[int]] = {}
+    for g, (r, o) in enumerate(zip(recons, origs)):
+        r_dev = r.detach()
+        groups.setdefault((tuple(r.shape), tuple(o.shape), r_dev.device, r_dev.dtype), []).append(g)
+    out: list[ReconstructionScores | None] = [None] * len(recons)
+    for (r_shape, o_shape, device, dtype), members in groups.items():
+        rec = torch.stack([recons[g].detach() for g in members])  # (G, M, C, H, W)
+        org = torch.stack([origs[g].detach().to(device=device, dtype=dtype) for g in members])  # (G, N, ...)
+        big, n, m = len(members), o_shape[0], r_shape[0]
+        if n == m == 1:
+            assignments = np.zeros((big, 1), dtype=np.int64)
+        else:
+            # Every (original i, reconstruction j) pair of every game: row (g, i * m + j).
+            pairs_o = org.repeat_interleave(m, dim=1).flatten(0, 1)
+            pairs_r = rec.repeat(1, n, 1, 1, 1).flatten(0, 1)
+            sign = 1.0 if match_cost == "mse" else -1.0  # PSNR and SSIM are maximised
+            costs = (sign * metric(match_cost, pairs_r, pairs_o)).reshape(big, n, m).double().cpu().numpy()
+            assignments = np.empty((big, n), dtype=np.int64)
+            for k in range(big):
+                rows, cols = linear_sum_assignment(costs[k])
+                assignments[k, rows] = cols
+        index = torch.as_tensor(assignments, device=device)
+        matched = torch.gather(rec, 1, index.view(big, n, 1, 1, 1).expand(big, n, *r_shape[1:]))
+        flat_r, flat_o = matched.flatten(0, 1), org.flatten(0, 1)
+        names = ("mse", "psnr", "ssim", "lpips") if lpips else ("mse", "psnr", "ssim")
+        values = {k: metric(k, flat_r, flat_o).detach().double().reshape(big, n).cpu().numpy() for k in names}
+        for k, g in enumerate(members):
+            per_image = {name: v[k].copy() for name, v in values.items()}
+            mean = {name: float(v.mean()) if v.size else math.nan for name, v in per_image.items()}
+            acc = None
+            if pred_labels is not None and true_labels is not None and pred_labels[g] is not None \
+                    and true_labels[g] is not None:
+                acc = label_accuracy(pred_labels[g], true_labels[g])
+            out[g] = ReconstructionScores(per_image=per_image, mean=mean, assignment=assignments[k].copy(),
+                                          label_accuracy=acc)
+    return out  # type: ignore[return-value]
