@@ -452,3 +452,30 @@ def test_per_problem_budgets_on_cuda(digits, cuda_device):
         assert together[i].images.device.type == "cuda"
         alone = InvertingGradients(c).reconstruct(updates[i], knowledges[i], seed=i + 1)
         torch.testing.assert_close(together[i].images, alone.images, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("distance", ["l2", "cosine"])
+@pytest.mark.parametrize("scheme", ["equal", "exp", {"a": 0.5, "c": 2.0}])
+def test_gradient_distance_equals_its_per_layer_formula(distance, scheme):
+    """The flattened distance (all layers as one matrix) is the papers' per-layer sum: DLG Eq. 4 (l2) and
+    Inverting Gradients Eq. 4 with layer weights (cosine); 2 victims x 3 restarts; a weight-0 layer is out."""
+    from leakgym.attacks.losses import gradient_distance, layer_weights
+
+    g = torch.Generator().manual_seed(0)
+    shapes = {"a": (4, 3), "b": (5,), "c": (2, 2, 3)}
+    targets = {k: torch.randn(2, *s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
+    dummy = {k: torch.randn(6, *s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
+    w = layer_weights(list(shapes), scheme)
+    got = gradient_distance(dummy, targets, w, distance=distance)
+    want = []
+    for row in range(6):
+        victim = row // 3
+        terms = [(w[k], dummy[k][row].flatten(), targets[k][victim].flatten()) for k in shapes]
+        if distance == "l2":
+            want.append(sum(wk * (d - t).pow(2).sum() for wk, d, t in terms))
+        else:
+            dot = sum(wk * (d * t).sum() for wk, d, t in terms)
+            norms = (sum(wk * d.pow(2).sum() for wk, d, _ in terms).sqrt()
+                     * sum(wk * t.pow(2).sum() for wk, _, t in terms).sqrt())
+            want.append(1 - dot / norms)
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-12, atol=1e-12)

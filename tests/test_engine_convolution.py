@@ -103,3 +103,22 @@ def test_the_simulator_uses_it_in_the_vectorised_path_only():
     finally:
         sim.close()
     assert all("forward" not in vars(m) for m in ps.model.modules() if isinstance(m, nn.Conv2d))
+
+
+def test_only_layers_with_a_small_unfolded_input_use_it(monkeypatch):
+    """Past UNFOLD_MAX_ENTRIES (per row: B * C * kh * kw * L) a layer keeps F.conv2d: unfold is slower there."""
+    from leakgym.attacks.engine import convolution
+
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 8, 8)
+    assert convolution.unfolded_entries(conv, x) == 2 * 3 * 9 * 64
+    calls = []
+    monkeypatch.setattr(convolution, "unfolded_conv2d", lambda *a: calls.append(1) or F.conv2d(a[0], a[1], a[2],
+                                                                                                 padding=1))
+    for limit, used in ((2 * 3 * 9 * 64, 1), (2 * 3 * 9 * 64 - 1, 0)):
+        calls.clear()
+        patch = UnfoldedConvolutions(conv, max_entries=limit)
+        patch.on = True
+        conv(x)
+        patch.close()
+        assert len(calls) == used

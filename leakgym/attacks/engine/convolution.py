@@ -13,8 +13,15 @@ matrix product, whose derivatives of every order are again unfold/fold and (batc
 so the rows stay one computation: per engine iteration on LeNet 16x16, 1 thread (dummy gradient and
 double backward), 4.4 -> 2.9 ms for one row, 27.9 -> 18.1 ms for 64 rows (``leakgym bench attacks``
 has the engine-level numbers). Results equal ``F.conv2d`` to float32 rounding (test:
-``tests/test_engine_convolution.py``). The price is memory: the unfolded input is ``k*k`` times the
-input (9x for 3x3 kernels), kept for the backward passes.
+``tests/test_engine_convolution.py``). The price is memory and arithmetic: the unfolded input is
+``k*k`` times the input, kept for the backward passes, and a matrix product over it is slower than a
+convolution kernel once the layer is not tiny. So a layer uses it only while its unfolded input per
+row (``B * C * kh * kw * L`` entries, ``L`` output positions) is at most :data:`UNFOLD_MAX_ENTRIES`.
+Measured per engine iteration (Inverting Gradients, one CPU thread, 16 rows, unfold everywhere vs
+``F.conv2d`` everywhere): LeNet 16x16 at B = 1 (<= 4,800 entries per layer) 9.7 vs 17.0 ms; LeNet at
+B = 4 (~19,000) 26.2 vs 19.6 ms; ConvNet 32x32 at B = 1 (27,648 to 147,456) 829 vs 403 ms. The
+threshold sits between. It was measured on a CPU only; on a GPU the per-row loop costs a kernel
+launch per row and layer, which likely moves the break-even point up (not measured: no GPU was lent).
 
 :class:`UnfoldedConvolutions` makes the ``nn.Conv2d`` layers of the engine's private model copy use
 it while switched on (the vectorised path); the reference sequential path keeps ``F.conv2d``.
@@ -26,6 +33,9 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+UNFOLD_MAX_ENTRIES = 8192
+"""Largest unfolded input per row (``B * C * kh * kw * L``) for which a layer uses :func:`unfolded_conv2d`."""
 
 
 def unfolded_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
@@ -48,16 +58,27 @@ def expressible(module: nn.Conv2d) -> bool:
     return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
 
 
+def unfolded_entries(module: nn.Conv2d, x: Tensor) -> int:
+    """Entries of the unfolded input of ``module`` applied to ``x`` ``(B, C, H, W)``."""
+    b, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = module.kernel_size, module.stride, module.padding, module.dilation
+    ho = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return b * c * kh * kw * ho * wo
+
+
 class UnfoldedConvolutions:
-    """While :attr:`on`, the expressible ``nn.Conv2d`` layers of ``model`` compute :func:`unfolded_conv2d`.
+    """While :attr:`on`, the expressible ``nn.Conv2d`` layers of ``model`` compute :func:`unfolded_conv2d`
+    on inputs whose unfolded size is at most ``max_entries`` (per row, inside ``vmap``).
 
     The layers' ``forward`` is replaced on this (private) model only and reads ``module.weight`` and
     ``module.bias`` at call time, so ``torch.func.functional_call`` parameters reach it. :meth:`close`
     restores the class's forward.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, max_entries: int = UNFOLD_MAX_ENTRIES) -> None:
         self.on = False
+        self.max_entries = max_entries
         self.modules = [m for m in model.modules() if isinstance(m, nn.Conv2d) and expressible(m)]
         for m in self.modules:
             m.forward = self._forward_of(m)
@@ -66,7 +87,7 @@ class UnfoldedConvolutions:
         native = type(module).forward
 
         def forward(x: Tensor) -> Tensor:
-            if not self.on or x.dim() != 4:
+            if not self.on or x.dim() != 4 or unfolded_entries(module, x) > self.max_entries:
                 return native(module, x)
             return unfolded_conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation)
 
@@ -77,4 +98,4 @@ class UnfoldedConvolutions:
             del m.forward  # the class's own forward again
 
 
-__all__ = ["UnfoldedConvolutions", "expressible", "unfolded_conv2d"]
+__all__ = ["UNFOLD_MAX_ENTRIES", "UnfoldedConvolutions", "expressible", "unfolded_conv2d", "unfolded_entries"]
