@@ -87,12 +87,15 @@ def test_aggregate_many_is_server_aggregate_bit_for_bit(digits):
             assert torch.equal(new[name][n], p.detach()), (n, name)
 
 
-def test_evaluate_many_equals_server_evaluate(digits):
+@pytest.mark.parametrize("vectorise", [None, True, False])
+def test_evaluate_many_equals_server_evaluate(digits, vectorise):
     models, _, _ = games_and_batches(digits, n=3)
     spec = digits.spec
     ex, ey = spec.normalize(digits.test_x[:100]), digits.test_y[:100]
-    acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, chunk=2)
-    per_game = batched.evaluate_many(models[0], batched.stack_parameters(models), [ex] * 3, [ey] * 3)
+    acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, chunk=2,
+                                      vectorise=vectorise)
+    per_game = batched.evaluate_many(models[0], batched.stack_parameters(models), [ex] * 3, [ey] * 3,
+                                     vectorise=vectorise)
     for n, m in enumerate(models):
         a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
         assert acc[n] == a and per_game[0][n] == a
