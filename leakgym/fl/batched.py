@@ -55,7 +55,8 @@ def signature(model: nn.Module) -> tuple:
 def stack_parameters(models: Sequence[nn.Module]) -> dict[str, Tensor]:
     """``name -> (N, *shape)``: the trainable parameters of N models of one signature, stacked (detached)."""
     names = [n for n, p in models[0].named_parameters() if p.requires_grad]
-    return {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
+    each = [dict(m.named_parameters()) for m in models]
+    return {n: torch.stack([p[n].detach() for p in each]) for n in names}
 
 
 def benign_updates(
