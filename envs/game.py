@@ -426,10 +426,10 @@ class LeakGame:
         """:meth:`federated_step` of every game, as batched computations over the games (the Round's
         ``batch_clients`` path): each game draws its clients' batches from its own generator as
         :meth:`federated_step` does; then the benign updates, aggregations and evaluations of games that
-        share an architecture and protocol are one computation each (:mod:`leakgym.fl.batched`), equal
-        to :meth:`federated_step` to floating-point rounding (aggregation exactly). Games whose model
-        :func:`leakgym.fl.batched.supports` rejects (BatchNorm, PRECODE, dropout) or whose clients'
-        batch sizes differ run :meth:`federated_step`."""
+        share an architecture and protocol are one computation each (:mod:`leakgym.fl.batched`, BatchNorm
+        running statistics included), equal to :meth:`federated_step` to floating-point rounding
+        (aggregation exactly). Games whose model :func:`leakgym.fl.batched.supports` rejects (PRECODE,
+        dropout) or whose clients' batch sizes differ run :meth:`federated_step`."""
         t0 = time.perf_counter()
         groups: dict[tuple, list[int]] = {}
         batches: dict[int, list[tuple[Tensor, Tensor]]] = {}
@@ -467,19 +467,21 @@ class LeakGame:
                          batches: list[list[tuple[Tensor, Tensor]]]) -> None:
         """Phase 5 of games of one architecture and protocol, as one computation per step."""
         sc, model = games[0].scenario, games[0].server.model
-        params = fl_batched.stack_parameters([g.server.model for g in games])
+        models = [g.server.model for g in games]
+        params = fl_batched.stack_parameters(models)
+        buffers = fl_batched.stack_buffers(models) or None
         x = torch.stack([torch.stack([bx for bx, _ in b]) for b in batches])
         y = torch.stack([torch.stack([by for _, by in b]) for b in batches])
         benign = fl_batched.benign_updates(model, params, x, y, kind=sc.update_kind, local_steps=sc.local_steps,
-                                           local_lr=sc.local_lr)
+                                           local_lr=sc.local_lr, buffers=buffers)
         k, b = x.shape[1], x.shape[2]
         # Slot 0: the victim's update (weight 0 when it sent nothing, or for names it lacks); 1..K: benign.
         victim = {name: torch.stack([d.update.tensors[name] if name in d.update.tensors else torch.zeros_like(p)
                                      for d, p in zip(defended, params[name].unbind(0))])
                   for name in params if any(name in d.update.tensors for d in defended)}
-        weights = torch.tensor([[0.0 if d.update.metadata.get("skipped", False) else float(d.update.batch_size)]
-                                + [float(b)] * k for d in defended], dtype=torch.float64)
-        slots = [victim] + [{name: t[:, j] for name, t in benign.items()} for j in range(k)]
+        sent = [0.0 if d.update.metadata.get("skipped", False) else float(d.update.batch_size) for d in defended]
+        weights = torch.tensor([[w] + [float(b)] * k for w in sent], dtype=torch.float64)
+        slots = [victim] + [{name: t[:, j] for name, t in benign.tensors.items()} for j in range(k)]
         missing = [i for i, d in enumerate(defended) if any(name not in d.update.tensors for name in params)]
         if missing:
             # A victim's update without some global parameter: that game's mean over those names
@@ -487,7 +489,8 @@ class LeakGame:
             for i in missing:
                 games[i].server.aggregate([defended[i].update]
                                           + [fl_batched.unpack(benign, i, j, kind=sc.update_kind, batch_size=b,
-                                                               local_steps=sc.local_steps, local_lr=sc.local_lr)
+                                                               local_steps=sc.local_steps, local_lr=sc.local_lr,
+                                                               model=models[i])
                                              for j in range(k)])
         step = sc.server_lr if sc.update_kind == "gradient" else 1.0
         keep = [i for i in range(len(games)) if i not in missing]
@@ -496,20 +499,34 @@ class LeakGame:
             new = fl_batched.aggregate_many(
                 {n: p[index.to(p.device)] for n, p in params.items()},
                 [{n: t[index.to(t.device)] for n, t in slot.items()} for slot in slots], weights[index], step=step)
+            if buffers is not None:
+                # BN statistics: Server.aggregate averages those of the updates that carry them.
+                carried = [defended[i].update.buffers for i in keep]
+                victim_buffers = {name: torch.stack([c[name] if c else buffers[name][i] for c, i in zip(carried, keep)])
+                                  for name in buffers}
+                buffer_weights = weights[index].clone()
+                buffer_weights[:, 0] = torch.tensor([w if c else 0.0 for w, c in zip(weights[index, 0].tolist(), carried)],
+                                                    dtype=torch.float64)
+                new.update(fl_batched.average_buffers_many(
+                    {n: t[index.to(t.device)] for n, t in buffers.items()},
+                    [victim_buffers] + [{n: t[index.to(t.device), j] for n, t in benign.buffers.items()}
+                                        for j in range(k)], buffer_weights))
             with torch.no_grad():
                 for row, i in enumerate(keep):
-                    for name, p in games[i].server.model.named_parameters():
-                        if name in new:
-                            p.copy_(new[name][row])
+                    state = dict(models[i].named_parameters())
+                    state.update(models[i].named_buffers())
+                    for name, value in new.items():
+                        state[name].copy_(value[row])
         due = [i for i, g in enumerate(games) if g.evaluates_next()]
         results: dict[int, tuple[float, float]] = {}
         if due:
             s0 = games[due[0]].server
             shared = all(games[i].server.eval_x is s0.eval_x and games[i].server.eval_y is s0.eval_y for i in due)
-            after = fl_batched.stack_parameters([games[i].server.model for i in due])
             acc, loss = fl_batched.evaluate_many(
-                model, after, s0.eval_x if shared else [games[i].server.eval_x for i in due],
-                s0.eval_y if shared else [games[i].server.eval_y for i in due])
+                model, fl_batched.stack_parameters([models[i] for i in due]),
+                s0.eval_x if shared else [games[i].server.eval_x for i in due],
+                s0.eval_y if shared else [games[i].server.eval_y for i in due],
+                buffers=fl_batched.stack_buffers([models[i] for i in due]) or None)
             results = {i: (a, lo) for i, a, lo in zip(due, acc, loss)}
         for i, g in enumerate(games):
             g.advance_round((lambda r=results[i]: r) if i in results else None)

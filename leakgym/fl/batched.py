@@ -8,27 +8,41 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
 * :func:`benign_updates` -- the ``N x K`` client updates as one ``torch.func.vmap`` (over games, with
   each game's parameters stacked) of a ``vmap`` (over clients) of ``torch.func.grad`` of
   :func:`leakgym.models.task_loss`: FedSGD gradients, or FedAvg model differences ``w_0 - w_E`` after
-  ``E`` local SGD steps unrolled functionally; :func:`client_updates` -- the same for one client per
-  game (the victims' clean updates), as ``SharedUpdate`` objects;
+  ``E`` local SGD steps unrolled functionally, and for BatchNorm models each client's running
+  statistics after its training; :func:`client_updates` -- the same for one client per game (the
+  victims' clean updates), as ``SharedUpdate`` objects;
 * :func:`aggregate_many` -- every game's example-weighted mean of its clients' updates applied to its
-  parameters, with the arithmetic of :meth:`Server.aggregate` (same operations in the same order);
+  parameters, and :func:`average_buffers_many` -- of their BN running statistics, with the arithmetic
+  of :meth:`Server.aggregate` (same operations in the same order);
 * :func:`evaluate_many` -- accuracy and mean cross-entropy of N models on their held-out sets.
+
+BatchNorm: clients train in train mode, so BN normalises with the batch's statistics and updates its
+running statistics in place -- which ``vmap`` cannot do to one shared buffer. The clients here run on a
+private copy of the architecture whose BN layers keep no running statistics
+(``torch.func.replace_all_batch_norm_modules_``; the same batch-statistics normalisation), forward
+pre-hooks record each BN layer's batch mean and unbiased variance at every local step, and the running
+statistics are then updated outside ``vmap`` with PyTorch's formula ``r <- (1 - momentum) r + momentum
+s`` once per step, as the client's in-place update does. A batch of one example uses the running
+statistics (eval-mode BN, :func:`leakgym.models.bn_eval_if_single`), passed per game, and leaves them
+unchanged.
 
 Exactness (CPU, float32): aggregation is bit-identical to ``Server.aggregate`` given the same updates.
 The vmapped gradients and forward passes run batched kernels (a convolution over N games becomes a
 grouped convolution), so they equal the per-game loop to rounding: measured for LeNet on digits, at
 most 2e-7 absolute in a gradient entry and 1e-6 relative in the test loss (``tests/test_batched_fl.py``).
 
-Scope: models whose forward is a deterministic function of parameters and input in train mode --
-no BatchNorm (train-mode running statistics cannot be updated under ``vmap``, and FL would have to
-aggregate them), no PRECODE bottleneck (it samples from torch's global RNG) and no dropout.
-:func:`supports` says whether a model qualifies; callers run the others game by game.
+Scope: models whose forward is a deterministic function of parameters, BN statistics and input --
+no PRECODE bottleneck (it samples from torch's global RNG), no dropout, no state other than BN
+running statistics (with ``track_running_stats`` and a ``momentum``). :func:`supports` says whether a
+model qualifies; callers run the others game by game.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,15 +50,24 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from leakgym.fl.update import SharedUpdate
-from leakgym.models import has_batchnorm, task_loss
+from leakgym.models import bn_eval_if_single, task_loss
 from leakgym.models.precode import VariationalBottleneck
+
+
+def _bn_layers(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchNorm]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
 def supports(model: nn.Module) -> bool:
     """True when ``model``'s clients can be computed by :func:`benign_updates` (see the module docstring)."""
-    random_or_stateful = (nn.modules.dropout._DropoutNd, VariationalBottleneck)
-    return not has_batchnorm(model) and not any(isinstance(m, random_or_stateful) for m in model.modules()) \
-        and not any(True for _ in model.buffers())
+    random = (nn.modules.dropout._DropoutNd, VariationalBottleneck)
+    if any(isinstance(m, random) for m in model.modules()):
+        return False
+    bns = _bn_layers(model)
+    if any(not m.track_running_stats or m.momentum is None for _, m in bns):
+        return False
+    allowed = {f"{n}.{b}" if n else b for n, _ in bns for b in ("running_mean", "running_var", "num_batches_tracked")}
+    return all(name in allowed for name, _ in model.named_buffers())
 
 
 def signature(model: nn.Module) -> tuple:
@@ -59,6 +82,62 @@ def stack_parameters(models: Sequence[nn.Module]) -> dict[str, Tensor]:
     return {n: torch.stack([p[n].detach() for p in each]) for n in names}
 
 
+def stack_buffers(models: Sequence[nn.Module]) -> dict[str, Tensor]:
+    """``name -> (N, *shape)``: the floating-point buffers (BN running statistics) of N models, stacked."""
+    names = [n for n, b in models[0].named_buffers() if b.is_floating_point()]
+    each = [dict(m.named_buffers()) for m in models]
+    return {n: torch.stack([b[n].detach() for b in each]) for n in names}
+
+
+@dataclass
+class ClientUpdates:
+    """What :func:`benign_updates` returns: the updates of K clients in each of N games."""
+
+    tensors: dict[str, Tensor]
+    """``name -> (N, K, *shape)``: the shared tensors (gradients or model differences)."""
+    buffers: dict[str, Tensor] | None = None
+    """``name -> (N, K, *shape)``: each client's BN running statistics after its training (the floating
+    buffers; ``num_batches_tracked`` is in :func:`unpack`); None for models without BatchNorm."""
+
+
+class _BatchStatistics:
+    """Forward pre-hooks on the BN layers of a stateless copy recording ``(mean, unbiased var)`` of
+    each layer's input between :meth:`start` and :meth:`stop` (returned as outputs of the vmapped
+    function, so they are ordinary tensors afterwards)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._stats: list[tuple[Tensor, Tensor]] | None = None
+        for _, m in _bn_layers(model):
+            m.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        if self._stats is not None:
+            h = inputs[0]
+            dims = [0, *range(2, h.dim())]
+            self._stats.append((h.mean(dim=dims), h.var(dim=dims, unbiased=True)))
+
+    def start(self) -> None:
+        self._stats = []
+
+    def stop(self) -> tuple[tuple[Tensor, Tensor], ...]:
+        stats, self._stats = tuple(self._stats or ()), None
+        return stats
+
+
+_STATELESS: dict[tuple, tuple[nn.Module, _BatchStatistics]] = {}
+
+
+def _stateless_copy(model: nn.Module) -> tuple[nn.Module, _BatchStatistics]:
+    """A private copy of ``model``'s architecture whose BN layers keep no running statistics (batch
+    statistics, no in-place update), with a recorder of those statistics; one per :func:`signature`."""
+    key = signature(model)
+    if key not in _STATELESS:
+        twin = copy.deepcopy(model)
+        torch.func.replace_all_batch_norm_modules_(twin)
+        _STATELESS[key] = (twin, _BatchStatistics(twin))
+    return _STATELESS[key]
+
+
 def benign_updates(
     model: nn.Module,
     params: dict[str, Tensor],
@@ -68,17 +147,20 @@ def benign_updates(
     kind: str = "gradient",
     local_steps: int = 1,
     local_lr: float = 0.1,
-) -> dict[str, Tensor]:
-    """The updates of K clients in each of N games, ``name -> (N, K, *shape)``.
+    buffers: dict[str, Tensor] | None = None,
+) -> ClientUpdates:
+    """The updates of K clients in each of N games.
 
     Args:
         model: the architecture (any of the N models; evaluated functionally, never modified).
         params: each game's parameters, ``name -> (N, *shape)`` (:func:`stack_parameters`).
         x: normalised client batches ``(N, K, b, C, H, W)``; ``y``: labels ``(N, K, b)``.
         kind, local_steps, local_lr: the update protocol, as in :func:`leakgym.fl.client.compute_update`.
+        buffers: each game's BN running statistics, ``name -> (N, *shape)`` (:func:`stack_buffers`);
+            required for models with BatchNorm.
 
     Client ``(n, k)``'s update is ``compute_update(model_n, x[n, k], y[n, k], ...)`` computed in one
-    vectorised call (equal to rounding, see the module docstring).
+    vectorised call (equal to rounding, see the module docstring), its BN statistics included.
     """
     if kind not in ("gradient", "model_delta"):
         raise ValueError(f"kind={kind!r}; allowed: 'gradient', 'model_delta'")
@@ -89,26 +171,55 @@ def benign_updates(
     if x.dim() != 6 or y.shape != x.shape[:3]:
         raise ValueError(f"x must be (N, K, b, C, H, W) and y (N, K, b); got {tuple(x.shape)} and {tuple(y.shape)}")
     if not supports(model):
-        raise ValueError(f"{type(model).__name__} has BatchNorm, dropout or a PRECODE bottleneck; "
-                         "compute its clients with leakgym.fl.client.compute_update")
+        raise ValueError(f"{type(model).__name__} has dropout, a PRECODE bottleneck or state other than BatchNorm "
+                         "running statistics; compute its clients with leakgym.fl.client.compute_update")
+    bns = _bn_layers(model)
+    if bns and buffers is None:
+        raise ValueError(f"{type(model).__name__} has BatchNorm: pass each game's running statistics as buffers= "
+                         "(stack_buffers)")
+    n_games, k_clients, b = x.shape[:3]
+    single = b == 1  # a batch of one normalises with the running statistics (bn_eval_if_single)
+    net, recorder = (model, None) if not bns or single else _stateless_copy(model)
+    frozen = {n: t.detach() for n, t in model.named_parameters() if n not in params}
 
-    def loss(p: dict[str, Tensor], xb: Tensor, yb: Tensor) -> Tensor:
-        return task_loss(model, xb, yb, params=p)
+    def loss(p: dict[str, Tensor], bufs: dict[str, Tensor], xb: Tensor, yb: Tensor):
+        if recorder is not None:
+            recorder.start()
+        value = task_loss(net, xb, yb, params={**frozen, **bufs, **p})
+        return value, (recorder.stop() if recorder is not None else ())
 
-    step = grad(loss)
+    step = grad(loss, has_aux=True)
 
-    def client(p0: dict[str, Tensor], xb: Tensor, yb: Tensor) -> dict[str, Tensor]:
+    def client(p0: dict[str, Tensor], bufs: dict[str, Tensor], xb: Tensor, yb: Tensor):
         if kind == "gradient":
-            return step(p0, xb, yb)
-        p = p0
+            g, stats = step(p0, bufs, xb, yb)
+            return g, (stats,)
+        p, all_stats = p0, []
         for _ in range(local_steps):
-            g = step(p, xb, yb)
+            g, stats = step(p, bufs, xb, yb)
+            all_stats.append(stats)
             p = {n: p[n] - local_lr * g[n] for n in p}
-        return {n: p0[n] - p[n] for n in p0}
+        return {n: p0[n] - p[n] for n in p0}, tuple(all_stats)
 
-    per_game = vmap(client, in_dims=(None, 0, 0))
-    with _train_mode(model):
-        return vmap(per_game, in_dims=(0, 0, 0))(params, x, y)
+    game_buffers = buffers if (bns and single) else {}
+    per_game = vmap(client, in_dims=(None, None, 0, 0))
+    with _train_mode(net), bn_eval_if_single(net, b):
+        tensors, stats = vmap(per_game, in_dims=(0, 0, 0, 0))(params, game_buffers, x, y)
+    if not bns:
+        return ClientUpdates(tensors=tensors)
+    expand = {n: t.unsqueeze(1).expand(n_games, k_clients, *t.shape[1:]) for n, t in buffers.items()}
+    if single:  # eval-mode BN: the running statistics stay as they were
+        return ClientUpdates(tensors=tensors, buffers={n: t.clone() for n, t in expand.items()})
+    new = {}
+    for layer, (name, m) in enumerate(bns):
+        prefix = f"{name}." if name else ""
+        mean, var = expand[prefix + "running_mean"], expand[prefix + "running_var"]
+        for step_stats in stats:  # one update per local step, in order
+            batch_mean, batch_var = step_stats[layer]
+            mean = (1 - m.momentum) * mean + m.momentum * batch_mean.to(mean)
+            var = (1 - m.momentum) * var + m.momentum * batch_var.to(var)
+        new[prefix + "running_mean"], new[prefix + "running_var"] = mean, var
+    return ClientUpdates(tensors=tensors, buffers=new)
 
 
 def client_updates(
@@ -124,26 +235,38 @@ def client_updates(
 
     The models share a :func:`signature` and :func:`supports` them; the batches share a shape. It is
     :func:`benign_updates` with one client per game, packed as the :class:`~leakgym.fl.update.SharedUpdate`
-    that :func:`~leakgym.fl.client.compute_update` returns (equal to rounding, module docstring) -- without
-    its ``deepcopy`` of every model. The victims of a vector step use it for their clean updates.
+    that :func:`~leakgym.fl.client.compute_update` returns (equal to rounding, module docstring; BN
+    running statistics in ``buffers``) -- without its ``deepcopy`` of every model. The victims of a
+    vector step use it for their clean updates.
     """
     if len(models) != len(x) or len(x) != len(y) or not models:
         raise ValueError(f"got {len(models)} models, {len(x)} batches and {len(y)} label sets; one of each per game")
     if len({signature(m) for m in models}) != 1:
         raise ValueError("client_updates needs models of one architecture (equal signature)")
     params = stack_parameters(models)
+    buffers = stack_buffers(models) if _bn_layers(models[0]) else None
     out = benign_updates(models[0], params, torch.stack(list(x)).unsqueeze(1), torch.stack(list(y)).unsqueeze(1),
-                         kind=kind, local_steps=local_steps, local_lr=local_lr)
-    return [unpack(out, i, 0, kind=kind, batch_size=int(x[i].shape[0]), local_steps=local_steps, local_lr=local_lr)
-            for i in range(len(models))]
+                         kind=kind, local_steps=local_steps, local_lr=local_lr, buffers=buffers)
+    return [unpack(out, i, 0, kind=kind, batch_size=int(x[i].shape[0]), local_steps=local_steps, local_lr=local_lr,
+                   model=m) for i, m in enumerate(models)]
 
 
-def unpack(updates: dict[str, Tensor], game: int, client: int, *, kind: str, batch_size: int, local_steps: int,
-           local_lr: float) -> SharedUpdate:
+def unpack(updates: ClientUpdates, game: int, client: int, *, kind: str, batch_size: int, local_steps: int,
+           local_lr: float, model: nn.Module | None = None) -> SharedUpdate:
     """Client ``client`` of game ``game`` out of :func:`benign_updates`' output, as the
-    :class:`~leakgym.fl.update.SharedUpdate` that :func:`~leakgym.fl.client.compute_update` returns."""
-    return SharedUpdate(tensors={n: t[game, client] for n, t in updates.items()}, kind=kind, batch_size=batch_size,
-                        local_steps=local_steps, local_lr=float(local_lr) if kind == "model_delta" else 0.0)
+    :class:`~leakgym.fl.update.SharedUpdate` that :func:`~leakgym.fl.client.compute_update` returns;
+    ``model`` (the game's model) gives BN models their ``num_batches_tracked`` after the client's steps."""
+    buffers = None
+    if updates.buffers is not None:
+        buffers = {n: t[game, client] for n, t in updates.buffers.items()}
+        if model is not None:
+            trained = batch_size > 1  # a batch of one leaves the running statistics (and the count) alone
+            for n, b in model.named_buffers():
+                if not b.is_floating_point():
+                    buffers[n] = b.detach() + (local_steps if trained else 0)
+    return SharedUpdate(tensors={n: t[game, client] for n, t in updates.tensors.items()}, kind=kind,
+                        batch_size=batch_size, local_steps=local_steps,
+                        local_lr=float(local_lr) if kind == "model_delta" else 0.0, buffers=buffers)
 
 
 @torch.no_grad()
@@ -169,16 +292,35 @@ def aggregate_many(
     computed together with Python-float weights, slot by slot in order. A game whose every weight is 0
     keeps its parameters.
     """
+    return _weighted_means(params, updates, weights, lambda p, mean: p - step * mean)
+
+
+@torch.no_grad()
+def average_buffers_many(
+    buffers: dict[str, Tensor],
+    updates: Sequence[dict[str, Tensor]],
+    weights: Tensor,
+) -> dict[str, Tensor]:
+    """New BN running statistics of N games: each game's example-weighted mean of its clients' buffers
+    (``updates``: one ``name -> (N, *shape)`` per client slot, ``weights`` ``(N, J)``, 0 for a client
+    that sent none), as :meth:`leakgym.fl.server.Server.aggregate` averages them (bit-identical); a
+    buffer no positive-weight slot has keeps its value."""
+    return _weighted_means(buffers, updates, weights, lambda b, mean: mean)
+
+
+def _weighted_means(current: dict[str, Tensor], updates: Sequence[dict[str, Tensor]], weights: Tensor,
+                    combine) -> dict[str, Tensor]:
+    """``combine(current, weighted mean of the slots)`` per game and name, Server.aggregate's arithmetic."""
     j = weights.shape[1]
     if len(updates) != j:
         raise ValueError(f"got {len(updates)} update slots for weights of shape {tuple(weights.shape)}")
     rows: dict[tuple[float, ...], list[int]] = {}
     for i, w in enumerate(weights.tolist()):
         rows.setdefault(tuple(w), []).append(i)
-    out = {name: p.clone() for name, p in params.items()}
+    out = {name: p.clone() for name, p in current.items()}
     for w, members in rows.items():
-        index = torch.tensor(members, device=next(iter(params.values())).device)
-        for name, p in params.items():
+        index = torch.tensor(members, device=next(iter(current.values())).device)
+        for name, p in current.items():
             parts = [(w[s], updates[s][name]) for s in range(j) if w[s] > 0 and name in updates[s]]
             if not parts:
                 continue
@@ -186,7 +328,7 @@ def aggregate_many(
             for wt, t in parts:
                 total = total + wt * t.index_select(0, index).to(p)
             mean = total / sum(wt for wt, _ in parts)
-            out[name].index_copy_(0, index, p.index_select(0, index) - step * mean)
+            out[name].index_copy_(0, index, combine(p.index_select(0, index), mean))
     return out
 
 
@@ -199,11 +341,13 @@ def evaluate_many(
     *,
     chunk: int = 32,
     vectorise: bool | None = None,
+    buffers: dict[str, Tensor] | None = None,
 ) -> tuple[list[float], list[float]]:
     """Test accuracy and mean cross-entropy of N models (``params``, ``name -> (N, *shape)``).
 
     ``x``/``y`` are one held-out set for every game (``(n, C, H, W)``/``(n,)``) or one per game (sequences
-    of N such tensors). Models run in eval mode, ``chunk`` games per vectorised forward pass (memory).
+    of N such tensors). Models run in eval mode, ``chunk`` games per vectorised forward pass (memory);
+    ``buffers`` (``name -> (N, *shape)``, :func:`stack_buffers`) are their BN running statistics.
     Equal to :meth:`Server.evaluate` of each game to rounding (module docstring).
 
     On a CPU the games are evaluated one after another (``functional_call`` on each game's row of
@@ -213,6 +357,7 @@ def evaluate_many(
     ``vectorise`` forces one or the other.
     """
     n_games = next(iter(params.values())).shape[0]
+    params = {**(buffers or {}), **params}
     shared = isinstance(x, Tensor)
     if not shared and (len(x) != n_games or len(y) != n_games):
         raise ValueError(f"got {len(x)} held-out sets for {n_games} models")
@@ -265,6 +410,7 @@ def _train_mode(model: nn.Module) -> Iterator[nn.Module]:
 
 
 __all__ = [
-    "aggregate_many", "benign_updates", "client_updates", "evaluate_many", "signature", "stack_parameters", "supports",
+    "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates", "client_updates", "evaluate_many",
+    "signature", "stack_buffers", "stack_parameters", "supports",
     "unpack",
 ]
