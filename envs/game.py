@@ -29,7 +29,13 @@ from torch import Tensor
 from leakgym.attacks import ATTACKS, build_attack
 from leakgym.attacks.base import Attack, AttackerKnowledge, AttackResult
 from leakgym.data import federated_split, load_dataset
-from leakgym.defenses import DefenseConfig, DefenseReport, defense_compute_units
+from leakgym.defenses import (
+    DefenseCall,
+    DefenseConfig,
+    DefenseReport,
+    apply_defense_many,
+    defense_compute_units,
+)
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.client import compute_update
 from leakgym.fl.server import Server
@@ -40,7 +46,7 @@ from leakgym.models import build_model
 from .menus import Menu
 from .observations import attacker_obs_size, attacker_observation, defender_obs_size, defender_observation
 from .rewards import leakage_score, rewards
-from .round import AttackJob, share_update
+from .round import AttackJob
 from .scenario import Scenario
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
@@ -291,7 +297,10 @@ class LeakGame:
     # ------------------------------------------------------------------ phase 2: defend
     def defend(self, plan: RoundPlan) -> Defended:
         """The victim draws its private batch and shares its (defended) update."""
-        return self.share(plan, self.draw(plan))
+        drawn = self.draw(plan)
+        t0 = time.perf_counter()
+        (shared,) = apply_defense_many([self.defense_call(plan, drawn)])
+        return self.share(plan, drawn, shared, time.perf_counter() - t0)
 
     def draw(self, plan: RoundPlan) -> Drawn:
         """Phase 2a: the round seed, the victim's private batch and the model the server sends."""
@@ -303,18 +312,23 @@ class LeakGame:
         sent_model = plan.attack.prepare_model(self.server.model, self.spec, public_x=self.public_x)
         return Drawn(seed=seed, x=x, y=y, model=sent_model, seconds=time.perf_counter() - t0)
 
-    def share(self, plan: RoundPlan, drawn: Drawn, clean: SharedUpdate | None = None,
-              clean_seconds: float = 0.0) -> Defended:
-        """Phase 2b: the victim's defended update of ``drawn``; ``clean``: its clean update when the Round
-        computed it already (for all games at once, :meth:`clean_updates`)."""
+    def defense_call(self, plan: RoundPlan, drawn: Drawn, clean: SharedUpdate | None = None,
+                     clean_seconds: float = 0.0) -> DefenseCall:
+        """Phase 2b's arguments: the victim's defense pipeline call for ``drawn`` (``clean``: its clean
+        update when the Round computed it already, for all games at once, :meth:`clean_updates`)."""
         sc = self.scenario
-        t0 = time.perf_counter()
+        return DefenseCall(drawn.model, drawn.x, drawn.y, plan.defense, seed=drawn.seed, update_kind=sc.update_kind,
+                           local_steps=sc.local_steps, local_lr=sc.local_lr, public_x=self.public_x,
+                           public_y=self.public_y, clean=clean, clean_seconds=clean_seconds)
+
+    def share(self, plan: RoundPlan, drawn: Drawn, shared: tuple[SharedUpdate, DefenseReport],
+              seconds: float) -> Defended:
+        """Phase 2c: what the server receives, ``shared`` = ``(update, report)`` of the pipeline
+        (:func:`~leakgym.defenses.apply_defense_many`, all games' victims at once in a Round), which took
+        ``seconds`` for this game; and what the attacker knows."""
+        sc = self.scenario
         x, y, seed, sent_model = drawn.x, drawn.y, drawn.seed, drawn.model
-        update, report = share_update(
-            sent_model, x, y, plan.defense, seed=seed, update_kind=sc.update_kind, local_steps=sc.local_steps,
-            local_lr=sc.local_lr, public_x=self.public_x, public_y=self.public_y, clean=clean,
-            clean_seconds=clean_seconds,
-        )
+        update, report = shared
         knowledge = AttackerKnowledge(
             model=sent_model,
             spec=self.spec,
@@ -329,7 +343,7 @@ class LeakGame:
         return Defended(
             x=x, y=y, update=update, report=report, seed=seed,
             attack_job=AttackJob(attack=plan.attack, update=update, knowledge=knowledge, seed=attack_seed),
-            timings={"defense_s": drawn.seconds + clean_seconds + time.perf_counter() - t0},
+            timings={"defense_s": drawn.seconds + seconds},
         )
 
     @staticmethod

@@ -8,11 +8,12 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
 1. **plan** — every action is validated and decoded into a :class:`~leakgym.defenses.DefenseConfig`
    and an :class:`~leakgym.attacks.base.Attack` (:meth:`LeakGame.plan`). A bad action raises
    ``ValueError`` here, before any game draws a random number or changes state.
-2. **defend** — each victim draws its private batch and shares its defended update
-   (:meth:`LeakGame.defend` -> :func:`share_update`); a malicious server's model modification
-   comes first, because the server sends the model before the client trains. With
+2. **defend** — each victim draws its private batch (:meth:`LeakGame.draw`; a malicious server's
+   model modification comes first, because the server sends the model before the client trains),
+   and the defense pipelines of all games run as one :func:`~leakgym.defenses.apply_defense_many`,
+   the update-side defenses batched over the games (:meth:`LeakGame.share` packs each result). With
    ``batch_clients=True`` the victims' clean updates of all games are one batched computation
-   (:meth:`LeakGame.clean_updates`) that the pipeline reuses.
+   (:meth:`LeakGame.clean_updates`) that the pipelines reuse.
 3. **attack** — :func:`reconstruct_all` runs the attacks of all games as one batched engine call for
    all optimisation strategies whatever the budgets (per-problem iterations, restarts, TV weight,
    learning rate) and one call per other strategy, each game with its *own* seed, so a game's
@@ -42,7 +43,7 @@ from torch import Tensor, nn
 
 from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult
 from leakgym.attacks.engine.optimization import OptimizationAttack, reconstruct_jointly
-from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
+from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense, apply_defense_many
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstructions
 
@@ -225,14 +226,22 @@ class Round:
         return outcomes
 
     def _defend(self, plans) -> list:
-        """Phase 2 of every game; with ``batch_clients`` the victims' clean updates are one batched
-        computation per architecture (``LeakGame.clean_updates``), each game's own draws either way."""
-        if not (self.batch_clients and len(self.games) > 1):
-            return [g.defend(p) for g, p in zip(self.games, plans)]
+        """Phase 2 of every game, each with its own draws: the victims' defense pipelines as one
+        :func:`~leakgym.defenses.apply_defense_many` (update-side defenses batched over the games); with
+        ``batch_clients`` the victims' clean updates are one batched computation per architecture
+        (``LeakGame.clean_updates``) that the pipelines reuse."""
+        if len(self.games) == 1:
+            return [self.games[0].defend(plans[0])]
         drawn = [g.draw(p) for g, p in zip(self.games, plans)]
-        cleans, seconds = type(self.games[0]).clean_updates(self.games, drawn)
-        return [g.share(p, d, clean=c, clean_seconds=t)
-                for g, p, d, c, t in zip(self.games, plans, drawn, cleans, seconds)]
+        if self.batch_clients:
+            cleans, seconds = type(self.games[0]).clean_updates(self.games, drawn)
+        else:
+            cleans, seconds = [None] * len(drawn), [0.0] * len(drawn)
+        t0 = time.perf_counter()
+        shared = apply_defense_many([g.defense_call(p, d, clean=c, clean_seconds=t)
+                                     for g, p, d, c, t in zip(self.games, plans, drawn, cleans, seconds)])
+        share = (time.perf_counter() - t0) / len(self.games)
+        return [g.share(p, d, s, t + share) for g, p, d, s, t in zip(self.games, plans, drawn, shared, seconds)]
 
     def _attacks(self, defended) -> tuple[list[AttackResult], list[float]]:
         """Phase 3 for every game whose client sent an update (CENSOR ``skip`` sends none)."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from leakgym.data import dataset_spec
-from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense
+from leakgym.defenses import DefenseCall, DefenseConfig, DefenseReport, apply_defense, apply_defense_many
 from leakgym.defenses.perturbation import add_noise, clip_norm, global_norm
 from leakgym.defenses.pipeline import derived_generator
 from leakgym.defenses.sparsification import density, prune_smallest, top_k
@@ -156,3 +156,50 @@ def test_bad_inputs_raise_value_errors():
         apply_defense(model, x, y, public_x=torch.rand(3, 1, 16, 16))
     with pytest.raises(ValueError, match="PRECODE bottleneck"):
         apply_defense(model, x, y, DefenseConfig(ppp="gc"))
+
+
+def test_apply_defense_many_equals_apply_defense_call_by_call():
+    """Seven clients (different models, batches, seeds and defenses: update-side only, with a step
+    defense, none, with and without a given clean update): each result is its own apply_defense's.
+    Prune and clip run as one batched computation over the clients that use them (bit-identical)."""
+    configs = [DefenseConfig(prune=0.5), DefenseConfig(prune=0.5, noise_sigma=0.01), DefenseConfig(clip=0.1),
+               DefenseConfig(), DefenseConfig(prune=0.9, clip=0.5), DefenseConfig(dcs2_lambda_g=0.5, dcs2_steps=3,
+                                                                                 prune=0.5),
+               DefenseConfig(prune=0.5, clip=1e6)]
+    calls = []
+    for i, cfg in enumerate(configs):
+        model = build_model("lenet", SPEC, seed=i)
+        x, y = _batch(2, seed=i)
+        clean = compute_update(model, x, y) if i % 2 == 0 else None
+        g = torch.Generator().manual_seed(50 + i)
+        public_x, public_y = torch.rand(8, 1, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)
+        calls.append(DefenseCall(model, x, y, cfg, seed=100 + i, clean=clean, clean_seconds=0.01,
+                                 public_x=public_x, public_y=public_y))
+    together = apply_defense_many(calls)
+    for i, (c, (upd, rep)) in enumerate(zip(calls, together)):
+        alone, alone_rep = apply_defense(c.model, c.x, c.y, c.config, seed=c.seed, clean=c.clean,
+                                         clean_seconds=c.clean_seconds, public_x=c.public_x, public_y=c.public_y)
+        assert rep.applied == alone_rep.applied
+        for name, t in alone.tensors.items():
+            assert torch.equal(upd.tensors[name], t), (i, name)
+        assert rep.fidelity == pytest.approx(alone_rep.fidelity, abs=1e-12)
+        for key in ("prune", "clip", "noise"):
+            if key in alone_rep.details:
+                assert rep.details[key] == alone_rep.details[key], (i, key)
+    assert together[3][1].applied == [] and together[3][1].fidelity == 1.0
+    assert together[0][1].details["prune"]["density"] == pytest.approx(0.5, abs=0.01)
+    assert together[2][1].details["clip"]["factor"] < 1.0 and together[6][1].details["clip"]["factor"] == 1.0
+
+
+def test_update_defenses_batch_over_clients_only_through_apply_many(monkeypatch):
+    """The update stage calls each update-side defense once for all its clients (not once per client)."""
+    from leakgym.defenses.registry import DEFENSES
+
+    seen = []
+    prune = DEFENSES["prune"]
+    original = type(prune).apply_many
+    monkeypatch.setattr(type(prune), "apply_many", lambda self, ctxs, *a: seen.append(len(ctxs)) or original(self, ctxs, *a))
+    calls = [DefenseCall(build_model("lenet", SPEC, seed=i), *_batch(2, seed=i), DefenseConfig(prune=0.5), seed=i)
+             for i in range(4)]
+    apply_defense_many(calls)
+    assert seen == [4]

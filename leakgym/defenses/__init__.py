@@ -9,7 +9,7 @@ for the order in which defenses compose and :mod:`leakgym.defenses.config` for t
 """
 
 from leakgym.defenses.config import PRESETS, DefenseConfig
-from leakgym.defenses.pipeline import DefenseReport, apply_defense
+from leakgym.defenses.pipeline import DefenseCall, DefenseReport, apply_defense, apply_defense_many
 from leakgym.defenses.registry import (
     DEFENSES,
     PIPELINE_ORDER,
@@ -38,6 +38,7 @@ __all__ = [
     "PRESETS",
     "STAGES",
     "Defense",
+    "DefenseCall",
     "DefenseConfig",
     "DefenseContext",
     "DefenseReport",
@@ -46,6 +47,7 @@ __all__ = [
     "StepDefense",
     "UpdateDefense",
     "apply_defense",
+    "apply_defense_many",
     "choice_field",
     "defense_compute_units",
     "defense_field",

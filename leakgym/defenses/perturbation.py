@@ -86,6 +86,30 @@ class Clip(UpdateDefense):
         out, factor = clip_norm(update, ctx.config.clip)
         return out, {"norm_before": norm_before, "factor": factor}
 
+    def apply_many(self, ctxs, updates, xs, ys) -> list[tuple[Update, dict]]:
+        """Clients with the same layer shapes as one computation: every client's global norm from one
+        stacked reduction (one transfer to the host), then one scaling per layer."""
+        groups: dict[tuple, list[int]] = {}
+        for i, u in enumerate(updates):
+            groups.setdefault(tuple((n, tuple(t.shape), t.dtype, t.device) for n, t in u.items()), []).append(i)
+        out: list[tuple[Update, dict] | None] = [None] * len(updates)
+        for layout, members in groups.items():
+            limits = [ctxs[i].config.clip for i in members]
+            bad = [c for c in limits if not (c > 0) or not math.isfinite(c)]
+            if bad:
+                raise ValueError(f"clip max_norm={bad[0]!r}; allowed range (0, inf)")
+            stacked = {name: torch.stack([updates[i][name] for i in members]) for name, *_ in layout}
+            norms = torch.sqrt(sum((t.detach().double() ** 2).flatten(1).sum(dim=1) for t in stacked.values()))
+            norms = norms.tolist()
+            factors = [min(1.0, c / n) if n > 0 else 1.0 for c, n in zip(limits, norms)]
+            scale = torch.tensor(factors, dtype=torch.float64)
+            scaled = {name: t * scale.to(device=t.device, dtype=t.dtype).view(-1, *([1] * (t.dim() - 1)))
+                      for name, t in stacked.items()}
+            for row, i in enumerate(members):
+                out[i] = ({name: t[row] for name, t in scaled.items()},
+                          {"norm_before": norms[row], "factor": factors[row]})
+        return out  # type: ignore[return-value]
+
 
 class Noise(UpdateDefense):
     """I.i.d. Gaussian or Laplace noise on every entry of the shared update (applied last: never pruned)."""

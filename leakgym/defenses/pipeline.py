@@ -64,7 +64,7 @@ from leakgym.defenses.registry import (
 from leakgym.fl.client import compute_update
 from leakgym.fl.update import SharedUpdate, UpdateKind, cosine_similarity
 
-__all__ = ["DefenseReport", "apply_defense", "derived_generator"]
+__all__ = ["DefenseCall", "DefenseReport", "apply_defense", "apply_defense_many", "derived_generator"]
 
 
 @dataclass
@@ -127,18 +127,95 @@ def apply_defense(
     Returns:
         ``(SharedUpdate, DefenseReport)``.
     """
-    config = DefenseConfig() if config is None else config
+    return apply_defense_many([DefenseCall(
+        model, x, y, config, update_kind=update_kind, local_steps=local_steps, local_lr=local_lr, seed=seed,
+        public_x=public_x, public_y=public_y, clean=clean, clean_seconds=clean_seconds)])[0]
+
+
+@dataclass
+class DefenseCall:
+    """The arguments of one :func:`apply_defense` call (one client), for :func:`apply_defense_many`."""
+
+    model: nn.Module
+    x: Tensor
+    y: Tensor
+    config: DefenseConfig | None = None
+    update_kind: UpdateKind = "gradient"
+    local_steps: int = 1
+    local_lr: float = 0.1
+    seed: int = 0
+    public_x: Tensor | None = None
+    public_y: Tensor | None = None
+    clean: SharedUpdate | None = None
+    clean_seconds: float = 0.0
+
+
+@dataclass
+class _Client:
+    """One call's state between the stages of :func:`apply_defense_many`."""
+
+    call: DefenseCall
+    config: DefenseConfig
+    clean: SharedUpdate
+    t_clean: float
+    details: dict
+    applied: list[str] = field(default_factory=list)
+    done: tuple[SharedUpdate, DefenseReport] | None = None
+    ctx: dict[str, DefenseContext] = field(default_factory=dict)
+    shared: SharedUpdate | None = None
+    x_in: Tensor | None = None
+    y_in: Tensor | None = None
+    metadata: dict = field(default_factory=dict)
+    recomputed: bool = False
+    seconds: float = 0.0
+
+
+def apply_defense_many(calls: list[DefenseCall]) -> list[tuple[SharedUpdate, DefenseReport]]:
+    """:func:`apply_defense` of every call (e.g. the victims of all games of a vector step), with the
+    update stage batched over the calls: each update-side defense runs once, as
+    :meth:`~leakgym.defenses.registry.UpdateDefense.apply_many` over every call that applies it (pipeline
+    order is kept for each call). Input-side and step defenses, and the clean updates not given, are
+    computed call by call. Each call's result equals its own :func:`apply_defense` (to the rounding of a
+    defense's batched kernels); the update stage's wall time is shared equally by the calls in it.
+    """
+    clients = [_begin(c) for c in calls]
+    busy = [c for c in clients if c.done is None]
+    for c in busy:
+        _train(c)
+    t0 = time.perf_counter()
+    staged = [c for c in busy if any(DEFENSES[n].stage == "update" for n in c.applied)]
+    for d in DEFENSES.values():
+        if d.stage != "update":
+            continue
+        members = [c for c in staged if d.name in c.applied]
+        if not members:
+            continue
+        outs = d.apply_many([c.ctx[d.name] for c in members], [c.shared.tensors for c in members],
+                            [c.x_in for c in members], [c.y_in for c in members])
+        for c, (tensors, info) in zip(members, outs):
+            c.shared.tensors, c.details[d.name] = tensors, info
+    share = (time.perf_counter() - t0) / max(1, len(staged))
+    for c in staged:
+        c.seconds += share
+    return [c.done if c.done is not None else _finish(c) for c in clients]
+
+
+def _begin(call: DefenseCall) -> _Client:
+    """Validate a call and get its clean update; a call with no defense is done here."""
+    model, x, y = call.model, call.x, call.y
+    config = DefenseConfig() if call.config is None else call.config
     if not isinstance(config, DefenseConfig):
         raise ValueError(f"config must be a DefenseConfig, got {type(config).__name__}")  # noqa: TRY004 (contract)
     if x.dim() != 4 or x.shape[0] < 1:
         raise ValueError(f"x must be a non-empty (B, C, H, W) batch, got shape {tuple(x.shape)}")
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"y has {y.shape[0]} entries but x has {x.shape[0]} images")
-    if (public_x is None) != (public_y is None):
+    if (call.public_x is None) != (call.public_y is None):
         raise ValueError("public_x and public_y must be given together")
     batch = int(x.shape[0])
     device = x.device
-
+    clean = call.clean
+    update_kind, local_steps, local_lr, seed = call.update_kind, call.local_steps, call.local_lr, call.seed
     if clean is None:
         t0 = time.perf_counter()
         with seeded_global_rng(seed, device):
@@ -149,32 +226,37 @@ def apply_defense(
         if clean.kind != update_kind or set(clean.tensors) != trained:
             raise ValueError(f"clean is a {clean.kind!r} update of {sorted(clean.tensors)[:3]}...; expected the "
                              f"{update_kind!r} update of every parameter of the model")
-        t_clean = float(clean_seconds)
-    applied = config.active()
+        t_clean = float(call.clean_seconds)
     details: dict = {"declared_batch_size": batch, "examples_used": batch}
-    if not applied:
-        return clean, DefenseReport(applied=[], overhead_s=0.0, fidelity=1.0, details=details)
-
+    client = _Client(call=call, config=config, clean=clean, t_clean=t_clean, details=details, applied=config.active())
+    if not client.applied:
+        client.done = (clean, DefenseReport(applied=[], overhead_s=0.0, fidelity=1.0, details=details))
+        return client
     spec = model.spec
-    metadata: dict = {}
-    public_xn = None if public_x is None else spec.normalize(public_x.to(x))
-    public_yd = None if public_y is None else public_y.to(device)
-    defenses = [DEFENSES[name] for name in applied]
-    ctx = {
-        d.name: DefenseContext(
-            name=d.name, config=config, model=model, spec=spec, device=device, seed=seed,
-            generator=derived_generator(seed, d.name, device), public_x=public_xn, public_y=public_yd,
-            batch_size=batch, update_kind=update_kind, metadata=metadata,
+    public_xn = None if call.public_x is None else spec.normalize(call.public_x.to(x))
+    public_yd = None if call.public_y is None else call.public_y.to(device)
+    client.ctx = {
+        name: DefenseContext(
+            name=name, config=config, model=model, spec=spec, device=device, seed=seed,
+            generator=derived_generator(seed, name, device), public_x=public_xn, public_y=public_yd,
+            batch_size=batch, update_kind=update_kind, metadata=client.metadata,
         )
-        for d in defenses
+        for name in client.applied
     }
+    return client
 
+
+def _train(c: _Client) -> None:
+    """Stages 1 and 2 of one call: input-side defenses, then training with the step defenses (or the
+    clean update reused when there are none)."""
     t1 = time.perf_counter()
+    call, details = c.call, c.details
+    defenses = [DEFENSES[name] for name in c.applied]
     # ---- 1. input side ---------------------------------------------------------------------
-    x_in, y_in = x, y
+    x_in, y_in = call.x, call.y
     for d in defenses:
         if d.stage == "input":
-            x_in, y_in, details[d.name] = d.apply(ctx[d.name], x_in, y_in)
+            x_in, y_in, details[d.name] = d.apply(c.ctx[d.name], x_in, y_in)
     details["examples_used"] = int(x_in.shape[0])
 
     # ---- 2. training with per-step gradient transforms -------------------------------------
@@ -187,37 +269,37 @@ def apply_defense(
         def transform(work: nn.Module, xb: Tensor, yb: Tensor, grad: dict[str, Tensor], *,
                       step: int) -> dict[str, Tensor]:
             for d in step_defenses:
-                grad, info = d.apply(ctx[d.name], work, xb, yb, grad, step=step)
+                grad, info = d.apply(c.ctx[d.name], work, xb, yb, grad, step=step)
                 details[d.name].append(info)
             return grad
 
-    recomputed = any(d.stage in ("input", "step") for d in defenses)
-    if recomputed:
-        with seeded_global_rng(seed, device):
-            shared = compute_update(model, x_in, y_in, kind=update_kind, local_steps=local_steps,
-                                    local_lr=local_lr, gradient_transform=transform, batch_size=batch)
+    c.recomputed = any(d.stage in ("input", "step") for d in defenses)
+    if c.recomputed:
+        with seeded_global_rng(call.seed, call.x.device):
+            c.shared = compute_update(call.model, x_in, y_in, kind=call.update_kind, local_steps=call.local_steps,
+                                      local_lr=call.local_lr, gradient_transform=transform,
+                                      batch_size=int(call.x.shape[0]))
     else:  # the same computation as the clean update (same arguments, same seeded RNG): reuse it
-        shared = dataclasses.replace(clean, tensors={k: t.clone() for k, t in clean.tensors.items()},
-                                     metadata=dict(clean.metadata))
+        clean = c.clean
+        c.shared = dataclasses.replace(clean, tensors={k: t.clone() for k, t in clean.tensors.items()},
+                                       metadata=dict(clean.metadata))
+    c.x_in, c.y_in = x_in, y_in
+    c.seconds = time.perf_counter() - t1
 
-    # ---- 3. update side ----------------------------------------------------------------------
-    tensors = shared.tensors
-    for d in defenses:
-        if d.stage == "update":
-            tensors, details[d.name] = d.apply(ctx[d.name], tensors, x_in, y_in)
-    if metadata.get("skipped"):
+
+def _finish(c: _Client) -> tuple[SharedUpdate, DefenseReport]:
+    """Stage 3's aftermath: a withheld update, the metadata, the report."""
+    shared, details = c.shared, c.details
+    if c.metadata.get("skipped"):
         # The client sends nothing this round; the zeros are a placeholder the server ignores.
-        tensors = {k: torch.zeros_like(t) for k, t in tensors.items()}
+        shared.tensors = {k: torch.zeros_like(t) for k, t in shared.tensors.items()}
         details["skipped"] = True
-    shared.tensors = tensors
-    shared.metadata.update(metadata)
-    t_def = time.perf_counter() - t1
-
+    shared.metadata.update(c.metadata)
     report = DefenseReport(
-        applied=applied,
+        applied=c.applied,
         # recomputed: the defended computation includes its own gradient; else only the post-processing
-        overhead_s=max(0.0, t_def - t_clean) if recomputed else t_def,
-        fidelity=cosine_similarity(shared.tensors, clean.tensors),
+        overhead_s=max(0.0, c.seconds - c.t_clean) if c.recomputed else c.seconds,
+        fidelity=cosine_similarity(shared.tensors, c.clean.tensors),
         details=details,
     )
     return shared, report

@@ -276,6 +276,14 @@ class UpdateDefense(Defense):
     def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
         """``update -> (update', details)``; ``x, y`` is the batch the client trained on."""
 
+    def apply_many(self, ctxs: Sequence[DefenseContext], updates: Sequence[Update], xs: Sequence[Tensor],
+                   ys: Sequence[Tensor]) -> list[tuple[Update, dict]]:
+        """:meth:`apply` for several clients (the victims of a vector step's games), each with its own
+        context (config, generator). Default: one :meth:`apply` per client; a defense whose work is
+        tensor arithmetic overrides it with one batched computation, client ``i``'s result equal to its
+        own :meth:`apply` (to the rounding of batched kernels)."""
+        return [self.apply(c, u, x, y) for c, u, x, y in zip(ctxs, updates, xs, ys)]
+
 
 # ---------------------------------------------------------------------------------------------------
 # The registry

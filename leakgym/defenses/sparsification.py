@@ -79,6 +79,32 @@ class Prune(UpdateDefense):
         out = prune_smallest(update, ctx.config.prune)
         return out, {"density": density(out)}
 
+    def apply_many(self, ctxs, updates, xs, ys) -> list[tuple[Update, dict]]:
+        """Clients with the same fraction and layer shapes as one computation: per layer, one ``topk``
+        over the stacked ``(clients, numel)`` magnitudes and one scatter of zeros."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (c, u) in enumerate(zip(ctxs, updates)):
+            key = (c.config.prune, tuple((n, tuple(t.shape), t.dtype, t.device) for n, t in u.items()))
+            groups.setdefault(key, []).append(i)
+        out: list[tuple[Update, dict] | None] = [None] * len(updates)
+        for (fraction, layout), members in groups.items():
+            if not (0.0 <= fraction < 1.0):
+                raise ValueError(f"pruning fraction={fraction!r}; allowed range [0, 1)")
+            pruned: dict[str, Tensor] = {}
+            for name, shape, _, _ in layout:
+                flat = torch.stack([updates[i][name].reshape(-1) for i in members])
+                n_zero = math.floor(fraction * flat.shape[1])
+                if n_zero:
+                    smallest = torch.topk(flat.abs(), n_zero, dim=1, largest=False, sorted=False).indices
+                    flat = flat.scatter(1, smallest, 0.0)
+                pruned[name] = flat.reshape(len(members), *shape)
+            nonzero = sum(torch.count_nonzero(t.flatten(1), dim=1) for t in pruned.values()).tolist()
+            total = sum(t[0].numel() for t in pruned.values())
+            for row, i in enumerate(members):
+                out[i] = ({name: t[row] for name, t in pruned.items()},
+                          {"density": nonzero[row] / total if total else 0.0})
+        return out  # type: ignore[return-value]
+
 
 class TopK(UpdateDefense):
     """Global top-k sparsification of the whole update."""
