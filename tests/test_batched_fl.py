@@ -280,4 +280,4 @@ def test_batched_fl_with_batchnorm_on_cuda(digits, cuda_device):
         torch.testing.assert_close((got.tensors | got.buffers)[name], t, **CUDA_TOL)
     acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), x[0, 0], y[0, 0], buffers=buffers)
     a, lo = Server(models[1], lr=0.1, eval_x=x[0, 0], eval_y=y[0, 0]).evaluate()
-    assert loss[1] == pytest.approx(lo, rel=1e-3)
+    assert loss[1] == pytest.approx(lo, rel=1e-3) and acc[1] == pytest.approx(a, abs=1 / 8)
