@@ -8,17 +8,18 @@ from leakgym.bench import env as bench_env
 from leakgym.cli import main
 
 
-@pytest.mark.parametrize("actions", ["fixed", "random"])
-def test_bench_env_tiny_run(tmp_path, actions):
+@pytest.mark.parametrize(("actions", "batch_clients"), [("fixed", "on"), ("random", "on"), ("fixed", "off")])
+def test_bench_env_tiny_run(tmp_path, actions, batch_clients):
     out = tmp_path / "bench_env.json"
     argv = ["bench", "env", "--json", str(out), "--envs", "LeakGym-Digits-v0", "--steps", "1", "--num-envs", "1,2",
-            "--actions", actions, "--baseline-games", "1"]
+            "--actions", actions, "--baseline-games", "1", "--batch-clients", batch_clients]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["num_envs"] for r in rows] == [1, 2]
     for r in rows:
         assert "error" not in r, r
         assert r["actions"] == actions and r["data"] == "real" and r["threads"] == 1
+        assert r["batch_clients"] == (batch_clients == "on")
         assert r["env_steps_per_s"] > 0 and r["baseline_env_steps_per_s"] > 0 and r["peak_rss_mb"] > 0
         assert r["baseline_games"] == 1 and r["speedup"] == pytest.approx(
             r["env_steps_per_s"] / r["baseline_env_steps_per_s"])
@@ -27,6 +28,7 @@ def test_bench_env_tiny_run(tmp_path, actions):
         assert abs(sum(shares) - 1) < 1e-6 and abs(sum(r["baseline_split"].values()) - 1) < 1e-6
     table = out.with_suffix(".md").read_text()
     assert "sequential steps/s" in table and "ratio" in table and "Python overhead" in table
+    assert ("batch_clients off" in table) == (batch_clients == "off")
 
 
 @pytest.mark.parametrize(("text", "sizes"), [("1,16,256,1024", [1, 16, 256, 1024]), (" 4 ", [4])])

@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline-games", type=int, default=16,
                         help="games of the sequential baseline: min(N, this) (default: 16)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--batch-clients", choices=("on", "off"), default="on",
+                        help="the vector env's batch_clients: victims' clean updates, benign clients, aggregation and "
+                             "evaluation batched over games (default: on; on a CPU it pays off for small models "
+                             "only, see docs/results/bench_env.md)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads of the worker, both paths (default: 1: LeakGym's models are "
                              "tiny, and more threads than free cores make every small op wait)")
@@ -73,12 +77,12 @@ def parse_sizes(text: str) -> list[int]:
 # Worker (one spawned process per configuration)
 # --------------------------------------------------------------------------------------------------
 def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
-             queue) -> None:
+             queue, batch_clients: bool = True) -> None:
     try:
         import torch
 
         torch.set_num_threads(threads)
-        row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device)
+        row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients)
         queue.put({**row, "threads": threads})
     except Exception as exc:  # noqa: BLE001 - a failed round, a bad id, ...: recorded, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -112,7 +116,8 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
     return SYNTHETIC
 
 
-def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str) -> dict:
+def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str,
+                 batch_clients: bool = True) -> dict:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -122,7 +127,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
     data = _use_synthetic_data_if_missing(gym_id)
     cuda = torch.device(device).type == "cuda"
     kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
-    vec = gym.make_vec(gym_id, num_envs=num_envs, **kwargs, batch_clients=True)
+    vec = gym.make_vec(gym_id, num_envs=num_envs, **kwargs, batch_clients=batch_clients)
     m = min(num_envs, baseline_games)
     singles = [gym.make(gym_id, **kwargs) for _ in range(m)]
     nvec = np.asarray(vec.single_action_space.nvec)
@@ -187,6 +192,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         "env": gym_id,
         "num_envs": num_envs,
         "actions": actions,
+        "batch_clients": batch_clients,
         "steps": steps,
         "data": data,
         "env_steps_per_s": rate,
@@ -205,13 +211,14 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 
 
 def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
-        threads: int = 1) -> list[dict]:
+        threads: int = 1, batch_clients: bool = True) -> list[dict]:
     ctx = mp.get_context("spawn")
     rows = []
     for gym_id in ids:
         for n in sizes:
             queue = ctx.Queue()
-            proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads, queue))
+            proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads, queue,
+                                                      batch_clients))
             proc.start()
             row = None
             while row is None:
@@ -231,7 +238,8 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 
     return markdown_table(
         f"Environment throughput, batched vector env vs sequential single-agent envs ({machine})",
-        [("env", lambda r: r["env"] + ("" if r["data"] == "real" else f" ({r['data']})")),
+        [("env", lambda r: r["env"] + ("" if r["data"] == "real" else f" ({r['data']})")
+          + ("" if r.get("batch_clients", True) else ", batch_clients off")),
          ("N", lambda r: str(r["num_envs"])), ("actions", lambda r: r["actions"]),
          ("env steps/s", lambda r: f"{r['env_steps_per_s']:.2f}"),
          ("sequential steps/s (games)", lambda r: f"{r['baseline_env_steps_per_s']:.2f} ({r['baseline_games']})"),
@@ -250,7 +258,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps={args.steps}, --baseline-games={args.baseline_games} and --threads={args.threads} "
                          "must be >= 1")
     ids = [s.strip() for s in args.envs.split(",") if s.strip()]
-    rows = run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads)
+    rows = run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
+               args.batch_clients == "on")
     machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
                f"thread(s), device {device_label(args.device)}")
     write_results(args.json, machine, rows, to_markdown(rows, machine))
