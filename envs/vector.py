@@ -34,8 +34,10 @@ class LeakGymVectorEnv(VectorEnv):
             bit-identical to the single-agent view's (batching may change attack results by
             floating-point rounding, see :func:`leakgym.envs.round.reconstruct_all`).
         batch_clients: True computes all games' victims' clean updates, benign clients, aggregation
-            and evaluation as one vmapped computation each (:mod:`leakgym.fl.batched`; LeNet-style
-            models, else the loop); equal to the game-by-game loop to about 1e-7, so off by default.
+            and evaluation as one vmapped computation each (:mod:`leakgym.fl.batched`; BatchNorm
+            included; PRECODE and dropout models run the loop); equal to the game-by-game loop to
+            float32 rounding, so off by default. Meant for GPUs: on a CPU it pays off for the digits
+            LeNet but slows the CIFAR ConvNet down (measured, ``docs/results/bench_env.md``).
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
     """
 
