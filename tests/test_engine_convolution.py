@@ -122,3 +122,31 @@ def test_only_layers_with_a_small_unfolded_input_use_it(monkeypatch):
         conv(x)
         patch.close()
         assert len(calls) == used
+
+
+@pytest.mark.parametrize(("arch", "size", "b", "leaves"),
+                         [("lenet", 16, 1, True), ("lenet", 16, 4, False), ("convnet", 32, 2, False), ("mlp", 16, 2, True)])
+def test_the_simulator_picks_per_row_leaves_for_small_convolutions_only(arch, size, b, leaves):
+    """Digits LeNet, one image: vmapped forward + autograd (faster there); larger convolutions (LeNet at
+    batch 4, the CIFAR ConvNet): vmap(grad) (faster, no per-row weight copies); no convolutions: per-row
+    leaves. Both forms equal the sequential loop."""
+    spec = DatasetSpec(name="d", channels=1, image_size=size, num_classes=10, mean=(0.5,), std=(0.3,))
+    m = build_model(arch, spec, seed=0).double()
+    x, y = torch.randn(b, 1, size, size, dtype=torch.float64), torch.arange(b)
+    grads = torch.autograd.grad(task_loss(m, x, y), list(m.parameters()))
+    update = SharedUpdate({n: t for (n, _), t in zip(m.named_parameters(), grads)}, batch_size=b)
+    knowledge = AttackerKnowledge(model=m, spec=spec, batch_size=b, labels=y)
+    ps = ProblemSet.from_updates([update], [knowledge], names=list(update.tensors), labels=y.view(1, b),
+                                 dtype=torch.float64)
+    sim = UpdateSimulator(ps, 2, record_bn=False)
+    try:
+        assert sim.row_leaves is leaves
+        dummy = torch.randn(2, b, 1, size, size, dtype=torch.float64)
+        labels = y.view(1, b).expand(2, b)
+        eps = dummy.new_zeros(2, 0)
+        fast, _ = sim.vectorised(dummy, labels, eps)
+        slow, _ = sim.sequential(dummy, labels, eps)
+        for name in fast:
+            torch.testing.assert_close(fast[name], slow[name], rtol=1e-9, atol=1e-11)
+    finally:
+        sim.close()

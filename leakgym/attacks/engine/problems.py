@@ -5,11 +5,15 @@ into tensors with a leading problem dimension. :class:`UpdateSimulator` computes
 dummy update ``U(theta, x, y)``: the gradient ``grad_theta L(theta; x, y)`` (FedSGD) or the model
 difference ``theta_0 - theta_K`` after ``K = local_steps`` SGD steps with ``local_lr`` on the same
 batch (FedAvg; the attacker unrolls the steps functionally, as Geiping et al. 2020, Sec. 5, do for
-multi-step updates). It runs either vectorised -- one ``torch.func.vmap`` of the forward pass
-(:func:`leakgym.models.task_loss`) over rows that each own their parameters, then one
-``torch.autograd.grad(..., create_graph=True)`` of the summed losses, which is every row's own
-gradient -- or as the reference Python loop with ``torch.autograd.grad(..., create_graph=True)``
-per row.
+multi-step updates). It runs either vectorised or as the reference Python loop with
+``torch.autograd.grad(..., create_graph=True)`` per row. Vectorised, models whose convolutions are
+all small (LeNet) run one ``torch.func.vmap`` of the forward pass (:func:`leakgym.models.task_loss`)
+over rows that each own their parameters, then one ``torch.autograd.grad(..., create_graph=True)``
+of the summed losses, which is every row's own gradient; other models run one ``vmap`` over
+``torch.func.grad`` (parameters shared, ``in_dims=None``, when all problems attack the same model,
+stacked otherwise). Small convolutions run as unfold + matrix product there
+(:mod:`leakgym.attacks.engine.convolution`): ``vmap`` makes them grouped convolutions, whose double
+backward loops over the rows.
 
 BatchNorm: clients compute updates in train mode, so for batches of more than one example BN
 normalises with the batch's own statistics. The engine works on a private copy of the model whose
@@ -37,10 +41,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import vmap
+from torch.func import grad, vmap
 
 from leakgym.attacks.base import AttackerKnowledge
-from leakgym.attacks.engine.convolution import UnfoldedConvolutions
+from leakgym.attacks.engine.convolution import UNFOLD_MAX_ENTRIES, UnfoldedConvolutions, unfolded_entries
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import task_loss
 from leakgym.models.precode import VariationalBottleneck
@@ -351,17 +355,62 @@ class UpdateSimulator:
             finally:
                 noise.stop()
 
+        def update_fn(free, fixed, x, y, lr, eps):
+            noise.start(eps)
+            try:
+                if problems.kind == "gradient":
+                    g, stats = grad(loss_fn, has_aux=True)(free, fixed, x, y)
+                    return {n: g[n] for n in names}, stats
+                p, stats = free, None
+                for _ in range(problems.local_steps):
+                    g, st = grad(loss_fn, has_aux=True)(p, fixed, x, y)
+                    stats = st if stats is None else stats
+                    p = {n: p[n] - lr * g[n] for n in p}
+                return {n: free[n] - p[n] for n in names}, stats
+            finally:
+                noise.stop()
+
         self.loss_fn = loss_fn
+        names = self.names
         pdim = 0 if problems.batched else None
-        # Only the forward pass is vmapped: every row owns its parameters (see :meth:`select`), so the
-        # gradient of the rows' summed losses is each row's own gradient, and plain autograd computes it
-        # (with ``create_graph``, for the engine's double backward). Measured on LeNet 16x16, 1 CPU
-        # thread: half the time of ``vmap(grad(loss))`` for one row, equal at 32 rows (gradients equal
-        # to 2e-6). Every random number comes in through ``eps``: a random op inside the model is an error.
-        self.forward = vmap(forward_fn, in_dims=(0, pdim, 0, 0, 0), randomness="error")
+        # Two vectorised formulations, the same maths (tests: both equal the sequential loop). Every
+        # random number comes in through ``eps``: a random op inside the model is an error.
+        self.row_leaves = self._small_convolutions()
+        if self.row_leaves:
+            # Only the forward pass is vmapped; every row owns its parameters (see :meth:`select`), so
+            # the gradient of the rows' summed losses is each row's own gradient, computed by plain
+            # autograd (``create_graph`` for the engine's double backward). Measured per engine
+            # iteration, digits LeNet, 1 thread: 24 rows 9.9 vs 12.1 ms, 64 rows 20.7 vs 24.5 ms.
+            self.forward = vmap(forward_fn, in_dims=(0, pdim, 0, 0, 0), randomness="error")
+        else:
+            # vmap(grad): with larger convolutions the per-row parameters of the other form make every
+            # forward convolution a grouped one and hold a per-row copy of every weight -- measured
+            # 15% slower for the CIFAR ConvNet at 16 rows, and out of memory for ResNet-18 at 64 rows.
+            self.vmapped = vmap(update_fn, in_dims=(pdim, pdim, 0, 0, 0, 0), randomness="error")
         self._leaves: list[dict[str, Tensor]] | None = None
         self.select(torch.repeat_interleave(torch.arange(problems.n, device=problems.device),
                                             torch.tensor(counts, device=problems.device)))
+
+    def _small_convolutions(self) -> bool:
+        """Whether every convolution of the model takes :mod:`.convolution`'s unfolded form at this
+        batch size (one forward pass on zeros, recording each layer's input); no convolution: True."""
+        ps, sizes = self.ps, []
+        convs = [m for m in ps.model.modules() if isinstance(m, nn.Conv2d)]
+        hooks = [m.register_forward_pre_hook(lambda m, inp: sizes.append(unfolded_entries(m, inp[0]))) for m in convs]
+        first = (lambda t: t[0]) if ps.batched else (lambda t: t)
+        try:
+            with torch.no_grad():
+                x = torch.zeros(ps.batch_size, *ps.image_shape, device=ps.device, dtype=ps.dtype)
+                y = torch.zeros(ps.batch_size, dtype=torch.int64, device=ps.device)
+                self.noise.start(x.new_zeros(self.noise.numel))
+                try:
+                    task_loss(ps.model, x, y, params={n: first(t) for n, t in {**ps.fixed, **ps.free}.items()})
+                finally:
+                    self.noise.stop()
+        finally:
+            for h in hooks:
+                h.remove()
+        return all(size <= UNFOLD_MAX_ENTRIES for size in sizes)
 
     @property
     def noise_numel(self) -> int:
@@ -379,7 +428,9 @@ class UpdateSimulator:
         rows = owner.shape[0]
         same = rows == ps.n and bool(torch.equal(owner, torch.arange(ps.n, device=owner.device)))
         pick = (lambda t: t) if same else (lambda t: t.index_select(0, owner))
-        if ps.batched:
+        if not self.row_leaves:
+            self._rows = {n: pick(t) for n, t in ps.free.items()} if ps.batched else ps.free
+        elif ps.batched:
             self._rows = {n: pick(t).detach().requires_grad_(True) for n, t in ps.free.items()}
         else:
             self._rows = {n: t.detach().expand(rows, *t.shape).requires_grad_(True) for n, t in ps.free.items()}
@@ -392,6 +443,8 @@ class UpdateSimulator:
         ps, names = self.ps, self.names
         self.convolutions.on = True
         try:
+            if not self.row_leaves:
+                return self.vmapped(self._rows, self._fixed, x, y, self._lr, eps)
             if ps.kind == "gradient":
                 losses, stats = self.forward(self._rows, self._fixed, x, y, eps)
                 keys = list(self._rows)
