@@ -5,7 +5,8 @@ notice. Here each broken version is monkeypatched in and the check of ``test_met
 (``method_checks.check_defense`` / ``check_attack``) or of ``test_seeds.py`` (``check_reset_seed``)
 must raise ``AssertionError`` — with the message of the part of the check that catches it:
 
-* every registered defense replaced by the identity -> "does not change the shared update";
+* every registered defense replaced by the identity (and the batched ``apply_many`` of those that
+  have one) -> "does not change the shared update";
 * a registered defense that only rescales the update (``ToyScale``), and PPP-NG with negligible noise
   (the review's "PPP-NG1 as a no-op" passed a bar below the attack's own spread) -> "does not lower
   the leakage";
@@ -45,6 +46,7 @@ from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.loda_inversion import LodaInversion
 from leakgym.defenses import DEFENSES, DefenseConfig, registered
 from leakgym.defenses.ppp import PPP
+from leakgym.defenses.registry import UpdateDefense
 from leakgym.envs.game import LeakGame
 
 
@@ -59,6 +61,18 @@ def _prepared(tmp_path_factory):
 def test_a_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
     defense = DEFENSES[name]
     monkeypatch.setattr(type(defense), "apply", IDENTITY_APPLY[defense.stage])
+    if defense.stage == "update":  # the batched form must not hide the broken apply
+        monkeypatch.setattr(type(defense), "apply_many", UpdateDefense.apply_many)
+    with pytest.raises(AssertionError, match="does not change the shared update"):
+        check_defense(name)
+
+
+@pytest.mark.parametrize("name", [n for n, d in DEFENSES.items()
+                                  if d.stage == "update" and type(d).apply_many is not UpdateDefense.apply_many])
+def test_a_batched_update_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
+    """Prune and clip have their own apply_many (the pipeline's path): its identity fails the check too."""
+    monkeypatch.setattr(type(DEFENSES[name]), "apply_many", lambda self, ctxs, updates, xs, ys:
+                        [(dict(u), {}) for u in updates])
     with pytest.raises(AssertionError, match="does not change the shared update"):
         check_defense(name)
 
