@@ -57,6 +57,18 @@ def layer_weights(names: Sequence[str], scheme: str | Mapping[str, float] = "equ
     return {k: float(v) for k, v in zip(names, w)}
 
 
+def _per_problem_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Row-wise dot product of ``a (P, ...)`` with ``b (N, ...)`` where ``P = N * R``.
+
+    ``b`` is broadcast over the ``R`` restarts of each problem without being copied.
+    """
+    p, n = a.shape[0], b.shape[0]
+    if p == n:
+        return (a.reshape(p, -1) * b.reshape(n, -1)).sum(dim=1)
+    r = p // n
+    return (a.reshape(n, r, -1) * b.reshape(n, 1, -1)).sum(dim=2).reshape(p)
+
+
 def target_sq_norms(targets: Mapping[str, Tensor], weights: Mapping[str, float]) -> Tensor:
     """``sum_l w_l ||t_l||^2`` per victim, shape ``(N,)`` (precomputed once per attack)."""
     total = None
@@ -94,31 +106,30 @@ def gradient_distance(
     """
     if distance not in ("l2", "cosine"):
         raise ValueError(f"distance={distance!r}; allowed: 'l2', 'cosine'")
-    names = [name for name in targets if weights[name] != 0]
-    if not names:
+    dot = None
+    dummy_sq = None
+    for name, t in targets.items():
+        w = weights[name]
+        if w == 0:
+            continue
+        g = dummy[name]
+        if distance == "l2":
+            p, n = g.shape[0], t.shape[0]
+            diff = g.reshape(n, p // n, -1) - t.reshape(n, 1, -1).to(g.dtype)
+            term = w * diff.pow(2).sum(dim=2).reshape(p)
+            dot = term if dot is None else dot + term
+        else:
+            d_term = w * _per_problem_dot(g, t.to(g.dtype))
+            s_term = w * g.reshape(g.shape[0], -1).pow(2).sum(dim=1)
+            dot = d_term if dot is None else dot + d_term
+            dummy_sq = s_term if dummy_sq is None else dummy_sq + s_term
+    if dot is None:
         raise ValueError("every matched layer has weight 0; at least one weight must be > 0")
-    # All matched layers as one (rows, D) matrix: a handful of kernels instead of a few per layer
-    # (the engine evaluates this every iteration; per-layer loops were ~10% of an iteration on LeNet).
-    p, n = dummy[names[0]].shape[0], targets[names[0]].shape[0]
-    g = torch.cat([dummy[name].reshape(p, -1) for name in names], dim=1)
-    t = torch.cat([targets[name].reshape(n, -1) for name in names], dim=1).to(g.dtype)
-    levels = {weights[name] for name in names}
-    if len(levels) == 1:
-        scale, w = float(levels.pop()), None
-    else:
-        scale = 1.0
-        w = torch.cat([torch.full((targets[name][0].numel(),), float(weights[name]), dtype=g.dtype, device=g.device)
-                       for name in names])
     if distance == "l2":
-        diff = (g.reshape(n, p // n, -1) - t.reshape(n, 1, -1)).pow(2)
-        sq = diff.sum(dim=2) if w is None else diff @ w
-        return scale * sq.reshape(p)
-    gt = g.reshape(n, p // n, -1) * t.reshape(n, 1, -1)
-    dot = scale * (gt.sum(dim=2) if w is None else gt @ w).reshape(p)
-    gg = g.pow(2)
-    dummy_sq = scale * (gg.sum(dim=1) if w is None else gg @ w)
+        return dot
     if target_norm_sq is None:
         target_norm_sq = target_sq_norms(targets, weights)
+    p, n = dot.shape[0], target_norm_sq.shape[0]
     t_norm = target_norm_sq.to(dot.dtype).repeat_interleave(p // n).sqrt()
     # The epsilon only guards the all-zero dummy gradient (e.g. a constant image); it is far below
     # any gradient norm met in practice.
