@@ -254,10 +254,11 @@ class Round:
         return results, seconds
 
     def _score(self, defended, results, audits) -> list:
-        """Phase 4 of every game, the games of one scenario scored together (:func:`score_all`)."""
-        groups: dict[int, list[int]] = {}
+        """Phase 4 of every game, games with one dataset spec and leakage metric scored together
+        (:func:`score_all`)."""
+        groups: dict[tuple, list[int]] = {}
         for i, g in enumerate(self.games):
-            groups.setdefault(id(g.scenario), []).append(i)
+            groups.setdefault((g.spec, g.scenario.leakage_metric), []).append(i)
         scored: list = [None] * len(self.games)
         for members in groups.values():
             t0 = time.perf_counter()
