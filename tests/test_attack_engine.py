@@ -454,11 +454,13 @@ def test_per_problem_budgets_on_cuda(digits, cuda_device):
         torch.testing.assert_close(together[i].images, alone.images, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("flat_max", [2**24, 0])
 @pytest.mark.parametrize("distance", ["l2", "cosine"])
 @pytest.mark.parametrize("scheme", ["equal", "exp", {"a": 0.5, "c": 2.0}])
-def test_gradient_distance_equals_its_per_layer_formula(distance, scheme):
-    """The flattened distance (all layers as one matrix) is the papers' per-layer sum: DLG Eq. 4 (l2) and
-    Inverting Gradients Eq. 4 with layer weights (cosine); 2 victims x 3 restarts; a weight-0 layer is out."""
+def test_gradient_distance_equals_its_per_layer_formula(distance, scheme, flat_max):
+    """Both forms (all layers as one matrix, and layer by layer: flat_max=0) are the papers' per-layer sum:
+    DLG Eq. 4 (l2) and Inverting Gradients Eq. 4 with layer weights (cosine); 2 victims x 3 restarts; a
+    weight-0 layer is out."""
     from leakgym.attacks.losses import gradient_distance, layer_weights
 
     g = torch.Generator().manual_seed(0)
@@ -466,7 +468,7 @@ def test_gradient_distance_equals_its_per_layer_formula(distance, scheme):
     targets = {k: torch.randn(2, *s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
     dummy = {k: torch.randn(6, *s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
     w = layer_weights(list(shapes), scheme)
-    got = gradient_distance(dummy, targets, w, distance=distance)
+    got = gradient_distance(dummy, targets, w, distance=distance, flat_max=flat_max)
     want = []
     for row in range(6):
         victim = row // 3
