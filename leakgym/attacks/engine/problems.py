@@ -420,8 +420,9 @@ class UpdateSimulator:
     def select(self, owner: Tensor) -> None:
         """Compute only the rows whose problems are ``owner`` (``(P',)`` problem index of each row).
 
-        Each selected row gets its own leaf copy of its problem's free parameters (an expanded view
-        when all problems share one model), the variables of the rows' dummy gradients."""
+        With per-row leaves (:attr:`row_leaves`) each selected row gets its own leaf copy of its
+        problem's free parameters (an expanded view when all problems share one model), the variables
+        of the rows' dummy gradients; otherwise the rows' problems' parameters, as ``vmap(grad)`` takes them."""
         ps = self.ps
         self.owner = owner
         self._owner = owner.tolist()
@@ -438,8 +439,9 @@ class UpdateSimulator:
         self._lr = pick(ps.local_lr)
 
     def vectorised(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
-        """Dummy updates of the selected rows: one vmapped forward pass per simulated step and one
-        ``torch.autograd.grad(..., create_graph=True)``; ``eps`` is ``(P', noise_numel)``."""
+        """Dummy updates of the selected rows as one vectorised computation -- per simulated step a
+        vmapped forward pass and one ``torch.autograd.grad(..., create_graph=True)`` (:attr:`row_leaves`),
+        else one ``vmap(grad)`` call; ``eps`` is ``(P', noise_numel)``."""
         ps, names = self.ps, self.names
         self.convolutions.on = True
         try:
