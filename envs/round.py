@@ -255,7 +255,7 @@ class Round:
 
     def _score(self, defended, results, audits) -> list:
         """Phase 4 of every game, games with one dataset spec and leakage metric scored together
-        (:func:`score_all`)."""
+        (what :func:`score_all` does, keeping the unit images for the games' renderings)."""
         groups: dict[tuple, list[int]] = {}
         for i, g in enumerate(self.games):
             groups.setdefault((g.spec, g.scenario.leakage_metric), []).append(i)
@@ -263,14 +263,15 @@ class Round:
         for members in groups.values():
             t0 = time.perf_counter()
             lead = self.games[members[0]]
-            scores = score_all(lead.spec, [results[i] for i in members], [defended[i].x for i in members],
-                               true_labels=[defended[i].y for i in members],
-                               lpips="lpips" in lead.scenario.leakage_metric)
             spec = lead.spec
-            originals = to_host([spec.denormalize(defended[i].x).clamp(0, 1) for i in members])
-            recons = to_host([spec.denormalize(results[i].images.detach()).clamp(0, 1) for i in members])
+            # Unit images once: scored on the device, then moved to the host for rendering.
+            originals = [spec.denormalize(defended[i].x).clamp(0, 1) for i in members]
+            recons = [spec.denormalize(results[i].images.detach()).clamp(0, 1) for i in members]
+            scores = score_reconstructions(recons, originals, pred_labels=[results[i].labels for i in members],
+                                           true_labels=[defended[i].y for i in members],
+                                           lpips="lpips" in lead.scenario.leakage_metric)
             share = (time.perf_counter() - t0) / len(members)
-            for i, s, o, r in zip(members, scores, originals, recons):
+            for i, s, o, r in zip(members, scores, to_host(originals), to_host(recons)):
                 scored[i] = self.games[i].score(defended[i], audits[i], s, (o, r), share)
         return scored
 

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from leakgym.fl.update import SharedUpdate
-from leakgym.models import bn_eval_if_single, task_loss
+from leakgym.models import BatchNormInputStatistics, bn_eval_if_single, task_loss
 from leakgym.models.precode import VariationalBottleneck
 
 
@@ -100,41 +100,17 @@ class ClientUpdates:
     buffers; ``num_batches_tracked`` is in :func:`unpack`); None for models without BatchNorm."""
 
 
-class _BatchStatistics:
-    """Forward pre-hooks on the BN layers of a stateless copy recording ``(mean, unbiased var)`` of
-    each layer's input between :meth:`start` and :meth:`stop` (returned as outputs of the vmapped
-    function, so they are ordinary tensors afterwards)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self._stats: list[tuple[Tensor, Tensor]] | None = None
-        for _, m in _bn_layers(model):
-            m.register_forward_pre_hook(self._hook)
-
-    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
-        if self._stats is not None:
-            h = inputs[0]
-            dims = [0, *range(2, h.dim())]
-            self._stats.append((h.mean(dim=dims), h.var(dim=dims, unbiased=True)))
-
-    def start(self) -> None:
-        self._stats = []
-
-    def stop(self) -> tuple[tuple[Tensor, Tensor], ...]:
-        stats, self._stats = tuple(self._stats or ()), None
-        return stats
+_STATELESS: dict[tuple, tuple[nn.Module, BatchNormInputStatistics]] = {}
 
 
-_STATELESS: dict[tuple, tuple[nn.Module, _BatchStatistics]] = {}
-
-
-def _stateless_copy(model: nn.Module) -> tuple[nn.Module, _BatchStatistics]:
+def _stateless_copy(model: nn.Module) -> tuple[nn.Module, BatchNormInputStatistics]:
     """A private copy of ``model``'s architecture whose BN layers keep no running statistics (batch
     statistics, no in-place update), with a recorder of those statistics; one per :func:`signature`."""
     key = signature(model)
     if key not in _STATELESS:
         twin = copy.deepcopy(model)
         torch.func.replace_all_batch_norm_modules_(twin)
-        _STATELESS[key] = (twin, _BatchStatistics(twin))
+        _STATELESS[key] = (twin, BatchNormInputStatistics(twin, unbiased=True))
     return _STATELESS[key]
 
 

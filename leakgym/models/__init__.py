@@ -14,7 +14,13 @@ resnet18   ResNet-18, CIFAR stem, BasicBlocks [2, 2, 2, 2]        64
 ========== ===================================================== ===============
 """
 
-from leakgym.models.base import LeakGymModel, bn_eval_if_single, has_batchnorm, task_loss
+from leakgym.models.base import (
+    BatchNormInputStatistics,
+    LeakGymModel,
+    bn_eval_if_single,
+    has_batchnorm,
+    task_loss,
+)
 from leakgym.models.build import MODEL_CLASSES, MODEL_NAMES, build_model
 from leakgym.models.convnet import ConvNet
 from leakgym.models.lenet import LeNet
@@ -33,6 +39,7 @@ __all__ = [
     "MLP",
     "MODEL_CLASSES",
     "MODEL_NAMES",
+    "BatchNormInputStatistics",
     "ConvNet",
     "LeNet",
     "LeakGymModel",

@@ -177,6 +177,45 @@ def task_loss(model: nn.Module, x: Tensor, y: Tensor, params: dict[str, Tensor] 
     return loss
 
 
+class BatchNormInputStatistics:
+    """Forward pre-hooks on every BatchNorm layer of ``model`` recording the batch ``(mean, var)`` of its
+    input, per channel, in layer order, between :meth:`start` and :meth:`stop`.
+
+    :meth:`stop` returns them; inside a ``vmap``/``grad`` transform they come out as ordinary (batched,
+    differentiable) outputs of the transformed function. ``unbiased``: the variance BN's running
+    statistics use (True) or the one it normalises with (False). Users: the attack engine's BN prior
+    (GradInversion) and the batched FL clients' running statistics (:mod:`leakgym.fl.batched`).
+    ``enabled=False`` installs no hooks and records nothing. :meth:`close` removes the hooks.
+    """
+
+    def __init__(self, model: nn.Module, *, unbiased: bool, enabled: bool = True) -> None:
+        self.unbiased = unbiased
+        self.enabled = enabled
+        self._stats: list[tuple[Tensor, Tensor]] | None = None
+        bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self._handles = [m.register_forward_pre_hook(self._hook) for m in bns] if enabled else []
+
+    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
+        if self._stats is None:
+            return
+        h = inputs[0]
+        dims = [0, *range(2, h.dim())]
+        self._stats.append((h.mean(dim=dims), h.var(dim=dims, unbiased=self.unbiased)))
+
+    def start(self) -> None:
+        self._stats = [] if self.enabled else None
+
+    def stop(self) -> tuple[tuple[Tensor, Tensor], ...]:
+        stats = tuple(self._stats or ())
+        self._stats = None
+        return stats
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
 def has_batchnorm(model: nn.Module) -> bool:
     """True if ``model`` contains any BatchNorm layer."""
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())

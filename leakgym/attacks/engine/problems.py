@@ -46,45 +46,12 @@ from torch.func import grad, vmap
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.engine.convolution import UNFOLD_MAX_ENTRIES, UnfoldedConvolutions, unfolded_entries
 from leakgym.fl.update import SharedUpdate
-from leakgym.models import task_loss
+from leakgym.models import BatchNormInputStatistics, task_loss
 from leakgym.models.precode import VariationalBottleneck
 
 
 def _bn_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-
-class _BNRecorder:
-    """Forward pre-hooks on every BN layer that record the batch ``(mean, biased var)`` of its input.
-
-    The hooks only record between :meth:`start` and :meth:`stop`, and the statistics are returned as
-    outputs of the (vmapped) function, so they are ordinary differentiable tensors afterwards.
-    """
-
-    def __init__(self, model: nn.Module, enabled: bool) -> None:
-        self.enabled = enabled
-        self._stats: list[tuple[Tensor, Tensor]] | None = None
-        self._handles = [m.register_forward_pre_hook(self._hook) for m in _bn_modules(model)] if enabled else []
-
-    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...]) -> None:
-        if self._stats is None:
-            return
-        h = inputs[0]
-        dims = [0, *range(2, h.dim())]
-        self._stats.append((h.mean(dim=dims), h.var(dim=dims, unbiased=False)))
-
-    def start(self) -> None:
-        self._stats = [] if self.enabled else None
-
-    def stop(self) -> tuple[tuple[Tensor, Tensor], ...]:
-        stats = tuple(self._stats or ())
-        self._stats = None
-        return stats
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
 
 @dataclass
@@ -338,7 +305,7 @@ class UpdateSimulator:
             raise ValueError(f"got {len(counts)} restart counts for {problems.n} problems")
         self.names = list(problems.targets)
         forwards = problems.local_steps if problems.kind == "model_delta" else 1
-        self.recorder = _BNRecorder(problems.model, record_bn)
+        self.recorder = BatchNormInputStatistics(problems.model, unbiased=False, enabled=record_bn)
         self.noise = _BottleneckNoise(problems.model, problems.batch_size, forwards)
         self.convolutions = UnfoldedConvolutions(problems.model)  # on in the vectorised path only
         model, recorder, noise = problems.model, self.recorder, self.noise
