@@ -156,6 +156,38 @@ def test_batched_lbfgs_follows_torch_lbfgs_per_problem():
         torch.testing.assert_close(x[i], expected, rtol=1e-8, atol=1e-10)
 
 
+def test_batched_lbfgs_rejected_pairs_are_inert():
+    """On a non-convex function some steps have y.s <= 0: torch.optim.LBFGS skips those pairs, the
+    batched L-BFGS stores them as zero pairs (histories stay aligned across problems). With a memory
+    that never fills, both take the same steps -- the zero pairs contribute nothing to the compact
+    representation's H g."""
+    g = torch.Generator().manual_seed(3)
+    p, d = 3, 4
+    freq = torch.rand(p, d, generator=g, dtype=torch.float64) + 0.5
+    x0 = torch.randn(p, d, generator=g, dtype=torch.float64)
+
+    def grad(x, f):  # f(x) = sum cos(f x) + 0.05 |x|^2
+        return -f * torch.sin(f * x) + 0.1 * x
+
+    x = x0.clone()
+    opt = BatchedLBFGS([x], lr=0.5, history_size=100)
+    for _ in range(15):
+        opt.step([grad(x, freq)])
+    assert bool((torch.diagonal(opt._sy, dim1=1, dim2=2) == 0).any()), "no pair was rejected: the test tests nothing"
+    for i in range(p):
+        xi = x0[i].clone().requires_grad_(True)
+        ref = torch.optim.LBFGS([xi], lr=0.5, max_iter=15, history_size=100, tolerance_grad=0, tolerance_change=0)
+
+        def closure(i=i, xi=xi, ref=ref):
+            ref.zero_grad()
+            val = torch.cos(freq[i] * xi).sum() + 0.05 * xi.pow(2).sum()
+            val.backward()
+            return val
+
+        ref.step(closure)
+        torch.testing.assert_close(x[i], xi.detach(), rtol=1e-8, atol=1e-10)
+
+
 def test_fedavg_model_difference_is_simulated_exactly(digits):
     """At the true image, the unrolled 3-step local training reproduces the victim's model difference."""
     spec = digits.spec

@@ -123,6 +123,32 @@ def test_parts_do_not_borrow_each_others_objective(digits):
     torch.testing.assert_close(right[2].images, wrong[2].images, **VECTORISED_TOL)
 
 
+def test_parts_sharing_an_optimiser_run_as_one(digits, monkeypatch):
+    """The Adam parts (cosine + TV + sign steps + decay beside L2 + priors, plain steps) share one run:
+    one objective evaluation, best-iterate update and optimiser step per iteration; DLG's L-BFGS part
+    and a part that simulates a defense (EOT) run on their own. Results per part: the test above."""
+    from leakgym.attacks.engine import matching
+
+    made = []
+
+    class Counting(matching._Run):
+        def __init__(self, problems, members, generator):
+            made.append([part.schedule.optimizer for part, _ in members])
+            super().__init__(problems, members, generator)
+
+    monkeypatch.setattr(matching, "_Run", Counting)
+    counts = [2, 1, 2]
+    ps, _, _ = _problems(digits, sum(counts) + 1)
+    ig, gi, dlg = _parts(digits, counts)
+    eot = dataclasses.replace(
+        ig, problems=1, init=ig.init[:1], per_problem=None,
+        objective=dataclasses.replace(ig.objective, simulate_defense=lambda grads, generator: grads))
+    out = run_joint_matching(ps, [ig, dlg, gi, eot], generator=BatchedGenerator.from_seeds(range(6), "cpu"))
+    assert made == [["adam", "adam"], ["lbfgs"], ["adam"]]
+    assert [o.images.shape[0] for o in out] == [2, 2, 1, 1]  # results in the callers' part order
+    assert [o.budgets for o in out] == [[3, 6], [5, 5], [4], [6]]
+
+
 def test_parts_are_validated(digits):
     ps, _, _ = _problems(digits, 3)
     parts = _parts(digits, [1, 1, 1])

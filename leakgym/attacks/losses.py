@@ -87,28 +87,48 @@ FLAT_MAX_ENTRIES = 2**24
 """Largest ``rows x matched parameters`` that :func:`gradient_distance` concatenates into one matrix."""
 
 
+def flat_layers(tensors: Mapping[str, Tensor], names: Sequence[str]) -> Tensor:
+    """Layers ``names`` of ``name -> (rows, *shape)`` as one ``(rows, D)`` matrix (layer after layer)."""
+    rows = tensors[names[0]].shape[0]
+    return torch.cat([tensors[name].reshape(rows, -1) for name in names], dim=1)
+
+
+class FlatWeights:
+    """The per-entry weights of the flattened layers ``names``: one scale when every layer has the same
+    weight (no weight vector), else a ``(D,)`` vector."""
+
+    def __init__(self, targets: Mapping[str, Tensor], weights: Mapping[str, float], names: Sequence[str], *,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        levels = {weights[name] for name in names}
+        self.scale = float(next(iter(levels))) if len(levels) == 1 else 1.0
+        self.vector = None if len(levels) == 1 else torch.cat([
+            torch.full((targets[name][0].numel(),), float(weights[name]), dtype=dtype, device=device)
+            for name in names])
+
+    def sum(self, values: Tensor) -> Tensor:
+        """``sum_j w_j values[..., j]``."""
+        return self.scale * (values.sum(dim=-1) if self.vector is None else values @ self.vector)
+
+
+def matrix_distance(g: Tensor, t: Tensor, weights: FlatWeights, *, distance: str, target_norm_sq: Tensor) -> Tensor:
+    """:func:`gradient_distance` of flattened updates: ``g (P, D)`` against ``t (N, D)``, ``P = N x R``
+    (the targets broadcast over each victim's restarts); ``target_norm_sq (N,)`` is used by the cosine."""
+    p, n = g.shape[0], t.shape[0]
+    if distance == "l2":
+        return weights.sum((g.reshape(n, p // n, -1) - t.reshape(n, 1, -1)).pow(2)).reshape(p)
+    dot = weights.sum(g.reshape(n, p // n, -1) * t.reshape(n, 1, -1)).reshape(p)
+    return _cosine(dot, weights.sum(g.pow(2)), target_norm_sq)
+
+
 def _flat_distance(dummy: Mapping[str, Tensor], targets: Mapping[str, Tensor], weights: Mapping[str, float],
                    names: list[str], distance: str, target_norm_sq: Tensor | None) -> Tensor:
     """:func:`gradient_distance` with all matched layers as one ``(rows, D)`` matrix."""
-    p, n = dummy[names[0]].shape[0], targets[names[0]].shape[0]
-    g = torch.cat([dummy[name].reshape(p, -1) for name in names], dim=1)
-    t = torch.cat([targets[name].reshape(n, -1) for name in names], dim=1).to(g.dtype)
-    levels = {weights[name] for name in names}
-    w = None
-    scale = float(next(iter(levels))) if len(levels) == 1 else 1.0
-    if len(levels) > 1:
-        w = torch.cat([torch.full((targets[name][0].numel(),), float(weights[name]), dtype=g.dtype, device=g.device)
-                       for name in names])
-    if distance == "l2":
-        diff = (g.reshape(n, p // n, -1) - t.reshape(n, 1, -1)).pow(2)
-        return scale * (diff.sum(dim=2) if w is None else diff @ w).reshape(p)
-    gt = g.reshape(n, p // n, -1) * t.reshape(n, 1, -1)
-    dot = scale * (gt.sum(dim=2) if w is None else gt @ w).reshape(p)
-    gg = g.pow(2)
-    dummy_sq = scale * (gg.sum(dim=1) if w is None else gg @ w)
-    if target_norm_sq is None:
+    g = flat_layers(dummy, names)
+    t = flat_layers(targets, names).to(g.dtype)
+    if distance == "cosine" and target_norm_sq is None:
         target_norm_sq = target_sq_norms(targets, weights)
-    return _cosine(dot, dummy_sq, target_norm_sq)
+    flat = FlatWeights(targets, weights, names, dtype=g.dtype, device=g.device)
+    return matrix_distance(g, t, flat, distance=distance, target_norm_sq=target_norm_sq)
 
 
 def _cosine(dot: Tensor, dummy_sq: Tensor, target_norm_sq: Tensor) -> Tensor:

@@ -2,8 +2,9 @@
 
 DLG (Zhu et al. 2019) optimises with ``torch.optim.LBFGS``; the engine needs the same optimiser for
 P problems at once, with every dot product, history pair and curvature estimate per problem, so
-that problem ``p`` follows the iterates it would follow alone (Nocedal & Wright, *Numerical
-Optimization*, Alg. 7.4, the two-loop recursion).
+that problem ``p`` follows the iterates it would follow alone. The search direction comes from the
+compact representation of the L-BFGS matrix (Byrd, Nocedal & Schnabel 1994) rather than the
+two-loop recursion: the same matrix, in a few batched operations instead of ten per stored pair.
 """
 
 from __future__ import annotations
@@ -18,15 +19,31 @@ class BatchedLBFGS:
     """L-BFGS without line search (as ``torch.optim.LBFGS(line_search_fn=None)``), per problem.
 
     The variables are tensors with a leading problem dimension ``P``; every dot product, history
-    pair and curvature estimate is per problem, so P problems optimised together follow exactly the
-    iterates each would follow alone. One :meth:`step` is one iteration of
-    ``torch.optim.LBFGS``'s inner loop: the two-loop recursion (Nocedal & Wright, Alg. 7.4) and a
+    pair and curvature estimate is per problem, so P problems optimised together follow the iterates
+    each would follow alone. One :meth:`step` is one iteration of ``torch.optim.LBFGS``'s inner loop:
+    the direction ``-H g`` of the limited-memory inverse Hessian ``H`` built from the last
+    ``history_size`` pairs with ``H_0 = gamma I`` (``gamma = s'y / y'y`` of the newest pair), and a
     step of length ``lr`` (the first step scaled by ``min(1, 1/||g||_1)``).
 
+    ``torch.optim.LBFGS`` computes ``H g`` with the two-loop recursion (Nocedal & Wright, *Numerical
+    Optimization*, Alg. 7.4): about ten tensor operations per stored pair, a thousand per step with
+    the default memory of 100 -- a millisecond of Python dispatch on a CPU and a thousand kernel
+    launches on a GPU, every iteration, whatever P. Here ``H g`` comes from the compact representation
+    of the same matrix (Byrd, Nocedal & Schnabel 1994, "Representations of quasi-Newton matrices and
+    their use in limited memory methods", Theorem 2.2; N&W Eq. 7.24):
+
+        H g = gamma g + S^T r - gamma Y^T p,   p = R^{-1} S g,   r = R^{-T} ((D + gamma Y Y^T) p - gamma Y g)
+
+    with ``S, Y`` the ``(m, D)`` stored pairs (oldest first), ``R`` the upper triangle of ``S Y^T`` and
+    ``D`` its diagonal: two triangular solves of size ``m`` and a few batched products. ``S Y^T`` and
+    ``Y Y^T`` are kept up to date (one new row and column per step). Equal to the two-loop recursion in
+    exact arithmetic; tests check it against ``torch.optim.LBFGS`` in float64 (``rtol`` 1e-8).
+
     Deviations from ``torch.optim.LBFGS``: a curvature pair with ``y.s <= 1e-10`` is stored as a
-    zero pair (it contributes nothing) instead of being skipped, so that histories stay aligned
-    across problems; the tolerance-based early exits are replaced by freezing problems whose gradient
-    is below ``tolerance_grad`` (the engine always spends its full budget).
+    zero pair (it contributes nothing: its row and column of ``R`` are those of the identity) instead
+    of being skipped, so that histories stay aligned across problems; the tolerance-based early exits
+    are replaced by freezing problems whose gradient is below ``tolerance_grad`` (the engine always
+    spends its full budget).
 
     ``lr`` is one step length for every problem or a ``(P,)`` tensor of step lengths, one per problem.
     :meth:`keep` drops problems that leave the optimisation (past their budget): every kept problem's
@@ -40,9 +57,10 @@ class BatchedLBFGS:
         self.history_size = history_size
         self.tolerance_grad = tolerance_grad
         self.p = self.variables[0].shape[0]
-        self._s: list[Tensor] = []
-        self._y: list[Tensor] = []
-        self._rho: list[Tensor] = []
+        self._s: Tensor | None = None  # (P, m, D) steps, oldest first (zero rows: rejected pairs)
+        self._y: Tensor | None = None  # (P, m, D) gradient changes
+        self._sy: Tensor | None = None  # (P, m, m): s_i . y_j
+        self._yy: Tensor | None = None  # (P, m, m): y_i . y_j
         self._h_diag: Tensor | None = None
         self._prev_g: Tensor | None = None
         self._d: Tensor | None = None
@@ -57,18 +75,45 @@ class BatchedLBFGS:
         """Keep only the problems ``mask`` (``(P,)`` bool); ``variables`` are the kept problems' tensors."""
         self.variables = list(variables)
         self.p = self.variables[0].shape[0]
-        self._s = [s[mask] for s in self._s]
-        self._y = [y[mask] for y in self._y]
-        self._rho = [r[mask] for r in self._rho]
         if isinstance(self.lr, Tensor):
             self.lr = self.lr[mask]
-        for name in ("_h_diag", "_prev_g", "_d", "_t"):
+        for name in ("_s", "_y", "_sy", "_yy", "_h_diag", "_prev_g", "_d", "_t"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value[mask])
 
     def _flat(self, tensors: Sequence[Tensor]) -> Tensor:
         return torch.cat([t.reshape(self.p, -1) for t in tensors], dim=1)
+
+    def _remember(self, s: Tensor, y: Tensor) -> None:
+        """Append the pair ``(s, y)`` (``(P, D)`` each), dropping the oldest when the memory is full."""
+        s, y = s.unsqueeze(1), y.unsqueeze(1)
+        if self._s is None:
+            self._s, self._y = s, y
+            self._sy, self._yy = _dots(s, y).unsqueeze(2), _dots(y, y).unsqueeze(2)
+            return
+        old_s, old_y, old_sy, old_yy = self._s, self._y, self._sy, self._yy
+        if old_s.shape[1] == self.history_size:
+            old_s, old_y, old_sy, old_yy = old_s[:, 1:], old_y[:, 1:], old_sy[:, 1:, 1:], old_yy[:, 1:, 1:]
+        self._s, self._y = torch.cat([old_s, s], dim=1), torch.cat([old_y, y], dim=1)
+        sy_col = _dots(self._s, y)  # (P, m): s_i . y_new
+        sy_row = _dots(self._y, s)  # (P, m): s_new . y_j
+        yy_col = _dots(self._y, y)  # (P, m): y_i . y_new
+        self._sy = torch.cat([torch.cat([old_sy, sy_col[:, :-1, None]], dim=2), sy_row[:, None]], dim=1)
+        self._yy = torch.cat([torch.cat([old_yy, yy_col[:, :-1, None]], dim=2), yy_col[:, None]], dim=1)
+
+    def _inverse_hessian_times(self, g: Tensor) -> Tensor:
+        """``H g`` per problem from the compact representation (see the class docstring)."""
+        s, y, sy, yy, gamma = self._s, self._y, self._sy, self._yy, self._h_diag
+        diag = torch.diagonal(sy, dim1=1, dim2=2)  # s_i . y_i; exactly 0 for a rejected (zero) pair
+        # A zero pair's row and column of R are 0: its diagonal entry 1 makes R invertible and the pair inert.
+        r = torch.triu(sy) + torch.diag_embed((diag == 0).to(sy.dtype))
+        g_row = g.unsqueeze(1)
+        p = torch.linalg.solve_triangular(r, _dots(s, g_row).unsqueeze(2), upper=True).squeeze(2)  # (P, m)
+        g_col = gamma.unsqueeze(1)
+        inner = diag * p + g_col * _dots(yy, p.unsqueeze(1)) - g_col * _dots(y, g_row)
+        rhs = torch.linalg.solve_triangular(r.transpose(1, 2), inner.unsqueeze(2), upper=False)  # (P, m, 1)
+        return g_col * g + (s * rhs).sum(dim=1) - g_col * (y * p.unsqueeze(2)).sum(dim=1)
 
     @torch.no_grad()
     def step(self, grads: Sequence[Tensor]) -> None:
@@ -82,24 +127,11 @@ class BatchedLBFGS:
             s = self._d * self._t[:, None]
             ys = (y * s).sum(dim=1)
             ok = ys > 1e-10
-            rho = torch.where(ok, 1.0 / torch.where(ok, ys, torch.ones_like(ys)), torch.zeros_like(ys))
-            if len(self._s) == self.history_size:
-                self._s.pop(0), self._y.pop(0), self._rho.pop(0)
-            self._s.append(torch.where(ok[:, None], s, torch.zeros_like(s)))
-            self._y.append(torch.where(ok[:, None], y, torch.zeros_like(y)))
-            self._rho.append(rho)
+            self._remember(torch.where(ok[:, None], s, torch.zeros_like(s)),
+                           torch.where(ok[:, None], y, torch.zeros_like(y)))
             yy = (y * y).sum(dim=1)
             self._h_diag = torch.where(ok, ys / torch.where(ok, yy, torch.ones_like(yy)), self._h_diag)
-            q = -g
-            alphas = []
-            for s_i, y_i, r_i in zip(reversed(self._s), reversed(self._y), reversed(self._rho)):
-                a_i = (s_i * q).sum(dim=1) * r_i
-                q = q - a_i[:, None] * y_i
-                alphas.append(a_i)
-            d = q * self._h_diag[:, None]
-            for s_i, y_i, r_i, a_i in zip(self._s, self._y, self._rho, reversed(alphas)):
-                b_i = (y_i * d).sum(dim=1) * r_i
-                d = d + s_i * (a_i - b_i)[:, None]
+            d = -self._inverse_hessian_times(g)
             t = self._lr(g).expand(self.p).clone()
         converged = g.abs().amax(dim=1) <= self.tolerance_grad
         t = torch.where(converged, torch.zeros_like(t), t)
@@ -110,6 +142,13 @@ class BatchedLBFGS:
             size = v[0].numel()
             v.add_(step[:, offset:offset + size].reshape(v.shape))
             offset += size
+
+
+def _dots(a: Tensor, b: Tensor) -> Tensor:
+    """``a (P, m, D) . b (P, 1, D)`` over D -> ``(P, m)``, as an elementwise product and a sum rather
+    than a batched matrix product: a problem's result must not depend on how many problems share the
+    call, and batched BLAS kernels pick their blocking (and rounding) by the batch size."""
+    return (a * b).sum(dim=2)
 
 
 __all__ = ["BatchedLBFGS"]

@@ -198,37 +198,54 @@ def matching_term(
     return torch.stack([distance(s) for s in samples]).mean(dim=0)
 
 
+@dataclass(frozen=True)
+class RowPriors:
+    """The prior weights of every row of an engine run: ``(P,)`` tensors, None where every row's weight
+    is 0. Rows of different strategies (Inverting Gradients' TV, GradInversion's l2, BN and group terms)
+    then share one evaluation of each prior; a row of weight 0 adds exactly 0."""
+
+    tv: Tensor | None = None
+    l2: Tensor | None = None
+    bn: Tensor | None = None
+    group: Tensor | None = None
+
+    @classmethod
+    def of_rows(cls, values: dict[str, Sequence[float]], *, dtype: torch.dtype, device: torch.device) -> RowPriors:
+        """``name -> one weight per row``; a prior whose weights are all 0 becomes None."""
+        return cls(**{name: torch.tensor(list(v), dtype=dtype, device=device) if any(w > 0 for w in v) else None
+                      for name, v in values.items()})
+
+    def select(self, index: Tensor) -> RowPriors:
+        """The weights of rows ``index``."""
+        return RowPriors(**{name: None if w is None else w.index_select(0, index)
+                            for name, w in vars(self).items()})
+
+
 def objective_terms(
-    objective: MatchingObjective,
     matching: Tensor,
     x: Tensor,
+    priors: RowPriors,
     *,
     restarts: int | None = None,
     bn_stats: tuple[tuple[Tensor, Tensor], ...] = (),
     bn_targets: list[tuple[Tensor, Tensor]] | None = None,
-    tv: Tensor | None = None,
     groups: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """``(P,)`` total objective: ``matching`` plus the weighted priors of the dummy images ``x``.
+    """``(P,)`` total objective: ``matching`` plus the dummy images' ``x`` priors, each weighted row by row.
 
-    ``tv`` (``(P,)`` weights), when given, replaces ``objective.tv`` row by row (a row of weight 0 adds
-    exactly 0). The group-consistency consensus is taken over blocks of ``restarts`` consecutive rows,
-    or, with ``groups = (index, sizes)`` (see :func:`ragged_group_consistency`), over groups of any size.
+    The group-consistency consensus is taken over blocks of ``restarts`` consecutive rows, or, with
+    ``groups = (index, sizes)`` (see :func:`ragged_group_consistency`), over groups of any size.
     """
     total = matching
-    if tv is not None:
-        total = total + tv.to(total.dtype) * total_variation(x)
-    elif objective.tv > 0:
-        total = total + objective.tv * total_variation(x)
-    if objective.l2 > 0:
-        total = total + objective.l2 * l2_prior(x)
-    if objective.bn > 0:
-        total = total + objective.bn * bn_statistics_loss(bn_stats, bn_targets)
-    if objective.group > 0:
-        if groups is not None:
-            total = total + objective.group * ragged_group_consistency(x, *groups)
-        else:
-            total = total + objective.group * group_consistency(x, restarts or 1)
+    if priors.tv is not None:
+        total = total + priors.tv.to(total.dtype) * total_variation(x)
+    if priors.l2 is not None:
+        total = total + priors.l2.to(total.dtype) * l2_prior(x)
+    if priors.bn is not None:
+        total = total + priors.bn.to(total.dtype) * bn_statistics_loss(bn_stats, bn_targets)
+    if priors.group is not None:
+        term = ragged_group_consistency(x, *groups) if groups is not None else group_consistency(x, restarts or 1)
+        total = total + priors.group.to(total.dtype) * term
     return total
 
 
@@ -248,6 +265,7 @@ __all__ = [
     "MatchingObjective",
     "PerProblem",
     "ResolvedPerProblem",
+    "RowPriors",
     "Schedule",
     "matching_term",
     "objective_terms",
