@@ -110,9 +110,10 @@ class FlatWeights:
         return self.scale * (values.sum(dim=-1) if self.vector is None else values @ self.vector)
 
 
-def matrix_distance(g: Tensor, t: Tensor, weights: FlatWeights, *, distance: str, target_norm_sq: Tensor) -> Tensor:
+def matrix_distance(g: Tensor, t: Tensor, weights: FlatWeights, *, distance: str,
+                    target_norm_sq: Tensor | None) -> Tensor:
     """:func:`gradient_distance` of flattened updates: ``g (P, D)`` against ``t (N, D)``, ``P = N x R``
-    (the targets broadcast over each victim's restarts); ``target_norm_sq (N,)`` is used by the cosine."""
+    (the targets broadcast over each victim's restarts); ``target_norm_sq (N,)`` is needed by the cosine only."""
     p, n = g.shape[0], t.shape[0]
     if distance == "l2":
         return weights.sum((g.reshape(n, p // n, -1) - t.reshape(n, 1, -1)).pow(2)).reshape(p)
