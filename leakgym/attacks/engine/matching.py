@@ -205,10 +205,9 @@ class _Run:
         b = problems.batch_size
         device, dtype = problems.device, problems.dtype
         self.ps = problems
-        self.members = [part for part, _ in members]
         self.problem_index = [offset + i for part, offset in members for i in range(part.problems)]
         n = self.n = len(self.problem_index)
-        lead = self.members[0]
+        lead = members[0][0]
         self.schedule = lead.schedule  # optimiser, L-BFGS memory (equal for every member)
         optimise = _optimises_labels(problems, lead)
         if not optimise and problems.labels is None:
@@ -246,9 +245,9 @@ class _Run:
                     label_inits.append(_rows(part.label_init, s.restarts, (b, problems.num_classes), "label_init"))
         self.objective = objectives[0]  # the layer weights and EOT settings (equal for every member)
         self.budgets, self.counts = budgets, counts
-        self.member_sizes = [part.problems for part in self.members]
-        self.gen_all = generator.subset(self.problem_index)
-        self.rows = self.gen_all.with_rows(counts)  # problem i's restarts draw from its own generator
+        self.member_sizes = [part.problems for part, _ in members]
+        # problem i's restarts draw from its own generator
+        self.rows = generator.subset(self.problem_index).with_rows(counts)
         self.p_count = sum(counts)
         self.weights = layer_weights(list(problems.targets), self.objective.layer_weights)
         self.cosine_all = torch.tensor([d == "cosine" for d in distance], device=device)
@@ -321,12 +320,14 @@ class _Run:
         self.active_owner = own
         self.gen = self.rows if self.all else self.rows.subset(victims)
         pick = (lambda t: t) if self.all else (lambda t: t.index_select(0, self.active))
-        self.targets = {k: t.index_select(0, own) for k, t in ps.targets.items()}
-        rows_targets = self.targets if self.flat is None else self.t_flat.index_select(0, own)
+        # The working rows' targets: flat rows, or per layer for the per-layer and EOT distances.
+        rows_targets = {k: t.index_select(0, own) for k, t in ps.targets.items()} if self.flat is None \
+            else self.t_flat.index_select(0, own)
         norms = None if self.t_norm is None else self.t_norm.index_select(0, own)
         self.bn_targets = None if ps.bn_targets is None else [
             (m.index_select(0, own), v.index_select(0, own)) for m, v in ps.bn_targets]
         self.hard = None if self.hard_all is None else pick(self.hard_all)
+        self.one_hot = None  # the hard labels as distributions, made once per selection when asked for
         self.priors = self.priors_all if self.all else self.priors_all.select(self.active)
         self.signed = self.signed_all if isinstance(self.signed_all, bool) else pick(self.signed_all)
         self.boxed = self.boxed_all if isinstance(self.boxed_all, bool) else pick(self.boxed_all)
@@ -361,7 +362,9 @@ class _Run:
             return self.logits.softmax(dim=-1)
         if not soft:
             return self.hard
-        return torch.nn.functional.one_hot(self.hard, self.ps.num_classes).to(self.ps.dtype)
+        if self.one_hot is None:
+            self.one_hot = torch.nn.functional.one_hot(self.hard, self.ps.num_classes).to(self.ps.dtype)
+        return self.one_hot
 
     def matching_of(self, dummy: dict[str, Tensor] | Tensor) -> Tensor:
         """``(P',)`` distance of every working row under its own part's distance; ``dummy`` is the rows'
@@ -376,8 +379,7 @@ class _Run:
                       for name, idx, targets, norms in parts]
             return torch.cat(values).index_select(0, inverse)
         if self.split is None:
-            objective = dataclasses.replace(self.objective, distance=self.distances[0])
-            return matching_term(objective, dummy, self.targets, self.weights, self.norms, self.gen)
+            return matching_term(self.objective, dummy, self.rows_targets, self.weights, self.norms, self.gen)
         parts, inverse = self.split
         values = []
         for name, idx, targets, norms in parts:
