@@ -13,7 +13,8 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
    and the defense pipelines of all games run as one :func:`~leakgym.defenses.apply_defense_many`,
    the update-side defenses batched over the games (:meth:`LeakGame.share` packs each result). With
    ``batch_clients=True`` the victims' clean updates of all games are one batched computation
-   (:meth:`LeakGame.clean_updates`) that the pipelines reuse.
+   (:meth:`LeakGame.clean_updates`) that the pipelines reuse, and the step defenses run batched over
+   the games (DCS² synthesises every game's concealed samples at once).
 3. **attack** — :func:`reconstruct_all` runs the attacks of all games as one batched engine call for
    all optimisation strategies whatever the budgets (per-problem iterations, restarts, TV weight,
    learning rate) and one call per other strategy, each game with its *own* seed, so a game's
@@ -188,8 +189,8 @@ class Round:
 
     def __init__(self, games: Sequence[LeakGame], *, batch_attacks: bool = True, batch_clients: bool = False) -> None:
         """``batch_attacks``: the games' attacks share engine calls (:func:`reconstruct_all`).
-        ``batch_clients``: the victims' clean updates (phase 2, ``LeakGame.clean_updates``) and phase 5 of
-        all games as batched computations (``LeakGame.federated_steps``; equal to the game-by-game phases
+        ``batch_clients``: the victims' clean updates and step defenses (phase 2, ``LeakGame.clean_updates``,
+        ``apply_defense_many(batch_steps=True)``) and phase 5 of all games as batched computations (``LeakGame.federated_steps``; equal to the game-by-game phases
         to floating-point rounding, not bit for bit, hence off by default)."""
         if not games:
             raise ValueError("a Round needs at least one game")
@@ -229,7 +230,8 @@ class Round:
         """Phase 2 of every game, each with its own draws: the victims' defense pipelines as one
         :func:`~leakgym.defenses.apply_defense_many` (update-side defenses batched over the games); with
         ``batch_clients`` the victims' clean updates are one batched computation per architecture
-        (``LeakGame.clean_updates``) that the pipelines reuse."""
+        (``LeakGame.clean_updates``) that the pipelines reuse, and the step defenses run batched over the
+        games (DCS²'s synthesis, to float32 rounding); without it they run game by game (bit-identical)."""
         if len(self.games) == 1:
             return [self.games[0].defend(plans[0])]
         drawn = [g.draw(p) for g, p in zip(self.games, plans)]
@@ -239,7 +241,8 @@ class Round:
             cleans, seconds = [None] * len(drawn), [0.0] * len(drawn)
         t0 = time.perf_counter()
         shared = apply_defense_many([g.defense_call(p, d, clean=c, clean_seconds=t)
-                                     for g, p, d, c, t in zip(self.games, plans, drawn, cleans, seconds)])
+                                     for g, p, d, c, t in zip(self.games, plans, drawn, cleans, seconds)],
+                                    batch_steps=self.batch_clients)
         share = (time.perf_counter() - t0) / len(self.games)
         return [g.share(p, d, s, t + share) for g, p, d, s, t in zip(self.games, plans, drawn, shared, seconds)]
 

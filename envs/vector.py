@@ -35,7 +35,8 @@ class LeakGymVectorEnv(VectorEnv):
             floating-point rounding, see :func:`leakgym.envs.round.reconstruct_all`).
         batch_clients: True computes all games' victims' clean updates, benign clients, aggregation
             and evaluation as one vmapped computation each (:mod:`leakgym.fl.batched`; BatchNorm
-            included; PRECODE and dropout models run the loop); equal to the game-by-game loop to
+            included; PRECODE and dropout models run the loop), and runs the step defenses batched
+            over the games (DCS²'s synthesis, :func:`leakgym.defenses.dcs2.dcs2_gradients`); equal to the game-by-game loop to
             float32 rounding, so off by default. Meant for GPUs: on a CPU it pays off for the digits
             LeNet but slows the CIFAR ConvNet down (measured, ``docs/results/bench_env.md``).
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401  (registers the ids)
+from leakgym.agents.scripted import FixedAgent
 from leakgym.attacks import build_attack
 from leakgym.attacks.engine import optimization
 from leakgym.envs import RoundError, parallel_env
@@ -136,3 +137,21 @@ def test_a_failing_batched_phase_restores_every_game(cheap_overrides, monkeypatc
     for e, (state, rng, rnd) in zip(envs, before):
         assert e.game.round == rnd and e.game.rng.bit_generator.state == rng
         assert all(torch.equal(v, state[k]) for k, v in e.game.server.model.state_dict().items())
+
+
+@pytest.mark.parametrize("batch_clients", [False, True])
+def test_dcs2_synthesises_every_game_at_once_only_with_batch_clients(cheap_overrides, batch_clients, monkeypatch):
+    """With batch_clients the victims of all games train in lock-step and DCS² synthesises all their
+    concealed samples in one computation; without it, game by game (each bit-identical to the game alone)."""
+    import leakgym.defenses.dcs2 as dcs2_module
+
+    calls = []
+    original = dcs2_module.dcs2_gradients
+    monkeypatch.setattr(dcs2_module, "dcs2_gradients", lambda m, *a: calls.append(len(m)) or original(m, *a))
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=5, opponent=FixedAgent([0, 0, 1, 0, 0, 0]),
+                       batch_clients=batch_clients, **cheap_overrides)
+    vec.reset(seed=0)
+    _, rewards, *_ = vec.step(np.zeros((5, 4), dtype=np.int64))
+    vec.close()
+    assert calls == ([5] if batch_clients else [1] * 5)
+    assert np.isfinite(rewards).all()

@@ -156,3 +156,114 @@ def test_the_latent_term_reuses_the_loss_forward_pass_and_gives_the_same_gradien
     for key in ("gradient_cosine", "pixel_distance", "latent_distance", "objective", "shared_cosine"):
         assert det1[key] == pytest.approx(det2[key], rel=1e-4), key
     assert det1["projected"] == det2["projected"]
+
+
+def _clients(spec, px, py, sizes, seeds=None):
+    """LeNet clients with their own models, batch sizes, num_concealed, step sizes, weights and starts."""
+    out = []
+    for i, b in enumerate(sizes):
+        model = build_model("lenet", spec, seed=(seeds or range(len(sizes)))[i])
+        gen = torch.Generator().manual_seed(10 + i)
+        x, y = torch.randn(b, *spec.shape, generator=gen), torch.randint(0, 10, (b,), generator=gen)
+        settings = {**PAPER, "lambda_g": 0.3 + 0.2 * i, "lambda_x": 0.01 * (i + 1), "lambda_z": 0.02 / (i + 1),
+                    "epsilon": 0.01 * i, "num_concealed": 1 + i % 2, "lr": 0.1 / (i + 1), "steps": 12,
+                    "start": ("mixup", "random", "public")[i % 3], "public_x": px, "public_y": py}
+        out.append((model, x, y, _grad(model, x, y), settings))
+    return out
+
+
+def test_batched_synthesis_equals_one_client_at_a_time(digits):
+    """dcs2_gradients (K clients as one computation per step, padded to the largest number of concealed
+    samples) gives each client what dcs2_gradient gives it alone: own model, batch size, num_concealed,
+    step size, Eq. 9 weights, start point and lambda_g. Float32 rounding only (measured ~1e-6)."""
+    from leakgym.defenses.dcs2 import dcs2_gradients
+
+    spec, _, _, px, py = digits
+    clients = _clients(spec, px, py, sizes=(1, 3, 2, 1))
+    batched = dcs2_gradients(*(list(t) for t in zip(*clients)),
+                             [torch.Generator().manual_seed(100 + i) for i in range(len(clients))])
+    for i, ((model, x, y, g, settings), (shared, det)) in enumerate(zip(clients, batched)):
+        alone, ref = dcs2_gradient(model, x, y, g, **settings, generator=torch.Generator().manual_seed(100 + i))
+        assert det["concealed_x"].shape == ref["concealed_x"].shape == (x.shape[0] * settings["num_concealed"],
+                                                                          *spec.shape)
+        torch.testing.assert_close(det["concealed_x"], ref["concealed_x"], rtol=1e-4, atol=1e-4)
+        assert torch.equal(det["concealed_y"], ref["concealed_y"])
+        for n, t in alone.items():
+            torch.testing.assert_close(shared[n], t, rtol=1e-4, atol=1e-6)
+        for key in ("gradient_cosine", "gradient_cosine_init", "pixel_distance", "pixel_distance_init",
+                    "latent_distance", "objective", "shared_cosine"):
+            assert det[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-5), (i, key)
+        assert det["projected"] == ref["projected"] and det["augmented_batch_size"] == ref["augmented_batch_size"]
+        # the synthesis moved the concealed samples towards the sensitive gradient (Eq. 9 was minimised)
+        assert det["gradient_cosine"] > det["gradient_cosine_init"]
+
+
+def test_batched_synthesis_rejects_mixed_steps_and_architectures(digits):
+    from leakgym.defenses.dcs2 import dcs2_gradients
+
+    spec, _, _, px, py = digits
+    clients = _clients(spec, px, py, sizes=(1, 1))
+    clients[1][4]["steps"] = 13
+    with pytest.raises(ValueError, match="steps=13"):
+        dcs2_gradients(*(list(t) for t in zip(*clients)), [torch.Generator(), torch.Generator()])
+    clients = _clients(spec, px, py, sizes=(1, 1))
+    bn = build_model("convnet", spec, width=4, seed=0)
+    with pytest.raises(ValueError, match="client 1's model"):
+        dcs2_gradients([clients[0][0], bn], [c[1] for c in clients], [c[2] for c in clients],
+                       [clients[0][3], _grad(bn, clients[1][1], clients[1][2])], [c[4] for c in clients],
+                       [torch.Generator(), torch.Generator()])
+
+
+def test_the_defense_batches_plain_models_and_runs_the_others_one_by_one(digits, monkeypatch):
+    """DCS2.apply_many: the LeNet clients go through one dcs2_gradients call; a BatchNorm model goes
+    through dcs2_gradient, and its result is exactly what apply gives it alone."""
+    import leakgym.defenses.dcs2 as dcs2_module
+    from leakgym.defenses import DefenseConfig
+    from leakgym.defenses.registry import DEFENSES, DefenseContext
+
+    spec, _, _, px, py = digits
+    clients = _clients(spec, px, py, sizes=(1, 2, 1))
+    bn = build_model("convnet", spec, width=4, seed=0).train()
+    xb, yb = clients[1][1], clients[1][2]
+    models = [clients[0][0], clients[1][0], bn, clients[2][0]]
+    xs, ys = [clients[0][1], xb, xb, clients[2][1]], [clients[0][2], yb, yb, clients[2][2]]
+    grads = [clients[0][3], clients[1][3], _grad(bn, xb, yb), clients[2][3]]
+    config = DefenseConfig(dcs2_lambda_g=0.5, dcs2_steps=5)
+
+    def ctx(i):
+        return DefenseContext(name="dcs2", config=config, model=models[i], spec=spec, device=torch.device("cpu"),
+                              seed=i, generator=torch.Generator().manual_seed(i), public_x=px, public_y=py)
+
+    calls = []
+    original = dcs2_module.dcs2_gradients
+    monkeypatch.setattr(dcs2_module, "dcs2_gradients", lambda m, *a: calls.append(len(m)) or original(m, *a))
+    defense = DEFENSES["dcs2"]
+    together = defense.apply_many([ctx(i) for i in range(4)], models, xs, ys, grads, step=0)
+    assert calls == [3]
+    alone, _ = defense.apply(ctx(2), bn, xb, yb, grads[2], step=0)
+    assert all(torch.equal(together[2][0][n], t) for n, t in alone.items())
+    for i in (0, 1, 3):
+        single, _ = defense.apply(ctx(i), models[i], xs[i], ys[i], grads[i], step=0)
+        for n, t in single.items():
+            torch.testing.assert_close(together[i][0][n], t, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.cuda
+def test_batched_synthesis_on_cuda_matches_one_client_at_a_time(digits):
+    """On CUDA: every tensor and generator on the device; the batched synthesis matches the one-client
+    path within 1e-3 (shape-dependent kernels and TF32 change the rounding)."""
+    from leakgym.defenses.dcs2 import dcs2_gradients
+
+    spec, _, _, px, py = digits
+    dev = torch.device("cuda")
+    clients = []
+    for model, x, y, g, settings in _clients(spec, px.to(dev), py.to(dev), sizes=(1, 2, 3)):
+        model = model.to(dev)
+        clients.append((model, x.to(dev), y.to(dev), {n: t.to(dev) for n, t in g.items()}, settings))
+    batched = dcs2_gradients(*(list(t) for t in zip(*clients)),
+                             [torch.Generator(dev).manual_seed(100 + i) for i in range(len(clients))])
+    for i, ((model, x, y, g, settings), (shared, det)) in enumerate(zip(clients, batched)):
+        alone, _ = dcs2_gradient(model, x, y, g, **settings, generator=torch.Generator(dev).manual_seed(100 + i))
+        for n, t in alone.items():
+            assert shared[n].device.type == "cuda"
+            torch.testing.assert_close(shared[n], t, rtol=1e-3, atol=1e-5)

@@ -60,8 +60,9 @@ def test_update_side_defenses_compute_the_gradient_once_and_use_a_given_clean_up
     x, y = _batch(3)
     cfg = DefenseConfig(noise_sigma=1e-3, prune=0.5)
     calls = []
-    real = pipeline.compute_update
+    real, real_many = pipeline.compute_update, pipeline.compute_updates
     monkeypatch.setattr(pipeline, "compute_update", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(pipeline, "compute_updates", lambda jobs, *a: calls.extend([1] * len(jobs)) or real_many(jobs, *a))
     upd, rep = apply_defense(model, x, y, cfg, seed=3)
     assert len(calls) == 1 and rep.overhead_s >= 0.0
     clean = compute_update(model, x, y)
@@ -203,3 +204,43 @@ def test_update_defenses_batch_over_clients_only_through_apply_many(monkeypatch)
              for i in range(4)]
     apply_defense_many(calls)
     assert seen == [4]
+
+
+def test_a_global_rng_stream_resumes_where_it_stopped_and_restores_the_caller():
+    from leakgym.defenses.registry import GlobalRngStream, seeded_global_rng
+
+    with seeded_global_rng(7, torch.device("cpu")):
+        expected = torch.randn(6)
+    torch.manual_seed(123)
+    outside = torch.get_rng_state()
+    a, b = GlobalRngStream(7, torch.device("cpu")), GlobalRngStream(8, torch.device("cpu"))
+    parts = []
+    for _ in range(3):  # interleaved with another stream
+        with a:
+            parts.append(torch.randn(2))
+        with b:
+            torch.randn(5)
+        assert torch.equal(torch.get_rng_state(), outside)
+    assert torch.equal(torch.cat(parts), expected)
+
+
+@pytest.mark.parametrize("kind, steps", [("gradient", 1), ("model_delta", 3)])
+def test_lock_step_training_gives_each_precode_client_its_own_update_exactly(kind, steps):
+    """Step defenses on PRECODE models (their forward samples from the global RNG): the clients are trained
+    in lock-step, yet each one draws from its own stream, so every update equals its own apply_defense
+    bit for bit -- FedSGD and FedAvg, CENSOR and DCS² (which runs these models one by one)."""
+    configs = [DefenseConfig(censor_trials=3), DefenseConfig(dcs2_lambda_g=0.5, dcs2_steps=2, dcs2_start="random"),
+               DefenseConfig(censor_trials=2, dcs2_lambda_g=0.7, dcs2_steps=2, dcs2_start="random"), DefenseConfig(oasis=1)]
+    calls = []
+    for i, cfg in enumerate(configs):
+        model = build_model("mlp", SPEC, precode=True, width=32, seed=i).train()
+        calls.append(DefenseCall(model, *_batch(2, seed=i), cfg, seed=40 + i, update_kind=kind, local_steps=steps,
+                                 local_lr=0.05))
+    together = apply_defense_many(calls)
+    for i, (c, (upd, rep)) in enumerate(zip(calls, together)):
+        alone, alone_rep = apply_defense(c.model, c.x, c.y, c.config, seed=c.seed, update_kind=kind,
+                                         local_steps=steps, local_lr=0.05)
+        assert rep.applied == alone_rep.applied
+        for name, t in alone.tensors.items():
+            assert torch.equal(upd.tensors[name], t), (i, name)
+    assert len(together[2][1].details["censor"]) == steps == len(together[2][1].details["dcs2"])

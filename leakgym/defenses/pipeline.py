@@ -7,9 +7,11 @@ registry order (:data:`~leakgym.defenses.registry.PIPELINE_ORDER`), and any subs
    (add augmented copies, :mod:`.oasis`) -> ``loda`` (replace images by obscured ones, :mod:`.loda`)
    -> ``mixup`` / ``instahide`` (mix images, soft labels, :mod:`.encodings`)).
 2. **Training** — one gradient (FedSGD, ``update_kind="gradient"``) or ``local_steps`` SGD steps
-   (FedAvg, ``update_kind="model_delta"``) via :func:`leakgym.fl.client.compute_update`; every step's
+   (FedAvg, ``update_kind="model_delta"``) via :func:`leakgym.fl.client.compute_updates`; every step's
    gradient passes through the step-stage defenses (``dcs2`` (concealed samples, :mod:`.dcs2`) ->
-   ``censor`` (orthogonal resampling, :mod:`.censor`)).
+   ``censor`` (orthogonal resampling, :mod:`.censor`)). Several calls (:func:`apply_defense_many`: the
+   victims of a vector step's games) train in lock-step, so each step defense sees every call's
+   step-``s`` gradient at once (DCS² synthesises all its clients' concealed samples together).
 3. **Update side** — transform the final shared update (``ppp`` (perturb the pre-bottleneck layers,
    :mod:`.ppp`) -> ``soteria`` (prune head-weight columns, :mod:`.soteria`) -> ``prune`` (per-layer
    magnitude pruning) -> ``topk`` (global top-k, :mod:`.sparsification`) -> ``clip`` (global L2
@@ -42,7 +44,9 @@ Randomness: every defense draws from its own ``torch.Generator`` derived from ``
 created on the private batch's device, so switching one defense on does not change another's
 draws. The PRECODE bottleneck samples from the global RNG (``torch.randn_like`` has no generator),
 so both the clean and the defended computation run inside ``torch.random.fork_rng`` seeded with
-``seed``; the caller's global RNG state is untouched.
+``seed``; the caller's global RNG state is untouched. Calls trained in lock-step each keep their own
+stream (:class:`~leakgym.defenses.registry.GlobalRngStream`), entered around each of the call's
+computations, so a call draws what it would draw alone.
 """
 
 from __future__ import annotations
@@ -58,10 +62,11 @@ from leakgym.defenses.config import DefenseConfig
 from leakgym.defenses.registry import (
     DEFENSES,
     DefenseContext,
+    GlobalRngStream,
     derived_generator,
     seeded_global_rng,
 )
-from leakgym.fl.client import compute_update
+from leakgym.fl.client import LocalTraining, compute_update, compute_updates
 from leakgym.fl.update import SharedUpdate, UpdateKind, cosine_similarity
 
 __all__ = ["DefenseCall", "DefenseReport", "apply_defense", "apply_defense_many", "derived_generator"]
@@ -170,18 +175,22 @@ class _Client:
     seconds: float = 0.0
 
 
-def apply_defense_many(calls: list[DefenseCall]) -> list[tuple[SharedUpdate, DefenseReport]]:
+def apply_defense_many(calls: list[DefenseCall], *, batch_steps: bool = True) -> list[tuple[SharedUpdate, DefenseReport]]:
     """:func:`apply_defense` of every call (e.g. the victims of all games of a vector step), with the
-    update stage batched over the calls: each update-side defense runs once, as
+    step and update stages batched over the calls: the calls that train are trained in lock-step and
+    each step defense runs once per local step for all calls that apply it
+    (:meth:`~leakgym.defenses.registry.StepDefense.apply_many`); each update-side defense runs once, as
     :meth:`~leakgym.defenses.registry.UpdateDefense.apply_many` over every call that applies it (pipeline
-    order is kept for each call). Input-side and step defenses, and the clean updates not given, are
-    computed call by call. Each call's result equals its own :func:`apply_defense` (to the rounding of a
-    defense's batched kernels); the update stage's wall time is shared equally by the calls in it.
+    order is kept for each call). Input-side defenses, and the clean updates not given, are computed
+    call by call. Each call's result equals its own :func:`apply_defense` (to the rounding of a
+    defense's batched kernels); a batched defense's wall time is shared equally by the calls in it.
+    ``batch_steps=False`` applies the step defenses call by call instead (:meth:`StepDefense.apply`):
+    each call's result is then bit-identical to its own :func:`apply_defense` (the update-side batches
+    are bit-identical anyway).
     """
     clients = [_begin(c) for c in calls]
     busy = [c for c in clients if c.done is None]
-    for c in busy:
-        _train(c)
+    _train(busy, batch_steps)
     t0 = time.perf_counter()
     staged = [c for c in busy if any(DEFENSES[n].stage == "update" for n in c.applied)]
     for d in DEFENSES.values():
@@ -246,45 +255,79 @@ def _begin(call: DefenseCall) -> _Client:
     return client
 
 
-def _train(c: _Client) -> None:
-    """Stages 1 and 2 of one call: input-side defenses, then training with the step defenses (or the
-    clean update reused when there are none)."""
-    t1 = time.perf_counter()
-    call, details = c.call, c.details
-    defenses = [DEFENSES[name] for name in c.applied]
-    # ---- 1. input side ---------------------------------------------------------------------
-    x_in, y_in = call.x, call.y
-    for d in defenses:
-        if d.stage == "input":
-            x_in, y_in, details[d.name] = d.apply(c.ctx[d.name], x_in, y_in)
-    details["examples_used"] = int(x_in.shape[0])
+def _train(clients: list[_Client], batch_steps: bool = True) -> None:
+    """Stages 1 and 2 of every call: input-side defenses call by call, then the calls that train (an
+    input-side or step defense is on) trained in lock-step (:func:`~leakgym.fl.client.compute_updates`),
+    each step's gradients passed through each step defense once for all calls that apply it
+    (:meth:`~leakgym.defenses.registry.StepDefense.apply_many`); the others reuse their clean update."""
+    for c in clients:
+        t1 = time.perf_counter()
+        call, details = c.call, c.details
+        # ---- 1. input side -----------------------------------------------------------------------
+        x_in, y_in = call.x, call.y
+        for name in c.applied:
+            d = DEFENSES[name]
+            if d.stage == "input":
+                x_in, y_in, details[d.name] = d.apply(c.ctx[d.name], x_in, y_in)
+        details["examples_used"] = int(x_in.shape[0])
+        for name in c.applied:
+            if DEFENSES[name].stage == "step":
+                details[name] = []
+        c.x_in, c.y_in = x_in, y_in
+        c.recomputed = any(DEFENSES[n].stage in ("input", "step") for n in c.applied)
+        if not c.recomputed:  # the same computation as the clean update (same arguments, same seeded RNG): reuse it
+            clean = c.clean
+            c.shared = dataclasses.replace(clean, tensors={k: t.clone() for k, t in clean.tensors.items()},
+                                           metadata=dict(clean.metadata))
+        c.seconds = time.perf_counter() - t1
 
-    # ---- 2. training with per-step gradient transforms -------------------------------------
-    step_defenses = [d for d in defenses if d.stage == "step"]
-    transform = None
-    if step_defenses:
+    # ---- 2. training with per-step gradient transforms -------------------------------------------
+    training = [c for c in clients if c.recomputed]
+    if not training:
+        return
+    streams = [GlobalRngStream(c.call.seed, c.call.x.device) for c in training]
+    for c, stream in zip(training, streams):
+        for ctx in c.ctx.values():
+            ctx.training_rng = stream
+    step_defenses = [d for d in DEFENSES.values() if d.stage == "step" and any(d.name in c.applied for c in training)]
+    spent = [0.0] * len(training)
+
+    def transform(indices, models, xs, ys, grads, *, step):
+        grads = list(grads)
         for d in step_defenses:
-            details[d.name] = []
+            members = [k for k, i in enumerate(indices) if d.name in training[i].applied]
+            if not members:
+                continue
+            ctxs = [training[indices[k]].ctx[d.name] for k in members]
+            args = ([models[k] for k in members], [xs[k] for k in members], [ys[k] for k in members],
+                    [grads[k] for k in members])
+            t0 = time.perf_counter()
+            if batch_steps:
+                outs = d.apply_many(ctxs, *args, step=step)
+                seconds = [(time.perf_counter() - t0) / len(members)] * len(members)
+            else:
+                outs, seconds = [], []
+                for ctx, *one in zip(ctxs, *args):
+                    with ctx.training_rng:
+                        outs.append(d.apply(ctx, *one, step=step))
+                    seconds.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+            for k, (grad, info), sec in zip(members, outs, seconds):
+                grads[k] = grad
+                training[indices[k]].details[d.name].append(info)
+                spent[indices[k]] += sec
+        return grads
 
-        def transform(work: nn.Module, xb: Tensor, yb: Tensor, grad: dict[str, Tensor], *,
-                      step: int) -> dict[str, Tensor]:
-            for d in step_defenses:
-                grad, info = d.apply(c.ctx[d.name], work, xb, yb, grad, step=step)
-                details[d.name].append(info)
-            return grad
-
-    c.recomputed = any(d.stage in ("input", "step") for d in defenses)
-    if c.recomputed:
-        with seeded_global_rng(call.seed, call.x.device):
-            c.shared = compute_update(call.model, x_in, y_in, kind=call.update_kind, local_steps=call.local_steps,
-                                      local_lr=call.local_lr, gradient_transform=transform,
-                                      batch_size=int(call.x.shape[0]))
-    else:  # the same computation as the clean update (same arguments, same seeded RNG): reuse it
-        clean = c.clean
-        c.shared = dataclasses.replace(clean, tensors={k: t.clone() for k, t in clean.tensors.items()},
-                                       metadata=dict(clean.metadata))
-    c.x_in, c.y_in = x_in, y_in
-    c.seconds = time.perf_counter() - t1
+    jobs = [LocalTraining(c.call.model, c.x_in, c.y_in, kind=c.call.update_kind, local_steps=c.call.local_steps,
+                          local_lr=c.call.local_lr, batch_size=int(c.call.x.shape[0]), rng=stream)
+            for c, stream in zip(training, streams)]
+    t0 = time.perf_counter()
+    updates = compute_updates(jobs, transform if step_defenses else None)
+    # Each call's own step-defense time, plus an equal share of the rest (its gradients, the lock-step loop).
+    rest = max(0.0, time.perf_counter() - t0 - sum(spent)) / len(training)
+    for c, update, own in zip(training, updates, spent):
+        c.shared = update
+        c.seconds += own + rest
 
 
 def _finish(c: _Client) -> tuple[SharedUpdate, DefenseReport]:

@@ -27,6 +27,7 @@ put them). Adding a defense is one new module defining the object and one line r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from abc import ABC, abstractmethod
@@ -170,6 +171,45 @@ def seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
         yield
 
 
+class GlobalRngStream:
+    """The global torch RNG seeded with ``seed``, as a stream that can be left and resumed.
+
+    The first ``with stream:`` block starts from ``torch.manual_seed(seed)`` (as :func:`seeded_global_rng`);
+    every later block continues where the previous one stopped; the caller's RNG state is restored after
+    each block. One client's computations interleaved with other clients' (lock-step training,
+    :func:`leakgym.fl.client.compute_updates`) thus draw exactly what they would draw in one
+    ``seeded_global_rng(seed)`` block of their own.
+    """
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.seed = int(seed)
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._state: tuple[Tensor, Tensor | None] | None = None
+        self._outer: list[tuple[Tensor, Tensor | None]] = []
+
+    def _get(self) -> tuple[Tensor, Tensor | None]:
+        return torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self._cuda else None
+
+    def _set(self, state: tuple[Tensor, Tensor | None]) -> None:
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], self.device)
+
+    def __enter__(self) -> None:
+        self._outer.append(self._get())
+        if self._state is None:
+            torch.manual_seed(self.seed)
+            if self._cuda:  # manual_seed seeds every CUDA device; only this one is restored after
+                torch.cuda.manual_seed(self.seed)
+        else:
+            self._set(self._state)
+
+    def __exit__(self, *exc: object) -> None:
+        self._state = self._get()
+        self._set(self._outer.pop())
+
+
 @dataclass
 class DefenseContext:
     """What a defense gets besides the data it transforms (one context per defense and call).
@@ -189,6 +229,8 @@ class DefenseContext:
         metadata: shared by all defenses of the call and copied into
             ``SharedUpdate.metadata``: what a defense attaches to the update (Mixup's
             ``"encoding"``). Use :meth:`skip_round` to withhold the update.
+        training_rng: the call's global-RNG stream during local training (shared by the call's
+            defenses); :meth:`StepDefense.apply_many` runs each client's :meth:`StepDefense.apply` in it.
     """
 
     name: str
@@ -203,6 +245,7 @@ class DefenseContext:
     batch_size: int = 1
     update_kind: str = "gradient"
     metadata: dict = field(default_factory=dict)
+    training_rng: GlobalRngStream | None = None
 
     def global_rng(self) -> AbstractContextManager[None]:
         """Context manager: the global torch RNG seeded with ``seed`` (see :func:`seeded_global_rng`)."""
@@ -265,6 +308,19 @@ class StepDefense(Defense):
 
         ``details`` of every step are collected in a list, ``DefenseReport.details[name][step]``.
         """
+
+    def apply_many(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
+                   ys: Sequence[Tensor], grads: Sequence[Update], *, step: int) -> list[tuple[Update, dict]]:
+        """:meth:`apply` for several clients at local step ``step`` (the victims of a vector step's games,
+        trained in lock-step by :func:`leakgym.fl.client.compute_updates`), each with its own context and
+        working model. Default: one :meth:`apply` per client, inside the client's training RNG stream; a
+        defense whose work batches over clients overrides it, client ``i``'s result equal to its own
+        :meth:`apply` (to the rounding of batched kernels)."""
+        out = []
+        for c, m, x, y, g in zip(ctxs, models, xs, ys, grads):
+            with c.training_rng or contextlib.nullcontext():
+                out.append(self.apply(c, m, x, y, g, step=step))
+        return out
 
 
 class UpdateDefense(Defense):

@@ -16,11 +16,18 @@ their running statistics when the batch holds a single example
 one gradient that is shared; FedAvg: each local step). This is where per-step defenses (DCS²,
 CENSOR) act. It receives the working model *at the current local parameters*, the batch and the
 gradient, and returns the gradient to use; it must not modify the model.
+
+:func:`compute_updates` trains several clients in lock-step (step ``s`` of every client, then one
+batched transform of all their step-``s`` gradients): the defense pipeline uses it for the victims of
+all games of a vector step, so that a defense like DCS² runs its inner optimisation for all of them at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -47,6 +54,48 @@ def batch_gradient(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
     loss = task_loss(model, x, y)
     grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return {n: (torch.zeros_like(p) if g is None else g.detach()) for (n, p), g in zip(named, grads)}
+
+
+@dataclass
+class LocalTraining:
+    """One client's arguments to :func:`compute_updates` (those of :func:`compute_update`), and ``rng``:
+    a re-enterable context manager (e.g. :class:`leakgym.defenses.registry.GlobalRngStream`) entered
+    around each of this client's gradient computations, so that a client's draws from torch's global
+    RNG (PRECODE's sampling) do not depend on the other clients trained beside it."""
+
+    model: nn.Module
+    x: Tensor
+    y: Tensor
+    kind: UpdateKind = "gradient"
+    local_steps: int = 1
+    local_lr: float = 0.1
+    batch_size: int | None = None
+    rng: AbstractContextManager | None = None
+
+
+class BatchedGradientTransform(Protocol):
+    """A per-step transform of several clients' gradients at once: ``(clients, models, xs, ys, grads,
+    step=...) -> grads``. ``clients`` are the indices (into :func:`compute_updates`' list) of the clients
+    taking step ``step``; the other lists are theirs, in that order."""
+
+    def __call__(self, clients: list[int], models: list[nn.Module], xs: list[Tensor], ys: list[Tensor],
+                 grads: list[dict[str, Tensor]], *, step: int) -> list[dict[str, Tensor]]: ...
+
+
+def _check(job: LocalTraining) -> None:
+    kind, local_steps, local_lr, x, y = job.kind, job.local_steps, job.local_lr, job.x, job.y
+    if kind not in ("gradient", "model_delta"):
+        raise ValueError(f"kind={kind!r}; allowed: 'gradient', 'model_delta'")
+    if not isinstance(local_steps, int) or local_steps < 1:
+        raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
+    if kind == "gradient" and local_steps != 1:
+        raise ValueError(f"local_steps={local_steps} with kind='gradient'; FedSGD takes exactly 1 step")
+    if not (local_lr > 0):
+        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
+    if x.dim() != 4 or x.shape[0] < 1:
+        raise ValueError(f"x must be a non-empty (N, C, H, W) batch, got shape {tuple(x.shape)}")
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"y has {y.shape[0]} entries but x has {x.shape[0]} images")
 
 
 def compute_update(
@@ -77,47 +126,63 @@ def compute_update(
         A :class:`SharedUpdate`. ``buffers`` holds the BatchNorm running statistics after the round
         when the model has BatchNorm, else ``None``.
     """
-    if kind not in ("gradient", "model_delta"):
-        raise ValueError(f"kind={kind!r}; allowed: 'gradient', 'model_delta'")
-    if not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
-    if kind == "gradient" and local_steps != 1:
-        raise ValueError(f"local_steps={local_steps} with kind='gradient'; FedSGD takes exactly 1 step")
-    if not (local_lr > 0):
-        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
-    if x.dim() != 4 or x.shape[0] < 1:
-        raise ValueError(f"x must be a non-empty (N, C, H, W) batch, got shape {tuple(x.shape)}")
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(f"y has {y.shape[0]} entries but x has {x.shape[0]} images")
+    job = LocalTraining(model, x, y, kind=kind, local_steps=local_steps, local_lr=local_lr, batch_size=batch_size)
+    many = None
+    if gradient_transform is not None:
+        def many(clients, models, xs, ys, grads, *, step):
+            return [gradient_transform(models[0], xs[0], ys[0], grads[0], step=step)]
+    return compute_updates([job], many)[0]
 
-    work = copy.deepcopy(model)
-    work.train()
-    names = [n for n, p in work.named_parameters() if p.requires_grad]
-    start = {n: p.detach().clone() for n, p in work.named_parameters() if p.requires_grad}
-    with bn_eval_if_single(work, x.shape[0]):
-        if kind == "gradient":
-            grad = batch_gradient(work, x, y)
+
+def compute_updates(jobs: list[LocalTraining],
+                    gradient_transform: BatchedGradientTransform | None = None) -> list[SharedUpdate]:
+    """:func:`compute_update` of several clients in lock-step, so that a per-step defense can transform
+    every client's step-``s`` gradient in one batched computation (DCS²'s synthesis over the victims of
+    all games of a vector step, :meth:`~leakgym.defenses.registry.StepDefense.apply_many`).
+
+    Step ``s`` computes the gradient of every client with more than ``s`` local steps (each inside its
+    own ``rng``), passes them all to ``gradient_transform``, then takes every such client's SGD step.
+    Client ``i``'s update is what :func:`compute_update` computes for it alone when the transform
+    treats clients independently. Every job is validated before any work starts.
+    """
+    for job in jobs:
+        _check(job)
+    works = [copy.deepcopy(job.model).train() for job in jobs]
+    names = [[n for n, p in w.named_parameters() if p.requires_grad] for w in works]
+    start = [{n: p.detach().clone() for n, p in w.named_parameters() if p.requires_grad} for w in works]
+    params = [dict(w.named_parameters()) for w in works]
+    last: list[dict[str, Tensor]] = [{} for _ in jobs]
+    with contextlib.ExitStack() as stack:
+        for job, work in zip(jobs, works):
+            stack.enter_context(bn_eval_if_single(work, job.x.shape[0]))
+        for step in range(max(job.local_steps for job in jobs)):
+            clients = [i for i, job in enumerate(jobs) if step < job.local_steps]
+            grads = []
+            for i in clients:
+                with jobs[i].rng or contextlib.nullcontext():
+                    grads.append(batch_gradient(works[i], jobs[i].x, jobs[i].y))
             if gradient_transform is not None:
-                grad = gradient_transform(work, x, y, grad, step=0)
-            tensors = {n: grad[n] for n in names}
+                grads = gradient_transform(clients, [works[i] for i in clients], [jobs[i].x for i in clients],
+                                           [jobs[i].y for i in clients], grads, step=step)
+            for i, grad in zip(clients, grads):
+                last[i] = grad
+                if jobs[i].kind == "model_delta":
+                    with torch.no_grad():
+                        for n in names[i]:
+                            params[i][n].sub_(jobs[i].local_lr * grad[n])
+    out = []
+    for i, (job, work) in enumerate(zip(jobs, works)):
+        if job.kind == "gradient":
+            tensors = {n: last[i][n] for n in names[i]}
         else:
-            params = dict(work.named_parameters())
-            for step in range(local_steps):
-                grad = batch_gradient(work, x, y)
-                if gradient_transform is not None:
-                    grad = gradient_transform(work, x, y, grad, step=step)
-                with torch.no_grad():
-                    for n in names:
-                        params[n].sub_(local_lr * grad[n])
-            tensors = {n: (start[n] - params[n].detach()).clone() for n in names}
-    buffers = None
-    if has_batchnorm(work):
-        buffers = {n: b.detach().clone() for n, b in work.named_buffers()}
-    return SharedUpdate(
-        tensors=tensors,
-        kind=kind,
-        batch_size=int(x.shape[0] if batch_size is None else batch_size),
-        local_steps=local_steps,
-        local_lr=float(local_lr) if kind == "model_delta" else 0.0,
-        buffers=buffers,
-    )
+            tensors = {n: (start[i][n] - params[i][n].detach()).clone() for n in names[i]}
+        buffers = {n: b.detach().clone() for n, b in work.named_buffers()} if has_batchnorm(work) else None
+        out.append(SharedUpdate(
+            tensors=tensors,
+            kind=job.kind,
+            batch_size=int(job.x.shape[0] if job.batch_size is None else job.batch_size),
+            local_steps=job.local_steps,
+            local_lr=float(job.local_lr) if job.kind == "model_delta" else 0.0,
+            buffers=buffers,
+        ))
+    return out
