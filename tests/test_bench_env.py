@@ -8,18 +8,19 @@ from leakgym.bench import env as bench_env
 from leakgym.cli import main
 
 
-@pytest.mark.parametrize(("actions", "batch_clients"), [("fixed", "on"), ("random", "on"), ("fixed", "off")])
-def test_bench_env_tiny_run(tmp_path, actions, batch_clients):
+@pytest.mark.parametrize(("actions", "batch_clients", "defender"),
+                         [("fixed", "on", "none"), ("random", "on", "random"), ("fixed", "off", "none")])
+def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
     out = tmp_path / "bench_env.json"
     argv = ["bench", "env", "--json", str(out), "--envs", "LeakGym-Digits-v0", "--steps", "1", "--num-envs", "1,2",
-            "--actions", actions, "--baseline-games", "1", "--batch-clients", batch_clients]
+            "--actions", actions, "--baseline-games", "1", "--batch-clients", batch_clients, "--defender", defender]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["num_envs"] for r in rows] == [1, 2]
     for r in rows:
         assert "error" not in r, r
         assert r["actions"] == actions and r["data"] == "real" and r["threads"] == 1
-        assert r["batch_clients"] == (batch_clients == "on")
+        assert r["batch_clients"] == (batch_clients == "on") and r["defender"] == defender
         assert r["env_steps_per_s"] > 0 and r["baseline_env_steps_per_s"] > 0 and r["peak_rss_mb"] > 0
         assert r["baseline_games"] == 1 and r["speedup"] == pytest.approx(
             r["env_steps_per_s"] / r["baseline_env_steps_per_s"])
@@ -29,6 +30,7 @@ def test_bench_env_tiny_run(tmp_path, actions, batch_clients):
     table = out.with_suffix(".md").read_text()
     assert "sequential steps/s" in table and "ratio" in table and "Python overhead" in table
     assert ("batch_clients off" in table) == (batch_clients == "off")
+    assert ("random defender" in table) == (defender == "random")
 
 
 @pytest.mark.parametrize(("text", "sizes"), [("1,16,256,1024", [1, 16, 256, 1024]), (" 4 ", [4])])

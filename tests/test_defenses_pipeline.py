@@ -244,3 +244,22 @@ def test_lock_step_training_gives_each_precode_client_its_own_update_exactly(kin
         for name, t in alone.tensors.items():
             assert torch.equal(upd.tensors[name], t), (i, name)
     assert len(together[2][1].details["censor"]) == steps == len(together[2][1].details["dcs2"])
+
+
+@pytest.mark.cuda
+def test_a_global_rng_stream_resumes_on_cuda():
+    from leakgym.defenses.registry import GlobalRngStream, seeded_global_rng
+
+    dev = torch.device("cuda")
+    with seeded_global_rng(7, dev):
+        expected = torch.randn(6, device=dev)
+    outside = torch.cuda.get_rng_state(dev)
+    a, b = GlobalRngStream(7, dev), GlobalRngStream(8, dev)
+    parts = []
+    for _ in range(3):
+        with a:
+            parts.append(torch.randn(2, device=dev))
+        with b:
+            torch.randn(5, device=dev)
+        assert torch.equal(torch.cuda.get_rng_state(dev), outside)
+    assert torch.equal(torch.cat(parts), expected)

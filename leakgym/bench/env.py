@@ -11,7 +11,9 @@ process builds
 and steps them alternately (one baseline step of every baseline game, then one vector step), so both
 see the same machine load; every row carries the ratio of the two rates. The attacker's actions are
 ``fixed`` (the first strategy at the first budget level) or ``random`` (uniform over the menu, drawn
-from a seeded generator, the same for both paths); the defender plays no defense. Rows report env
+from a seeded generator, the same for both paths); the defender plays no defense, or
+(``--defender random``) a uniformly random menu action every round, drawn from each game's seeded
+opponent generator (the same in both paths) -- DCS², CENSOR, OASIS, noise and pruning in play. Rows report env
 steps per second (vector steps x N / wall time), the peak resident memory of the worker process
 (both paths), the peak device memory of each path on CUDA, and the cost split: the game's phase
 timers (defense / attack / FL round / scoring) and the rest of the wall time as Python overhead
@@ -49,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated vector sizes N, e.g. 1,16,256,1024 (default: {DEFAULT_NUM_ENVS})")
     parser.add_argument("--actions", choices=("fixed", "random"), default="random",
                         help="attacker actions: the first menu entry, or uniform over the menu (default: random)")
+    parser.add_argument("--defender", choices=("none", "random"), default="none",
+                        help="the defender: no defense, or a uniformly random menu action each round (default: none)")
     parser.add_argument("--baseline-games", type=int, default=16,
                         help="games of the sequential baseline: min(N, this) (default: 16)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -77,12 +81,12 @@ def parse_sizes(text: str) -> list[int]:
 # Worker (one spawned process per configuration)
 # --------------------------------------------------------------------------------------------------
 def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
-             queue, batch_clients: bool = True) -> None:
+             queue, batch_clients: bool = True, defender: str = "none") -> None:
     try:
         import torch
 
         torch.set_num_threads(threads)
-        row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients)
+        row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients, defender)
         queue.put({**row, "threads": threads})
     except Exception as exc:  # noqa: BLE001 - a failed round, a bad id, ...: recorded, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -117,7 +121,7 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
 
 
 def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str,
-                 batch_clients: bool = True) -> dict:
+                 batch_clients: bool = True, defender: str = "none") -> dict:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -126,7 +130,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 
     data = _use_synthetic_data_if_missing(gym_id)
     cuda = torch.device(device).type == "cuda"
-    kwargs = {"device": device, "opponent": "none"}  # the defender plays no defense
+    kwargs = {"device": device, "opponent": defender}  # "none": no defense; "random": a random menu action per round
     vec = gym.make_vec(gym_id, num_envs=num_envs, **kwargs, batch_clients=batch_clients)
     m = min(num_envs, baseline_games)
     singles = [gym.make(gym_id, **kwargs) for _ in range(m)]
@@ -193,6 +197,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         "num_envs": num_envs,
         "actions": actions,
         "batch_clients": batch_clients,
+        "defender": defender,
         "steps": steps,
         "data": data,
         "env_steps_per_s": rate,
@@ -211,14 +216,14 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 
 
 def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
-        threads: int = 1, batch_clients: bool = True) -> list[dict]:
+        threads: int = 1, batch_clients: bool = True, defender: str = "none") -> list[dict]:
     ctx = mp.get_context("spawn")
     rows = []
     for gym_id in ids:
         for n in sizes:
             queue = ctx.Queue()
             proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads, queue,
-                                                      batch_clients))
+                                                      batch_clients, defender))
             proc.start()
             row = None
             while row is None:
@@ -239,7 +244,8 @@ def to_markdown(rows: list[dict], machine: str) -> str:
     return markdown_table(
         f"Environment throughput, batched vector env vs sequential single-agent envs ({machine})",
         [("env", lambda r: r["env"] + ("" if r["data"] == "real" else f" ({r['data']})")
-          + ("" if r.get("batch_clients", True) else ", batch_clients off")),
+          + ("" if r.get("batch_clients", True) else ", batch_clients off")
+          + ("" if r.get("defender", "none") == "none" else f", {r['defender']} defender")),
          ("N", lambda r: str(r["num_envs"])), ("actions", lambda r: r["actions"]),
          ("env steps/s", lambda r: f"{r['env_steps_per_s']:.2f}"),
          ("sequential steps/s (games)", lambda r: f"{r['baseline_env_steps_per_s']:.2f} ({r['baseline_games']})"),
@@ -259,7 +265,7 @@ def main(args: argparse.Namespace) -> int:
                          "must be >= 1")
     ids = [s.strip() for s in args.envs.split(",") if s.strip()]
     rows = run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
-               args.batch_clients == "on")
+               args.batch_clients == "on", args.defender)
     machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
                f"thread(s), device {device_label(args.device)}")
     write_results(args.json, machine, rows, to_markdown(rows, machine))

@@ -199,9 +199,11 @@ class GlobalRngStream:
     def __enter__(self) -> None:
         self._outer.append(self._get())
         if self._state is None:
-            torch.manual_seed(self.seed)
-            if self._cuda:  # manual_seed seeds every CUDA device; only this one is restored after
-                torch.cuda.manual_seed(self.seed)
+            # The CPU generator's state torch.manual_seed(seed) gives; torch.manual_seed itself also queues a
+            # (lazy) CUDA re-seed with a formatted stack trace, which costs more than a LeNet forward pass.
+            torch.default_generator.manual_seed(self.seed)
+            if self._cuda:
+                torch.cuda.manual_seed(self.seed)  # this device's generator (the one restored after)
         else:
             self._set(self._state)
 
