@@ -173,9 +173,10 @@ def _clients(spec, px, py, sizes, seeds=None):
 
 
 def test_batched_synthesis_equals_one_client_at_a_time(digits):
-    """dcs2_gradients (K clients as one computation per step, padded to the largest number of concealed
-    samples) gives each client what dcs2_gradient gives it alone: own model, batch size, num_concealed,
-    step size, Eq. 9 weights, start point and lambda_g. Float32 rounding only (measured ~1e-6)."""
+    """dcs2_gradients (K clients as one computation per step, one row per concealed sample, the means of
+    Eq. 9 as sums weighted 1 / M_k) gives each client what dcs2_gradient gives it alone: own model, batch
+    size, num_concealed, step size, Eq. 9 weights, start point and lambda_g. Float32 rounding only
+    (measured ~1e-6)."""
     from leakgym.defenses.dcs2 import dcs2_gradients
 
     spec, _, _, px, py = digits

@@ -49,7 +49,6 @@ from leakgym.defenses.ppp import PPP
 from leakgym.defenses.registry import StepDefense, UpdateDefense
 from leakgym.envs.game import LeakGame
 
-
 STAGE_CLASSES = {"update": UpdateDefense, "step": StepDefense}
 
 

@@ -39,8 +39,8 @@ Implementation notes and deviations (all deliberate):
   of the steps. Their optional early stop on the pixel distance is not in the paper and not used.
 
 * Several clients (the victims of a vector step's games) synthesise together
-  (:func:`dcs2_gradients`, one vmapped computation per Adam step, padded to the largest number of
-  concealed samples; each client's result equals its own :func:`dcs2_gradient` to float32 rounding).
+  (:func:`dcs2_gradients`, one vmapped computation per Adam step over all their concealed samples;
+  each client's result equals its own :func:`dcs2_gradient` to float32 rounding).
   Models with BatchNorm or a PRECODE bottleneck keep the one-client path (:func:`batchable`).
 
 The model is not modified: parameters are used through :func:`torch.func.functional_call`-style
@@ -383,22 +383,25 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     The clients' models share one architecture (:func:`batchable`, equal parameter shapes), their
     images one shape and their ``settings`` (:func:`dcs2_gradient`'s keyword arguments) one ``steps``;
     batch sizes, ``num_concealed``, ``lr``, ``lambda_x``, ``lambda_z``, ``epsilon``, ``lambda_g`` and
-    ``start`` may differ. Client ``k``'s ``M_k`` concealed samples fill the first rows of an
-    ``(M, C, H, W)`` block, ``M = max_k M_k``; the other rows carry weight 0 in every mean of Eq. 9
-    (the cross-entropy, the pixel and the latent distance), so they change nothing and never move.
+    ``start`` may differ. The rows of the computation are the concealed samples of all clients, each
+    with its client's parameters (``sum_k M_k`` rows; the means of Eq. 9 over client ``k``'s ``M_k``
+    samples become sums with weight ``1 / M_k``), so every row is a one-image forward pass whose small
+    convolutions take the unfolded form.
 
-    Each step evaluates every client's Eq. 9 with a vmapped forward pass over the stacked parameters
-    (client ``k``'s concealed samples through client ``k``'s model), takes every client's parameter
-    gradient with one ``torch.autograd.grad(..., create_graph=True)`` (the clients' losses are
-    independent, so the gradient of their sum is each one's own) and every client's image gradient with
-    one more, and steps a per-client Adam (:class:`~leakgym.attacks.engine.adam.BatchedAdam`,
-    ``torch.optim.Adam`` with ``MultiStepLR`` per row). Small convolutions take the attack engine's
-    unfolded form (:mod:`leakgym.attacks.engine.convolution`: a per-client weight would make them
-    grouped convolutions, whose double backward loops over the groups). Start points come from each
-    client's own generator, drawn as :func:`dcs2_gradient` draws them; the mixing and projection
-    (Eq. 10-12) run client by client. Client ``k``'s result equals :func:`dcs2_gradient`'s to float32
-    rounding (test: ``tests/test_defenses_dcs2.py``). Measured (LeNet 16x16, one CPU thread, 20 steps):
-    8 clients in 133 ms against 651 ms one by one.
+    Each step evaluates every client's Eq. 9 with a vmapped forward pass over the rows (client ``k``'s
+    concealed samples through client ``k``'s model), takes every client's parameter gradient with one
+    ``torch.autograd.grad(..., create_graph=True)`` of the rows' weighted losses (the clients' losses
+    are independent, so the gradient of their sum is each one's own) and every row's image gradient
+    with one more, and steps a per-row Adam (:class:`~leakgym.attacks.engine.adam.BatchedAdam`,
+    ``torch.optim.Adam`` with ``MultiStepLR``, each row at its client's step size). Small convolutions
+    take the attack engine's unfolded form (:mod:`leakgym.attacks.engine.convolution`: a per-row weight
+    would make them grouped convolutions, whose double backward loops over the groups). Start points
+    come from each client's own generator, drawn as :func:`dcs2_gradient` draws them; the mixing and
+    projection (Eq. 10-12) run client by client. Client ``k``'s result equals :func:`dcs2_gradient`'s
+    to float32 rounding (test: ``tests/test_defenses_dcs2.py``). Measured (LeNet 16x16, one CPU thread,
+    20 steps, 8 clients): 137 ms against 642 ms one by one with one image each; 206 ms against 708 ms
+    with 1-3 images and 1-2 concealed samples per image (an earlier form that padded every client to
+    the largest count took 322 ms).
     """
     # Imported here: leakgym.attacks imports leakgym.defenses (LODA), so a module-level import would be circular.
     from leakgym.attacks.engine.adam import BatchedAdam, decayed_rates
@@ -419,21 +422,18 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
           for m, x, y, g, s, gen in zip(models, xs, ys, clean_grads, settings, generators)]
     device, dtype = xs[0].device, xs[0].dtype
     sizes = [c.x_s.shape[0] for c in cs]
-    rows = max(sizes)
+    owner = torch.repeat_interleave(torch.arange(k, device=device), torch.tensor(sizes, device=device))  # (R,)
+    weight = torch.cat([torch.full((m,), 1.0 / m, dtype=dtype, device=device) for m in sizes])  # the means
 
-    def block(tensors: list[Tensor], fill: float = 0.0) -> Tensor:
-        """``(K, M, ...)``: client k's ``(M_k, ...)`` rows, then ``fill``."""
-        out = torch.full((k, rows, *tensors[0].shape[1:]), fill, dtype=tensors[0].dtype, device=device)
-        for i, t in enumerate(tensors):
-            out[i, : t.shape[0]] = t
-        return out
+    def per_client(values: Tensor) -> Tensor:
+        """``(R,)`` per-row terms -> ``(K,)`` per-client sums."""
+        return torch.zeros(k, dtype=values.dtype, device=device).index_add(0, owner, values)
 
-    weight = block([torch.full((m,), 1.0 / m, dtype=dtype, device=device) for m in sizes])  # (K, M): the means
     column = {key: torch.tensor([s[key] for s in settings], dtype=dtype, device=device)
               for key in ("lambda_x", "lambda_z", "epsilon")}
     g, g_norm = torch.stack([c.g for c in cs]), torch.stack([c.g_norm for c in cs])
-    x_s, z_rep = block([c.x_s for c in cs]), block([c.z_rep for c in cs])
-    z_norm, y_soft = block([c.z_norm for c in cs], fill=1.0), block([c.y_c_soft for c in cs])
+    x_s, z_rep, z_norm = (torch.cat([getattr(c, a) for c in cs]) for a in ("x_s", "z_rep", "z_norm"))
+    y_soft = torch.cat([c.y_c_soft for c in cs])
     names = cs[0].names
     base = copy.deepcopy(models[0])
     leaves = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).requires_grad_(True)
@@ -443,31 +443,33 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     hook = base.head.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
     convolutions = UnfoldedConvolutions(base)
 
-    def forward(p: dict[str, Tensor], xc: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-        logits = torch.func.functional_call(base, {**buffers, **p}, (xc,))
-        # task_loss's mean cross-entropy as a weighted sum (padding rows: weight 0); f(x~_c) of Eq. 8 is the
-        # head's input in this same forward pass
-        return (torch.nn.functional.cross_entropy(logits, y, reduction="none") * w).sum(), seen.pop()
+    def forward(p: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        logits = torch.func.functional_call(base, {**buffers, **p}, (xc.unsqueeze(0),))
+        # one concealed sample's cross-entropy; f(x~_c) of Eq. 8 is the head's input in this same forward pass
+        return torch.nn.functional.cross_entropy(logits, y.unsqueeze(0)), seen.pop().squeeze(0)
 
     forward_all = torch.func.vmap(forward, randomness="error")
 
     def objective(xc: Tensor, create_graph: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Eq. 9 of every client ``(K,)`` and its ingredients (cosine, pixel and latent distances)."""
-        losses, z = forward_all(leaves, xc, y_soft, weight)
-        grads = torch.autograd.grad(losses.sum(), [leaves[n] for n in names], create_graph=create_graph)
+        rows = {n: leaf.index_select(0, owner) for n, leaf in leaves.items()}  # each row: its client's parameters
+        losses, z = forward_all(rows, xc, y_soft)
+        # d/d(client k's parameters) of its mean loss: the rows' weighted losses, summed per client by autograd
+        grads = torch.autograd.grad((losses * weight).sum(), [leaves[n] for n in names], create_graph=create_graph)
         gc = torch.cat([t.reshape(k, -1) for t in grads], dim=1)
         cos = (gc * g).sum(dim=1) / (gc.norm(dim=1).clamp_min(1e-12) * g_norm)
-        pix = ((xc - x_s).flatten(2).norm(dim=2) * weight).sum(dim=1)
-        lat = ((z.flatten(2) - z_rep).norm(dim=2) / z_norm * weight).sum(dim=1)
+        pix = per_client((xc - x_s).flatten(1).norm(dim=1) * weight)
+        lat = per_client((z.flatten(1) - z_rep).norm(dim=1) / z_norm * weight)
         return _eq9(cos, pix, lat, column["lambda_x"], column["lambda_z"], column["epsilon"]), cos, pix, lat
 
     milestones = _milestones(steps)
     rates = torch.tensor([decayed_rates(s["lr"], milestones) for s in settings], dtype=torch.float64, device=device)
-    xc = block([c.x0 for c in cs]).requires_grad_(True)
+    xc = torch.cat([c.x0 for c in cs]).detach().clone().requires_grad_(True)
     convolutions.on = True
     try:
         _, cos0, pix0, _ = objective(xc, create_graph=False)
-        opt = BatchedAdam([xc], lr=rates, milestones=torch.tensor([milestones] * k, device=device).reshape(k, -1))
+        opt = BatchedAdam([xc], lr=rates.index_select(0, owner),
+                          milestones=torch.tensor([milestones] * xc.shape[0], device=device).reshape(xc.shape[0], -1))
         for _ in range(steps):
             obj = objective(xc, create_graph=True)[0]
             (grad_x,) = torch.autograd.grad(obj.sum(), [xc])
@@ -479,7 +481,8 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
         hook.remove()
     obj, cos, pix, lat = (t.detach().tolist() for t in final)
     cos0, pix0 = cos0.detach().tolist(), pix0.detach().tolist()
-    return [_mix_and_project(m, c, _Synthesised(xc=xc[i, : sizes[i]], objective=obj[i], cos=cos[i], pix=pix[i],
+    mine = xc.split(sizes)
+    return [_mix_and_project(m, c, _Synthesised(xc=mine[i], objective=obj[i], cos=cos[i], pix=pix[i],
                                                 lat=lat[i], cos0=cos0[i], pix0=pix0[i]), s["lambda_g"], grad)
             for i, (m, c, s, grad) in enumerate(zip(models, cs, settings, clean_grads))]
 
