@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from leakgym.data import dataset_spec
-from leakgym.defenses import DefenseConfig, apply_defense
+from leakgym.defenses import DefenseCall, DefenseConfig, apply_defense, apply_defense_many
 from leakgym.defenses.censor import censor_gradient, example_bases, example_gradients, orthogonal_candidate
 from leakgym.fl.client import compute_update
 from leakgym.fl.server import Server
@@ -230,3 +230,75 @@ def test_censor_gradient_equals_the_naive_algorithm_bit_for_bit(precode, subspac
     # Both branches are exercised; with PRECODE no per-example-orthogonal trial lowers the loss (measured:
     # at every step from 1e-3 to 0.1 each trial raises it), so only the fallbacks occur there.
     assert outcomes == ({"original", "skip"} if precode and subspace == "samples" else {"candidate", "original", "skip"})
+
+
+def test_batched_trials_of_several_clients_equal_one_client_at_a_time():
+    """censor_gradients (every client's T + 1 loss evaluations as rows of one vmapped forward pass) gives
+    each client censor_gradient's result: its own model, batch size, trials, step and fallback. The
+    candidates are drawn the same way (bit-identical); the losses agree to float32 rounding, so the same
+    trial is chosen."""
+    from leakgym.defenses.censor import censor_gradients
+
+    clients = []
+    for i, (b, trials, step, fallback) in enumerate([(1, 5, 0.1, "original"), (3, 7, 0.05, "zeros"), (2, 1, 0.2, "skip"),
+                                                     (2, 20, 0.1, "zeros")]):
+        model, x, _ = _setup(seed=i)
+        g = torch.Generator().manual_seed(20 + i)
+        x, y = torch.randn(b, 1, 16, 16, generator=g), torch.randint(0, 10, (b,), generator=g)
+        settings = {"trials": trials, "step": step, "fallback": fallback, "subspace": "layer"}
+        clients.append((model, x, y, compute_update(model, x, y).tensors, settings))
+    together = censor_gradients(*(list(t) for t in zip(*clients)),
+                                [torch.Generator().manual_seed(i) for i in range(len(clients))])
+    chosen = []
+    for i, ((model, x, y, grad, settings), (update, info)) in enumerate(zip(clients, together)):
+        alone, ref = censor_gradient(model, x, y, grad, **settings, generator=torch.Generator().manual_seed(i))
+        assert info["chosen_trial"] == ref["chosen_trial"] and info["sent"] == ref["sent"], i
+        assert info["initial_loss"] == pytest.approx(ref["initial_loss"], rel=1e-6)
+        assert info["trial_losses"] == pytest.approx(ref["trial_losses"], rel=1e-6)
+        assert all(torch.equal(update[n], t) for n, t in alone.items()), i
+        chosen.append(info["chosen_trial"])
+    assert any(c >= 0 for c in chosen)  # some trial lowered a client's loss
+
+
+def test_censor_batches_plain_models_and_keeps_one_client_exact(monkeypatch):
+    import leakgym.defenses.censor as censor_module
+
+    calls = []
+    original = censor_module.censor_gradients
+    monkeypatch.setattr(censor_module, "censor_gradients", lambda m, *a: calls.append(len(m)) or original(m, *a))
+    configs = [DefenseConfig(censor_trials=4), DefenseConfig(censor_trials=6, censor_fallback="original"),
+               DefenseConfig(censor_trials=3, censor_subspace="samples")]
+    calls_in = []
+    for i, cfg in enumerate(configs):
+        model, x, y = _setup(seed=i)
+        calls_in.append(DefenseCall(model, x, y, cfg, seed=30 + i))
+    together = apply_defense_many(calls_in)
+    assert calls == [2]  # the two layer-subspace clients; the samples-subspace one runs alone
+    for c, (upd, rep) in zip(calls_in, together):
+        alone, alone_rep = apply_defense(c.model, c.x, c.y, c.config, seed=c.seed)
+        assert rep.details["censor"][0]["chosen_trial"] == alone_rep.details["censor"][0]["chosen_trial"]
+        for n, t in alone.tensors.items():
+            torch.testing.assert_close(upd.tensors[n], t, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.cuda
+def test_batched_trials_on_cuda_choose_what_one_client_chooses():
+    from leakgym.defenses.censor import censor_gradients
+
+    dev = torch.device("cuda")
+    clients = []
+    for i, b in enumerate((1, 3, 2)):
+        model, _, _ = _setup(seed=i)
+        model = model.to(dev)
+        g = torch.Generator().manual_seed(20 + i)
+        x, y = torch.randn(b, 1, 16, 16, generator=g).to(dev), torch.randint(0, 10, (b,), generator=g).to(dev)
+        clients.append((model, x, y, compute_update(model, x, y).tensors,
+                        {"trials": 6, "step": 0.1, "fallback": "zeros", "subspace": "layer"}))
+    together = censor_gradients(*(list(t) for t in zip(*clients)),
+                                [torch.Generator(dev).manual_seed(i) for i in range(3)])
+    for i, ((model, x, y, grad, settings), (update, info)) in enumerate(zip(clients, together)):
+        alone, ref = censor_gradient(model, x, y, grad, **settings, generator=torch.Generator(dev).manual_seed(i))
+        assert info["trial_losses"] == pytest.approx(ref["trial_losses"], rel=1e-4)
+        assert next(iter(update.values())).device.type == "cuda"
+        if info["chosen_trial"] == ref["chosen_trial"]:
+            assert all(torch.equal(update[n], t) for n, t in alone.items())

@@ -57,6 +57,11 @@ A layer whose gradient is exactly zero has no direction to avoid; its candidate 
 (``||g_l|| = 0`` after normalisation anyway). Projections are computed in float64 so the
 orthogonality holds to ~1e-7 relative after casting back.
 
+Several clients (the victims of a vector step's games, trained in lock-step) evaluate their trials
+together (:func:`censor_gradients`: every client's ``T + 1`` parameter sets as rows of one vmapped
+forward pass; the candidates are drawn per client, as above). Models with BatchNorm, dropout or a
+PRECODE bottleneck, the ``"samples"`` subspace and a client alone keep :func:`censor_gradient`.
+
 The registered defense :data:`CENSOR` (fields ``censor_*``, switch ``censor_trials``) runs on every
 local step's gradient (step stage). Cost: one loss evaluation per trial, counted as half a gradient
 (``T / 2`` units), plus one unit for the per-example gradients with ``subspace="samples"`` (a
@@ -65,13 +70,17 @@ vectorised per-example Jacobian takes about the FLOPs of one batch gradient).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev
 
 from leakgym.defenses.registry import DefenseContext, StepDefense, choice_field, int_field, real_field
-from leakgym.models import task_loss
+from leakgym.fl.batched import signature, supports
+from leakgym.models import has_batchnorm, task_loss
 
 Update = dict[str, Tensor]
 #: What the client sends when no trial lowers the loss (see the module docstring).
@@ -233,14 +242,7 @@ def censor_gradient(
         "initial_loss": l0, "best_loss": l*, "trial_losses": [l^1, ..., l^T], "subspace": ...}``.
         With ``fallback="skip"`` and no improving trial, ``G*`` is zeros and ``sent == "skip"``.
     """
-    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
-        raise ValueError(f"CENSOR trials={trials!r}; allowed: integers >= 1")
-    if not (step > 0):
-        raise ValueError(f"CENSOR step={step!r}; allowed range (0, inf)")
-    if fallback not in FALLBACKS:
-        raise ValueError(f"CENSOR fallback={fallback!r}; allowed: {', '.join(map(repr, FALLBACKS))}")
-    if subspace not in SUBSPACES:
-        raise ValueError(f"CENSOR subspace={subspace!r}; allowed: {', '.join(map(repr, SUBSPACES))}")
+    _check(trials, step, fallback, subspace)
     theta = {n: p.detach() for n, p in model.named_parameters()}
     # The loss is evaluated by the same forward pass the client trains with (model mode kept);
     # PRECODE's sampling makes it stochastic, so the global RNG is re-seeded per evaluation to
@@ -257,26 +259,116 @@ def censor_gradient(
             _reseed(seed, x.device)
             bases = example_bases(grad, example_gradients(model, x, y))
         initial = evaluate(theta)
-        if fallback == "original":
-            best = {n: g.detach().clone() for n, g in grad.items()}
-        else:
-            best = {n: torch.zeros_like(g) for n, g in grad.items()}
-        best_loss, chosen = initial, -1
         losses: list[float] = []
+        cands: list[Update] = []
         stats = _layer_stats(grad)
         batched = _layer_candidates(stats, generator, trials) if bases is None else None
         for t in range(trials):
             cand = batched[t] if batched is not None else orthogonal_candidate(grad, generator, bases, _stats=stats)
             trial_params = {n: theta[n] - step * cand[n] if n in cand else theta[n] for n in theta}
-            loss_t = evaluate(trial_params)
-            losses.append(loss_t)
-            if loss_t < best_loss:
-                best_loss, best, chosen = loss_t, cand, t
-    if batched is not None and chosen >= 0:
-        best = {n: t.clone() for n, t in best.items()}  # own storage, not a row of the trials' tensor
+            losses.append(evaluate(trial_params))
+            cands.append(cand)
+    return _choose(grad, cands, initial, losses, fallback, subspace)
+
+
+def _check(trials: int, step: float, fallback: str, subspace: str) -> None:
+    if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+        raise ValueError(f"CENSOR trials={trials!r}; allowed: integers >= 1")
+    if not (step > 0):
+        raise ValueError(f"CENSOR step={step!r}; allowed range (0, inf)")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"CENSOR fallback={fallback!r}; allowed: {', '.join(map(repr, FALLBACKS))}")
+    if subspace not in SUBSPACES:
+        raise ValueError(f"CENSOR subspace={subspace!r}; allowed: {', '.join(map(repr, SUBSPACES))}")
+
+
+def _choose(grad: Update, candidates: list[Update], initial: float, losses: list[float], fallback: str,
+            subspace: str) -> tuple[Update, dict]:
+    """Lines 11 and 16-19: the first trial with the lowest loss below ``l*``, else the fallback."""
+    best_loss, chosen = initial, -1
+    for t, loss_t in enumerate(losses):
+        if loss_t < best_loss:
+            best_loss, chosen = loss_t, t
+    if chosen >= 0:
+        best = {n: t.clone() for n, t in candidates[chosen].items()}  # own storage, not a row of the trials' tensor
+    elif fallback == "original":
+        best = {n: g.detach().clone() for n, g in grad.items()}
+    else:
+        best = {n: torch.zeros_like(g) for n, g in grad.items()}
     details = {"sent": "candidate" if chosen >= 0 else fallback, "chosen_trial": chosen, "initial_loss": initial,
                "best_loss": best_loss, "trial_losses": losses, "subspace": subspace}
     return best, details
+
+
+def batchable(model: nn.Module, subspace: str) -> bool:
+    """Whether :func:`censor_gradients` takes ``model``: Algorithm 1's layer subspace, and a forward pass
+    that draws nothing from torch's global RNG and does not couple the examples of a batch
+    (:func:`leakgym.fl.batched.supports` without BatchNorm)."""
+    return subspace == "layer" and supports(model) and not has_batchnorm(model)
+
+
+def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequence[Tensor], grads: Sequence[Update],
+                     settings: Sequence[dict], generators: Sequence[torch.Generator]) -> list[tuple[Update, dict]]:
+    """:func:`censor_gradient` of K clients, every loss evaluation of every client in one vmapped forward pass.
+
+    The clients' models share one architecture and their images one shape (:func:`batchable` models);
+    ``settings`` are :func:`censor_gradient`'s keyword arguments (``trials``, ``step``, ``fallback``;
+    ``subspace="layer"``), which may differ. Each client draws its evaluation seed and its candidates
+    from its own generator as :func:`censor_gradient` does (Algorithm 1 lines 24-36); the ``T_k + 1``
+    parameter sets of client ``k`` (``theta`` and the trial steps ``theta - eta G_N^t``, line 15) are
+    rows of one computation, each image of the client's batch a row with its parameter set, and each
+    set's mean loss the ``1 / B_k``-weighted sum of its images' cross-entropies. Lines 16-19 (keep the
+    best improving trial) then run per client. The losses equal :func:`censor_gradient`'s to float32
+    rounding (a trial whose loss ties the best one's to rounding could be chosen differently; test:
+    ``tests/test_defenses_censor.py``).
+    """
+    k = len(models)
+    if not (k == len(xs) == len(ys) == len(grads) == len(settings) == len(generators)) or k == 0:
+        raise ValueError("censor_gradients needs one model, batch, gradient, settings and generator per client")
+    for i, (m, x, s) in enumerate(zip(models, xs, settings)):
+        if not batchable(m, s.get("subspace", "layer")) or signature(m) != signature(models[0]):
+            raise ValueError(f"client {i}'s model or subspace is not client 0's batchable kind; use censor_gradient")
+        if tuple(x.shape[1:]) != tuple(xs[0].shape[1:]):
+            raise ValueError(f"client {i} has images {tuple(x.shape[1:])}; client 0 has {tuple(xs[0].shape[1:])}")
+        _check(s["trials"], s["step"], s.get("fallback", "zeros"), s.get("subspace", "layer"))
+    device = xs[0].device
+    names = [n for n, _ in models[0].named_parameters()]
+    sets: dict[str, list[Tensor]] = {n: [] for n in names}  # the parameter sets, client after client
+    candidates = []
+    for m, grad, s, gen in zip(models, grads, settings, generators):
+        torch.randint(0, 2**31 - 1, (1,), generator=gen, device=gen.device)  # censor_gradient's evaluation seed
+        cands = _layer_candidates(_layer_stats(grad), gen, s["trials"])
+        candidates.append(cands)
+        theta = dict(m.named_parameters())
+        for n in names:
+            t = theta[n].detach()
+            sets[n] += [t] + [t - s["step"] * c[n] if n in c else t for c in cands]
+    counts = [s["trials"] + 1 for s in settings]
+    batch = [int(x.shape[0]) for x in xs]
+    set_of_client = torch.repeat_interleave(torch.arange(sum(counts), device=device),
+                                            torch.tensor([b for b, c in zip(batch, counts) for _ in range(c)],
+                                                         device=device))  # each image row's parameter set
+    images = torch.cat([x.repeat(c, *([1] * (x.dim() - 1))) for x, c in zip(xs, counts)])
+    labels = torch.cat([y.repeat(c, *([1] * (y.dim() - 1))) for y, c in zip(ys, counts)])
+    weight = torch.cat([torch.full((b * c,), 1.0 / b, dtype=xs[0].dtype, device=device) for b, c in zip(batch, counts)])
+    base = models[0]
+    buffers = {n: b.detach() for n, b in base.named_buffers()}
+
+    def loss(p: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(base, {**buffers, **p}, (x.unsqueeze(0),))
+        return F.cross_entropy(logits, y.unsqueeze(0))  # one image: hard or soft label
+
+    with torch.no_grad():
+        rows = {n: torch.stack(v).index_select(0, set_of_client) for n, v in sets.items()}
+        per_image = torch.func.vmap(loss, randomness="error")(rows, images, labels)
+        losses = torch.zeros(sum(counts), dtype=per_image.dtype, device=device).index_add(
+            0, set_of_client, per_image * weight).tolist()
+    out, first = [], 0
+    for grad, s, cands, c in zip(grads, settings, candidates, counts):
+        mine = losses[first:first + c]
+        first += c
+        out.append(_choose(grad, cands, mine[0], mine[1:], s.get("fallback", "zeros"), "layer"))
+    return out
 
 
 class Censor(StepDefense):
@@ -293,14 +385,45 @@ class Censor(StepDefense):
                      "(Algorithm 1) or to every example's gradient, 'samples' (Eq. 11).", SUBSPACES),
     )
 
+    @staticmethod
+    def settings(ctx: DefenseContext) -> dict:
+        """:func:`censor_gradient`'s keyword arguments from a context (all but the generator)."""
+        c = ctx.config
+        return {"trials": c.censor_trials, "step": c.censor_step, "fallback": c.censor_fallback,
+                "subspace": c.censor_subspace}
+
     def apply(self, ctx: DefenseContext, model: nn.Module, x: Tensor, y: Tensor, grad: Update, *,
               step: int) -> tuple[Update, dict]:
-        c = ctx.config
-        out, info = censor_gradient(model, x, y, grad, trials=c.censor_trials, step=c.censor_step,
-                                    generator=ctx.generator, fallback=c.censor_fallback, subspace=c.censor_subspace)
+        out, info = censor_gradient(model, x, y, grad, **self.settings(ctx), generator=ctx.generator)
         if info["sent"] == "skip":
             ctx.skip_round()
         return out, info
+
+    def apply_many(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
+                   ys: Sequence[Tensor], grads: Sequence[Update], *, step: int) -> list[tuple[Update, dict]]:
+        """Clients whose models :func:`batchable` takes, grouped by architecture and image shape, evaluate
+        their trials together (:func:`censor_gradients`); the others, and a group of one, run :meth:`apply`
+        (the reference computation) one by one, inside their training RNG stream (PRECODE's evaluations
+        re-seed the global RNG)."""
+        out: list = [None] * len(ctxs)
+        groups: dict[tuple, list[int]] = {}
+        for i, (ctx, model, x) in enumerate(zip(ctxs, models, xs)):
+            key = (signature(model), tuple(x.shape[1:]), x.dtype) if batchable(model, ctx.config.censor_subspace) else i
+            groups.setdefault(key, []).append(i)
+        for members in groups.values():
+            if len(members) == 1:
+                i = members[0]
+                with ctxs[i].training_rng or contextlib.nullcontext():
+                    out[i] = self.apply(ctxs[i], models[i], xs[i], ys[i], grads[i], step=step)
+                continue
+            results = censor_gradients([models[i] for i in members], [xs[i] for i in members], [ys[i] for i in members],
+                                       [grads[i] for i in members], [self.settings(ctxs[i]) for i in members],
+                                       [ctxs[i].generator for i in members])
+            for i, (update, info) in zip(members, results):
+                out[i] = (update, info)
+                if info["sent"] == "skip":
+                    ctxs[i].skip_round()
+        return out
 
     def cost(self, config) -> float:
         return 0.5 * config.censor_trials + (1.0 if config.censor_subspace == "samples" else 0.0)

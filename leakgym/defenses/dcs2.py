@@ -64,6 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from leakgym.defenses.registry import DefenseContext, StepDefense, choice_field, int_field, real_field
+from leakgym.fl.batched import signature, supports
 from leakgym.models import has_batchnorm, task_loss
 
 #: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
@@ -370,10 +371,10 @@ def dcs2_gradient(
 
 def batchable(model: nn.Module) -> bool:
     """Whether :func:`dcs2_gradients` takes ``model``: a :class:`~leakgym.models.LeakGymModel`-style
-    model with a ``head`` and no BatchNorm or PRECODE bottleneck (those keep :func:`dcs2_gradient`: the
-    bottleneck samples from the global RNG, and BatchNorm's train-mode statistics couple the batch)."""
-    return (isinstance(getattr(model, "head", None), nn.Module) and getattr(model, "bottleneck", None) is None
-            and not has_batchnorm(model))
+    model with a ``head``, whose forward pass draws nothing from torch's global RNG and does not couple
+    the examples of a batch (:func:`leakgym.fl.batched.supports` without BatchNorm: no dropout, no PRECODE
+    bottleneck). The others keep :func:`dcs2_gradient`."""
+    return isinstance(getattr(model, "head", None), nn.Module) and supports(model) and not has_batchnorm(model)
 
 
 def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], clean_grads: list[dict[str, Tensor]],
@@ -411,9 +412,8 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     if not (k == len(xs) == len(ys) == len(clean_grads) == len(settings) == len(generators)) or k == 0:
         raise ValueError("dcs2_gradients needs one model, batch, clean gradient, settings and generator per client")
     steps = settings[0]["steps"]
-    shapes = [[(n, tuple(p.shape)) for n, p in m.named_parameters()] for m in models]
     for i, (m, x, s) in enumerate(zip(models, xs, settings)):
-        if not batchable(m) or type(m) is not type(models[0]) or shapes[i] != shapes[0]:
+        if not batchable(m) or signature(m) != signature(models[0]):
             raise ValueError(f"client {i}'s model is not of client 0's batchable architecture; use dcs2_gradient")
         if tuple(x.shape[1:]) != tuple(xs[0].shape[1:]) or s["steps"] != steps:
             raise ValueError(f"client {i} has images {tuple(x.shape[1:])} and steps={s['steps']}; client 0 has "
@@ -527,8 +527,7 @@ class DCS2(StepDefense):
         groups: dict[tuple, list[int]] = {}
         for i, (ctx, model, x) in enumerate(zip(ctxs, models, xs)):
             if batchable(model):
-                key = (type(model), tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
-                       tuple(x.shape[1:]), str(x.device), x.dtype, ctx.config.dcs2_steps)
+                key = (signature(model), tuple(x.shape[1:]), x.dtype, ctx.config.dcs2_steps)
                 groups.setdefault(key, []).append(i)
             else:
                 with ctx.training_rng or contextlib.nullcontext():
