@@ -190,7 +190,7 @@ class Round:
     def __init__(self, games: Sequence[LeakGame], *, batch_attacks: bool = True, batch_clients: bool = False) -> None:
         """``batch_attacks``: the games' attacks share engine calls (:func:`reconstruct_all`).
         ``batch_clients``: the victims' clean updates and step defenses (phase 2, ``LeakGame.clean_updates``,
-        ``apply_defense_many(batch_steps=True)``) and phase 5 of all games as batched computations (``LeakGame.federated_steps``; equal to the game-by-game phases
+        ``apply_defense_many(batch_defenses=True)``) and phase 5 of all games as batched computations (``LeakGame.federated_steps``; equal to the game-by-game phases
         to floating-point rounding, not bit for bit, hence off by default)."""
         if not games:
             raise ValueError("a Round needs at least one game")
@@ -230,8 +230,9 @@ class Round:
         """Phase 2 of every game, each with its own draws: the victims' defense pipelines as one
         :func:`~leakgym.defenses.apply_defense_many` (update-side defenses batched over the games); with
         ``batch_clients`` the victims' clean updates are one batched computation per architecture
-        (``LeakGame.clean_updates``) that the pipelines reuse, and the step defenses run batched over the
-        games (DCS²'s synthesis, to float32 rounding); without it they run game by game (bit-identical)."""
+        (``LeakGame.clean_updates``) that the pipelines reuse, and the input and step defenses run batched over
+        the games (LODA's obscuring, DCS²'s synthesis, CENSOR's trials; to float32 rounding); without it
+        they run game by game (bit-identical)."""
         if len(self.games) == 1:
             return [self.games[0].defend(plans[0])]
         drawn = [g.draw(p) for g, p in zip(self.games, plans)]
@@ -242,7 +243,7 @@ class Round:
         t0 = time.perf_counter()
         shared = apply_defense_many([g.defense_call(p, d, clean=c, clean_seconds=t)
                                      for g, p, d, c, t in zip(self.games, plans, drawn, cleans, seconds)],
-                                    batch_steps=self.batch_clients)
+                                    batch_defenses=self.batch_clients)
         share = (time.perf_counter() - t0) / len(self.games)
         return [g.share(p, d, s, t + share) for g, p, d, s, t in zip(self.games, plans, drawn, shared, seconds)]
 

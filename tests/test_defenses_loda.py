@@ -159,3 +159,48 @@ def test_one_step_moves_the_image_by_tau_in_pixel_units(setup):
     std = torch.tensor(spec.std).view(1, -1, 1, 1)
     one, _ = loda.obscure(x[:2], g, mid, c=1.0, steps=1, lr=0.01, lo=lo, hi=hi, pixel_scale=std)
     torch.testing.assert_close((spec.denormalize(one) - 0.5).flatten(1).norm(dim=1), torch.full((2,), 0.01))
+
+
+def test_several_clients_obscure_in_one_run_and_each_gets_its_own_result(setup):
+    """loda_obscure_many: every client's start images from its own generator, all images in one run of
+    Algorithm 1; each client's images, start indices and details equal its own loda_obscure (rounding of
+    the extractor's kernels at another batch size only)."""
+    s = setup
+    spec, split = s["spec"], s["split"]
+    batches = [(spec.normalize(split.clients[k][0][:b]), split.clients[k][1][:b]) for k, b in ((0, 1), (1, 3), (2, 2))]
+    kwargs = {"spec": spec, "c": loda.CALIBRATED_C, "steps": 8, "lr": 0.1, "layers": 5, "public_x": s["px"],
+              "public_y": s["py"], "seed": 0, "cache_dir": s["cache"], "epochs": EPOCHS}
+    together = loda.loda_obscure_many([x for x, _ in batches], [y for _, y in batches],
+                                      generators=[torch.Generator().manual_seed(50 + k) for k in range(3)], **kwargs)
+    for k, ((x, y), (xo, det)) in enumerate(zip(batches, together)):
+        alone, ref = loda.loda_obscure(x, y, generator=torch.Generator().manual_seed(50 + k), **kwargs)
+        assert xo.shape == x.shape and torch.equal(det["start_indices"], ref["start_indices"])
+        torch.testing.assert_close(xo, alone, rtol=0, atol=1e-4)
+        for key in ("feature_distance", "pixel_distance", "feature_distance_init", "pixel_distance_init"):
+            assert det[key] == pytest.approx(ref[key], rel=1e-4), (k, key)
+        assert det["objective"] == pytest.approx(ref["objective"], rel=1e-4)
+    assert not torch.equal(together[1][1]["start_indices"][:2], together[2][1]["start_indices"])
+
+
+def test_the_pipeline_runs_loda_once_for_all_clients_that_share_its_extractor(setup, monkeypatch):
+    from leakgym.defenses import DefenseCall, apply_defense_many
+
+    s = setup
+    monkeypatch.setenv("LEAKGYM_DATA", str(s["root"]))
+    spec, split = s["spec"], s["split"]
+    calls = []
+    original = loda.loda_obscure_many
+    monkeypatch.setattr(loda, "loda_obscure_many", lambda xs, *a, **k: calls.append(len(xs)) or original(xs, *a, **k))
+    cfg = DefenseConfig(loda_c=loda.CALIBRATED_C, loda_steps=3)
+    defense_calls = [DefenseCall(build_model("lenet", spec, seed=k), spec.normalize(split.clients[k][0][:2]),
+                                 split.clients[k][1][:2], cfg if k < 2 else cfg.replace(loda_steps=4), seed=k,
+                                 public_x=split.public_x, public_y=split.public_y) for k in range(3)]
+    together = apply_defense_many(defense_calls)
+    assert calls == [2, 1]  # clients 0 and 1 share the settings; client 2 takes 4 steps
+    calls.clear()
+    alone = [apply_defense_many([c], batch_defenses=False)[0] for c in defense_calls]
+    assert calls == [1, 1, 1]
+    for (upd, rep), (ref, ref_rep) in zip(together, alone):
+        assert torch.equal(rep.details["loda"]["start_indices"], ref_rep.details["loda"]["start_indices"])
+        for n, t in ref.tensors.items():
+            torch.testing.assert_close(upd.tensors[n], t, rtol=1e-3, atol=1e-5)

@@ -46,10 +46,10 @@ from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.loda_inversion import LodaInversion
 from leakgym.defenses import DEFENSES, DefenseConfig, registered
 from leakgym.defenses.ppp import PPP
-from leakgym.defenses.registry import StepDefense, UpdateDefense
+from leakgym.defenses.registry import InputDefense, StepDefense, UpdateDefense
 from leakgym.envs.game import LeakGame
 
-STAGE_CLASSES = {"update": UpdateDefense, "step": StepDefense}
+STAGE_CLASSES = {"input": InputDefense, "update": UpdateDefense, "step": StepDefense}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,8 +63,8 @@ def _prepared(tmp_path_factory):
 def test_a_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
     defense = DEFENSES[name]
     monkeypatch.setattr(type(defense), "apply", IDENTITY_APPLY[defense.stage])
-    if defense.stage in ("update", "step"):  # the batched form must not hide the broken apply
-        monkeypatch.setattr(type(defense), "apply_many", STAGE_CLASSES[defense.stage].apply_many)
+    # the batched form (the pipeline's path) must not hide the broken apply
+    monkeypatch.setattr(type(defense), "apply_many", STAGE_CLASSES[defense.stage].apply_many)
     with pytest.raises(AssertionError, match="does not change the shared update"):
         check_defense(name)
 
@@ -85,6 +85,15 @@ def test_a_batched_step_defense_replaced_by_the_identity_fails_its_check(name, m
     """DCS² has its own apply_many (the pipeline's path, all games at once): its identity fails the check too."""
     monkeypatch.setattr(type(DEFENSES[name]), "apply_many", lambda self, ctxs, models, xs, ys, grads, *, step:
                         [(dict(g), {}) for g in grads])
+    with pytest.raises(AssertionError, match="does not change the shared update"):
+        check_defense(name)
+
+
+@pytest.mark.parametrize("name", [n for n, d in DEFENSES.items()
+                                  if d.stage == "input" and type(d).apply_many is not InputDefense.apply_many])
+def test_a_batched_input_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
+    """LODA has its own apply_many (all games' images in one run): its identity fails the check too."""
+    monkeypatch.setattr(type(DEFENSES[name]), "apply_many", lambda self, ctxs, xs, ys: [(x, y, {}) for x, y in zip(xs, ys)])
     with pytest.raises(AssertionError, match="does not change the shared update"):
         check_defense(name)
 

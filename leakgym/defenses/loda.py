@@ -73,6 +73,11 @@ Deviations, and why:
   the right value only for its own extractor (and its own pixel units, see above).
 
 Images in and out are normalised model inputs; ``public_x`` must be normalised the same way.
+
+Several clients that share the settings and the public split (so the extractor) -- the victims of a
+vector step's games -- obscure their images in one run (:func:`loda_obscure_many`, the registered
+defense's ``apply_many``): every image's objective and step are its own, so batching them changes
+only the rounding of the extractor's kernels.
 """
 
 from __future__ import annotations
@@ -258,12 +263,22 @@ def obscure(
     The images are processed ``chunk`` at a time (``None``: all at once); the result does not depend
     on ``chunk``. Returns the obscured images and the per-step mean objective over all images.
     """
+    out, objective = _obscure_images(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi, chunk=chunk,
+                                     pixel_scale=pixel_scale)
+    return out, objective.mean(dim=1).tolist() if x.shape[0] else [0.0] * steps
+
+
+def _obscure_images(
+    x: Tensor, g: nn.Module, x0: Tensor, *, c: float, steps: int, lr: float, lo: Tensor, hi: Tensor,
+    chunk: int | None = OBSCURE_CHUNK, pixel_scale: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`obscure`, with every image's objective at every step: ``(steps, n)`` float64."""
     n = x.shape[0]
     size = n if chunk is None else int(chunk)
     if size < 1:
         raise ValueError(f"chunk={chunk}; must be >= 1 or None")
     parts: list[Tensor] = []
-    totals = [0.0] * steps
+    objective = torch.zeros(steps, n, dtype=torch.float64, device=x.device)
     for start in range(0, n, size):
         xc, xp = x[start:start + size], x0[start:start + size].detach().clone()
         with torch.no_grad():
@@ -272,7 +287,7 @@ def obscure(
             xp.requires_grad_(True)
             per_image = (g(xp) - target).pow(2).sum(1) - c * (xp - xc).flatten(1).pow(2).sum(1)
             (grad,) = torch.autograd.grad(per_image.sum(), [xp])
-            totals[t] += float(per_image.detach().sum())
+            objective[t, start:start + xp.shape[0]] = per_image.detach()
             if pixel_scale is not None:  # d/dx_unit = d/dx / std; the image moves by lr, x by lr / std
                 grad = grad / pixel_scale
             norm = grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
@@ -283,7 +298,7 @@ def obscure(
                 xp = torch.max(torch.min(xp - step, hi), lo)
         parts.append(xp.detach())
     out = torch.cat(parts) if parts else x0.detach().clone()
-    return out, [v / max(n, 1) for v in totals]
+    return out, objective
 
 
 def loda_obscure(
@@ -327,10 +342,44 @@ def loda_obscure(
         their values at the start image, ``objective`` (history), ``start_indices`` and
         ``extractor_cached``.
     """
-    if x.ndim != 4 or tuple(x.shape[1:]) != spec.shape:
-        raise ValueError(f"x must be (B, {', '.join(map(str, spec.shape))}); got {tuple(x.shape)}")
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(f"y has {y.shape[0]} labels for {x.shape[0]} images")
+    (xo, details), = loda_obscure_many([x], [y], spec=spec, c=c, steps=steps, lr=lr, layers=layers,
+                                       public_x=public_x, public_y=public_y, seed=seed,
+                                       generators=[torch.Generator().manual_seed(seed) if generator is None
+                                                   else generator],
+                                       cache_dir=cache_dir, epochs=epochs, arch=arch, width=width)
+    return xo, details
+
+
+def loda_obscure_many(
+    xs: Sequence[Tensor],
+    ys: Sequence[Tensor],
+    *,
+    spec: DatasetSpec,
+    c: float,
+    steps: int,
+    lr: float,
+    layers: LayerSpec,
+    public_x: Tensor,
+    public_y: Tensor,
+    generators: Sequence[torch.Generator],
+    seed: int = LODA_EXTRACTOR_SEED,
+    cache_dir: str | Path | None = None,
+    epochs: int = DEFAULT_EPOCHS,
+    arch: str = DEFAULT_ARCH,
+    width: int | None = DEFAULT_WIDTH,
+) -> list[tuple[Tensor, dict]]:
+    """:func:`loda_obscure` of several clients' batches that share the dataset, the public split (so
+    the extractor) and the settings: each client's start images drawn from its own generator, every
+    image of every client obscured in one run of Algorithm 1 (:func:`obscure`: each image's objective
+    and normalised step are its own, so this is each client's own result, to the rounding of the
+    extractor's kernels at another batch size). Returns ``(x_obscured, details)`` per client."""
+    for x, y in zip(xs, ys):
+        if x.ndim != 4 or tuple(x.shape[1:]) != spec.shape:
+            raise ValueError(f"x must be (B, {', '.join(map(str, spec.shape))}); got {tuple(x.shape)}")
+        if y.shape[0] != x.shape[0]:
+            raise ValueError(f"y has {y.shape[0]} labels for {x.shape[0]} images")
+    if len(xs) != len(ys) or len(xs) != len(generators) or not xs:
+        raise ValueError("loda_obscure_many needs one batch, label set and generator per client")
     if not (c >= 0):
         raise ValueError(f"c={c}; must be >= 0")
     if steps < 0:
@@ -342,35 +391,41 @@ def loda_obscure(
         spec, public_x, public_y, seed=seed, cache_dir=cache_dir, epochs=epochs, arch=arch, width=width
     )
     g = LayerFeatures(extractor, layers)
-    gen = torch.Generator().manual_seed(seed) if generator is None else generator
-    pick = torch.randint(0, public_x.shape[0], (x.shape[0],), generator=gen, device=gen.device).to(public_x.device)
-    x0 = public_x[pick].to(x)
+    picks = [torch.randint(0, public_x.shape[0], (x.shape[0],), generator=gen, device=gen.device).to(public_x.device)
+             for x, gen in zip(xs, generators)]
+    x = torch.cat(list(xs))
+    x0 = public_x[torch.cat(picks)].to(x)
     lo, hi = spec.unit_bounds(x)
     x0 = torch.max(torch.min(x0, hi), lo)
     std = torch.tensor(spec.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    xp, history = obscure(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi, pixel_scale=std)
+    xp, objective = _obscure_images(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi, pixel_scale=std)
     with torch.no_grad():
 
-        def dists(z: Tensor) -> tuple[float, float]:
+        def distances(z: Tensor) -> tuple[Tensor, Tensor]:
+            """Per image: relative feature distance to its private image, and pixel L2 distance."""
             feat = []
             for i in range(0, x.shape[0], OBSCURE_CHUNK):  # chunked: 1,300 images' features take ~140 MB
                 fx = g(x[i:i + OBSCURE_CHUNK])
                 feat.append((g(z[i:i + OBSCURE_CHUNK]) - fx).norm(dim=1) / fx.norm(dim=1).clamp_min(1e-12))
-            pix = (z - x).flatten(1).norm(dim=1)
-            return float(torch.cat(feat).mean()), float(pix.mean())
+            return torch.cat(feat), (z - x).flatten(1).norm(dim=1)
 
-        f0, p0 = dists(x0)
-        f1, p1 = dists(xp)
-    details = {
-        "feature_distance": f1,
-        "pixel_distance": p1,
-        "feature_distance_init": f0,
-        "pixel_distance_init": p0,
-        "objective": history,
-        "start_indices": pick,
-        "extractor_cached": bool(getattr(extractor, "loaded_from_cache", False)),
-    }
-    return xp, details
+        f0, p0 = distances(x0)
+        f1, p1 = distances(xp)
+    cached = bool(getattr(extractor, "loaded_from_cache", False))
+    out, first = [], 0
+    for xi, pick in zip(xs, picks):
+        mine = slice(first, first + xi.shape[0])
+        first += xi.shape[0]
+        out.append((xp[mine], {
+            "feature_distance": float(f1[mine].mean()),
+            "pixel_distance": float(p1[mine].mean()),
+            "feature_distance_init": float(f0[mine].mean()),
+            "pixel_distance_init": float(p0[mine].mean()),
+            "objective": objective[:, mine].mean(dim=1).tolist(),
+            "start_indices": pick,
+            "extractor_cached": cached,
+        }))
+    return out
 
 
 class Loda(InputDefense):
@@ -395,9 +450,42 @@ class Loda(InputDefense):
                                 seed=LODA_EXTRACTOR_SEED, generator=ctx.generator)
         return xo, y, info
 
+    def apply_many(self, ctxs: Sequence[DefenseContext], xs: Sequence[Tensor],
+                   ys: Sequence[Tensor]) -> list[tuple[Tensor, Tensor, dict]]:
+        """Clients with the same settings, dataset and public split (so the same extractor) obscure their
+        images in one run (:func:`loda_obscure_many`); each draws its start images from its own generator."""
+        groups: list[tuple[DefenseContext, list[int]]] = []
+        for i, ctx in enumerate(ctxs):
+            if ctx.public_x is None or ctx.public_y is None:
+                raise ValueError("LODA needs the public split: pass public_x and public_y to apply_defense")
+            for lead, members in groups:
+                if _same_extractor_and_settings(lead, ctx):
+                    members.append(i)
+                    break
+            else:
+                groups.append((ctx, [i]))
+        out: list = [None] * len(ctxs)
+        for lead, members in groups:
+            c = lead.config
+            results = loda_obscure_many(
+                [xs[i] for i in members], [ys[i] for i in members], spec=lead.spec, c=c.loda_c, steps=c.loda_steps,
+                lr=c.loda_lr, layers=c.loda_layers, public_x=lead.public_x, public_y=lead.public_y,
+                seed=LODA_EXTRACTOR_SEED, generators=[ctxs[i].generator for i in members])
+            for i, (xo, info) in zip(members, results):
+                out[i] = (xo, ys[i], info)
+        return out
+
     def cost(self, config) -> float:
         """One unit per obscuring step (a forward and backward through part of the extractor)."""
         return float(config.loda_steps)
+
+
+def _same_extractor_and_settings(a: DefenseContext, b: DefenseContext) -> bool:
+    """Whether two clients' LODA runs can be one: equal settings, dataset, device and public split."""
+    fields = ("loda_c", "loda_steps", "loda_lr", "loda_layers")
+    return (all(getattr(a.config, f) == getattr(b.config, f) for f in fields) and a.spec == b.spec
+            and a.device == b.device and a.public_x.shape == b.public_x.shape and a.public_y.shape == b.public_y.shape
+            and bool(torch.equal(a.public_x, b.public_x)) and bool(torch.equal(a.public_y, b.public_y)))
 
 
 LODA = Loda()

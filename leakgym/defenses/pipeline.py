@@ -175,22 +175,23 @@ class _Client:
     seconds: float = 0.0
 
 
-def apply_defense_many(calls: list[DefenseCall], *, batch_steps: bool = True) -> list[tuple[SharedUpdate, DefenseReport]]:
-    """:func:`apply_defense` of every call (e.g. the victims of all games of a vector step), with the
-    step and update stages batched over the calls: the calls that train are trained in lock-step and
-    each step defense runs once per local step for all calls that apply it
+def apply_defense_many(calls: list[DefenseCall], *,
+                       batch_defenses: bool = True) -> list[tuple[SharedUpdate, DefenseReport]]:
+    """:func:`apply_defense` of every call (e.g. the victims of all games of a vector step), each stage
+    batched over the calls: each input-side defense runs once for all calls that apply it
+    (:meth:`~leakgym.defenses.registry.InputDefense.apply_many`); the calls that train are trained in
+    lock-step and each step defense runs once per local step for all calls that apply it
     (:meth:`~leakgym.defenses.registry.StepDefense.apply_many`); each update-side defense runs once, as
     :meth:`~leakgym.defenses.registry.UpdateDefense.apply_many` over every call that applies it (pipeline
-    order is kept for each call). Input-side defenses, and the clean updates not given, are computed
-    call by call. Each call's result equals its own :func:`apply_defense` (to the rounding of a
-    defense's batched kernels); a batched defense's wall time is shared equally by the calls in it.
-    ``batch_steps=False`` applies the step defenses call by call instead (:meth:`StepDefense.apply`):
-    each call's result is then bit-identical to its own :func:`apply_defense` (the update-side batches
-    are bit-identical anyway).
+    order is kept for each call). The clean updates not given are computed call by call. Each call's
+    result equals its own :func:`apply_defense` (to the rounding of a defense's batched kernels); a
+    batched defense's wall time is shared equally by the calls in it. ``batch_defenses=False`` applies
+    the input and step defenses call by call instead (their ``apply``): each call's result is then
+    bit-identical to its own :func:`apply_defense` (the update-side batches are bit-identical anyway).
     """
     clients = [_begin(c) for c in calls]
     busy = [c for c in clients if c.done is None]
-    _train(busy, batch_steps)
+    _train(busy, batch_defenses)
     t0 = time.perf_counter()
     staged = [c for c in busy if any(DEFENSES[n].stage == "update" for n in c.applied)]
     for d in DEFENSES.values():
@@ -255,31 +256,46 @@ def _begin(call: DefenseCall) -> _Client:
     return client
 
 
-def _train(clients: list[_Client], batch_steps: bool = True) -> None:
-    """Stages 1 and 2 of every call: input-side defenses call by call, then the calls that train (an
+def _train(clients: list[_Client], batch_defenses: bool = True) -> None:
+    """Stages 1 and 2 of every call: each input-side defense once for all calls that apply it
+    (:meth:`~leakgym.defenses.registry.InputDefense.apply_many`), then the calls that train (an
     input-side or step defense is on) trained in lock-step (:func:`~leakgym.fl.client.compute_updates`),
     each step's gradients passed through each step defense once for all calls that apply it
-    (:meth:`~leakgym.defenses.registry.StepDefense.apply_many`); the others reuse their clean update."""
+    (:meth:`~leakgym.defenses.registry.StepDefense.apply_many`); the others reuse their clean update.
+    ``batch_defenses=False``: every defense's ``apply`` call by call instead."""
+    # ---- 1. input side: each defense once for the calls that apply it, in pipeline order -------------
+    for c in clients:
+        c.x_in, c.y_in = c.call.x, c.call.y
+    for d in DEFENSES.values():
+        members = [c for c in clients if d.stage == "input" and d.name in c.applied]
+        if not members:
+            continue
+        t0 = time.perf_counter()
+        if batch_defenses:
+            outs = d.apply_many([c.ctx[d.name] for c in members], [c.x_in for c in members], [c.y_in for c in members])
+            seconds = [(time.perf_counter() - t0) / len(members)] * len(members)
+        else:
+            outs, seconds = [], []
+            for c in members:
+                outs.append(d.apply(c.ctx[d.name], c.x_in, c.y_in))
+                seconds.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+        for c, (x_in, y_in, info), sec in zip(members, outs, seconds):
+            c.x_in, c.y_in, c.details[d.name] = x_in, y_in, info
+            c.seconds += sec
     for c in clients:
         t1 = time.perf_counter()
-        call, details = c.call, c.details
-        # ---- 1. input side -----------------------------------------------------------------------
-        x_in, y_in = call.x, call.y
-        for name in c.applied:
-            d = DEFENSES[name]
-            if d.stage == "input":
-                x_in, y_in, details[d.name] = d.apply(c.ctx[d.name], x_in, y_in)
-        details["examples_used"] = int(x_in.shape[0])
+        details = c.details
+        details["examples_used"] = int(c.x_in.shape[0])
         for name in c.applied:
             if DEFENSES[name].stage == "step":
                 details[name] = []
-        c.x_in, c.y_in = x_in, y_in
         c.recomputed = any(DEFENSES[n].stage in ("input", "step") for n in c.applied)
         if not c.recomputed:  # the same computation as the clean update (same arguments, same seeded RNG): reuse it
             clean = c.clean
             c.shared = dataclasses.replace(clean, tensors={k: t.clone() for k, t in clean.tensors.items()},
                                            metadata=dict(clean.metadata))
-        c.seconds = time.perf_counter() - t1
+        c.seconds += time.perf_counter() - t1
 
     # ---- 2. training with per-step gradient transforms -------------------------------------------
     training = [c for c in clients if c.recomputed]
@@ -302,7 +318,7 @@ def _train(clients: list[_Client], batch_steps: bool = True) -> None:
             args = ([models[k] for k in members], [xs[k] for k in members], [ys[k] for k in members],
                     [grads[k] for k in members])
             t0 = time.perf_counter()
-            if batch_steps:
+            if batch_defenses:
                 outs = d.apply_many(ctxs, *args, step=step)
                 seconds = [(time.perf_counter() - t0) / len(members)] * len(members)
             else:

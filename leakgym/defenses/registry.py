@@ -297,6 +297,14 @@ class InputDefense(Defense):
     def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:
         """``(x, y) -> (x', y', details)``: normalised images and labels (hard or soft) in and out."""
 
+    def apply_many(self, ctxs: Sequence[DefenseContext], xs: Sequence[Tensor],
+                   ys: Sequence[Tensor]) -> list[tuple[Tensor, Tensor, dict]]:
+        """:meth:`apply` for several clients (the victims of a vector step's games), each with its own
+        context. Default: one :meth:`apply` per client; a defense whose work batches over clients
+        (LODA's obscuring) overrides it, client ``i``'s result equal to its own :meth:`apply` (to the
+        rounding of batched kernels)."""
+        return [self.apply(c, x, y) for c, x, y in zip(ctxs, xs, ys)]
+
 
 class StepDefense(Defense):
     """Stage ``"step"``: transforms the gradient of every local step before it is used."""
