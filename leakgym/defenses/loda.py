@@ -77,7 +77,8 @@ Images in and out are normalised model inputs; ``public_x`` must be normalised t
 Several clients that share the settings and the public split (so the extractor) -- the victims of a
 vector step's games -- obscure their images in one run (:func:`loda_obscure_many`, the registered
 defense's ``apply_many``): every image's objective and step are its own, so batching them changes
-only the rounding of the extractor's kernels.
+only the rounding of the extractor's kernels. Measured (digits 16x16, one CPU thread, 100 steps, 16
+clients of one image each): 0.63 s together against 1.96 s one by one.
 """
 
 from __future__ import annotations
