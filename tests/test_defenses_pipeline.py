@@ -222,10 +222,20 @@ def test_a_global_rng_stream_resumes_where_it_stopped_and_restores_the_caller():
             torch.randn(5)
         assert torch.equal(torch.get_rng_state(), outside)
     assert torch.equal(torch.cat(parts), expected)
+    with seeded_global_rng(9, torch.device("cpu")):
+        expected = torch.randn(6)
+    c = GlobalRngStream(9, torch.device("cpu"))
+    with c:  # nested blocks of one stream continue it
+        first = torch.randn(2)
+        with c:
+            second = torch.randn(2)
+        third = torch.randn(2)
+    assert torch.equal(torch.cat([first, second, third]), expected) and torch.equal(torch.get_rng_state(), outside)
 
 
+@pytest.mark.parametrize("batch_defenses", [True, False])
 @pytest.mark.parametrize("kind, steps", [("gradient", 1), ("model_delta", 3)])
-def test_lock_step_training_gives_each_precode_client_its_own_update_exactly(kind, steps):
+def test_lock_step_training_gives_each_precode_client_its_own_update_exactly(kind, steps, batch_defenses):
     """Step defenses on PRECODE models (their forward samples from the global RNG): the clients are trained
     in lock-step, yet each one draws from its own stream, so every update equals its own apply_defense
     bit for bit -- FedSGD and FedAvg, CENSOR and DCS² (which runs these models one by one)."""
@@ -236,7 +246,7 @@ def test_lock_step_training_gives_each_precode_client_its_own_update_exactly(kin
         model = build_model("mlp", SPEC, precode=True, width=32, seed=i).train()
         calls.append(DefenseCall(model, *_batch(2, seed=i), cfg, seed=40 + i, update_kind=kind, local_steps=steps,
                                  local_lr=0.05))
-    together = apply_defense_many(calls)
+    together = apply_defense_many(calls, batch_defenses=batch_defenses)
     for i, (c, (upd, rep)) in enumerate(zip(calls, together)):
         alone, alone_rep = apply_defense(c.model, c.x, c.y, c.config, seed=c.seed, update_kind=kind,
                                          local_steps=steps, local_lr=0.05)

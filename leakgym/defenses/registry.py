@@ -176,7 +176,7 @@ class GlobalRngStream:
 
     The first ``with stream:`` block starts from ``torch.manual_seed(seed)`` (as :func:`seeded_global_rng`);
     every later block continues where the previous one stopped; the caller's RNG state is restored after
-    each block. One client's computations interleaved with other clients' (lock-step training,
+    each block. A block inside a block of the same stream just continues it. One client's computations interleaved with other clients' (lock-step training,
     :func:`leakgym.fl.client.compute_updates`) thus draw exactly what they would draw in one
     ``seeded_global_rng(seed)`` block of their own.
     """
@@ -186,7 +186,8 @@ class GlobalRngStream:
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         self._state: tuple[Tensor, Tensor | None] | None = None
-        self._outer: list[tuple[Tensor, Tensor | None]] = []
+        self._outer: tuple[Tensor, Tensor | None] | None = None
+        self._depth = 0  # a block inside a block of the same stream continues it (no switch)
 
     def _get(self) -> tuple[Tensor, Tensor | None]:
         return torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self._cuda else None
@@ -197,7 +198,10 @@ class GlobalRngStream:
             torch.cuda.set_rng_state(state[1], self.device)
 
     def __enter__(self) -> None:
-        self._outer.append(self._get())
+        self._depth += 1
+        if self._depth > 1:
+            return
+        self._outer = self._get()
         if self._state is None:
             # The CPU generator's state torch.manual_seed(seed) gives; torch.manual_seed itself also queues a
             # (lazy) CUDA re-seed with a formatted stack trace, which costs more than a LeNet forward pass.
@@ -208,8 +212,12 @@ class GlobalRngStream:
             self._set(self._state)
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth > 0:
+            return
         self._state = self._get()
-        self._set(self._outer.pop())
+        self._set(self._outer)
+        self._outer = None
 
 
 @dataclass

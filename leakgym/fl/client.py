@@ -147,6 +147,8 @@ def compute_updates(jobs: list[LocalTraining],
     """
     for job in jobs:
         _check(job)
+    if not jobs:
+        return []
     works = [copy.deepcopy(job.model).train() for job in jobs]
     names = [[n for n, p in w.named_parameters() if p.requires_grad] for w in works]
     start = [{n: p.detach().clone() for n, p in w.named_parameters() if p.requires_grad} for w in works]
