@@ -302,3 +302,25 @@ def test_batched_trials_on_cuda_choose_what_one_client_chooses():
         assert next(iter(update.values())).device.type == "cuda"
         if info["chosen_trial"] == ref["chosen_trial"]:
             assert all(torch.equal(update[n], t) for n, t in alone.items())
+
+
+def test_batched_trials_in_chunks_equal_one_chunk(monkeypatch):
+    """Large models evaluate the rows in chunks (bounded memory): the result does not change."""
+    import leakgym.defenses.censor as censor_module
+
+    clients = []
+    for i in range(2):
+        model, x, y = _setup(seed=i)
+        clients.append((model, x, y, compute_update(model, x, y).tensors,
+                        {"trials": 4, "step": 0.1, "fallback": "zeros", "subspace": "layer"}))
+
+    def run():
+        return censor_module.censor_gradients(*(list(t) for t in zip(*clients)),
+                                              [torch.Generator().manual_seed(i) for i in range(2)])
+
+    whole = run()
+    monkeypatch.setattr(censor_module, "ROW_ENTRIES", 1)  # one image row per call
+    chunked = run()
+    for (u1, i1), (u2, i2) in zip(whole, chunked):
+        assert i1["trial_losses"] == pytest.approx(i2["trial_losses"], rel=1e-6)
+        assert i1["chosen_trial"] == i2["chosen_trial"]

@@ -300,6 +300,11 @@ def _choose(grad: Update, candidates: list[Update], initial: float, losses: list
     return best, details
 
 
+#: Largest number of parameter entries :func:`censor_gradients` copies into the rows of one vmapped call
+#: (2^25 float32: 128 MiB); more rows are evaluated in chunks.
+ROW_ENTRIES = 2**25
+
+
 def batchable(model: nn.Module, subspace: str) -> bool:
     """Whether :func:`censor_gradients` takes ``model``: Algorithm 1's layer subspace, and a forward pass
     that draws nothing from torch's global RNG and does not couple the examples of a batch
@@ -358,9 +363,15 @@ def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequ
         logits = functional_call(base, {**buffers, **p}, (x.unsqueeze(0),))
         return F.cross_entropy(logits, y.unsqueeze(0))  # one image: hard or soft label
 
+    evaluate = torch.func.vmap(loss, randomness="error")
     with torch.no_grad():
-        rows = {n: torch.stack(v).index_select(0, set_of_client) for n, v in sets.items()}
-        per_image = torch.func.vmap(loss, randomness="error")(rows, images, labels)
+        stacked = {n: torch.stack(v) for n, v in sets.items()}
+        # image rows in chunks: each row holds a copy of its parameter set (bounded memory for large models)
+        chunk = max(1, ROW_ENTRIES // sum(t[0].numel() for t in stacked.values()))
+        per_image = torch.cat([
+            evaluate({n: t.index_select(0, set_of_client[i:i + chunk]) for n, t in stacked.items()},
+                     images[i:i + chunk], labels[i:i + chunk])
+            for i in range(0, images.shape[0], chunk)])
         losses = torch.zeros(sum(counts), dtype=per_image.dtype, device=device).index_add(
             0, set_of_client, per_image * weight).tolist()
     out, first = [], 0
