@@ -70,3 +70,15 @@ def test_a_short_training_run_on_cuda(tmp_path, cheap_overrides):
     model.learn(total_timesteps=32)
     assert all(torch.isfinite(p).all() for p in model.policy.parameters())
     model.save(tmp_path / "policy.zip")
+
+
+def test_leakgym_train_on_the_batched_vector_env_on_cuda(tmp_path):
+    """`leakgym train --n-envs 4 --device cuda --batch-clients`: the batched games (defenses included: the
+    random defender plays DCS² and CENSOR) and the policy on the GPU."""
+    from leakgym.cli import main
+
+    rc = main(["train", "--env", "LeakGym-Digits-v0", "--n-envs", "4", "--timesteps", "16", "--opponent", "random",
+               "--device", "cuda", "--batch-clients", "--out", str(tmp_path / "run"), "--no-progress",
+               "--checkpoint-freq", "0", "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]",
+               "restarts=[1]"])
+    assert rc == 0 and (tmp_path / "run" / "policy.zip").is_file()

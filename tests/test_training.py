@@ -274,3 +274,27 @@ def test_train_on_the_batched_vector_env(tmp_path):
                "--out", str(tmp_path / "run"), "--no-progress", "--checkpoint-freq", "0",
                "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]", "restarts=[1]"])
     assert rc == 0 and (tmp_path / "run" / "policy.zip").is_file()
+
+
+def test_train_on_the_batched_vector_env_with_batch_clients(tmp_path, capsys):
+    """--batch-clients (with --n-envs N > 1) trains on a vector env whose victims' updates and defenses are
+    batched over the games (a random defender plays DCS² and CENSOR); with one env it is refused up front."""
+    import json
+
+    from leakgym.agents.training import make_training_env
+    from leakgym.cli import main
+
+    kwargs = {"role": "attacker", "opponent": "random", "rounds": 2, "num_clients": 1, "eval_size": 16,
+              "iterations": [2], "defense_defaults": {"dcs2_steps": 2}}
+    env = make_training_env("LeakGym-Digits-v0", kwargs, 2, seed=0, batch_clients=True)
+    assert env.venv.venv.batch_clients is True
+    env.close()
+    args = ["train", "--env", "LeakGym-Digits-v0", "--timesteps", "8", "--opponent", "random", "--no-progress",
+            "--checkpoint-freq", "0", "--batch-clients", "--overrides", "rounds=2", "num_clients=1", "eval_size=16",
+            "iterations=[2]", "restarts=[1]"]
+    assert main([*args, "--n-envs", "2", "--out", str(tmp_path / "run")]) == 0
+    meta = json.loads((tmp_path / "run" / "policy.json").read_text())
+    assert meta["batch_clients"] is True and meta["hyperparams"]["n_envs"] == 2
+    assert main([*args, "--n-envs", "1", "--out", str(tmp_path / "one")]) != 0
+    assert "batch_clients=True needs n_envs > 1 (got n_envs=1)" in capsys.readouterr().err
+    assert not (tmp_path / "one").exists()  # refused before anything was written
