@@ -207,7 +207,8 @@ class GlobalRngStream:
             # (lazy) CUDA re-seed with a formatted stack trace, which costs more than a LeNet forward pass.
             torch.default_generator.manual_seed(self.seed)
             if self._cuda:
-                torch.cuda.manual_seed(self.seed)  # this device's generator (the one restored after)
+                with torch.cuda.device(self.device):  # this device's generator (the one restored after)
+                    torch.cuda.manual_seed(self.seed)
         else:
             self._set(self._state)
 
