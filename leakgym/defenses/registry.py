@@ -176,9 +176,9 @@ class GlobalRngStream:
 
     The first ``with stream:`` block starts from ``torch.manual_seed(seed)`` (as :func:`seeded_global_rng`);
     every later block continues where the previous one stopped; the caller's RNG state is restored after
-    each block. A block inside a block of the same stream just continues it. One client's computations interleaved with other clients' (lock-step training,
-    :func:`leakgym.fl.client.compute_updates`) thus draw exactly what they would draw in one
-    ``seeded_global_rng(seed)`` block of their own.
+    each block. A block inside a block of the same stream just continues it. One client's computations
+    interleaved with other clients' (lock-step training, :func:`leakgym.fl.client.compute_updates`) thus
+    draw exactly what they would draw in one ``seeded_global_rng(seed)`` block of their own.
     """
 
     def __init__(self, seed: int, device: torch.device) -> None:
