@@ -69,31 +69,21 @@ def test_a_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
         check_defense(name)
 
 
-@pytest.mark.parametrize("name", [n for n, d in DEFENSES.items()
-                                  if d.stage == "update" and type(d).apply_many is not UpdateDefense.apply_many])
-def test_a_batched_update_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
-    """Prune and clip have their own apply_many (the pipeline's path): its identity fails the check too."""
-    monkeypatch.setattr(type(DEFENSES[name]), "apply_many", lambda self, ctxs, updates, xs, ys:
-                        [(dict(u), {}) for u in updates])
-    with pytest.raises(AssertionError, match="does not change the shared update"):
-        check_defense(name)
+#: An identity apply_many per stage: what each stage's batched form returns when it changes nothing.
+IDENTITY_APPLY_MANY = {
+    "input": lambda self, ctxs, xs, ys: [(x, y, {}) for x, y in zip(xs, ys)],
+    "step": lambda self, ctxs, models, xs, ys, grads, *, step: [(dict(g), {}) for g in grads],
+    "update": lambda self, ctxs, updates, xs, ys: [(dict(u), {}) for u in updates],
+}
 
 
 @pytest.mark.parametrize("name", [n for n, d in DEFENSES.items()
-                                  if d.stage == "step" and type(d).apply_many is not StepDefense.apply_many])
-def test_a_batched_step_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
-    """DCS² has its own apply_many (the pipeline's path, all games at once): its identity fails the check too."""
-    monkeypatch.setattr(type(DEFENSES[name]), "apply_many", lambda self, ctxs, models, xs, ys, grads, *, step:
-                        [(dict(g), {}) for g in grads])
-    with pytest.raises(AssertionError, match="does not change the shared update"):
-        check_defense(name)
-
-
-@pytest.mark.parametrize("name", [n for n, d in DEFENSES.items()
-                                  if d.stage == "input" and type(d).apply_many is not InputDefense.apply_many])
-def test_a_batched_input_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
-    """LODA has its own apply_many (all games' images in one run): its identity fails the check too."""
-    monkeypatch.setattr(type(DEFENSES[name]), "apply_many", lambda self, ctxs, xs, ys: [(x, y, {}) for x, y in zip(xs, ys)])
+                                  if type(d).apply_many is not STAGE_CLASSES[d.stage].apply_many])
+def test_a_batched_defense_replaced_by_the_identity_fails_its_check(name, monkeypatch):
+    """The defenses with their own apply_many (the pipeline's path over all games: LODA, DCS², CENSOR,
+    prune, clip): that batched form replaced by the identity fails the check too."""
+    defense = DEFENSES[name]
+    monkeypatch.setattr(type(defense), "apply_many", IDENTITY_APPLY_MANY[defense.stage])
     with pytest.raises(AssertionError, match="does not change the shared update"):
         check_defense(name)
 

@@ -70,7 +70,6 @@ vectorised per-example Jacobian takes about the FLOPs of one batch gradient).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -78,9 +77,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev
 
-from leakgym.defenses.registry import DefenseContext, StepDefense, choice_field, int_field, real_field
-from leakgym.fl.batched import signature, supports
-from leakgym.models import has_batchnorm, task_loss
+from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
+from leakgym.fl.batched import independent_rows, signature
+from leakgym.models import task_loss
 
 Update = dict[str, Tensor]
 #: What the client sends when no trial lowers the loss (see the module docstring).
@@ -308,8 +307,8 @@ ROW_ENTRIES = 2**25
 def batchable(model: nn.Module, subspace: str) -> bool:
     """Whether :func:`censor_gradients` takes ``model``: Algorithm 1's layer subspace, and a forward pass
     that draws nothing from torch's global RNG and does not couple the examples of a batch
-    (:func:`leakgym.fl.batched.supports` without BatchNorm)."""
-    return subspace == "layer" and supports(model) and not has_batchnorm(model)
+    (:func:`leakgym.fl.batched.independent_rows`)."""
+    return subspace == "layer" and independent_rows(model)
 
 
 def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequence[Tensor], grads: Sequence[Update],
@@ -382,10 +381,11 @@ def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequ
     return out
 
 
-class Censor(StepDefense):
+class Censor(GroupedStepDefense):
     """CENSOR on every local step's gradient; ``fallback="skip"`` withholds the round's update."""
 
     name = "censor"
+    min_group = 2  # a client alone keeps the reference computation (bit-identical to before batching)
     fields = (
         int_field("censor_trials", 0, "CENSOR number of trials T of Algorithm 1; 0 off (paper: 20)."),
         real_field("censor_step", 0.1, "CENSOR trial step size eta of Algorithm 1 line 15 (paper's FL learning "
@@ -410,31 +410,19 @@ class Censor(StepDefense):
             ctx.skip_round()
         return out, info
 
-    def apply_many(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
-                   ys: Sequence[Tensor], grads: Sequence[Update], *, step: int) -> list[tuple[Update, dict]]:
+    def group_key(self, ctx: DefenseContext, model: nn.Module, x: Tensor) -> tuple | None:
         """Clients whose models :func:`batchable` takes, grouped by architecture and image shape, evaluate
-        their trials together (:func:`censor_gradients`); the others, and a group of one, run :meth:`apply`
-        (the reference computation) one by one, inside their training RNG stream (PRECODE's evaluations
-        re-seed the global RNG)."""
-        out: list = [None] * len(ctxs)
-        groups: dict[tuple, list[int]] = {}
-        for i, (ctx, model, x) in enumerate(zip(ctxs, models, xs)):
-            key = (signature(model), tuple(x.shape[1:]), x.dtype) if batchable(model, ctx.config.censor_subspace) else i
-            groups.setdefault(key, []).append(i)
-        for members in groups.values():
-            if len(members) == 1:
-                i = members[0]
-                with ctxs[i].training_rng or contextlib.nullcontext():
-                    out[i] = self.apply(ctxs[i], models[i], xs[i], ys[i], grads[i], step=step)
-                continue
-            results = censor_gradients([models[i] for i in members], [xs[i] for i in members], [ys[i] for i in members],
-                                       [grads[i] for i in members], [self.settings(ctxs[i]) for i in members],
-                                       [ctxs[i].generator for i in members])
-            for i, (update, info) in zip(members, results):
-                out[i] = (update, info)
-                if info["sent"] == "skip":
-                    ctxs[i].skip_round()
-        return out
+        their trials together (:func:`censor_gradients`); the others, and a client alone (:attr:`min_group`),
+        run the reference :func:`censor_gradient`."""
+        return (signature(model), tuple(x.shape[1:]), x.dtype) if batchable(model, ctx.config.censor_subspace) else None
+
+    def apply_group(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
+                    ys: Sequence[Tensor], grads: Sequence[Update], *, step: int) -> list[tuple[Update, dict]]:
+        results = censor_gradients(models, xs, ys, grads, [self.settings(c) for c in ctxs], [c.generator for c in ctxs])
+        for ctx, (_, info) in zip(ctxs, results):
+            if info["sent"] == "skip":
+                ctx.skip_round()
+        return results
 
     def cost(self, config) -> float:
         return 0.5 * config.censor_trials + (1.0 if config.censor_subspace == "samples" else 0.0)

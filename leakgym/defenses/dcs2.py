@@ -41,7 +41,7 @@ Implementation notes and deviations (all deliberate):
 * Several clients (the victims of a vector step's games) synthesise together
   (:func:`dcs2_gradients`, one vmapped computation per Adam step over all their concealed samples;
   each client's result equals its own :func:`dcs2_gradient` to float32 rounding).
-  Models with BatchNorm or a PRECODE bottleneck keep the one-client path (:func:`batchable`).
+  Models with BatchNorm, dropout or a PRECODE bottleneck keep the one-client path (:func:`batchable`).
 
 The model is not modified: parameters are used through :func:`torch.func.functional_call`-style
 copies, and any buffers (BatchNorm statistics) are restored after the call.
@@ -63,8 +63,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from leakgym.defenses.registry import DefenseContext, StepDefense, choice_field, int_field, real_field
-from leakgym.fl.batched import signature, supports
+from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
+from leakgym.fl.batched import independent_rows, signature, stack_parameters
 from leakgym.models import has_batchnorm, task_loss
 
 #: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
@@ -372,9 +372,9 @@ def dcs2_gradient(
 def batchable(model: nn.Module) -> bool:
     """Whether :func:`dcs2_gradients` takes ``model``: a :class:`~leakgym.models.LeakGymModel`-style
     model with a ``head``, whose forward pass draws nothing from torch's global RNG and does not couple
-    the examples of a batch (:func:`leakgym.fl.batched.supports` without BatchNorm: no dropout, no PRECODE
+    the examples of a batch (:func:`leakgym.fl.batched.independent_rows`: no BatchNorm, dropout or PRECODE
     bottleneck). The others keep :func:`dcs2_gradient`."""
-    return isinstance(getattr(model, "head", None), nn.Module) and supports(model) and not has_batchnorm(model)
+    return isinstance(getattr(model, "head", None), nn.Module) and independent_rows(model)
 
 
 def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], clean_grads: list[dict[str, Tensor]],
@@ -436,8 +436,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     y_soft = torch.cat([c.y_c_soft for c in cs])
     names = cs[0].names
     base = copy.deepcopy(models[0])
-    leaves = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]).requires_grad_(True)
-              for n in names}
+    leaves = {n: t.requires_grad_(True) for n, t in stack_parameters(models).items()}
     buffers = {n: b.detach() for n, b in base.named_buffers()}  # not BatchNorm (batchable): constants
     seen: list[Tensor] = []
     hook = base.head.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
@@ -487,7 +486,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
             for i, (m, c, s, grad) in enumerate(zip(models, cs, settings, clean_grads))]
 
 
-class DCS2(StepDefense):
+class DCS2(GroupedStepDefense):
     """DCS²: every step's gradient mixed with concealed samples' gradients, then projected (Eq. 9-12)."""
 
     name = "dcs2"
@@ -515,30 +514,20 @@ class DCS2(StepDefense):
 
     def apply(self, ctx: DefenseContext, model: nn.Module, x: Tensor, y: Tensor, grad: dict[str, Tensor], *,
               step: int) -> tuple[dict[str, Tensor], dict]:
-        return self.apply_many([ctx], [model], [x], [y], [grad], step=step)[0]
+        if batchable(model):  # the batched form with one client: what the same client gets in a group
+            return self.apply_group([ctx], [model], [x], [y], [grad], step=step)[0]
+        return dcs2_gradient(model, x, y, grad, **self.settings(ctx), generator=ctx.generator)
 
-    def apply_many(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
-                   ys: Sequence[Tensor], grads: Sequence[dict[str, Tensor]], *,
-                   step: int) -> list[tuple[dict[str, Tensor], dict]]:
-        """Clients whose models :func:`batchable` takes, grouped by architecture, image shape, device
-        and ``steps``, are synthesised together (:func:`dcs2_gradients`); the others one
-        by one (:func:`dcs2_gradient`, inside their training RNG stream: PRECODE samples from it)."""
-        out: list = [None] * len(ctxs)
-        groups: dict[tuple, list[int]] = {}
-        for i, (ctx, model, x) in enumerate(zip(ctxs, models, xs)):
-            if batchable(model):
-                key = (signature(model), tuple(x.shape[1:]), x.dtype, ctx.config.dcs2_steps)
-                groups.setdefault(key, []).append(i)
-            else:
-                with ctx.training_rng or contextlib.nullcontext():
-                    out[i] = dcs2_gradient(models[i], x, ys[i], grads[i], **self.settings(ctx), generator=ctx.generator)
-        for members in groups.values():
-            results = dcs2_gradients([models[i] for i in members], [xs[i] for i in members], [ys[i] for i in members],
-                                     [grads[i] for i in members], [self.settings(ctxs[i]) for i in members],
-                                     [ctxs[i].generator for i in members])
-            for i, result in zip(members, results):
-                out[i] = result
-        return out
+    def group_key(self, ctx: DefenseContext, model: nn.Module, x: Tensor) -> tuple | None:
+        """Clients whose models :func:`batchable` takes, grouped by architecture, image shape and
+        ``steps``, are synthesised together; the others one by one (:func:`dcs2_gradient`)."""
+        return (signature(model), tuple(x.shape[1:]), x.dtype, ctx.config.dcs2_steps) if batchable(model) else None
+
+    def apply_group(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
+                    ys: Sequence[Tensor], grads: Sequence[dict[str, Tensor]], *,
+                    step: int) -> list[tuple[dict[str, Tensor], dict]]:
+        return dcs2_gradients(list(models), list(xs), list(ys), list(grads), [self.settings(c) for c in ctxs],
+                              [c.generator for c in ctxs])
 
     def cost(self, config) -> float:
         return float(config.dcs2_num_concealed * config.dcs2_steps + 1)

@@ -342,6 +342,53 @@ class StepDefense(Defense):
         return out
 
 
+class GroupedStepDefense(StepDefense):
+    """A step defense with a batched computation for groups of clients (DCS², CENSOR).
+
+    :meth:`apply_many` groups the clients by :meth:`group_key` and runs every group of at least
+    :attr:`min_group` clients through :meth:`apply_group`; a client whose key is ``None`` (a model the
+    batched form does not take) and a smaller group run :meth:`apply` one by one, inside the client's
+    training RNG stream (PRECODE models draw from it).
+    """
+
+    #: Smaller groups run :meth:`apply` (e.g. to keep a lone client's reference computation exact).
+    min_group: ClassVar[int] = 1
+
+    @abstractmethod
+    def group_key(self, ctx: DefenseContext, model: nn.Module, x: Tensor) -> Any:
+        """A hashable key: clients with equal keys may share one :meth:`apply_group` call; ``None``: alone."""
+
+    @abstractmethod
+    def apply_group(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
+                    ys: Sequence[Tensor], grads: Sequence[Update], *, step: int) -> list[tuple[Update, dict]]:
+        """:meth:`apply` of every client of one group, as one batched computation."""
+
+    def apply_many(self, ctxs: Sequence[DefenseContext], models: Sequence[nn.Module], xs: Sequence[Tensor],
+                   ys: Sequence[Tensor], grads: Sequence[Update], *, step: int) -> list[tuple[Update, dict]]:
+        groups: dict[Any, list[int]] = {}
+        alone: list[int] = []
+        for i, (ctx, model, x) in enumerate(zip(ctxs, models, xs)):
+            key = self.group_key(ctx, model, x)
+            if key is None:
+                alone.append(i)
+            else:
+                groups.setdefault(key, []).append(i)
+        out: list = [None] * len(ctxs)
+        for members in groups.values():
+            if len(members) < self.min_group:
+                alone += members
+                continue
+            results = self.apply_group([ctxs[i] for i in members], [models[i] for i in members],
+                                       [xs[i] for i in members], [ys[i] for i in members], [grads[i] for i in members],
+                                       step=step)
+            for i, result in zip(members, results):
+                out[i] = result
+        for i in alone:
+            with ctxs[i].training_rng or contextlib.nullcontext():
+                out[i] = self.apply(ctxs[i], models[i], xs[i], ys[i], grads[i], step=step)
+        return out
+
+
 class UpdateDefense(Defense):
     """Stage ``"update"``: transforms the final shared update."""
 

@@ -70,6 +70,13 @@ def supports(model: nn.Module) -> bool:
     return all(name in allowed for name, _ in model.named_buffers())
 
 
+def independent_rows(model: nn.Module) -> bool:
+    """True when every example's forward pass through ``model`` stands alone: :func:`supports` and no
+    BatchNorm (whose train-mode statistics couple a batch), so per-example or per-client rows of any
+    grouping may be vmapped (the batched DCS² and CENSOR computations)."""
+    return supports(model) and not _bn_layers(model)
+
+
 def signature(model: nn.Module) -> tuple:
     """Models with equal signatures share an architecture and can be stacked."""
     return (type(model), tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in model.named_parameters()))
