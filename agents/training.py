@@ -17,7 +17,8 @@ reads another file; ``--hyperparams KEY=VALUE`` overrides single values; ``--rol
 
 **Steps.** On-policy algorithms (PPO, A2C) collect whole rollouts of ``n_steps x n_envs`` steps. A
 budget smaller than one rollout shrinks ``n_steps`` (and PPO's ``batch_size``) to fit; a budget that
-is not a whole number of rollouts is rounded up, with a warning naming both numbers. The progress
+is not a whole number of rollouts is rounded up, with a warning naming both numbers. DQN collects
+``train_freq x n_envs`` steps between updates and is rounded up the same way. The progress
 bar, the checkpoints and ``policy.json`` count the steps really played.
 
 A run writes, under ``OUT``::
@@ -190,20 +191,32 @@ class StepPlan:
     requested: int
     actual: int
     rollout: int
-    """Steps per rollout (on-policy: n_steps x n_envs; off-policy: 1, every step counts)."""
+    """Steps per rollout (on-policy: n_steps x n_envs; off-policy: train_freq x n_envs when train_freq
+    counts steps, else 1)."""
     kwargs: dict[str, Any]
     """The constructor arguments, with ``n_steps`` / ``batch_size`` shrunk where needed."""
     notes: list[str]
 
 
 def plan_steps(algo: str, requested: int, n_envs: int, kwargs: dict[str, Any]) -> StepPlan:
-    """Fit an on-policy rollout to ``requested`` steps; off-policy algorithms play exactly ``requested``."""
+    """Fit an on-policy rollout to ``requested`` steps; say how many steps an off-policy algorithm plays
+    (it collects ``train_freq`` vector steps of ``n_envs`` games between updates, and SB3 checks the
+    budget only between collections; a ``train_freq`` counted in episodes plays whole episodes)."""
     if requested < 1:
         raise ValueError(f"timesteps={requested}; must be >= 1")
-    if algo not in ON_POLICY:
-        return StepPlan(requested, requested, 1, dict(kwargs), [])
     kwargs = dict(kwargs)
     defaults = inspect.signature(algorithm_class(algo).__init__).parameters
+    if algo not in ON_POLICY:
+        freq = kwargs.get("train_freq", defaults["train_freq"].default)
+        every, unit = (freq if isinstance(freq, (list, tuple)) else (freq, "step"))
+        if unit != "step":
+            return StepPlan(requested, requested, 1, kwargs, [])
+        rollout = int(every) * n_envs
+        actual = math.ceil(requested / rollout) * rollout
+        note = (f"{algo.upper()} collects train_freq x n_envs = {int(every)} x {n_envs} steps between updates: "
+                f"training for {actual} steps, not the {requested} requested")
+        notes = [] if actual == requested else [note]
+        return StepPlan(requested, actual, rollout, kwargs, notes)
     n_steps = int(kwargs.get("n_steps", defaults["n_steps"].default))
     notes = []
     if requested < n_steps * n_envs:
@@ -259,10 +272,10 @@ class TrainConfig:
     """Show a tqdm progress bar."""
     device: str = "cpu"
     """Torch device of the policy network and of the games it plays."""
-    batch_clients: bool = False
+    batch_clients: bool | None = None
     """With ``n_envs > 1``: the vector env's ``batch_clients`` (the victims' clean updates and defenses,
     benign clients, aggregation and evaluation batched over the games; equal to the game-by-game
-    rounds to float32 rounding)."""
+    rounds to float32 rounding). None: on whenever ``n_envs > 1``; True with one env is refused."""
     callback: Any = None
     """Extra Stable-Baselines3 callback (or list of callbacks) run during learning."""
 
@@ -529,6 +542,7 @@ def train(config: TrainConfig) -> TrainResult:
     if config.batch_clients and n_envs < 2:
         raise ValueError(f"batch_clients=True needs n_envs > 1 (got n_envs={n_envs}): it batches the games of a "
                          "vector env; pass --n-envs N")
+    batch_clients = n_envs > 1 if config.batch_clients is None else config.batch_clients
     policy = params.get("policy", "MlpPolicy")
     requested = int(config.timesteps if config.timesteps is not None else params.get("n_timesteps", 10_000))
     plan = plan_steps(config.algo, requested, n_envs, constructor_kwargs(params))
@@ -538,7 +552,7 @@ def train(config: TrainConfig) -> TrainResult:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    env = make_training_env(gym_id, env_kwargs, n_envs, config.seed, config.batch_clients)
+    env = make_training_env(gym_id, env_kwargs, n_envs, config.seed, batch_clients)
     try:
         scenario = env.get_attr("scenario")[0]
         flat_nvec = np.asarray(scenario.menu(role).nvec).tolist() if env_kwargs.get("flat_actions") else None
@@ -560,7 +574,7 @@ def train(config: TrainConfig) -> TrainResult:
         "seed": config.seed,
         "overrides": overrides,
         "flat_actions": bool(env_kwargs.get("flat_actions", False)),
-        "batch_clients": config.batch_clients,
+        "batch_clients": batch_clients,
         "hyperparams": {**file_values, "policy": policy, "n_envs": n_envs,
                         **{k: v for k, v in plan.kwargs.items() if k in ("n_steps", "batch_size")}},
         "hyperparams_file": str(config.hyperparams_file or hyperparams_file(config.algo)),
@@ -633,10 +647,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-envs", type=int, default=None,
                         help="games per step (default: the file's n_envs); N > 1 trains on the batched vector env "
                         "(one Round per step for all N games)")
-    parser.add_argument("--batch-clients", action="store_true",
-                        help="with --n-envs N > 1: batch the victims' clean updates and defenses, benign clients, "
-                        "aggregation and evaluation over the games (equal to rounding; pays off on GPUs and, on "
-                        "a CPU, for the digits LeNet)")
+    parser.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
+                        help="with N > 1 games: batch the victims' clean updates and defenses, benign clients, "
+                        "aggregation and evaluation over the games (equal to rounding; default: on whenever "
+                        "N > 1; pays off on GPUs and, on a CPU, for the digits LeNet: pass --no-batch-clients "
+                        "for the CIFAR ConvNet on a CPU)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 

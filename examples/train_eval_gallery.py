@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
     game, timesteps, episodes = (TINY_GAME, 16, 1) if args.tiny else (GAME, 256, 5)
-    hyperparams = ["n_steps=8", "batch_size=8", "n_epochs=2"] if args.tiny else [
-        "n_steps=64", "batch_size=32", "learning_rate=0.003", "ent_coef=0.0"]
+    # ppo.yml plays 8 games per step (the batched vector env): rollouts of n_steps x 8 games.
+    hyperparams = ["n_steps=2", "batch_size=8", "n_epochs=2"] if args.tiny else [
+        "n_steps=8", "batch_size=32", "learning_rate=0.003", "ent_coef=0.0"]
     quiet = ["--no-progress"] if args.no_progress else []
     policy = args.out / "attacker" / "policy.zip"
     run(["train", "--env", "LeakGym-Digits-v0", "--role", "attacker", "--algo", "ppo", "--opponent", "noise-0.1",

@@ -35,7 +35,7 @@ class InterruptAfter(BaseCallback):
 def test_interrupted_training_saves_the_current_policy(tmp_path):
     stop = InterruptAfter(5)
     config = tr.TrainConfig(role="attacker", algo="a2c", timesteps=64, opponent="none", out=tmp_path,
-                            overrides=TINY, hyperparams={"n_steps": 2}, progress=False, callback=stop)
+                            overrides=TINY, hyperparams={"n_steps": 2, "n_envs": 1}, progress=False, callback=stop)
     with pytest.raises(tr.TrainingInterrupted) as info:
         tr.train(config)
     assert isinstance(info.value, KeyboardInterrupt)
@@ -52,12 +52,26 @@ def test_interrupted_training_saves_the_current_policy(tmp_path):
     assert agent.policy.action_space.contains(action)
 
 
+def test_interrupted_training_on_the_batched_vector_env_saves_the_policy(tmp_path):
+    """The hyperparameter files' default: several games per step on the batched vector env (batch_clients on)."""
+    stop = InterruptAfter(6)
+    config = tr.TrainConfig(role="attacker", timesteps=64, opponent="random", out=tmp_path, overrides=TINY,
+                            hyperparams={"n_steps": 2, "n_envs": 2, "batch_size": 4}, progress=False, callback=stop)
+    with pytest.raises(tr.TrainingInterrupted) as info:
+        tr.train(config)
+    meta = json.loads((tmp_path / "policy.json").read_text())
+    assert meta["interrupted"] is True and meta["timesteps"] == 6  # two games per step: 3 vector steps
+    assert meta["batch_clients"] is True and meta["hyperparams"]["n_envs"] == 2
+    saved = LearnedAgent(info.value.result.policy_path, role="attacker").policy.state_dict()
+    assert all(np.array_equal(saved[k].numpy(), v.numpy()) for k, v in stop.weights.items())
+
+
 def test_train_cli_exits_130_with_a_message(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tr, "_progress_callback", lambda total: InterruptAfter(3))
     parser = argparse.ArgumentParser()
     tr.add_arguments(parser)
     args = parser.parse_args(["--role", "defender", "--algo", "a2c", "--timesteps", "32", "--opponent", "dlg-paper",
-                              "--out", str(tmp_path), "--checkpoint-freq", "2", "--hyperparams", "n_steps=2",
+                              "--out", str(tmp_path), "--checkpoint-freq", "2", "--hyperparams", "n_steps=2", "n_envs=1",
                               "--overrides", *(f"{k}={v}" for k, v in TINY.items())])
     assert tr.main(args) == INTERRUPTED
     assert "interrupted after 3 steps" in capsys.readouterr().err
@@ -79,7 +93,7 @@ def test_interrupted_selfplay_saves_summary_and_policies(tmp_path, monkeypatch, 
     parser = argparse.ArgumentParser()
     sp.add_arguments(parser)
     args = parser.parse_args(["--iterations", "2", "--timesteps", "4", "--algo", "a2c", "--out", str(tmp_path),
-                              "--no-progress", "--hyperparams", "n_steps=2",
+                              "--no-progress", "--hyperparams", "n_steps=2", "n_envs=1",
                               "--overrides", *(f"{k}={v}" for k, v in TINY.items())])
     assert sp.main(args) == INTERRUPTED
     assert "interrupted in iteration 1 (defender training)" in capsys.readouterr().err
