@@ -135,6 +135,8 @@ class RoundRecord:
     strategy: str
     applied: tuple[str, ...]
     update: SharedUpdate
+    #: the attacker's summary of ``update`` (:func:`~leakgym.envs.observations.update_summaries`)
+    update_summary: np.ndarray
     #: the attack's final gradient-matching loss; None for attacks without one (analytic, imprint)
     matching_loss: float | None
     audit_leakage: float
@@ -256,7 +258,7 @@ class LeakGame:
         return {
             "attacker": attacker_observation(
                 round_fraction=frac,
-                update=None if last is None else last.update,
+                summary=None if last is None else last.update_summary,
                 matching_loss=None if last is None else last.matching_loss,
                 last_action=np.zeros(len(self.menus["attacker"].dims), np.int64) if last is None
                 else last.attacker_action,
@@ -546,8 +548,10 @@ class LeakGame:
             g.advance_round((lambda r=results[i]: r) if i in results else None)
 
     # ------------------------------------------------------------------ phase 6: reward
-    def conclude(self, plan: RoundPlan, defended: Defended, result: AttackResult, scored: Scored) -> RoundOutcome:
-        """Rewards, infos, the round's record and the next observations."""
+    def conclude(self, plan: RoundPlan, defended: Defended, result: AttackResult, scored: Scored,
+                 update_summary: np.ndarray) -> RoundOutcome:
+        """Rewards, infos, the round's record and the next observations (``update_summary``: the
+        attacker's summary of the shared update, computed for all games of the round at once)."""
         sc = self.scenario
         units = result.cost.units
         defense_units = defense_compute_units(plan.defense)
@@ -572,6 +576,7 @@ class LeakGame:
             strategy=plan.attack_settings["strategy"],
             applied=tuple(defended.report.applied),
             update=defended.update,
+            update_summary=update_summary,
             matching_loss=matching_loss,
             audit_leakage=scored.audit_leakage,
             fidelity=fidelity,

@@ -22,9 +22,11 @@ or ground-truth reconstruction metrics.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from leakgym.fl.update import SharedUpdate
 
@@ -78,36 +80,76 @@ def attacker_obs_size(nvec: np.ndarray) -> int:
     return 1 + 2 * LAYER_GROUPS + 2 + 1 + len(nvec)
 
 
-def update_summary(update: SharedUpdate | None) -> np.ndarray:
-    """Fixed-size summary of a shared update: group log-norms, zero fractions, noise statistics."""
-    if update is None:
-        return np.zeros(2 * LAYER_GROUPS + 2, np.float32)
-    tensors = [torch.nan_to_num(t.detach().reshape(-1).double().cpu()) for t in update.tensors.values()]
-    groups = np.array_split(np.arange(len(tensors)), LAYER_GROUPS)
+#: entries of :func:`update_summary`: per layer group a log-norm and a zero fraction, then two noise statistics
+SUMMARY_SIZE = 2 * LAYER_GROUPS + 2
+#: at most this many update entries per batched summary computation (memory; games are chunked)
+SUMMARY_ENTRIES = 1 << 24
+
+
+def update_summaries(updates: Sequence[SharedUpdate | None]) -> np.ndarray:
+    """``(N, SUMMARY_SIZE)``: the fixed-size summary of each shared update (group log-norms, zero
+    fractions, noise statistics; zeros for None), in float64 on the updates' device.
+
+    Updates with the same tensors (names and sizes: the games of a vector env) are summarised together,
+    one row per update, and only the ``(N, SUMMARY_SIZE)`` result comes to the host: one transfer per
+    round instead of one per tensor and game. One game is the ``N = 1`` case of the same code, so a game
+    of a vector env sees what it sees alone."""
+    out = np.zeros((len(updates), SUMMARY_SIZE), np.float32)
+    groups: dict[tuple, list[int]] = {}
+    for i, update in enumerate(updates):
+        if update is not None:
+            key = tuple((name, t.numel(), t.device) for name, t in update.tensors.items())
+            groups.setdefault(key, []).append(i)
+    for key, members in groups.items():
+        names, sizes = [k[0] for k in key], [k[1] for k in key]
+        chunk = max(1, SUMMARY_ENTRIES // max(sum(sizes), 1))
+        for lo in range(0, len(members), chunk):
+            idx = members[lo:lo + chunk]
+            rows = torch.cat([torch.stack([updates[i].tensors[n].detach().reshape(-1) for i in idx])
+                              for n in names], dim=1) if names else torch.zeros(len(idx), 0)
+            out[idx] = _summary_rows(rows, sizes)
+    return out
+
+
+def _summary_rows(rows: Tensor, sizes: list[int]) -> np.ndarray:
+    """:func:`update_summaries` of ``rows`` (``(G, D)``: each update's tensors flattened and
+    concatenated; ``sizes``: the tensors' numels)."""
+    if rows.device.type == "mps":  # no float64 there
+        rows = rows.cpu()
+    rows = torch.nan_to_num(rows.to(torch.float64))
+    zero = rows.new_zeros(rows.shape[0])
+    bounds = np.cumsum([0, *sizes])
     norms, zeros = [], []
-    for g in groups:
-        if len(g) == 0:
-            norms.append(0.0)
-            zeros.append(0.0)
+    for g in np.array_split(np.arange(len(sizes)), LAYER_GROUPS):
+        seg = rows[:, bounds[g[0]]:bounds[g[-1] + 1]] if len(g) else rows[:, :0]
+        if seg.shape[1] == 0:
+            norms.append(zero)
+            zeros.append(zero)
             continue
-        flat = torch.cat([tensors[i] for i in g])
-        norm = float(flat.norm())
-        norms.append(min(max((math.log10(norm + 1e-12) + 8) / 10, 0.0), 1.0))
-        zeros.append(float((flat == 0).double().mean()))
-    allv = torch.cat(tensors)
-    centred = allv - allv.mean()
-    var = float((centred**2).mean())
-    kurt = float((centred**4).mean()) / (var**2) - 3 if var > 0 else 0.0
-    rms = math.sqrt(float((allv**2).mean()))
-    mean_abs_ratio = float(allv.abs().mean()) / rms if rms > 0 else 0.0
-    stats = [(math.tanh(kurt / 10) + 1) / 2, mean_abs_ratio]
-    return np.array(norms + zeros + stats, np.float32)
+        norms.append(((torch.log10(seg.norm(dim=1) + 1e-12) + 8) / 10).clamp(0.0, 1.0))
+        zeros.append((seg == 0).to(rows.dtype).mean(dim=1))
+    if rows.shape[1] == 0:
+        stats = [zero, zero]
+    else:
+        centred = rows - rows.mean(dim=1, keepdim=True)
+        var = (centred**2).mean(dim=1)
+        kurt = torch.where(var > 0, (centred**4).mean(dim=1) / var**2 - 3, zero)
+        rms = (rows**2).mean(dim=1).sqrt()
+        mean_abs_ratio = torch.where(rms > 0, rows.abs().mean(dim=1) / rms, zero)
+        stats = [(torch.tanh(kurt / 10) + 1) / 2, mean_abs_ratio]
+    return torch.stack(norms + zeros + stats, dim=1).cpu().numpy().astype(np.float32)
+
+
+def update_summary(update: SharedUpdate | None) -> np.ndarray:
+    """Fixed-size summary of one shared update: group log-norms, zero fractions, noise statistics
+    (:func:`update_summaries` of one update)."""
+    return update_summaries([update])[0]
 
 
 def attacker_observation(
     *,
     round_fraction: float,
-    update: SharedUpdate | None,
+    summary: np.ndarray | None,
     matching_loss: float | None,
     last_action: np.ndarray,
     menu: Menu,
@@ -119,7 +161,7 @@ def attacker_observation(
     obs = np.concatenate(
         [
             np.array([round_fraction], np.float32),
-            update_summary(update),
+            np.zeros(SUMMARY_SIZE, np.float32) if summary is None else summary,
             np.array([loss_feature], np.float32),
             menu.features(last_action),
         ]

@@ -24,7 +24,8 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
 5. **aggregate** — benign clients' updates, server aggregation and evaluation
    (:meth:`LeakGame.federated_step`, or for all games at once with ``batch_clients=True``:
    :meth:`LeakGame.federated_steps`, :mod:`leakgym.fl.batched`).
-6. **reward** — rewards, infos and observations (:meth:`LeakGame.conclude`).
+6. **reward** — rewards, infos and observations (:meth:`LeakGame.conclude`; the attacker's summaries of
+   the shared updates for all games at once, :func:`~leakgym.envs.observations.update_summaries`).
 
 Atomicity: every game is snapshotted before phase 2; if anything fails, every game of the round is
 restored to exactly its state before the round (model, generator, round counter, last record) and
@@ -47,6 +48,8 @@ from leakgym.attacks.engine.optimization import OptimizationAttack, reconstruct_
 from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense, apply_defense_many
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstructions
+
+from .observations import update_summaries
 
 if TYPE_CHECKING:
     from .game import LeakGame, RoundOutcome, RoundPlan
@@ -219,7 +222,9 @@ class Round:
                 d.timings["attack_s"] = a_s if len(self.games) > 1 else t_attack
             scored = self._score(defended, results, audits)
             self._federated_steps(defended)
-            outcomes = [g.conclude(p, d, r, s) for g, p, d, r, s in zip(self.games, plans, defended, results, scored)]
+            summaries = update_summaries([d.update for d in defended])
+            outcomes = [g.conclude(p, d, r, s, f)
+                        for g, p, d, r, s, f in zip(self.games, plans, defended, results, scored, summaries)]
         except Exception as exc:
             for g, snap in zip(self.games, snapshots):
                 g.restore(snap)

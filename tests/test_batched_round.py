@@ -155,3 +155,75 @@ def test_dcs2_synthesises_every_game_at_once_only_with_batch_clients(cheap_overr
     vec.close()
     assert calls == ([5] if batch_clients else [1] * 5)
     assert np.isfinite(rewards).all()
+
+
+# ------------------------------------------------------------------------- the attacker's summaries
+def _summary_reference(update):
+    """The attacker's update summary written out for one update (envs/observations.py module docstring)."""
+    import math
+
+    from leakgym.envs.observations import LAYER_GROUPS
+
+    tensors = [torch.nan_to_num(t.detach().reshape(-1).double().cpu()) for t in update.tensors.values()]
+    norms, zeros = [], []
+    for g in np.array_split(np.arange(len(tensors)), LAYER_GROUPS):
+        if len(g) == 0:  # fewer tensors than groups
+            norms.append(0.0)
+            zeros.append(0.0)
+            continue
+        flat = torch.cat([tensors[i] for i in g])
+        norms.append(min(max((math.log10(float(flat.norm()) + 1e-12) + 8) / 10, 0.0), 1.0))
+        zeros.append(float((flat == 0).double().mean()))
+    allv = torch.cat(tensors)
+    centred = allv - allv.mean()
+    var = float((centred**2).mean())
+    kurt = float((centred**4).mean()) / var**2 - 3 if var > 0 else 0.0
+    rms = math.sqrt(float((allv**2).mean()))
+    return np.array(norms + zeros + [(math.tanh(kurt / 10) + 1) / 2, float(allv.abs().mean()) / rms if rms else 0.0],
+                    np.float32)
+
+
+def _updates(device="cpu"):
+    from leakgym.fl.update import SharedUpdate
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"c1.w": (12, 1, 5, 5), "c1.b": (12,), "c2.w": (12, 12, 5, 5), "c2.b": (12,), "fc.w": (10, 48), "fc.b": (10,)}
+    ups = []
+    for k in range(9):
+        t = {n: torch.randn(s, generator=gen) * 10.0 ** (k - 5) for n, s in shapes.items()}
+        if k % 3 == 0:
+            t["c1.w"][t["c1.w"].abs() < 10.0 ** (k - 5)] = 0  # pruned
+        if k == 4:
+            t = {n: torch.zeros(s) for n, s in shapes.items()}
+        ups.append(SharedUpdate({n: v.to(device) for n, v in t.items()}))
+    small = {n: torch.randn(s, generator=gen) for n, s in {"w": (3, 4), "b": (3,)}.items()}  # another architecture
+    return ups[:5] + [None, SharedUpdate({n: v.to(device) for n, v in small.items()})] + ups[5:]
+
+
+def test_update_summaries_of_all_games_equal_each_update_alone(monkeypatch):
+    """One batched computation per architecture gives every game exactly its own summary (a vector game
+    sees what it sees alone), equal to the summary written out per update; chunking changes nothing."""
+    from leakgym.envs import observations
+
+    ups = _updates()
+    together = observations.update_summaries(ups)
+    assert together.shape == (len(ups), observations.SUMMARY_SIZE) and together.dtype == np.float32
+    for i, u in enumerate(ups):
+        alone = observations.update_summaries([u])[0]
+        np.testing.assert_array_equal(together[i], alone)
+        np.testing.assert_array_equal(alone, np.zeros(observations.SUMMARY_SIZE) if u is None else _summary_reference(u))
+    assert together[0, LAYER_ZERO_FRACTION] > 0.3 and together[1, LAYER_ZERO_FRACTION] == 0  # pruned vs not
+    monkeypatch.setattr(observations, "SUMMARY_ENTRIES", 10)  # one game per chunk
+    np.testing.assert_array_equal(observations.update_summaries(ups), together)
+
+
+LAYER_ZERO_FRACTION = 4  # the first layer group's zero fraction
+
+
+@pytest.mark.cuda
+def test_update_summaries_on_cuda_match_the_cpu():
+    ups = _updates("cuda")
+    cpu = [None if u is None else type(u)({n: t.cpu() for n, t in u.tensors.items()}) for u in ups]
+    from leakgym.envs.observations import update_summaries
+
+    np.testing.assert_allclose(update_summaries(ups), update_summaries(cpu), rtol=1e-6, atol=1e-6)
