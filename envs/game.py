@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from leakgym.attacks import ATTACKS, build_attack
 from leakgym.attacks.base import Attack, AttackerKnowledge, AttackResult
@@ -203,6 +203,20 @@ class LeakGame:
         self.last: RoundRecord | None = None
         self.timings: dict[str, float] = {}
         self.diverged_at: int | None = None
+        self._signed: tuple[nn.Module, tuple | None] | None = None  # (server model, its batch signature)
+
+    def batch_signature(self, model: nn.Module) -> tuple | None:
+        """:func:`leakgym.fl.batched.signature` of ``model`` when :func:`leakgym.fl.batched.supports` it,
+        else None: what decides which games' clients are batched together. For the server's model
+        (rebuilt at reset; its architecture, device and dtype fixed until then) it is computed once
+        per episode rather than every round."""
+        server = self.server.model
+        if model is server and self._signed is not None and self._signed[0] is server:
+            return self._signed[1]
+        key = fl_batched.signature(model) if fl_batched.supports(model) else None
+        if model is server:
+            self._signed = (server, key)
+        return key
 
     # ------------------------------------------------------------------ reset
     def reset(self, seed: int) -> dict[str, np.ndarray]:
@@ -357,9 +371,9 @@ class LeakGame:
         updates and each game's share of its call's wall time."""
         groups: dict[tuple, list[int]] = {}
         for i, (g, d) in enumerate(zip(games, drawn)):
-            sc = g.scenario
-            if fl_batched.supports(d.model):
-                key = (fl_batched.signature(d.model), tuple(d.x.shape), sc.update_kind, sc.local_steps, sc.local_lr)
+            sc, signature = g.scenario, g.batch_signature(d.model)
+            if signature is not None:
+                key = (signature, tuple(d.x.shape), sc.update_kind, sc.local_steps, sc.local_lr)
                 groups.setdefault(key, []).append(i)
         cleans: list[SharedUpdate | None] = [None] * len(games)
         seconds = [0.0] * len(games)
@@ -450,8 +464,8 @@ class LeakGame:
         groups: dict[tuple, list[int]] = {}
         batches: dict[int, list[tuple[Tensor, Tensor]]] = {}
         for i, g in enumerate(games):
-            sc, model = g.scenario, g.server.model
-            if not fl_batched.supports(model):
+            sc, signature = g.scenario, g.batch_signature(g.server.model)
+            if signature is None:
                 g.federated_step(defended[i])
                 continue
             batches[i] = g.benign_batches()
@@ -460,8 +474,8 @@ class LeakGame:
                 # Ragged client batches: this game's updates one client at a time, from the same draws.
                 g.federated_step_from(defended[i], batches[i])
                 continue
-            key = (fl_batched.signature(model), len(batches[i]), sizes.pop(), sc.update_kind, sc.local_steps,
-                   sc.local_lr, sc.server_lr)
+            key = (signature, len(batches[i]), sizes.pop(), sc.update_kind, sc.local_steps, sc.local_lr,
+                   sc.server_lr)
             groups.setdefault(key, []).append(i)
         for members in groups.values():
             LeakGame._federated_group([games[i] for i in members], [defended[i] for i in members],

@@ -164,14 +164,17 @@ class Menu:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"{where}{role} menu names dimension(s) {dupes} twice")
+        # What check() reads on every step (the dimensions are a tuple: they never change).
+        self._nvec = np.array([d.size for d in self.dims], dtype=np.int64)
+        self._names = names
 
     @property
     def nvec(self) -> np.ndarray:
-        return np.array([d.size for d in self.dims], dtype=np.int64)
+        return self._nvec.copy()
 
     @property
     def names(self) -> list[str]:
-        return [d.name for d in self.dims]
+        return list(self._names)
 
     @property
     def fields(self) -> list[str]:
@@ -180,7 +183,7 @@ class Menu:
 
     def check(self, action: Any) -> np.ndarray:
         """Validate an action; ``ValueError`` names the bad entry and its range. Never changes state."""
-        return check_action(action, self.nvec, self.role, self.names)
+        return check_action(action, self._nvec, self.role, self._names)
 
     def read(self, action: Any) -> dict[str, Any]:
         """Action -> readable settings (menu values; bit dimensions as lists of names)."""
@@ -225,7 +228,7 @@ class Menu:
 
     def features(self, action: Any) -> np.ndarray:
         """The action as observation features in [0, 1]: each entry index / (size - 1)."""
-        denom = np.maximum(self.nvec - 1, 1)
+        denom = np.maximum(self._nvec - 1, 1)
         return (np.asarray(action, dtype=np.float64) / denom).astype(np.float32)
 
 

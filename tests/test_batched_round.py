@@ -227,3 +227,27 @@ def test_update_summaries_on_cuda_match_the_cpu():
     from leakgym.envs.observations import update_summaries
 
     np.testing.assert_allclose(update_summaries(ups), update_summaries(cpu), rtol=1e-6, atol=1e-6)
+
+
+def test_a_games_batch_signature_is_its_server_models_signature_for_the_episode(cheap_overrides, monkeypatch):
+    """The signature that groups games' clients is computed once per episode for the server's model
+    (rebuilt at reset), and every time for any other model (a malicious server's modified copy)."""
+    import copy
+
+    from leakgym.envs.scenario import load_scenario
+    from leakgym.fl import batched
+
+    game = LeakGame(load_scenario("digits", **cheap_overrides))
+    game.reset(seed=0)
+    calls = []
+    real = batched.signature
+    monkeypatch.setattr(batched, "signature", lambda m: calls.append(m) or real(m))
+    model = game.server.model
+    assert game.batch_signature(model) == real(model) and game.batch_signature(model) == real(model)
+    assert calls == [model]
+    other = copy.deepcopy(model)
+    assert game.batch_signature(other) == real(other) and game.batch_signature(other) == real(other)
+    assert calls == [model, other, other]
+    game.reset(seed=1)  # a new episode, a new model
+    assert game.server.model is not model and game.batch_signature(game.server.model) == real(game.server.model)
+    assert calls[-1] is game.server.model
