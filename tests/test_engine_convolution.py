@@ -30,8 +30,10 @@ def _double_backward(conv, x, w, b):
     return torch.autograd.grad((gw - 0.1).pow(2).sum() + gb.pow(2).sum(), [x, w])
 
 
+@pytest.mark.parametrize("via_matrix", [False, True])
 @pytest.mark.parametrize(("cin", "cout", "k", "stride", "padding", "dilation", "size"), CASES)
-def test_unfolded_conv2d_equals_conv2d_to_the_second_derivative(cin, cout, k, stride, padding, dilation, size):
+def test_unfolded_conv2d_equals_conv2d_to_the_second_derivative(cin, cout, k, stride, padding, dilation, size,
+                                                                 via_matrix):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, cin, size, size, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(cout, cin, k, k, generator=g, dtype=torch.float64, requires_grad=True)
@@ -41,22 +43,97 @@ def test_unfolded_conv2d_equals_conv2d_to_the_second_derivative(cin, cout, k, st
         return F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation)
 
     def unfolded(x, w, b):
-        return unfolded_conv2d(x, w, b, stride, padding, dilation)
+        return unfolded_conv2d(x, w, b, stride, padding, dilation, via_matrix=via_matrix)
 
     torch.testing.assert_close(unfolded(x, w, b), native(x, w, b), rtol=1e-12, atol=1e-12)
     for got, want in zip(_double_backward(unfolded, x, w, b), _double_backward(native, x, w, b)):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
-def test_unfolded_conv2d_under_vmap_with_a_weight_per_row():
+@pytest.mark.parametrize("via_matrix", [False, True])
+def test_unfolded_conv2d_under_vmap_with_a_weight_per_row(via_matrix):
     """The engine's case: rows with their own weights; equal to the rows computed one at a time."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 2, 1, 8, 8, generator=g, dtype=torch.float64)
     w = torch.randn(5, 4, 1, 3, 3, generator=g, dtype=torch.float64)
     b = torch.randn(5, 4, generator=g, dtype=torch.float64)
-    rows = vmap(lambda x, w, b: unfolded_conv2d(x, w, b, (1, 1), (1, 1), (1, 1)))(x, w, b)
+    rows = vmap(lambda x, w, b: unfolded_conv2d(x, w, b, (1, 1), (1, 1), (1, 1), via_matrix=via_matrix))(x, w, b)
     for i in range(5):
         torch.testing.assert_close(rows[i], F.conv2d(x[i], w[i], b[i], padding=1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("cin", "cout", "k", "stride", "padding", "dilation", "size"), CASES)
+def test_the_unfold_matrix_copies_exactly_what_f_unfold_does(cin, cout, k, stride, padding, dilation, size):
+    """x @ unfold_matrix is F.unfold bit for bit (one 1 per column; none where the kernel reads padding);
+    a non-finite entry spoils only its own image's columns."""
+    from leakgym.attacks.engine.convolution import unfold_matrix
+
+    x = torch.randn(3, cin, size, size, generator=torch.Generator().manual_seed(2))
+    want = F.unfold(x, (k, k), dilation=dilation, padding=padding, stride=stride)
+    matrix = unfold_matrix(size, size, (k, k), stride, padding, dilation)
+    assert set(matrix.unique().tolist()) <= {0.0, 1.0} and (matrix.sum(dim=0) <= 1).all()
+    got = (x.reshape(3, cin, -1) @ matrix).reshape(want.shape)
+    assert torch.equal(got, want)
+    x[1, 0, 0, 0] = float("inf")
+    got = (x.reshape(3, cin, -1) @ matrix).reshape(want.shape)
+    assert torch.equal(got[[0, 2]], want[[0, 2]])
+
+
+def test_the_unfold_is_a_matrix_product_for_small_inputs_and_many_rows_on_a_cpu(monkeypatch):
+    """On a CPU: inputs of at most MATRIX_MAX_POSITIONS positions, at least MATRIX_MIN_ROWS rows (the
+    simulator sets the rows of its selection); elsewhere F.unfold, whose per-image loop is cheap there."""
+    from leakgym.attacks.engine import convolution
+
+    conv = nn.Conv2d(2, 3, 5, padding=2)
+    small, large = torch.randn(1, 2, 8, 8), torch.randn(1, 2, 9, 9)
+    assert convolution.takes_matrix(conv, small, convolution.MATRIX_MIN_ROWS)
+    assert not convolution.takes_matrix(conv, small, convolution.MATRIX_MIN_ROWS - 1)
+    assert not convolution.takes_matrix(conv, large, 1000)
+    spec = DatasetSpec(name="d16", channels=1, image_size=16, num_classes=10, mean=(0.5,), std=(0.3,))
+    m = build_model("lenet", spec, seed=0)
+    x, y = torch.randn(1, 1, 16, 16), torch.tensor([3])
+    grads = torch.autograd.grad(task_loss(m, x, y), list(m.parameters()))
+    update = SharedUpdate({n: t for (n, _), t in zip(m.named_parameters(), grads)}, batch_size=1)
+    knowledge = AttackerKnowledge(model=m, spec=spec, batch_size=1, labels=y)
+    ps = ProblemSet.from_updates([update], [knowledge], names=list(update.tensors), labels=y.view(1, 1))
+    built = []
+    real = convolution.unfold_matrix
+    monkeypatch.setattr(convolution, "unfold_matrix", lambda *a, **k: built.append(a[:2]) or real(*a, **k))
+    for rows, expected in ((convolution.MATRIX_MIN_ROWS - 1, []), (convolution.MATRIX_MIN_ROWS, [(8, 8), (4, 4)])):
+        sim = UpdateSimulator(ps, rows, record_bn=False)
+        try:
+            built.clear()
+            dummy = torch.randn(rows, 1, 1, 16, 16)
+            fast, _ = sim.vectorised(dummy, y.view(1, 1).expand(rows, 1), dummy.new_zeros(rows, 0))
+            slow, _ = sim.sequential(dummy, y.view(1, 1).expand(rows, 1), dummy.new_zeros(rows, 0))
+            assert sorted(set(built), reverse=True) == expected  # LeNet's 8x8 and 4x4 inputs, not its 16x16 one
+            for name in fast:
+                torch.testing.assert_close(fast[name], slow[name], rtol=1e-4, atol=1e-5)
+        finally:
+            sim.close()
+
+
+@pytest.mark.cuda
+def test_the_matrix_unfold_on_cuda_equals_conv2d_to_the_second_derivative():
+    """On a GPU the unfold is always the matrix product (F.unfold launches a kernel per image)."""
+    from leakgym.attacks.engine import convolution
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(4, 3, 8, 8, generator=g, device=dev, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 3, 3, 3, generator=g, device=dev, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, generator=g, device=dev, dtype=torch.float64, requires_grad=True)
+    assert convolution.takes_matrix(nn.Conv2d(3, 5, 3, padding=1).to(dev), x, 1)
+
+    def unfolded(x, w, b):
+        return unfolded_conv2d(x, w, b, (1, 1), (1, 1), (1, 1), via_matrix=True)
+
+    def native(x, w, b):
+        return F.conv2d(x, w, b, padding=1)
+
+    for got, want in zip(_double_backward(unfolded, x, w, b), _double_backward(native, x, w, b)):
+        assert got.device.type == "cuda"
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
 def test_layers_it_cannot_express_keep_their_own_forward():
@@ -113,8 +190,8 @@ def test_only_layers_with_a_small_unfolded_input_use_it(monkeypatch):
     x = torch.randn(2, 3, 8, 8)
     assert convolution.unfolded_entries(conv, x) == 2 * 3 * 9 * 64
     calls = []
-    monkeypatch.setattr(convolution, "unfolded_conv2d", lambda *a: calls.append(1) or F.conv2d(a[0], a[1], a[2],
-                                                                                                 padding=1))
+    monkeypatch.setattr(convolution, "unfolded_conv2d", lambda *a, **k: calls.append(1) or F.conv2d(a[0], a[1], a[2],
+                                                                                                      padding=1))
     for limit, used in ((2 * 3 * 9 * 64, 1), (2 * 3 * 9 * 64 - 1, 0)):
         calls.clear()
         patch = UnfoldedConvolutions(conv, max_entries=limit)

@@ -404,6 +404,7 @@ class UpdateSimulator:
             self._rows = {n: t.detach().expand(rows, *t.shape).requires_grad_(True) for n, t in ps.free.items()}
         self._fixed = {n: pick(t) for n, t in ps.fixed.items()} if ps.batched else ps.fixed
         self._lr = pick(ps.local_lr)
+        self.convolutions.rows = rows
 
     def vectorised(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
         """Dummy updates of the selected rows as one vectorised computation -- per simulated step a
