@@ -83,7 +83,7 @@ def attacker_obs_size(nvec: np.ndarray) -> int:
 #: entries of :func:`update_summary`: per layer group a log-norm and a zero fraction, then two noise statistics
 SUMMARY_SIZE = 2 * LAYER_GROUPS + 2
 #: at most this many update entries per batched summary computation (memory; games are chunked)
-SUMMARY_ENTRIES = 1 << 24
+SUMMARY_ENTRIES = 1 << 22
 
 
 def update_summaries(updates: Sequence[SharedUpdate | None]) -> np.ndarray:
