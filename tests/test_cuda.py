@@ -82,3 +82,19 @@ def test_leakgym_train_on_the_batched_vector_env_on_cuda(tmp_path):
                "--checkpoint-freq", "0", "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]",
                "restarts=[1]"])
     assert rc == 0 and (tmp_path / "run" / "policy.zip").is_file()
+
+
+def test_leakgym_train_with_the_default_hyperparameters_on_cuda(tmp_path):
+    """The files' defaults (8 games per step, batch_clients on) with `--device cuda`; DQN too (flat actions,
+    train_freq x n_envs collections)."""
+    import json
+
+    from leakgym.cli import main
+
+    for algo, steps in (("ppo", 16), ("dqn", 16)):
+        out = tmp_path / algo
+        rc = main(["train", "--algo", algo, "--timesteps", str(steps), "--device", "cuda", "--out", str(out),
+                   "--no-progress", "--checkpoint-freq", "0", "--hyperparams", "learning_starts=8" if algo == "dqn"
+                   else "n_epochs=1", "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]"])
+        meta = json.loads((out / "policy.json").read_text())
+        assert rc == 0 and meta["hyperparams"]["n_envs"] == 8 and meta["batch_clients"] is True
