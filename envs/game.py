@@ -541,22 +541,37 @@ class LeakGame:
                     {n: t[index.to(t.device)] for n, t in buffers.items()},
                     [victim_buffers] + [{n: t[index.to(t.device), j] for n, t in benign.buffers.items()}
                                         for j in range(k)], buffer_weights))
+            # Every game's new state into its model: one multi-tensor copy (a fused kernel on a GPU)
+            # rather than a copy per game and tensor.
+            rows = {name: value.unbind(0) for name, value in new.items()}
+            destinations, sources = [], []
+            for row, i in enumerate(keep):
+                state = dict(models[i].named_parameters())
+                state.update(models[i].named_buffers())
+                for name in new:
+                    destinations.append(state[name])
+                    sources.append(rows[name][row])
             with torch.no_grad():
-                for row, i in enumerate(keep):
-                    state = dict(models[i].named_parameters())
-                    state.update(models[i].named_buffers())
-                    for name, value in new.items():
-                        state[name].copy_(value[row])
+                torch._foreach_copy_(destinations, sources)
         due = [i for i, g in enumerate(games) if g.evaluates_next()]
         results: dict[int, tuple[float, float]] = {}
         if due:
             s0 = games[due[0]].server
             shared = all(games[i].server.eval_x is s0.eval_x and games[i].server.eval_y is s0.eval_y for i in due)
+            if keep and set(due) <= set(keep):  # the models now hold `new`: evaluate those stacks directly
+                at = torch.tensor([keep.index(i) for i in due])
+                names = set(params)
+                stacked = {n: t.index_select(0, at.to(t.device)) for n, t in new.items()}
+                due_params = {n: t for n, t in stacked.items() if n in names}
+                due_buffers = {n: t for n, t in stacked.items() if n not in names and t.is_floating_point()}
+            else:
+                due_params = fl_batched.stack_parameters([models[i] for i in due])
+                due_buffers = fl_batched.stack_buffers([models[i] for i in due])
             acc, loss = fl_batched.evaluate_many(
-                model, fl_batched.stack_parameters([models[i] for i in due]),
+                model, due_params,
                 s0.eval_x if shared else [games[i].server.eval_x for i in due],
                 s0.eval_y if shared else [games[i].server.eval_y for i in due],
-                buffers=fl_batched.stack_buffers([models[i] for i in due]) or None)
+                buffers=due_buffers or None)
             results = {i: (a, lo) for i, a, lo in zip(due, acc, loss)}
         for i, g in enumerate(games):
             g.advance_round((lambda r=results[i]: r) if i in results else None)
