@@ -253,3 +253,23 @@ def test_federated_split_validates_arguments(digits: Dataset) -> None:
             federated_split(digits, num_clients=2, test_size=test_size)
     single = federated_split(digits, num_clients=1, public_fraction=0.0)
     assert single.public_x.shape[0] == 0 and single.client_sizes() == [1438]
+
+
+def test_normalisation_statistics_are_made_once_and_never_as_inference_tensors():
+    """The (1, C, 1, 1) mean/std tensors are cached per dtype and device (one per vector step, not per
+    game); one made under torch.inference_mode is not cached, so autograd can still use the stats later."""
+    import torch
+
+    from leakgym.data.spec import DatasetSpec, _channel_stats
+
+    spec = DatasetSpec(name="t", channels=3, image_size=4, num_classes=2, mean=(0.1, 0.2, 0.3), std=(0.5, 0.6, 0.7))
+    x = torch.rand(2, 3, 4, 4)
+    _channel_stats.cache_clear()
+    with torch.inference_mode():
+        spec.normalize(x)
+    assert _channel_stats.cache_info().currsize == 0
+    leaf = torch.rand(2, 3, 4, 4, requires_grad=True)
+    spec.normalize(leaf).sum().backward()  # would fail with a cached inference tensor
+    torch.testing.assert_close(leaf.grad, (1 / torch.tensor([0.5, 0.6, 0.7])).view(1, 3, 1, 1).expand(2, 3, 4, 4))
+    assert spec._stats(x)[0] is spec._stats(x.clone())[0]  # cached
+    torch.testing.assert_close(spec.denormalize(spec.normalize(x)), x)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _channel_stats(mean: tuple[float, ...], std: tuple[float, ...], dtype: torch.dtype,
+                   device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(1, C, 1, 1)`` mean and std tensors, made once per dtype and device (a vector step normalises
+    every game's images; on a GPU each fresh ``torch.tensor`` is a host-to-device copy). Read-only."""
+    shape = (1, -1, 1, 1)
+    return (torch.tensor(mean, dtype=dtype, device=device).view(shape),
+            torch.tensor(std, dtype=dtype, device=device).view(shape))
 
 
 @dataclass(frozen=True)
@@ -37,9 +48,9 @@ class DatasetSpec:
         return (self.channels, self.image_size, self.image_size)
 
     def _stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        return mean, std
+        if torch.is_inference_mode_enabled():  # inference tensors must not be cached: autograd rejects them later
+            return _channel_stats.__wrapped__(tuple(self.mean), tuple(self.std), x.dtype, x.device)
+        return _channel_stats(tuple(self.mean), tuple(self.std), x.dtype, x.device)
 
     def normalize(self, x_unit: Tensor) -> Tensor:
         """Unit images in [0, 1] -> model inputs."""
