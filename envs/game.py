@@ -249,7 +249,7 @@ class LeakGame:
     # ------------------------------------------------------------------ snapshot / restore
     def snapshot(self) -> GameSnapshot:
         return GameSnapshot(
-            model_state={k: v.detach().clone() for k, v in self.server.model.state_dict().items()},
+            model_state={k: v.clone() for k, v in self.server.model.state_dict().items()},  # state_dict detaches
             rng_state=copy.deepcopy(self.rng.bit_generator.state),
             round=self.round,
             accuracy=self.accuracy,

@@ -64,3 +64,16 @@ def test_bench_env_on_cuda_reports_device_memory(tmp_path, cuda_device):
     (row,) = json.loads(out.read_text())["rows"]
     assert "error" not in row, row
     assert row["peak_device_mb"] > 0 and row["baseline_peak_device_mb"] > 0 and "cuda" in row["device"]
+
+
+def test_bench_env_overrides_are_validated_first_and_name_the_row(tmp_path, capsys):
+    out = tmp_path / "bench_env.json"
+    argv = ["bench", "env", "--json", str(out), "--envs", "LeakGym-Digits-v0", "--steps", "1", "--num-envs", "2",
+            "--actions", "fixed", "--baseline-games", "1", "--overrides", "iterations=[1]", "num_clients=1"]
+    assert main(argv) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "error" not in row and row["overrides"] == {"iterations": [1], "num_clients": 1}
+    assert "LeakGym-Digits-v0, iterations=[1], num_clients=1 | 2 | fixed" in out.with_suffix(".md").read_text()
+    bad = tmp_path / "bad.json"
+    assert main(["bench", "env", "--json", str(bad), "--envs", "LeakGym-Digits-v0", "--overrides", "rounds=0"]) != 0
+    assert "rounds" in capsys.readouterr().err and not bad.exists()  # refused before any worker ran

@@ -19,6 +19,10 @@ steps per second (vector steps x N / wall time), the peak resident memory of the
 timers (defense / attack / FL round / scoring) and the rest of the wall time as Python overhead
 (planning, snapshots, observations, the vector env's bookkeeping).
 
+``--overrides KEY=VALUE ...`` changes the scenario of every game of both paths (named in each row):
+``iterations=[1] num_clients=1 eval_size=16`` leaves little but the per-game host work, which is what
+bounds a large N on a GPU.
+
 A scenario whose dataset is not on disk is timed on synthetic images of the dataset's shape (uniform
 noise, random labels) inside the worker only, and its row says ``synthetic data (timing only)``; the
 environment itself never substitutes data. Results go to ``--json`` and a markdown table beside it.
@@ -63,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads of the worker, both paths (default: 1: LeakGym's models are "
                              "tiny, and more threads than free cores make every small op wait)")
+    parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="scenario overrides for every game of both paths, e.g. iterations=[1] num_clients=1 "
+                             "(one attack iteration: the per-game host cost); named in each row")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -81,12 +88,13 @@ def parse_sizes(text: str) -> list[int]:
 # Worker (one spawned process per configuration)
 # --------------------------------------------------------------------------------------------------
 def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
-             queue, batch_clients: bool = True, defender: str = "none") -> None:
+             queue, batch_clients: bool = True, defender: str = "none", overrides: dict | None = None) -> None:
     try:
         import torch
 
         torch.set_num_threads(threads)
-        row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients, defender)
+        row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients, defender,
+                           overrides)
         queue.put({**row, "threads": threads})
     except Exception as exc:  # noqa: BLE001 - a failed round, a bad id, ...: recorded, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -121,7 +129,7 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
 
 
 def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str,
-                 batch_clients: bool = True, defender: str = "none") -> dict:
+                 batch_clients: bool = True, defender: str = "none", overrides: dict | None = None) -> dict:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -130,7 +138,8 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 
     data = _use_synthetic_data_if_missing(gym_id)
     cuda = torch.device(device).type == "cuda"
-    kwargs = {"device": device, "opponent": defender}  # "none": no defense; "random": a random menu action per round
+    # "none": no defense; "random": a random menu action per round
+    kwargs = {"device": device, "opponent": defender, **(overrides or {})}
     vec = gym.make_vec(gym_id, num_envs=num_envs, **kwargs, batch_clients=batch_clients)
     m = min(num_envs, baseline_games)
     singles = [gym.make(gym_id, **kwargs) for _ in range(m)]
@@ -198,6 +207,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         "actions": actions,
         "batch_clients": batch_clients,
         "defender": defender,
+        "overrides": dict(overrides or {}),
         "steps": steps,
         "data": data,
         "env_steps_per_s": rate,
@@ -216,14 +226,15 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 
 
 def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
-        threads: int = 1, batch_clients: bool = True, defender: str = "none") -> list[dict]:
+        threads: int = 1, batch_clients: bool = True, defender: str = "none",
+        overrides: dict | None = None) -> list[dict]:
     ctx = mp.get_context("spawn")
     rows = []
     for gym_id in ids:
         for n in sizes:
             queue = ctx.Queue()
             proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads, queue,
-                                                      batch_clients, defender))
+                                                      batch_clients, defender, overrides))
             proc.start()
             row = None
             while row is None:
@@ -245,7 +256,8 @@ def to_markdown(rows: list[dict], machine: str) -> str:
         f"Environment throughput, batched vector env vs sequential single-agent envs ({machine})",
         [("env", lambda r: r["env"] + ("" if r["data"] == "real" else f" ({r['data']})")
           + ("" if r.get("batch_clients", True) else ", batch_clients off")
-          + ("" if r.get("defender", "none") == "none" else f", {r['defender']} defender")),
+          + ("" if r.get("defender", "none") == "none" else f", {r['defender']} defender")
+          + "".join(f", {k}={v}" for k, v in r.get("overrides", {}).items())),
          ("N", lambda r: str(r["num_envs"])), ("actions", lambda r: r["actions"]),
          ("env steps/s", lambda r: f"{r['env_steps_per_s']:.2f}"),
          ("sequential steps/s (games)", lambda r: f"{r['baseline_env_steps_per_s']:.2f} ({r['baseline_games']})"),
@@ -263,9 +275,18 @@ def main(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.baseline_games < 1 or args.threads < 1:
         raise ValueError(f"--steps={args.steps}, --baseline-games={args.baseline_games} and --threads={args.threads} "
                          "must be >= 1")
+    import gymnasium as gym
+
+    import leakgym  # noqa: F401  (registers the ids)
+    from leakgym.agents.cli_common import parse_overrides
+    from leakgym.envs.scenario import load_scenario
+
     ids = [s.strip() for s in args.envs.split(",") if s.strip()]
+    overrides = parse_overrides(args.overrides)
+    for gym_id in ids:  # a bad id or override fails here, before any worker starts
+        load_scenario(gym.spec(gym_id).kwargs["scenario"], **overrides)
     rows = run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
-               args.batch_clients == "on", args.defender)
+               args.batch_clients == "on", args.defender, overrides)
     machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
                f"thread(s), device {device_label(args.device)}")
     write_results(args.json, machine, rows, to_markdown(rows, machine))
