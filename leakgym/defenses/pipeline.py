@@ -52,8 +52,11 @@ computations, so a call draws what it would draw alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -270,16 +273,9 @@ def _train(clients: list[_Client], batch_defenses: bool = True) -> None:
         members = [c for c in clients if d.stage == "input" and d.name in c.applied]
         if not members:
             continue
-        t0 = time.perf_counter()
-        if batch_defenses:
-            outs = d.apply_many([c.ctx[d.name] for c in members], [c.x_in for c in members], [c.y_in for c in members])
-            seconds = [(time.perf_counter() - t0) / len(members)] * len(members)
-        else:
-            outs, seconds = [], []
-            for c in members:
-                outs.append(d.apply(c.ctx[d.name], c.x_in, c.y_in))
-                seconds.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
+        ctxs, xs, ys = [c.ctx[d.name] for c in members], [c.x_in for c in members], [c.y_in for c in members]
+        outs, seconds = _timed_per_call(batch_defenses, functools.partial(d.apply_many, ctxs, xs, ys),
+                                        [functools.partial(d.apply, *one) for one in zip(ctxs, xs, ys)])
         for c, (x_in, y_in, info), sec in zip(members, outs, seconds):
             c.x_in, c.y_in, c.details[d.name] = x_in, y_in, info
             c.seconds += sec
@@ -317,17 +313,9 @@ def _train(clients: list[_Client], batch_defenses: bool = True) -> None:
             ctxs = [training[indices[k]].ctx[d.name] for k in members]
             args = ([models[k] for k in members], [xs[k] for k in members], [ys[k] for k in members],
                     [grads[k] for k in members])
-            t0 = time.perf_counter()
-            if batch_defenses:
-                outs = d.apply_many(ctxs, *args, step=step)
-                seconds = [(time.perf_counter() - t0) / len(members)] * len(members)
-            else:
-                outs, seconds = [], []
-                for ctx, *one in zip(ctxs, *args):
-                    with ctx.training_rng:
-                        outs.append(d.apply(ctx, *one, step=step))
-                    seconds.append(time.perf_counter() - t0)
-                    t0 = time.perf_counter()
+            outs, seconds = _timed_per_call(
+                batch_defenses, functools.partial(d.apply_many, ctxs, *args, step=step),
+                [functools.partial(_apply_in_stream, d, *one, step=step) for one in zip(ctxs, *args)])
             for k, (grad, info), sec in zip(members, outs, seconds):
                 grads[k] = grad
                 training[indices[k]].details[d.name].append(info)
@@ -344,6 +332,27 @@ def _train(clients: list[_Client], batch_defenses: bool = True) -> None:
     for c, update, own in zip(training, updates, spent):
         c.shared = update
         c.seconds += own + rest
+
+
+def _timed_per_call(batched: bool, many: Callable[[], list], ones: list[Callable[[], Any]]) -> tuple[list, list[float]]:
+    """One defense for several calls: ``many()`` at once (its wall time shared equally), or each of
+    ``ones`` in turn (each timed on its own). Returns the results and each call's seconds."""
+    t0 = time.perf_counter()
+    if batched:
+        outs = many()
+        return outs, [(time.perf_counter() - t0) / len(ones)] * len(ones)
+    outs, seconds = [], []
+    for one in ones:
+        outs.append(one())
+        seconds.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+    return outs, seconds
+
+
+def _apply_in_stream(d, ctx: DefenseContext, *args: Any, step: int):
+    """A step defense's ``apply`` for one call, inside the call's training RNG stream."""
+    with ctx.training_rng:
+        return d.apply(ctx, *args, step=step)
 
 
 def _finish(c: _Client) -> tuple[SharedUpdate, DefenseReport]:

@@ -151,7 +151,9 @@ def compute_updates(jobs: list[LocalTraining],
         return []
     works = [copy.deepcopy(job.model).train() for job in jobs]
     names = [[n for n, p in w.named_parameters() if p.requires_grad] for w in works]
-    start = [{n: p.detach().clone() for n, p in w.named_parameters() if p.requires_grad} for w in works]
+    # FedAvg's update is start - end: only model_delta clients keep a copy of their start.
+    start = [{n: p.detach().clone() for n, p in w.named_parameters() if p.requires_grad}
+             if job.kind == "model_delta" else {} for job, w in zip(jobs, works)]
     params = [dict(w.named_parameters()) for w in works]
     last: list[dict[str, Tensor]] = [{} for _ in jobs]
     with contextlib.ExitStack() as stack:
