@@ -464,7 +464,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     milestones = _milestones(steps)
     rates = torch.tensor([decayed_rates(s["lr"], milestones) for s in settings], dtype=torch.float64, device=device)
     xc = torch.cat([c.x0 for c in cs]).detach().clone().requires_grad_(True)
-    convolutions.on = True
+    convolutions.on, convolutions.rows = True, xc.shape[0]  # the rows decide the matrix unfold (takes_matrix)
     try:
         _, cos0, pix0, _ = objective(xc, create_graph=False)
         opt = BatchedAdam([xc], lr=rates.index_select(0, owner),
