@@ -559,7 +559,8 @@ class LeakGame:
             s0 = games[due[0]].server
             shared = all(games[i].server.eval_x is s0.eval_x and games[i].server.eval_y is s0.eval_y for i in due)
             if keep and set(due) <= set(keep):  # the models now hold `new`: evaluate those stacks directly
-                at = torch.tensor([keep.index(i) for i in due])
+                row_of = {i: row for row, i in enumerate(keep)}
+                at = torch.tensor([row_of[i] for i in due])
                 names = set(params)
                 stacked = {n: t.index_select(0, at.to(t.device)) for n, t in new.items()}
                 due_params = {n: t for n, t in stacked.items() if n in names}
