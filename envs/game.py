@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from leakgym.attacks import ATTACKS, build_attack
 from leakgym.attacks.base import Attack, AttackerKnowledge, AttackResult
-from leakgym.data import federated_split, load_dataset
+from leakgym.data import load_dataset, split_indices
 from leakgym.defenses import (
     DefenseCall,
     DefenseConfig,
@@ -48,6 +48,7 @@ from .observations import attacker_obs_size, attacker_observation, defender_obs_
 from .rewards import leakage_score, rewards
 from .round import AttackJob
 from .scenario import Scenario
+from .shared_data import shared_images
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
 ATTACK_STREAM = 1
@@ -224,21 +225,21 @@ class LeakGame:
         self.rng = np.random.default_rng(seed)
         self.round = 0
         self.diverged_at = None
-        split = federated_split(
+        split = split_indices(
             self.dataset,
             num_clients=sc.num_clients + 1,
             public_fraction=sc.public_fraction,
             alpha=sc.dirichlet_alpha,
             seed=seed,
         )
-        norm = self.spec.normalize
         dev = self.device
-        self.public_x = split.public_x.to(dev)  # unit images (attacker priors, defender auxiliaries)
-        self.public_y = split.public_y.to(dev)
-        self.victim_x, self.victim_y = norm(split.clients[0][0]).to(dev), split.clients[0][1].to(dev)
-        self.benign = [(norm(x).to(dev), y.to(dev)) for x, y in split.clients[1:]]
-        n_eval = min(sc.eval_size, len(split.test_x))
-        eval_x, eval_y = norm(split.test_x[:n_eval]).to(dev), split.test_y[:n_eval].to(dev)
+        # The clients' images are rows of one normalised copy of the dataset that every game of the
+        # process reads (envs/shared_data.py); this game keeps its split as index sets on the CPU.
+        self.images = shared_images(self.dataset, dev)
+        self.public_x = self.dataset.train_x[split.public].to(dev)  # unit images (attacker priors, defender auxiliaries)
+        self.public_y = self.dataset.train_y[split.public].to(dev)
+        self.victim_rows, self.benign_rows = split.clients[0], split.clients[1:]
+        eval_x, eval_y = self.images.evaluation(min(sc.eval_size, len(split.test)))
         model = build_model(sc.model, self.spec, precode=sc.precode, width=sc.model_width, seed=seed, device=dev)
         self.server = Server(model, lr=sc.server_lr, eval_x=eval_x, eval_y=eval_y)
         self.accuracy, self.test_loss = self.server.evaluate()
@@ -323,8 +324,9 @@ class LeakGame:
         sc = self.scenario
         t0 = time.perf_counter()
         seed = int(self.rng.integers(2**31 - 1))
-        idx = self.rng.choice(len(self.victim_x), size=sc.batch_size, replace=len(self.victim_x) < sc.batch_size)
-        x, y = self.victim_x[idx], self.victim_y[idx]
+        n = len(self.victim_rows)
+        rows = self.victim_rows[self.rng.choice(n, size=sc.batch_size, replace=n < sc.batch_size)]
+        x, y = self.images.train_x[rows], self.images.train_y[rows]
         sent_model = plan.attack.prepare_model(self.server.model, self.spec, public_x=self.public_x)
         return Drawn(seed=seed, x=x, y=y, model=sent_model, seconds=time.perf_counter() - t0)
 
@@ -433,9 +435,9 @@ class LeakGame:
         """This round's batch of every benign client, drawn from the game's generator in client order."""
         sc = self.scenario
         out = []
-        for bx, by in self.benign:
-            take = self.rng.choice(len(bx), size=min(len(bx), max(sc.batch_size, 8)), replace=False)
-            out.append((bx[take], by[take]))
+        for shard in self.benign_rows:
+            rows = shard[self.rng.choice(len(shard), size=min(len(shard), max(sc.batch_size, 8)), replace=False)]
+            out.append((self.images.train_x[rows], self.images.train_y[rows]))
         return out
 
     def evaluates_next(self) -> bool:

@@ -7,7 +7,7 @@ pool, K client shards and a test set.
 
 from leakgym.data.catalog import DATASET_NAMES, DatasetInfo, dataset_info, dataset_spec
 from leakgym.data.download import ChecksumMismatchError, DownloadError
-from leakgym.data.federated import FederatedSplit, federated_split, label_skew
+from leakgym.data.federated import FederatedSplit, SplitIndices, federated_split, label_skew, split_indices
 from leakgym.data.images import resize_images, to_unit_images
 from leakgym.data.loading import Dataset, DatasetUnavailableError, data_root, load_dataset
 from leakgym.data.spec import DatasetSpec
@@ -21,6 +21,7 @@ __all__ = [
     "DatasetUnavailableError",
     "DownloadError",
     "FederatedSplit",
+    "SplitIndices",
     "data_root",
     "dataset_info",
     "dataset_spec",
@@ -28,5 +29,6 @@ __all__ = [
     "label_skew",
     "load_dataset",
     "resize_images",
+    "split_indices",
     "to_unit_images",
 ]

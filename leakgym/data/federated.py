@@ -31,7 +31,7 @@ from torch import Tensor
 from leakgym.data.loading import Dataset
 from leakgym.data.spec import DatasetSpec
 
-__all__ = ["FederatedSplit", "federated_split", "label_skew"]
+__all__ = ["FederatedSplit", "SplitIndices", "federated_split", "label_skew", "split_indices"]
 
 
 @dataclass
@@ -93,7 +93,18 @@ def _dirichlet_partition(
     return [rng.permutation(r) for r in result]
 
 
-def federated_split(
+@dataclass(frozen=True)
+class SplitIndices:
+    """Where :func:`federated_split` puts every example, as positions (int64, on the CPU): into the
+    dataset's training set for the ``public`` pool and each of the ``clients``, into its test set for
+    ``test``."""
+
+    public: Tensor
+    clients: list[Tensor]
+    test: Tensor
+
+
+def split_indices(
     dataset: Dataset,
     *,
     num_clients: int,
@@ -101,23 +112,10 @@ def federated_split(
     alpha: float | None = None,
     seed: int = 0,
     test_size: int | None = None,
-) -> FederatedSplit:
-    """Split ``dataset`` into a public pool, ``num_clients`` private shards and a test set.
-
-    Args:
-        dataset: the unit-image dataset to split (its training part is partitioned).
-        num_clients: number of clients K >= 1.
-        public_fraction: share of the training images held out as the public split, in [0, 1)
-            (``floor(public_fraction * N)`` images).
-        alpha: ``None`` for an IID split into near-equal shards; otherwise the Dirichlet
-            concentration (> 0) of the label-skew split. Every client gets at least one image.
-        seed: determines the whole split.
-        test_size: ``None`` keeps the full test set; an integer in [1, N_test] keeps a random subset.
-
-    Returns:
-        :class:`FederatedSplit`; public and client images are disjoint and together cover the
-        training set.
-    """
+) -> SplitIndices:
+    """The split of :func:`federated_split` (same arguments, same draws) as index sets, without
+    copying an image: what many games that read one shared copy of a dataset need (each copy of
+    CIFAR-10's training set is 614 MB)."""
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ValueError(f"num_clients={num_clients!r} must be an integer >= 1")
     if not 0.0 <= public_fraction < 1.0:
@@ -149,9 +147,38 @@ def federated_split(
         test_idx = torch.arange(n_test)
     else:
         test_idx = torch.from_numpy(np.random.default_rng([seed, 1]).permutation(n_test)[:test_size])
+    return SplitIndices(public=torch.from_numpy(public),
+                        clients=[torch.from_numpy(np.ascontiguousarray(s)) for s in shards], test=test_idx)
 
-    public_idx = torch.from_numpy(public)
-    client_idx = [torch.from_numpy(np.ascontiguousarray(s)) for s in shards]
+
+def federated_split(
+    dataset: Dataset,
+    *,
+    num_clients: int,
+    public_fraction: float = 0.1,
+    alpha: float | None = None,
+    seed: int = 0,
+    test_size: int | None = None,
+) -> FederatedSplit:
+    """Split ``dataset`` into a public pool, ``num_clients`` private shards and a test set.
+
+    Args:
+        dataset: the unit-image dataset to split (its training part is partitioned).
+        num_clients: number of clients K >= 1.
+        public_fraction: share of the training images held out as the public split, in [0, 1)
+            (``floor(public_fraction * N)`` images).
+        alpha: ``None`` for an IID split into near-equal shards; otherwise the Dirichlet
+            concentration (> 0) of the label-skew split. Every client gets at least one image.
+        seed: determines the whole split.
+        test_size: ``None`` keeps the full test set; an integer in [1, N_test] keeps a random subset.
+
+    Returns:
+        :class:`FederatedSplit`; public and client images are disjoint and together cover the
+        training set. :func:`split_indices` gives the same split as index sets.
+    """
+    where = split_indices(dataset, num_clients=num_clients, public_fraction=public_fraction, alpha=alpha, seed=seed,
+                          test_size=test_size)
+    public_idx, client_idx, test_idx = where.public, where.clients, where.test
     x, y = dataset.train_x, dataset.train_y
     return FederatedSplit(
         spec=dataset.spec,

@@ -1,0 +1,110 @@
+"""Games read their clients' images from one shared normalised copy of the dataset (envs/shared_data.py).
+
+A game used to keep normalised copies of all its clients' shards (the whole training set: 614 MB per
+CIFAR-10 game). These tests pin what replaced it: one copy per (dataset, device) shared by every game,
+per-game index sets, and batches equal bit for bit to what the materialised split gives.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import leakgym  # noqa: F401  (registers the ids)
+from leakgym.data import federated_split, split_indices
+from leakgym.envs import game as game_module
+from leakgym.envs.shared_data import shared_images
+
+
+def _games(num_envs: int, **overrides):
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=num_envs, opponent="none", **overrides)
+    vec.reset(seed=0)
+    return vec, [env.parallel.game for env in vec.envs]
+
+
+def test_split_indices_is_federated_splits_split():
+    data = game_module._dataset("digits", None)
+    for alpha in (None, 0.3):
+        where = split_indices(data, num_clients=5, public_fraction=0.1, alpha=alpha, seed=7, test_size=50)
+        split = federated_split(data, num_clients=5, public_fraction=0.1, alpha=alpha, seed=7, test_size=50)
+        assert torch.equal(where.public, split.public_indices)
+        assert all(torch.equal(a, b) for a, b in zip(where.clients, split.client_indices))
+        assert torch.equal(data.train_x[where.clients[2]], split.clients[2][0])
+        assert torch.equal(data.test_x[where.test], split.test_x)
+    with pytest.raises(ValueError, match="num_clients=0"):
+        split_indices(data, num_clients=0)
+
+
+def test_games_share_one_normalised_copy_and_evaluation_set():
+    vec, games = _games(3)
+    try:
+        assert games[0].images is games[1].images is games[2].images
+        assert games[0].images is shared_images(games[0].dataset, "cpu")
+        assert games[0].server.eval_x is games[2].server.eval_x  # the batched round's shared-evaluation path
+        # What a game keeps of its own: the public split (unit images, 10% of the training set) and index
+        # sets. Copies of the clients' shards (the whole training set) would be ten times more.
+        train_bytes = games[0].dataset.train_x.nbytes
+        for g in games:
+            own = [g.public_x, g.public_y, g.victim_rows, *g.benign_rows]
+            assert sum(t.nbytes for t in own) < 0.15 * train_bytes
+    finally:
+        vec.close()
+
+
+def test_a_games_batches_are_the_normalised_rows_of_its_split():
+    """Bit for bit what the materialised split gives (normalisation is elementwise), so trajectories
+    do not depend on where the images are kept."""
+    vec, games = _games(2, batch_clients=True)
+    try:
+        g = games[1]
+        g.reset(seed=1234)
+        sc = g.scenario
+        split = federated_split(g.dataset, num_clients=sc.num_clients + 1, public_fraction=sc.public_fraction,
+                                alpha=sc.dirichlet_alpha, seed=1234)
+        norm = g.spec.normalize
+        assert torch.equal(g.public_x, split.public_x)
+        rng = copy.deepcopy(g.rng)
+        nvec = [len(d) for d in (g.menus["defender"].dims, g.menus["attacker"].dims)]
+        drawn = g.draw(g.plan(np.zeros(nvec[0], np.int64), np.zeros(nvec[1], np.int64)))
+        rng.integers(2**31 - 1)  # the round seed, drawn first
+        victim_x, victim_y = split.clients[0]
+        idx = rng.choice(len(victim_x), size=sc.batch_size, replace=len(victim_x) < sc.batch_size)
+        assert torch.equal(drawn.x, norm(victim_x)[idx]) and torch.equal(drawn.y, victim_y[idx])
+        for (bx, by), (ux, uy) in zip(g.benign_batches(), split.clients[1:]):
+            take = rng.choice(len(ux), size=min(len(ux), max(sc.batch_size, 8)), replace=False)
+            assert torch.equal(bx, norm(ux)[take]) and torch.equal(by, uy[take])
+        ex, ey = g.server.eval_x, g.server.eval_y
+        n = min(sc.eval_size, len(split.test_x))
+        assert torch.equal(ex, norm(split.test_x[:n])) and torch.equal(ey, split.test_y[:n])
+    finally:
+        vec.close()
+
+
+def test_shared_copy_is_freed_with_its_games():
+    import gc
+    import weakref
+
+    vec, games = _games(2)
+    ref = weakref.ref(games[0].images)
+    vec.close()
+    del vec, games
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_games_on_cuda_share_a_device_copy():
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none", device="cuda", rounds=1, iterations=[2])
+    try:
+        vec.reset(seed=0)
+        games = [env.parallel.game for env in vec.envs]
+        assert games[0].images is games[1].images
+        assert games[0].images.train_x.device.type == "cuda"
+        vec.step(np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64))
+    finally:
+        vec.close()
