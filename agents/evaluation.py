@@ -1,7 +1,7 @@
 """``leakgym eval``: every attacker against every defender, as an empirical payoff table.
 
-How pairs are played (fresh agents per pair, common random numbers ``seed + e`` for episode ``e``)
-is described in :mod:`leakgym.agents.play`; the per-pair statistics (mean over episodes and a 95%
+How pairs are played (fresh agents per pair, common random numbers ``seed + e`` for episode ``e``,
+``--lockstep`` pairs at a time as one batched computation) is described in :mod:`leakgym.agents.play`; the per-pair statistics (mean over episodes and a 95%
 Student-t confidence interval) in :mod:`leakgym.agents.payoff`; best responses and pure-strategy
 equilibria in :mod:`leakgym.agents.analysis`; the payoff files in :mod:`leakgym.agents.reporting`.
 
@@ -24,7 +24,7 @@ Files written to ``OUT``:
 ``episodes.csv``, ``run.json``, ``last_round/``
     written while the run goes: every finished pair's per-episode values, the run's settings and
     each pair's last round (see :mod:`leakgym.agents.episode_log`). After an interrupt (Ctrl-C),
-    the same command with ``--resume`` plays only the pairs that had not finished.
+    the same command with ``--resume`` plays only the groups of pairs that had not finished.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from .cli_common import (
 )
 from .episode_log import EPISODES_FILE
 from .payoff import METRICS, EpisodeStats, LastRound, PairResult, PayoffTable, t_interval
-from .play import evaluate, play_episode
+from .play import DEFAULT_LOCKSTEP, evaluate, play_episode, play_episodes
 from .reporting import CSV_COLUMNS, gallery_figure, heatmap_figure, json_safe, payoff_text, write_outputs
 
 
@@ -64,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the other settings must be the same)",
     )
     parser.add_argument("--device", default="cpu", help="torch device of the games (default: cpu)")
+    parser.add_argument(
+        "--lockstep", type=int, default=DEFAULT_LOCKSTEP,
+        help=f"pairs played together, their rounds one batched computation (default: {DEFAULT_LOCKSTEP}; 1: pair "
+        "after pair, each number exactly as played alone; otherwise equal to the rounding of batched kernels)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -82,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
             out=args.out,
             resume=args.resume,
             device=args.device,
+            lockstep=args.lockstep,
         )
     except KeyboardInterrupt:
         print(
@@ -115,6 +121,7 @@ __all__ = [
     "main",
     "payoff_text",
     "play_episode",
+    "play_episodes",
     "t_interval",
     "who_beats_whom",
     "write_outputs",

@@ -10,6 +10,15 @@ Per episode :func:`play_episode` records the mean over rounds of the leakage met
 infos (``leakage_ssim``, ``leakage_psnr``, ``leakage_lpips`` when the environment reports it — only
 when the pretrained LPIPS weights are installed — and ``label_accuracy``), the global model's test
 ``accuracy`` after the last round, and both agents' returns (sums of rewards).
+
+Pairs play in *lockstep*, ``lockstep`` of them at a time (:func:`play_episodes`): episode ``e`` of every
+pair of a group is one game each, and each round of those games is one
+:class:`~leakgym.envs.round.Round` (:func:`~leakgym.envs.leakgym_env.step_together`), so their attacks
+share engine calls as a vector env's do. Agents still act and learn pair by pair. A pair's numbers equal
+its episodes played alone up to the floating-point rounding of the batched attack kernels, which
+depends on which pairs share the group: pairs are grouped in table order, a resumed run replays whole
+groups, and ``lockstep`` is part of a run's settings, so a run reproduces its own numbers exactly;
+``lockstep=1`` reproduces pair-by-pair play.
 """
 
 from __future__ import annotations
@@ -25,36 +34,80 @@ from .episode_log import EpisodeLog
 from .factory import make_agent
 from .payoff import ROUND_METRICS, EpisodeStats, LastRound, PairResult, PayoffTable
 
+#: pairs of an evaluation that play in lockstep by default (:func:`evaluate`)
+DEFAULT_LOCKSTEP = 16
+
+
+def play_episodes(envs: list, attackers: list[Agent], defenders: list[Agent], seed: int) -> list[EpisodeStats]:
+    """One episode in each of ``envs`` (parallel envs, each with its own attacker and defender), all reset
+    with ``seed`` and their rounds played together (:func:`~leakgym.envs.leakgym_env.step_together`).
+
+    Every env's agents act with generators derived from ``seed`` and observe their own rewards, exactly
+    as :func:`play_episode` has them do alone (agents keep no state shared between envs: pass distinct
+    instances)."""
+    from leakgym.envs.leakgym_env import step_together
+
+    if not (len(envs) == len(attackers) == len(defenders)) or not envs:
+        raise ValueError(f"need one attacker and one defender per env; got {len(envs)} envs, {len(attackers)} "
+                         f"attackers, {len(defenders)} defenders")
+    players = [{"attacker": a, "defender": d} for a, d in zip(attackers, defenders)]
+    if len({id(agent) for p in players for agent in p.values()}) != 2 * len(players):
+        raise ValueError("each env needs its own attacker and defender instances (agents keep per-episode state)")
+    obs = [env.reset(seed=seed)[0] for env in envs]
+    rngs = [{role: np.random.default_rng([seed, i]) for i, role in enumerate(p)} for p in players]
+    for p in players:
+        for i, agent in enumerate(p.values()):
+            agent.reset(seed + 1000 * (i + 1))
+    per_round: list[dict[str, list[float]]] = [{m: [] for m in ROUND_METRICS} for _ in envs]
+    returns = [{"attacker": 0.0, "defender": 0.0} for _ in envs]
+    accuracy = [float("nan")] * len(envs)
+    rounds = [0] * len(envs)
+    while live := [j for j, env in enumerate(envs) if env.agents]:
+        actions = [{r: a.act(obs[j][r], envs[j].action_space(r), rngs[j][r]) for r, a in players[j].items()}
+                   for j in live]
+        for j, (o, rewards, _, _, infos) in zip(live, step_together([envs[j] for j in live], actions)):
+            obs[j] = o
+            for role, agent in players[j].items():
+                agent.observe(rewards[role], infos[role])
+                returns[j][role] += float(rewards[role])
+            info = infos["attacker"]
+            for m in ROUND_METRICS:
+                per_round[j][m].append(float(info.get(m, float("nan"))))
+            accuracy[j] = float(info["accuracy"])
+            rounds[j] += 1
+    out = []
+    for j in range(len(envs)):
+        metrics = {m: float(np.mean(v)) if v else float("nan") for m, v in per_round[j].items()}
+        metrics.update(accuracy=accuracy[j], attacker_return=returns[j]["attacker"],
+                       defender_return=returns[j]["defender"])
+        out.append(EpisodeStats(metrics=metrics, rounds=rounds[j]))
+    return out
+
 
 def play_episode(env, attacker: Agent, defender: Agent, seed: int) -> EpisodeStats:
     """One episode of the parallel env; agents act with generators derived from ``seed``."""
-    obs, _ = env.reset(seed=seed)
-    agents = {"attacker": attacker, "defender": defender}
-    rngs = {role: np.random.default_rng([seed, i]) for i, role in enumerate(agents)}
-    for i, agent in enumerate(agents.values()):
-        agent.reset(seed + 1000 * (i + 1))
-    per_round: dict[str, list[float]] = {m: [] for m in ROUND_METRICS}
-    returns = {"attacker": 0.0, "defender": 0.0}
-    accuracy = float("nan")
-    rounds = 0
-    while env.agents:
-        actions = {r: a.act(obs[r], env.action_space(r), rngs[r]) for r, a in agents.items()}
-        obs, rewards, _, _, infos = env.step(actions)
-        for role, agent in agents.items():
-            agent.observe(rewards[role], infos[role])
-            returns[role] += float(rewards[role])
-        info = infos["attacker"]
-        for m in ROUND_METRICS:
-            per_round[m].append(float(info.get(m, float("nan"))))
-        accuracy = float(info["accuracy"])
-        rounds += 1
-    metrics = {m: float(np.mean(v)) if v else float("nan") for m, v in per_round.items()}
-    metrics.update(accuracy=accuracy, attacker_return=returns["attacker"], defender_return=returns["defender"])
-    return EpisodeStats(metrics=metrics, rounds=rounds)
+    return play_episodes([env], [attacker], [defender], seed)[0]
 
 
 def _label(spec: Any) -> str:
     return spec.name if isinstance(spec, Agent) else str(spec)
+
+
+def _groups(table: list[tuple], lockstep: int) -> list[list[tuple]]:
+    """The pairs of ``table`` (attacker spec, label, defender spec, label) in groups of at most
+    ``lockstep``, in table order; an :class:`Agent` object given as a spec (one instance, which plays
+    its pairs one after another) is in at most one pair of a group."""
+    groups: list[list[tuple]] = []
+    group: list[tuple] = []
+    used: set[int] = set()
+    for pair in table:
+        mine = {id(spec) for spec in (pair[0], pair[2]) if isinstance(spec, Agent)}
+        if len(group) == lockstep or mine & used:
+            groups.append(group)
+            group, used = [], set()
+        group.append(pair)
+        used |= mine
+    return [*groups, group]
 
 
 def evaluate(
@@ -69,13 +122,16 @@ def evaluate(
     out: str | os.PathLike[str] | None = None,
     resume: bool = False,
     device: str = "cpu",
+    lockstep: int = DEFAULT_LOCKSTEP,
 ) -> PayoffTable:
     """Play every attacker against every defender for ``episodes`` episodes (see the module docstring).
 
-    With ``out``, each pair's episodes are written to ``out/episodes.csv`` as soon as the pair ends
-    (see :mod:`leakgym.agents.episode_log`); with ``resume`` too, the pairs already there are read
-    back instead of played again (``ValueError`` if that run had other settings). An interrupted call
-    (``KeyboardInterrupt``) leaves every finished pair on disk.
+    ``lockstep`` pairs play together (in table order; 1: pair after pair). With ``out``, each pair's
+    episodes are written to ``out/episodes.csv`` as soon as its group ends (see
+    :mod:`leakgym.agents.episode_log`); with ``resume`` too, the pairs already there are read back
+    instead of played again (``ValueError`` if that run had other settings; a group with an unfinished
+    pair is replayed whole, recording only that pair). An interrupted call (``KeyboardInterrupt``)
+    leaves every finished pair on disk.
     """
     from tqdm.auto import tqdm
 
@@ -87,6 +143,8 @@ def evaluate(
         raise ValueError(f"need at least one attacker and one defender; got {attackers} and {defenders}")
     if resume and out is None:
         raise ValueError("resume=True needs out= (the folder of the run to resume)")
+    if isinstance(lockstep, bool) or not isinstance(lockstep, int) or lockstep < 1:
+        raise ValueError(f"lockstep={lockstep!r}; allowed: integers >= 1")
     gym_id, scenario_name = resolve_env(env)
     overrides = dict(overrides or {})
     penv = parallel_env(scenario_name, device=device, **overrides)
@@ -103,33 +161,50 @@ def evaluate(
     log = None
     if out is not None:
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,
-                    "episodes": episodes, "seed": seed, "overrides": overrides}
+                    "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep}
         log = EpisodeLog.open(out, settings, resume=resume)
     finished = log.finished if log is not None else {}
 
-    pairs: list[PairResult] = []
-    total = len(attackers) * len(defenders) * episodes
-    bar = tqdm(total=total, initial=len(finished) * episodes, desc="eval", unit="episode", disable=not progress)
+    table = [(a_spec, a_label, d_spec, d_label) for a_spec, a_label in zip(attackers, a_labels)
+             for d_spec, d_label in zip(defenders, d_labels)]
+    groups = _groups(table, lockstep)
+    envs = [penv]
+    played: dict[tuple[str, str], PairResult] = dict(finished)
+    bar = tqdm(total=len(table) * episodes, initial=len(finished) * episodes, desc="eval", unit="episode",
+               disable=not progress)
     try:
-        for a_spec, a_label in zip(attackers, a_labels):
-            for d_spec, d_label in zip(defenders, d_labels):
+        first = 0
+        for group in groups:
+            first += len(group)
+            todo = [(a, d) for _, a, _, d in group if (a, d) not in finished]
+            if not todo:
+                continue
+            # The whole group plays (its make-up decides the rounding of its shared attack computations),
+            # so a resumed run gets the numbers the uninterrupted one got; only unfinished pairs are recorded.
+            while len(envs) < len(group):
+                envs.append(parallel_env(scenario_name, device=device, **overrides))
+            players = [(make_agent(a_spec, role="attacker", scenario=scenario),
+                        make_agent(d_spec, role="defender", scenario=scenario)) for a_spec, _, d_spec, _ in group]
+            stats: list[list[EpisodeStats]] = [[] for _ in group]
+            for e in range(episodes):
+                bar.set_postfix_str(f"pairs {first - len(group) + 1}-{first} of {len(table)}" if len(group) > 1
+                                    else f"{group[0][1]} vs {group[0][3]}")
+                episode = play_episodes(envs[:len(group)], [a for a, _ in players], [d for _, d in players], seed + e)
+                for mine, s in zip(stats, episode):
+                    mine.append(s)
+                bar.update(len(todo))
+            for j, (_, a_label, _, d_label) in enumerate(group):
                 if (a_label, d_label) in finished:
-                    pairs.append(finished[(a_label, d_label)])
                     continue
-                attacker = make_agent(a_spec, role="attacker", scenario=scenario)
-                defender = make_agent(d_spec, role="defender", scenario=scenario)
-                stats = []
-                for e in range(episodes):
-                    bar.set_postfix_str(f"{a_label} vs {d_label}")
-                    stats.append(play_episode(penv, attacker, defender, seed + e))
-                    bar.update(1)
-                pair = PairResult(a_label, d_label, stats, LastRound.from_game(penv.game.last))
+                pair = PairResult(a_label, d_label, stats[j], LastRound.from_game(envs[j].game.last))
                 if log is not None:
                     log.append(pair)
-                pairs.append(pair)
+                played[(a_label, d_label)] = pair
     finally:
         bar.close()
-        penv.close()
+        for game_env in envs:
+            game_env.close()
+    pairs = [played[(a_label, d_label)] for _, a_label, _, d_label in table]
     return PayoffTable(
         env_id=gym_id,
         scenario=scenario_name,
@@ -141,4 +216,4 @@ def evaluate(
     )
 
 
-__all__ = ["evaluate", "play_episode"]
+__all__ = ["DEFAULT_LOCKSTEP", "evaluate", "play_episode", "play_episodes"]

@@ -21,6 +21,7 @@ round, and the completed rounds are kept in :attr:`history`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -167,7 +168,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
     def step(self, actions: dict[str, Any]):
         defender, attacker = self.check_actions(actions)  # ValueError before any state changes
         (outcome,) = Round([self.game]).play([(defender, attacker)])  # RoundError: game left unchanged
-        return self.record(outcome)
+        return self.record(outcome)  # (several envs in one Round: step_together)
 
     # ------------------------------------------------------------------ render / close
     def render(self):
@@ -202,6 +203,33 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         return np.concatenate([obs[a] for a in self.possible_agents])
 
 
+def step_together(envs: Sequence[LeakGymParallelEnv], actions: Sequence[dict[str, Any]], *,
+                  batch_attacks: bool = True, batch_clients: bool = False) -> list[tuple]:
+    """``[env.step(a) for env, a in zip(envs, actions)]``, played as one :class:`~leakgym.envs.round.Round`.
+
+    The rounds of several independent games (an evaluation's pairs, say) then share their batched
+    computations: with ``batch_attacks`` the attacks of all games make one engine call per
+    architecture (:func:`~leakgym.envs.round.reconstruct_all`), with ``batch_clients`` the clients'
+    updates, aggregation and evaluation are vectorised too. Each game keeps its own draws; its numbers
+    equal its own ``env.step`` to the floating-point rounding of those batched kernels (exactly with
+    both off, or for one env). Every env's actions are validated before anything changes (``ValueError``
+    naming the env); a failed round raises :class:`RoundError` and leaves every game as it was.
+    Returns each env's PettingZoo step tuple.
+    """
+    if len(envs) != len(actions):
+        raise ValueError(f"got {len(actions)} action dicts for {len(envs)} environments")
+    if len({id(env.game) for env in envs}) != len(envs):
+        raise ValueError("each environment may appear once in step_together")
+    checked = []
+    for i, (env, action) in enumerate(zip(envs, actions)):
+        try:
+            checked.append(env.check_actions(action))
+        except ValueError as exc:
+            raise ValueError(f"environment {i}: {exc}") from None
+    outcomes = Round([env.game for env in envs], batch_attacks=batch_attacks, batch_clients=batch_clients).play(checked)
+    return [env.record(outcome) for env, outcome in zip(envs, outcomes)]
+
+
 def parallel_env(scenario: str | Scenario = "digits", **overrides: Any) -> LeakGymParallelEnv:
     """The parallel (simultaneous-move) LeakGym environment."""
     return LeakGymParallelEnv(scenario=scenario, **overrides)
@@ -220,4 +248,4 @@ def env(scenario: str | Scenario = "digits", **overrides: Any):
     return aec
 
 
-__all__ = ["LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env"]
+__all__ = ["LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env", "step_together"]

@@ -1,5 +1,6 @@
-"""``leakgym eval`` writes each finished pair to episodes.csv at once, and ``--resume`` continues an
-interrupted run to the same payoff table as an uninterrupted one."""
+"""``leakgym eval`` writes each finished pair to episodes.csv at once (pairs play in lockstep groups, which
+end together), and ``--resume`` continues an interrupted run to the same payoff table as an uninterrupted
+one."""
 
 from __future__ import annotations
 
@@ -18,20 +19,22 @@ from leakgym.agents.payoff import METRICS, EpisodeStats, LastRound, PairResult
 TINY = {"rounds": 1, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 
 
-def _args(out, *extra: str, seed: int = 3) -> argparse.Namespace:
+def _args(out, *extra: str, seed: int = 3, lockstep: int = 2) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     ev.add_arguments(parser)
     return parser.parse_args(
         ["--env", "LeakGym-Digits-v0", "--attackers", "random,bandit", "--defenders", "none,noise-0.1",
-         "--episodes", "2", "--seed", str(seed), "--out", str(out), "--no-progress", *extra, "--overrides"]
+         "--episodes", "2", "--seed", str(seed), "--out", str(out), "--no-progress", "--lockstep", str(lockstep),
+         *extra, "--overrides"]
         + [f"{k}={v}" for k, v in TINY.items()]
     )
 
 
 def _count_episodes(monkeypatch, interrupt_at: int | None = None) -> list[int]:
-    """Count play_episode calls; raise KeyboardInterrupt on call number ``interrupt_at`` (1-based)."""
+    """Count play_episodes calls (one episode of a lockstep group each); raise KeyboardInterrupt on call
+    number ``interrupt_at`` (1-based)."""
     calls: list[int] = []
-    real = play.play_episode
+    real = play.play_episodes
 
     def counting(*args, **kwargs):
         calls.append(1)
@@ -39,7 +42,7 @@ def _count_episodes(monkeypatch, interrupt_at: int | None = None) -> list[int]:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(play, "play_episode", counting)
+    monkeypatch.setattr(play, "play_episodes", counting)
     return calls
 
 
@@ -53,23 +56,25 @@ def test_interrupted_eval_resumes_to_the_uninterrupted_table(tmp_path, monkeypat
     assert ev.main(_args(reference)) == 0
 
     out = tmp_path / "interrupted"
-    calls = _count_episodes(monkeypatch, interrupt_at=3)  # the first episode of the second pair
+    calls = _count_episodes(monkeypatch, interrupt_at=3)  # the first episode of the second group of two pairs
     assert ev.main(_args(out)) == ev.INTERRUPTED
     assert "--resume" in capsys.readouterr().err
-    # The first pair's two episodes were on disk before the interrupt; no payoff file was written.
+    # The first group's pairs (two episodes each) were on disk before the interrupt; no payoff file was written.
     assert [(r["attacker"], r["defender"], r["episode"]) for r in _rows(out / "episodes.csv")] == [
-        ("random", "none", "0"), ("random", "none", "1")
+        ("random", "none", "0"), ("random", "none", "1"), ("random", "noise-0.1", "0"), ("random", "noise-0.1", "1")
     ]
-    assert not (out / "payoff.csv").exists() and (out / "last_round" / "a000_d000.npz").is_file()
+    assert not (out / "payoff.csv").exists() and (out / "last_round" / "a000_d001.npz").is_file()
 
-    # Other settings are refused before anything is played.
+    # Other settings (the lockstep groups too: they decide the rounding) are refused before anything is played.
     calls = _count_episodes(monkeypatch)
     with pytest.raises(ValueError, match="seed: saved 3, now 4"):
         ev.main(_args(out, "--resume", seed=4))
+    with pytest.raises(ValueError, match="lockstep: saved 2, now 4"):
+        ev.main(_args(out, "--resume", lockstep=4))
     assert calls == []
 
     assert ev.main(_args(out, "--resume")) == 0
-    assert len(calls) == 3 * 2  # the three unfinished pairs, two episodes each
+    assert len(calls) == 2  # the unfinished group of two pairs, two episodes
     assert (out / "payoff.csv").read_text() == (reference / "payoff.csv").read_text()
     assert json.loads((out / "payoff.json").read_text()) == json.loads((reference / "payoff.json").read_text())
     assert _rows(out / "episodes.csv") == _rows(reference / "episodes.csv")
@@ -79,11 +84,28 @@ def test_interrupted_eval_resumes_to_the_uninterrupted_table(tmp_path, monkeypat
 
     # Resuming a finished run plays nothing and writes the same table again; a run without --resume
     # starts over.
-    assert ev.main(_args(out, "--resume")) == 0 and len(calls) == 6
+    assert ev.main(_args(out, "--resume")) == 0 and len(calls) == 2
     assert (out / "payoff.csv").read_text() == (reference / "payoff.csv").read_text()
     _count_episodes(monkeypatch, interrupt_at=1)
     assert ev.main(_args(out)) == ev.INTERRUPTED
     assert _rows(out / "episodes.csv") == [] and not list((out / "last_round").iterdir())
+
+
+def test_a_group_with_an_unfinished_pair_is_replayed_whole_and_only_that_pair_recorded(tmp_path, monkeypatch):
+    """A crash between two pairs' rows of one group leaves the group half on disk: the resume replays
+    the whole group (its make-up decides the rounding), so the table is the uninterrupted one."""
+    reference = tmp_path / "reference"
+    assert ev.main(_args(reference)) == 0
+    out = tmp_path / "cut"
+    assert ev.main(_args(out)) == 0
+    rows = (out / "episodes.csv").read_text().splitlines(keepends=True)
+    (out / "episodes.csv").write_text("".join(rows[:-2]))  # the last pair (bandit, noise-0.1) lost
+    (out / "payoff.csv").unlink()
+    calls = _count_episodes(monkeypatch)
+    assert ev.main(_args(out, "--resume")) == 0
+    assert len(calls) == 2  # its group (bandit vs none, bandit vs noise-0.1), both episodes
+    assert (out / "payoff.csv").read_text() == (reference / "payoff.csv").read_text()
+    assert _rows(out / "episodes.csv") == _rows(reference / "episodes.csv")
 
 
 # ------------------------------------------------------------------ the log itself, without playing

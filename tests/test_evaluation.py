@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from leakgym.agents import EpsilonGreedyBandit, make_agent
@@ -211,3 +212,57 @@ def test_gallery_repeats_the_originals_only_when_they_differ():
     top = fig.axes[:4]
     assert [ax.get_title() for ax in top] == ["original", "A1\nvs D1", "original", "A2\nvs D1"]
     assert fig.axes[0].get_xlabel() == ""  # no labels known
+
+
+def test_lockstep_pairs_match_pair_by_pair_play():
+    """Lockstep groups change only the rounding of the shared attack computations: the same table as
+    pair after pair (accuracies exactly: the federated rounds do not depend on the attacks)."""
+    kwargs = {"episodes": 1, "seed": 2, "overrides": {**TINY, "rounds": 2}, "progress": False}
+    attackers, defenders = ["random", "bandit", "fixed:1,1,0,1"], ["none", "random"]
+    alone = ev.evaluate("digits", attackers, defenders, lockstep=1, **kwargs)
+    together = ev.evaluate("digits", attackers, defenders, **kwargs)
+    for metric in ("leakage_ssim_mean", "attacker_return_mean", "defender_return_mean"):
+        np.testing.assert_allclose(together.matrix(metric), alone.matrix(metric), rtol=0, atol=1e-3)
+    np.testing.assert_array_equal(together.matrix("accuracy_mean"), alone.matrix("accuracy_mean"))
+    with pytest.raises(ValueError, match="lockstep=0; allowed: integers >= 1"):
+        ev.evaluate("digits", attackers, defenders, lockstep=0, **kwargs)
+
+
+def test_an_agent_object_plays_its_pairs_one_after_another():
+    from leakgym.agents.base import UniformRandomAgent
+    from leakgym.agents.play import _groups
+
+    agent = UniformRandomAgent()
+    table = [(agent, "a", "none", "n"), (agent, "a", "random", "r"), ("bandit", "b", "none", "n")]
+    assert [[p[3] + p[1] for p in g] for g in _groups(table, 16)] == [["na"], ["ra", "nb"]]
+    assert [len(g) for g in _groups(table[2:] * 5, 2)] == [2, 2, 1]
+    result = ev.evaluate("digits", [agent, "bandit"], ["none", "random"], episodes=1, overrides=TINY, progress=False)
+    assert result.matrix("accuracy_mean").shape == (2, 2)
+
+
+def test_step_together_validates_every_env_first_and_restores_every_game_on_failure():
+    from leakgym.envs import RoundError, parallel_env, step_together
+
+    envs = [parallel_env("digits", **TINY) for _ in range(2)]
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+    zero = {a: np.zeros(len(envs[0].action_space(a).nvec), dtype=np.int64) for a in envs[0].possible_agents}
+    before = [env.game.snapshot() for env in envs]
+    bad = {**zero, "attacker": np.full_like(zero["attacker"], 99)}
+    with pytest.raises(ValueError, match="environment 1: "):
+        step_together(envs, [zero, bad])
+    with pytest.raises(ValueError, match="appear once"):
+        step_together([envs[0], envs[0]], [zero, zero])
+    real = envs[1].game.conclude
+    envs[1].game.conclude = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    with pytest.raises(RoundError):
+        step_together(envs, [zero, zero])
+    envs[1].game.conclude = real
+    for env, snap in zip(envs, before):
+        now = env.game.snapshot()
+        assert now.round == snap.round == 0 and now.rng_state == snap.rng_state
+        assert all(torch.equal(now.model_state[k], snap.model_state[k]) for k in snap.model_state)
+    together = step_together(envs, [zero, zero])
+    alone = parallel_env("digits", **TINY)
+    alone.reset(seed=1)
+    np.testing.assert_allclose(together[1][1]["attacker"], alone.step(zero)[1]["attacker"], atol=1e-4)
