@@ -57,13 +57,13 @@ class SelfPlayInterrupted(KeyboardInterrupt):
         self.summary = summary
 
 
-def _eval_pair(env_id: str, attacker: str, defender: str, episodes: int, seed: int, overrides: dict,
-               device: str = "cpu") -> dict[str, Any]:
-    table = evaluate(env_id, [attacker], [defender], episodes=episodes, seed=seed, overrides=overrides, progress=False,
+def _eval_pairs(env_id: str, attacker: str, defenders: list[str], episodes: int, seed: int, overrides: dict,
+                device: str = "cpu") -> list[dict[str, Any]]:
+    """``attacker`` against each of ``defenders`` (one evaluation: the pairs play in lockstep)."""
+    table = evaluate(env_id, [attacker], defenders, episodes=episodes, seed=seed, overrides=overrides, progress=False,
                      device=device)
-    row = table.rows()[0]
     keep = ("leakage_ssim", "leakage_psnr", "accuracy", "attacker_return", "defender_return")
-    return {m: row[f"{m}_mean"] for m in keep}
+    return [{m: row[f"{m}_mean"] for m in keep} for row in table.rows()]
 
 
 def selfplay(
@@ -125,11 +125,8 @@ def selfplay(
             entry["attacker_opponent"] = defender
             stage = "evaluation"
             if eval_episodes:
-                entry["attacker_vs_previous_defender"] = _eval_pair(gym_id, attacker, defender, eval_episodes, seed, overrides,
-                                                                     device)
-                entry["attacker_vs_new_defender"] = _eval_pair(
-                    gym_id, attacker, str(dfd.policy_path), eval_episodes, seed, overrides, device
-                )
+                entry["attacker_vs_previous_defender"], entry["attacker_vs_new_defender"] = _eval_pairs(
+                    gym_id, attacker, [defender, str(dfd.policy_path)], eval_episodes, seed, overrides, device)
         except KeyboardInterrupt as stop:
             if isinstance(stop, TrainingInterrupted):  # the policy reached so far was saved
                 entry[stage] = str(stop.result.policy_path)

@@ -225,6 +225,13 @@ def test_selfplay_one_iteration(tmp_path):
     assert 0.0 <= saved["history"][0]["attacker_vs_new_defender"]["accuracy"] <= 1.0
 
 
+def test_selfplay_evaluates_both_defenders_in_one_lockstep_evaluation_in_order():
+    """_eval_pairs returns [vs defenders[0], vs defenders[1]]: here the undefended pair leaks far more."""
+    undefended, noisy = sp._eval_pairs("LeakGym-Digits-v0", "fixed:1,0,0,0", ["none", "noise-0.1"], 1, 0,
+                                       {**TINY, "iterations": [40]})
+    assert undefended["leakage_ssim"] > noisy["leakage_ssim"] + 0.2
+
+
 # ---------------------------------------------------------------------------------------- learning
 # One attack iteration, so the strategy is the attacker's only real choice and prior-init (started
 # from the public class-mean image) is clearly the best one; the defender mixes noise 0.01 and
