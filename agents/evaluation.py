@@ -1,9 +1,10 @@
 """``leakgym eval``: every attacker against every defender, as an empirical payoff table.
 
 How pairs are played (fresh agents per pair, common random numbers ``seed + e`` for episode ``e``,
-``--lockstep`` pairs at a time as one batched computation) is described in :mod:`leakgym.agents.play`; the per-pair statistics (mean over episodes and a 95%
-Student-t confidence interval) in :mod:`leakgym.agents.payoff`; best responses and pure-strategy
-equilibria in :mod:`leakgym.agents.analysis`; the payoff files in :mod:`leakgym.agents.reporting`.
+``--lockstep`` pairs at a time as one batched computation) is described in
+:mod:`leakgym.agents.play`; the per-pair statistics (mean over episodes and a 95% Student-t
+confidence interval) in :mod:`leakgym.agents.payoff`; best responses and pure-strategy equilibria in
+:mod:`leakgym.agents.analysis`; the payoff files in :mod:`leakgym.agents.reporting`.
 
 Files written to ``OUT``:
 
