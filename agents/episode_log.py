@@ -8,8 +8,8 @@ Files under the run's output folder ``OUT``:
 ``episodes.csv``
     one row per episode: ``attacker, defender, episode, seed, rounds`` and the value of every metric
     in :data:`~leakgym.agents.payoff.METRICS` (empty when undefined, e.g. ``leakage_lpips`` without
-    the LPIPS weights). A pair's rows are appended, flushed and synced as soon as the pair's last
-    episode ends.
+    the LPIPS weights). A pair's rows are appended, flushed and synced as soon as the last episode of
+    its lockstep group (the pairs played together, :mod:`leakgym.agents.play`) ends.
 ``last_round/a<i>_d<j>.npz``
     the last round of pair (attacker ``i``, defender ``j``): private images, matched
     reconstructions, their SSIM and PSNR and the images' labels when known (what ``gallery.png``
@@ -18,7 +18,7 @@ Files under the run's output folder ``OUT``:
 Resuming (:meth:`EpisodeLog.open` with ``resume=True``) refuses a folder whose ``run.json`` holds
 other settings, keeps every pair whose episodes are all in ``episodes.csv`` and replays the others
 from their first episode (agents that adapt learn across a pair's episodes, so a pair is never
-resumed mid-way). A line cut off by a crash is dropped; any other malformed row is an error naming
+resumed mid-way), each with its whole lockstep group so that its numbers are the uninterrupted run's. A line cut off by a crash is dropped; any other malformed row is an error naming
 the file and line. Files are read as text and ``numpy.load(allow_pickle=False)``; nothing is
 un-pickled.
 """
