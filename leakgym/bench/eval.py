@@ -1,0 +1,100 @@
+"""``leakgym bench eval``: an evaluation's pairs in lockstep beside the same evaluation pair after pair.
+
+Plays one ``leakgym eval`` tournament (default: ``make demo``'s, LeakGym-Digits-v0, 3 attackers x 4
+defenders, 2 episodes of 4 rounds) twice in one process, one run after the other after a short
+warm-up: with ``--lockstep N`` (the pairs' rounds as one :class:`~leakgym.envs.round.Round` per
+round, :func:`leakgym.envs.step_together`) and with ``--lockstep 1`` (pair after pair, the reference).
+Each row reports both wall times, their ratio, and how far the lockstep table is from the reference
+one: the largest absolute difference of a pair's mean leakage SSIM, PSNR and returns (the rounding of
+batched attack kernels), and whether every final accuracy is equal (the federated rounds do not
+depend on the attacks, so they should be). Results go to ``--json`` and a markdown table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import platform
+import time
+
+from leakgym.bench import device_label, markdown_table, write_results
+from leakgym.cli import DEMO_ATTACKERS, DEMO_DEFENDERS
+
+COMPARED = ("leakage_ssim", "leakage_psnr", "attacker_return", "defender_return")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", default="runs/bench/bench_eval.json",
+                        help="output JSON path, a .md table is written beside it (default: %(default)s)")
+    parser.add_argument("--env", default="LeakGym-Digits-v0", help="Gymnasium id or scenario (default: %(default)s)")
+    parser.add_argument("--attackers", default=DEMO_ATTACKERS, help="attacker specs (default: make demo's)")
+    parser.add_argument("--defenders", default=DEMO_DEFENDERS, help="defender specs (default: make demo's)")
+    parser.add_argument("--episodes", type=int, default=2, help="episodes per pair (default: 2)")
+    parser.add_argument("--lockstep", type=int, default=16, help="pairs played together (default: 16)")
+    parser.add_argument("--overrides", nargs="*", default=["rounds=4"], metavar="KEY=VALUE",
+                        help="scenario overrides (default: rounds=4, as make demo)")
+    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+
+
+def measure(env: str, attackers: list[str], defenders: list[str], *, episodes: int, lockstep: int,
+            overrides: dict, device: str = "cpu") -> dict:
+    """Time the evaluation with ``lockstep`` and with 1, one after the other; compare their tables."""
+    import numpy as np
+
+    from leakgym.agents.play import evaluate
+
+    kwargs = {"episodes": episodes, "overrides": overrides, "progress": False, "device": device}
+    evaluate(env, attackers[:1], defenders[:1], episodes=1, overrides={**overrides, "rounds": 1}, progress=False,
+             device=device)  # warm-up: imports, dataset, first kernels
+    t0 = time.perf_counter()
+    together = evaluate(env, attackers, defenders, lockstep=lockstep, **kwargs)
+    t1 = time.perf_counter()
+    alone = evaluate(env, attackers, defenders, lockstep=1, **kwargs)
+    t2 = time.perf_counter()
+    diffs = {m: float(np.nanmax(np.abs(together.matrix(f"{m}_mean") - alone.matrix(f"{m}_mean")))) for m in COMPARED}
+    return {
+        "env": together.env_id, "pairs": len(attackers) * len(defenders), "episodes": episodes, "lockstep": lockstep,
+        "overrides": overrides, "seconds": t1 - t0, "baseline_seconds": t2 - t1, "speedup": (t2 - t1) / (t1 - t0),
+        **{f"max_diff_{m}": v for m, v in diffs.items()},
+        "accuracy_equal": bool(np.array_equal(together.matrix("accuracy_mean"), alone.matrix("accuracy_mean"))),
+        "device": device,
+    }
+
+
+def to_markdown(rows: list[dict], machine: str) -> str:
+    columns = [
+        ("env", lambda r: r["env"]),
+        ("pairs x episodes", lambda r: f"{r['pairs']} x {r['episodes']}"),
+        ("lockstep", lambda r: str(r["lockstep"])),
+        ("seconds", lambda r: f"{r['seconds']:.1f}"),
+        ("pair after pair (s)", lambda r: f"{r['baseline_seconds']:.1f}"),
+        ("ratio", lambda r: f"{r['speedup']:.2f}x"),
+        ("max diff SSIM", lambda r: f"{r['max_diff_leakage_ssim']:.1e}"),
+        ("max diff PSNR (dB)", lambda r: f"{r['max_diff_leakage_psnr']:.2f}"),
+        ("max diff returns", lambda r: f"{max(r['max_diff_attacker_return'], r['max_diff_defender_return']):.1e}"),
+        ("accuracies equal", lambda r: "yes" if r["accuracy_equal"] else "no"),
+    ]
+    title = f"`leakgym eval` with lockstep pairs vs pair after pair, one run after the other ({machine})"
+    return markdown_table(title, columns, rows, key=["env"])
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from leakgym.agents.cli_common import parse_overrides, split_agent_list
+
+    if args.episodes < 1 or args.lockstep < 1 or args.threads < 1:
+        raise ValueError(f"--episodes={args.episodes}, --lockstep={args.lockstep} and --threads={args.threads} "
+                         "must be >= 1")
+    torch.set_num_threads(args.threads)
+    row = measure(args.env, split_agent_list(args.attackers), split_agent_list(args.defenders),
+                  episodes=args.episodes, lockstep=args.lockstep, overrides=parse_overrides(args.overrides),
+                  device=args.device)
+    machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
+               f"thread(s), device {device_label(args.device)}")
+    write_results(args.json, machine, [row], to_markdown([row], machine))
+    return 0
+
+
+__all__ = ["add_arguments", "main", "measure", "to_markdown"]

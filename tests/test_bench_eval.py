@@ -1,0 +1,40 @@
+"""`leakgym bench eval`: an evaluation in lockstep beside the same evaluation pair after pair (tiny run)."""
+
+import json
+
+import pytest
+
+from leakgym.bench import eval as bench_eval
+from leakgym.cli import main
+
+
+def test_bench_eval_tiny_run(tmp_path):
+    out = tmp_path / "bench_eval.json"
+    argv = ["bench", "eval", "--json", str(out), "--attackers", "random,fixed:1,0,0,0", "--defenders", "none,noise-0.1",
+            "--episodes", "1", "--lockstep", "4", "--overrides", "rounds=2", "num_clients=1", "iterations=[2,4]",
+            "eval_size=64"]
+    assert main(argv) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["env"] == "LeakGym-Digits-v0" and row["pairs"] == 4 and row["lockstep"] == 4
+    assert row["seconds"] > 0 and row["baseline_seconds"] > 0
+    assert row["speedup"] == pytest.approx(row["baseline_seconds"] / row["seconds"])
+    # The same games, the attacks batched: equal to rounding, the federated rounds exactly.
+    assert row["max_diff_leakage_ssim"] < 1e-3 and row["max_diff_attacker_return"] < 1e-2
+    assert row["accuracy_equal"] is True
+    assert "pair after pair" in out.with_suffix(".md").read_text()
+
+
+def test_bench_eval_rejects_bad_numbers_before_playing(tmp_path, monkeypatch):
+    played = []
+    monkeypatch.setattr(bench_eval, "measure", lambda *a, **k: played.append(1))
+    with pytest.raises(ValueError, match="--lockstep=0"):
+        bench_eval.main(bench_eval_args(tmp_path, "--lockstep", "0"))
+    assert played == []
+
+
+def bench_eval_args(tmp_path, *extra):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    bench_eval.add_arguments(parser)
+    return parser.parse_args(["--json", str(tmp_path / "b.json"), *extra])
