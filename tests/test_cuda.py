@@ -98,3 +98,17 @@ def test_leakgym_train_with_the_default_hyperparameters_on_cuda(tmp_path):
                    else "n_epochs=1", "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]"])
         meta = json.loads((out / "policy.json").read_text())
         assert rc == 0 and meta["hyperparams"]["n_envs"] == 8 and meta["batch_clients"] is True
+
+
+def test_eval_in_lockstep_on_cuda_matches_pair_by_pair(cheap_overrides):
+    """`leakgym eval`'s lockstep groups (several games, one Round per round: step_together) on CUDA;
+    the games' shared normalised dataset lives on the device."""
+    from leakgym.agents.play import evaluate
+
+    kwargs = {"episodes": 1, "overrides": cheap_overrides, "progress": False, "device": "cuda"}
+    attackers, defenders = ["random", "bandit"], ["none", "random"]
+    together = evaluate("LeakGym-Digits-v0", attackers, defenders, lockstep=4, **kwargs)
+    alone = evaluate("LeakGym-Digits-v0", attackers, defenders, lockstep=1, **kwargs)
+    for metric in ("leakage_ssim_mean", "accuracy_mean"):
+        assert np.isfinite(together.matrix(metric)).all()
+        np.testing.assert_allclose(together.matrix(metric), alone.matrix(metric), rtol=0, atol=2e-2)
