@@ -47,7 +47,7 @@ class SharedImages:
 
 def shared_images(dataset: Dataset, device: torch.device | str) -> SharedImages:
     """The :class:`SharedImages` of ``dataset`` on ``device``, made on first use."""
-    device = torch.device(device)
+    device = torch.empty(0, device=device).device  # "cuda" and "cuda:0" name one device: one copy
     key = (id(dataset), str(device))
     images = _SHARED.get(key)
     if images is None or images.dataset is not dataset:  # (an id is reused only after its entry died)
