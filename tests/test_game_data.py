@@ -105,6 +105,7 @@ def test_games_on_cuda_share_a_device_copy():
         games = [env.parallel.game for env in vec.envs]
         assert games[0].images is games[1].images
         assert games[0].images.train_x.device.type == "cuda"
+        assert shared_images(games[0].dataset, "cuda") is shared_images(games[0].dataset, f"cuda:{torch.cuda.current_device()}")
         vec.step(np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64))
     finally:
         vec.close()
