@@ -18,6 +18,12 @@ class Agent(ABC):
     """
 
     name: str = "agent"
+    #: True when the agent carries nothing from one episode to the next: what it plays in an episode
+    #: depends only on how it was built, ``reset``'s seed, the generator it is given and that episode's
+    #: observations. ``leakgym eval`` then plays a pair's episodes at once, each with its own copy of
+    #: the agent (:func:`leakgym.agents.play.evaluate`). False, the safe default, for agents that learn
+    #: across episodes (the bandit).
+    episodic: bool = False
 
     def reset(self, seed: int | None = None) -> None:
         """Start of an episode (adaptive agents may keep what they learnt across episodes)."""
@@ -37,6 +43,7 @@ class UniformRandomAgent(Agent):
     """Every action dimension uniformly at random (the randomised scripted opponent)."""
 
     name = "random"
+    episodic = True
 
     def act(self, observation, action_space, rng):
         return rng.integers(0, action_space.nvec).astype(np.int64)

@@ -345,6 +345,8 @@ class LearnedAgent(Agent):
     docstring), so a policy trained with ``flat_actions=True`` is an opponent like any other.
     """
 
+    episodic = True  # a frozen policy
+
     def __init__(
         self,
         path: str | Path,

@@ -11,19 +11,24 @@ infos (``leakage_ssim``, ``leakage_psnr``, ``leakage_lpips`` when the environmen
 when the pretrained LPIPS weights are installed — and ``label_accuracy``), the global model's test
 ``accuracy`` after the last round, and both agents' returns (sums of rewards).
 
-Pairs play in *lockstep*, ``lockstep`` of them at a time (:func:`play_episodes`): episode ``e`` of every
-pair of a group is one game each, and each round of those games is one
-:class:`~leakgym.envs.round.Round` (:func:`~leakgym.envs.leakgym_env.step_together`), so their attacks
-share engine calls as a vector env's do. Agents still act and learn pair by pair. A pair's numbers equal
-its episodes played alone up to the floating-point rounding of the batched attack kernels, which
-depends on which pairs share the group: pairs are grouped in table order, a resumed run replays whole
-groups, and ``lockstep`` is part of a run's settings, so a run reproduces its own numbers exactly;
-``lockstep=1`` reproduces pair-by-pair play.
+Games play in *lockstep*, ``lockstep`` at a time (:func:`play_episodes`): each round of a group's games
+is one :class:`~leakgym.envs.round.Round` (:func:`~leakgym.envs.leakgym_env.step_together`), so their
+attacks share engine calls as a vector env's do. A pair whose two agents are
+:attr:`~leakgym.agents.base.Agent.episodic` (they carry nothing between episodes: scripted agents,
+presets, saved policies) plays its episodes at once, one game and one copy of each agent per episode; a
+pair with an agent that learns across episodes (the bandit) plays them one after another with one
+instance, as before. A pair's numbers equal its episodes played alone up to the floating-point rounding
+of the batched attack kernels, which depends on which games share a group: games are grouped in table
+order, a resumed run replays whole groups, and ``lockstep`` is part of a run's settings, so a run
+reproduces its own numbers exactly; ``lockstep=1`` reproduces one-game-at-a-time play.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,11 +43,13 @@ from .payoff import ROUND_METRICS, EpisodeStats, LastRound, PairResult, PayoffTa
 DEFAULT_LOCKSTEP = 16
 
 
-def play_episodes(envs: list, attackers: list[Agent], defenders: list[Agent], seed: int) -> list[EpisodeStats]:
-    """One episode in each of ``envs`` (parallel envs, each with its own attacker and defender), all reset
-    with ``seed`` and their rounds played together (:func:`~leakgym.envs.leakgym_env.step_together`).
+def play_episodes(envs: list, attackers: list[Agent], defenders: list[Agent],
+                  seed: int | Sequence[int]) -> list[EpisodeStats]:
+    """One episode in each of ``envs`` (parallel envs, each with its own attacker and defender), reset
+    with ``seed`` (one for all, or one per env) and their rounds played together
+    (:func:`~leakgym.envs.leakgym_env.step_together`).
 
-    Every env's agents act with generators derived from ``seed`` and observe their own rewards, exactly
+    Every env's agents act with generators derived from its seed and observe their own rewards, exactly
     as :func:`play_episode` has them do alone (agents keep no state shared between envs: pass distinct
     instances)."""
     from leakgym.envs.leakgym_env import step_together
@@ -50,14 +57,17 @@ def play_episodes(envs: list, attackers: list[Agent], defenders: list[Agent], se
     if not (len(envs) == len(attackers) == len(defenders)) or not envs:
         raise ValueError(f"need one attacker and one defender per env; got {len(envs)} envs, {len(attackers)} "
                          f"attackers, {len(defenders)} defenders")
+    seeds = [int(seed)] * len(envs) if isinstance(seed, (int, np.integer)) else [int(s) for s in seed]
+    if len(seeds) != len(envs):
+        raise ValueError(f"got {len(seeds)} seeds for {len(envs)} envs")
     players = [{"attacker": a, "defender": d} for a, d in zip(attackers, defenders)]
     if len({id(agent) for p in players for agent in p.values()}) != 2 * len(players):
         raise ValueError("each env needs its own attacker and defender instances (agents keep per-episode state)")
-    obs = [env.reset(seed=seed)[0] for env in envs]
-    rngs = [{role: np.random.default_rng([seed, i]) for i, role in enumerate(p)} for p in players]
-    for p in players:
+    obs = [env.reset(seed=s)[0] for env, s in zip(envs, seeds)]
+    rngs = [{role: np.random.default_rng([s, i]) for i, role in enumerate(p)} for p, s in zip(players, seeds)]
+    for p, s in zip(players, seeds):
         for i, agent in enumerate(p.values()):
-            agent.reset(seed + 1000 * (i + 1))
+            agent.reset(s + 1000 * (i + 1))
     per_round: list[dict[str, list[float]]] = [{m: [] for m in ROUND_METRICS} for _ in envs]
     returns = [{"attacker": 0.0, "defender": 0.0} for _ in envs]
     accuracy = [float("nan")] * len(envs)
@@ -93,21 +103,45 @@ def _label(spec: Any) -> str:
     return spec.name if isinstance(spec, Agent) else str(spec)
 
 
-def _groups(table: list[tuple], lockstep: int) -> list[list[tuple]]:
-    """The pairs of ``table`` (attacker spec, label, defender spec, label) in groups of at most
-    ``lockstep``, in table order; an :class:`Agent` object given as a spec (one instance, which plays
-    its pairs one after another) is in at most one pair of a group."""
-    groups: list[list[tuple]] = []
-    group: list[tuple] = []
+@dataclass
+class _Track:
+    """Episodes of one pair that one game and one attacker/defender pair play one after another."""
+
+    pair: int
+    episodes: list[int]
+    attacker: Agent
+    defender: Agent
+
+
+def _groups(tracks: list[_Track], lockstep: int) -> list[list[_Track]]:
+    """``tracks`` in groups of at most ``lockstep``, in order; an agent object is in at most one track
+    of a group (an :class:`Agent` given as a spec that learns across episodes plays its pairs one after
+    another)."""
+    groups: list[list[_Track]] = []
+    group: list[_Track] = []
     used: set[int] = set()
-    for pair in table:
-        mine = {id(spec) for spec in (pair[0], pair[2]) if isinstance(spec, Agent)}
+    for track in tracks:
+        mine = {id(track.attacker), id(track.defender)}
         if len(group) == lockstep or mine & used:
             groups.append(group)
             group, used = [], set()
-        group.append(pair)
+        group.append(track)
         used |= mine
     return [*groups, group]
+
+
+def _tracks(table: list[tuple], episodes: int, scenario: Any) -> list[_Track]:
+    """Pair ``p``'s episodes as one track (an agent learns across episodes) or one track per episode
+    (both agents :attr:`~Agent.episodic`: each episode gets its own copies)."""
+    tracks = []
+    for p, (a_spec, _, d_spec, _) in enumerate(table):
+        attacker = make_agent(a_spec, role="attacker", scenario=scenario)
+        defender = make_agent(d_spec, role="defender", scenario=scenario)
+        if attacker.episodic and defender.episodic:
+            tracks += [_Track(p, [e], copy.deepcopy(attacker), copy.deepcopy(defender)) for e in range(episodes)]
+        else:
+            tracks.append(_Track(p, list(range(episodes)), attacker, defender))
+    return tracks
 
 
 def evaluate(
@@ -167,44 +201,48 @@ def evaluate(
 
     table = [(a_spec, a_label, d_spec, d_label) for a_spec, a_label in zip(attackers, a_labels)
              for d_spec, d_label in zip(defenders, d_labels)]
-    groups = _groups(table, lockstep)
+    labels = [(a_label, d_label) for _, a_label, _, d_label in table]
+    groups = _groups(_tracks(table, episodes, scenario), lockstep)
     envs = [penv]
     played: dict[tuple[str, str], PairResult] = dict(finished)
+    stats: dict[int, dict[int, EpisodeStats]] = {p: {} for p in range(len(table))}
     bar = tqdm(total=len(table) * episodes, initial=len(finished) * episodes, desc="eval", unit="episode",
                disable=not progress)
     try:
-        first = 0
         for group in groups:
-            first += len(group)
-            todo = [(a, d) for _, a, _, d in group if (a, d) not in finished]
-            if not todo:
+            if all(labels[t.pair] in finished for t in group):
                 continue
             # The whole group plays (its make-up decides the rounding of its shared attack computations),
             # so a resumed run gets the numbers the uninterrupted one got; only unfinished pairs are recorded.
             while len(envs) < len(group):
                 envs.append(parallel_env(scenario_name, device=device, **overrides))
-            players = [(make_agent(a_spec, role="attacker", scenario=scenario),
-                        make_agent(d_spec, role="defender", scenario=scenario)) for a_spec, _, d_spec, _ in group]
-            stats: list[list[EpisodeStats]] = [[] for _ in group]
-            for e in range(episodes):
-                bar.set_postfix_str(f"pairs {first - len(group) + 1}-{first} of {len(table)}" if len(group) > 1
-                                    else f"{group[0][1]} vs {group[0][3]}")
-                episode = play_episodes(envs[:len(group)], [a for a, _ in players], [d for _, d in players], seed + e)
-                for mine, s in zip(stats, episode):
-                    mine.append(s)
-                bar.update(len(todo))
-            for j, (_, a_label, _, d_label) in enumerate(group):
-                if (a_label, d_label) in finished:
-                    continue
-                pair = PairResult(a_label, d_label, stats[j], LastRound.from_game(envs[j].game.last))
+            pairs_here = sorted({t.pair for t in group})
+            bar.set_postfix_str(f"pairs {pairs_here[0] + 1}-{pairs_here[-1] + 1} of {len(table)}" if len(pairs_here) > 1
+                                else "{} vs {}".format(*labels[pairs_here[0]]))
+            last: dict[int, LastRound | None] = {}
+            for wave in range(max(len(t.episodes) for t in group)):
+                live = [j for j, t in enumerate(group) if wave < len(t.episodes)]
+                episode = play_episodes([envs[j] for j in live], [group[j].attacker for j in live],
+                                        [group[j].defender for j in live],
+                                        [seed + group[j].episodes[wave] for j in live])
+                for j, result in zip(live, episode):
+                    track = group[j]
+                    stats[track.pair][track.episodes[wave]] = result
+                    if track.episodes[wave] == episodes - 1:
+                        last[track.pair] = LastRound.from_game(envs[j].game.last)
+                bar.update(sum(labels[group[j].pair] not in finished for j in live))
+            for p in pairs_here:
+                if labels[p] in finished or len(stats[p]) < episodes:
+                    continue  # recorded already, or its other episodes are in the next group
+                pair = PairResult(*labels[p], [stats[p][e] for e in range(episodes)], last[p])
                 if log is not None:
                     log.append(pair)
-                played[(a_label, d_label)] = pair
+                played[labels[p]] = pair
     finally:
         bar.close()
         for game_env in envs:
             game_env.close()
-    pairs = [played[(a_label, d_label)] for _, a_label, _, d_label in table]
+    pairs = [played[key] for key in labels]
     return PayoffTable(
         env_id=gym_id,
         scenario=scenario_name,

@@ -56,6 +56,8 @@ class FixedAgent(Agent):
     ``FixedAgent(scenario.encode_attacker({"strategy": "dlg", "iterations": 60}))``.
     """
 
+    episodic = True
+
     def __init__(self, action: Sequence[int] | np.ndarray, name: str | None = None) -> None:
         self.action = as_action(action, "fixed action")
         self.name = name or "fixed:" + ",".join(str(int(a)) for a in self.action)
@@ -73,6 +75,7 @@ class RoundRobinAgent(Agent):
     """
 
     name = "round-robin"
+    episodic = True  # the cycle restarts at every reset
 
     def __init__(self, actions: Sequence[Sequence[int]] | None = None) -> None:
         if actions is not None:

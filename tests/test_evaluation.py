@@ -228,16 +228,40 @@ def test_lockstep_pairs_match_pair_by_pair_play():
         ev.evaluate("digits", attackers, defenders, lockstep=0, **kwargs)
 
 
-def test_an_agent_object_plays_its_pairs_one_after_another():
+def test_episodic_pairs_play_their_episodes_at_once_and_learners_one_after_another():
     from leakgym.agents.base import UniformRandomAgent
-    from leakgym.agents.play import _groups
+    from leakgym.agents.play import _groups, _tracks
+    from leakgym.envs import load_scenario
 
-    agent = UniformRandomAgent()
-    table = [(agent, "a", "none", "n"), (agent, "a", "random", "r"), ("bandit", "b", "none", "n")]
-    assert [[p[3] + p[1] for p in g] for g in _groups(table, 16)] == [["na"], ["ra", "nb"]]
-    assert [len(g) for g in _groups(table[2:] * 5, 2)] == [2, 2, 1]
-    result = ev.evaluate("digits", [agent, "bandit"], ["none", "random"], episodes=1, overrides=TINY, progress=False)
+    scenario = load_scenario("digits", **TINY)
+    learner = EpsilonGreedyBandit(scenario=scenario, role="attacker")  # learns across episodes
+    table = [(learner, "b", "none", "n"), (learner, "b", "random", "r"), ("random", "a", "none", "n")]
+    tracks = _tracks(table, 3, scenario)
+    # The bandit's pairs: one track of three episodes each, with the very instance given; the episodic
+    # pair: three one-episode tracks, each with its own copies.
+    assert [(t.pair, t.episodes) for t in tracks] == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, [0]), (2, [1]), (2, [2])]
+    assert tracks[0].attacker is learner and tracks[1].attacker is learner
+    assert len({id(t.attacker) for t in tracks[2:]}) == 3
+    assert all(isinstance(t.attacker, UniformRandomAgent) for t in tracks[2:])
+    # One instance is in at most one track of a group, so it plays its pairs one after another.
+    assert [[(t.pair, t.episodes[0]) for t in g] for g in _groups(tracks, 16)] == [[(0, 0)], [(1, 0), (2, 0), (2, 1),
+                                                                                             (2, 2)]]
+    assert [len(g) for g in _groups(_tracks(table[2:], 6, scenario), 4)] == [4, 2]
+    result = ev.evaluate("digits", [learner, "random"], ["none", "random"], episodes=2, overrides=TINY, progress=False)
     assert result.matrix("accuracy_mean").shape == (2, 2)
+
+
+def test_a_pair_split_across_groups_is_recorded_once_whole(tmp_path):
+    """Five one-episode tracks per pair in groups of three: pairs end in the middle of groups."""
+    kwargs = {"episodes": 5, "seed": 1, "overrides": {**TINY, "rounds": 1}, "progress": False}
+    split = ev.evaluate("digits", ["random"], ["none", "noise-0.1"], lockstep=3, out=tmp_path, **kwargs)
+    with open(tmp_path / "episodes.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["defender"], r["episode"]) for r in rows] == [("none", str(e)) for e in range(5)] + [
+        ("noise-0.1", str(e)) for e in range(5)]
+    alone = ev.evaluate("digits", ["random"], ["none", "noise-0.1"], lockstep=1, **kwargs)
+    np.testing.assert_array_equal(split.matrix("accuracy_mean"), alone.matrix("accuracy_mean"))
+    np.testing.assert_allclose(split.matrix("leakage_ssim_mean"), alone.matrix("leakage_ssim_mean"), atol=1e-3)
 
 
 def test_step_together_validates_every_env_first_and_restores_every_game_on_failure():
