@@ -1,7 +1,7 @@
 """``leakgym eval``: every attacker against every defender, as an empirical payoff table.
 
 How pairs are played (fresh agents per pair, common random numbers ``seed + e`` for episode ``e``,
-``--lockstep`` pairs at a time as one batched computation) is described in
+``--lockstep`` games at a time as one batched computation) is described in
 :mod:`leakgym.agents.play`; the per-pair statistics (mean over episodes and a 95% Student-t
 confidence interval) in :mod:`leakgym.agents.payoff`; best responses and pure-strategy equilibria in
 :mod:`leakgym.agents.analysis`; the payoff files in :mod:`leakgym.agents.reporting`.
@@ -25,7 +25,7 @@ Files written to ``OUT``:
 ``episodes.csv``, ``run.json``, ``last_round/``
     written while the run goes: every finished pair's per-episode values, the run's settings and
     each pair's last round (see :mod:`leakgym.agents.episode_log`). After an interrupt (Ctrl-C),
-    the same command with ``--resume`` plays only the groups of pairs that had not finished.
+    the same command with ``--resume`` plays only the groups of games of pairs that had not finished.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of the games (default: cpu)")
     parser.add_argument(
         "--lockstep", type=int, default=DEFAULT_LOCKSTEP,
-        help=f"pairs played together, their rounds one batched computation (default: {DEFAULT_LOCKSTEP}; 1: pair "
-        "after pair, each number exactly as played alone; otherwise equal to the rounding of batched kernels)",
+        help=f"games played together, their rounds one batched computation (a pair of episodic agents plays its "
+        f"episodes at once; default: {DEFAULT_LOCKSTEP}; 1: one game at a time, each number exactly as played alone; "
+        "otherwise equal to the rounding of batched kernels)",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 

@@ -160,8 +160,9 @@ def evaluate(
 ) -> PayoffTable:
     """Play every attacker against every defender for ``episodes`` episodes (see the module docstring).
 
-    ``lockstep`` pairs play together (in table order; 1: pair after pair). With ``out``, each pair's
-    episodes are written to ``out/episodes.csv`` as soon as its group ends (see
+    ``lockstep`` games play together (in table order: a pair of episodic agents is one game per
+    episode, any other pair one game for all its episodes; 1: one game at a time). With ``out``, each
+    pair's episodes are written to ``out/episodes.csv`` as soon as the group of its last game ends (see
     :mod:`leakgym.agents.episode_log`); with ``resume`` too, the pairs already there are read back
     instead of played again (``ValueError`` if that run had other settings; a group with an unfinished
     pair is replayed whole, recording only that pair). An interrupted call (``KeyboardInterrupt``)

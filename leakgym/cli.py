@@ -27,7 +27,7 @@ BENCHMARKS = {
     "attacks": ("leakgym.bench.attacks", "batched attack engine vs a sequential loop"),
     "defenses": ("leakgym.bench.defenses", "accuracy, leakage and overhead of each defense"),
     "env": ("leakgym.bench.env", "environment steps per second and the cost split"),
-    "eval": ("leakgym.bench.eval", "leakgym eval with lockstep pairs vs pair after pair"),
+    "eval": ("leakgym.bench.eval", "leakgym eval with games in lockstep vs one game at a time"),
 }
 
 DEMO_ATTACKERS = "random,ig-paper,prior-init-dcs2"

@@ -1,4 +1,4 @@
-"""`leakgym bench eval`: an evaluation in lockstep beside the same evaluation pair after pair (tiny run)."""
+"""`leakgym bench eval`: an evaluation in lockstep beside the same evaluation one game at a time (tiny run)."""
 
 import json
 
@@ -21,7 +21,7 @@ def test_bench_eval_tiny_run(tmp_path):
     # The same games, the attacks batched: equal to rounding, the federated rounds exactly.
     assert row["max_diff_leakage_ssim"] < 1e-3 and row["max_diff_attacker_return"] < 1e-2
     assert row["accuracy_equal"] is True
-    assert "pair after pair" in out.with_suffix(".md").read_text()
+    assert "one at a time" in out.with_suffix(".md").read_text()
 
 
 def test_bench_eval_rejects_bad_numbers_before_playing(tmp_path, monkeypatch):

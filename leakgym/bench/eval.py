@@ -1,9 +1,10 @@
-"""``leakgym bench eval``: an evaluation's pairs in lockstep beside the same evaluation pair after pair.
+"""``leakgym bench eval``: an evaluation's games in lockstep beside the same evaluation one game at a time.
 
 Plays one ``leakgym eval`` tournament (default: ``make demo``'s, LeakGym-Digits-v0, 3 attackers x 4
 defenders, 2 episodes of 4 rounds) twice in one process, one run after the other after a short
 warm-up: with ``--lockstep N`` (the pairs' rounds as one :class:`~leakgym.envs.round.Round` per
-round, :func:`leakgym.envs.step_together`) and with ``--lockstep 1`` (pair after pair, the reference).
+round, :func:`leakgym.envs.step_together`; a pair of episodic agents plays its episodes at once) and with
+``--lockstep 1`` (one game at a time, the reference).
 Each row reports both wall times, their ratio, and how far the lockstep table is from the reference
 one: the largest absolute difference of a pair's mean leakage SSIM, PSNR and returns (the rounding of
 batched attack kernels), and whether every final accuracy is equal (the federated rounds do not
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attackers", default=DEMO_ATTACKERS, help="attacker specs (default: make demo's)")
     parser.add_argument("--defenders", default=DEMO_DEFENDERS, help="defender specs (default: make demo's)")
     parser.add_argument("--episodes", type=int, default=2, help="episodes per pair (default: 2)")
-    parser.add_argument("--lockstep", type=int, default=16, help="pairs played together (default: 16)")
+    parser.add_argument("--lockstep", type=int, default=16, help="games played together (default: 16)")
     parser.add_argument("--overrides", nargs="*", default=["rounds=4"], metavar="KEY=VALUE",
                         help="scenario overrides (default: rounds=4, as make demo)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -68,14 +69,14 @@ def to_markdown(rows: list[dict], machine: str) -> str:
         ("pairs x episodes", lambda r: f"{r['pairs']} x {r['episodes']}"),
         ("lockstep", lambda r: str(r["lockstep"])),
         ("seconds", lambda r: f"{r['seconds']:.1f}"),
-        ("pair after pair (s)", lambda r: f"{r['baseline_seconds']:.1f}"),
+        ("one at a time (s)", lambda r: f"{r['baseline_seconds']:.1f}"),
         ("ratio", lambda r: f"{r['speedup']:.2f}x"),
         ("max diff SSIM", lambda r: f"{r['max_diff_leakage_ssim']:.1e}"),
         ("max diff PSNR (dB)", lambda r: f"{r['max_diff_leakage_psnr']:.2f}"),
         ("max diff returns", lambda r: f"{max(r['max_diff_attacker_return'], r['max_diff_defender_return']):.1e}"),
         ("accuracies equal", lambda r: "yes" if r["accuracy_equal"] else "no"),
     ]
-    title = f"`leakgym eval` with lockstep pairs vs pair after pair, one run after the other ({machine})"
+    title = f"`leakgym eval` with games in lockstep vs one game at a time, one run after the other ({machine})"
     return markdown_table(title, columns, rows, key=["env"])
 
 
