@@ -184,26 +184,21 @@ def evaluate(
     overrides = dict(overrides or {})
     penv = parallel_env(scenario_name, device=device, **overrides)
     scenario = penv.scenario
-    # Build every agent once up front so that a bad spec fails before any episode runs.
-    for spec in attackers:
-        make_agent(spec, role="attacker", scenario=scenario)
-    for spec in defenders:
-        make_agent(spec, role="defender", scenario=scenario)
     a_labels, d_labels = [_label(s) for s in attackers], [_label(s) for s in defenders]
-    for labels, role in ((a_labels, "attacker"), (d_labels, "defender")):
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"{role} list {labels} names an agent twice")
+    for names, role in ((a_labels, "attacker"), (d_labels, "defender")):
+        if len(set(names)) != len(names):
+            raise ValueError(f"{role} list {names} names an agent twice")
+    table = [(a_spec, a_label, d_spec, d_label) for a_spec, a_label in zip(attackers, a_labels)
+             for d_spec, d_label in zip(defenders, d_labels)]
+    labels = [(a_label, d_label) for _, a_label, _, d_label in table]
+    # Every pair's agents are built here, so a bad spec fails before the log is touched or anything runs.
+    groups = _groups(_tracks(table, episodes, scenario), lockstep)
     log = None
     if out is not None:
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,
                     "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep}
         log = EpisodeLog.open(out, settings, resume=resume)
     finished = log.finished if log is not None else {}
-
-    table = [(a_spec, a_label, d_spec, d_label) for a_spec, a_label in zip(attackers, a_labels)
-             for d_spec, d_label in zip(defenders, d_labels)]
-    labels = [(a_label, d_label) for _, a_label, _, d_label in table]
-    groups = _groups(_tracks(table, episodes, scenario), lockstep)
     envs = [penv]
     played: dict[tuple[str, str], PairResult] = dict(finished)
     stats: dict[int, dict[int, EpisodeStats]] = {p: {} for p in range(len(table))}

@@ -99,7 +99,11 @@ def test_best_responses_on_a_constructed_table():
     assert br["pure_equilibria"] == [{"attacker": "A2", "defender": "D2"}]
 
 
-def test_eval_rejects_bad_input():
+def test_eval_rejects_bad_input(tmp_path):
+    (tmp_path / "run.json").write_text("an earlier run")
+    with pytest.raises(ValueError, match="unknown agent 'nobody'"):  # before the log in out/ is replaced
+        ev.evaluate("digits", ["random"], ["none", "nobody"], episodes=1, overrides=TINY, progress=False, out=tmp_path)
+    assert (tmp_path / "run.json").read_text() == "an earlier run"
     with pytest.raises(ValueError, match="unknown environment 'Nope-v0'"):
         ev.evaluate("Nope-v0", ["random"], ["none"], episodes=1, progress=False)
     with pytest.raises(ValueError, match="episodes=0"):
