@@ -9,6 +9,7 @@ the environments themselves only take agent objects, so ``leakgym.envs`` never i
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any
 
@@ -16,6 +17,7 @@ from leakgym.envs.scenario import Scenario, load_scenario
 from leakgym.envs.single_agent import ROLES, LeakGymSingleAgentEnv
 from leakgym.envs.vector import LeakGymVectorEnv
 
+from .base import Agent
 from .factory import make_agent
 
 #: the opponent each role meets when ``opponent`` is not given
@@ -60,6 +62,10 @@ def make_vector_env(
 ) -> LeakGymVectorEnv:
     """The vector env; every game gets its own opponent agent (agents keep per-episode state).
 
+    ``opponent`` given as an :class:`~leakgym.agents.Agent` object is a template: each game plays a
+    deep copy of it (the object itself is not stepped), so game ``i`` meets the opponent it would meet
+    alone -- a shared instance would carry one game's per-episode state (a round-robin position, a
+    bandit's pending arm) into its neighbours' rounds.
     ``max_episode_steps`` (which ``gym.make_vec`` passes from the registration) caps the episode
     length as Gymnasium's ``TimeLimit`` does for the single-agent view: ``rounds`` becomes
     ``min(rounds, max_episode_steps)``.
@@ -72,7 +78,8 @@ def make_vector_env(
         sc = sc.replace(rounds=int(max_steps))
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
-    opponents = [_opponent(opponent, role, sc) for _ in range(num_envs)]
+    opponents = [_opponent(copy.deepcopy(opponent) if isinstance(opponent, Agent) else opponent, role, sc)
+                 for _ in range(num_envs)]
     return LeakGymVectorEnv(num_envs=num_envs, opponents=opponents, scenario=sc, role=role,
                             batch_attacks=batch_attacks, batch_clients=batch_clients, **rest)
 

@@ -87,6 +87,26 @@ def test_a_game_plays_the_same_alone_or_beside_any_neighbours(cheap_overrides, b
         vec.close()
 
 
+def test_each_game_of_a_vector_meets_its_own_copy_of_an_opponent_object(cheap_overrides):
+    """An Agent object given as ``opponent`` is a template: every game plays a copy. A shared instance
+    advanced one game's round-robin position in its neighbour's rounds, so two games with one seed
+    diverged (and a bandit would credit one game's reward to another game's arm)."""
+    from leakgym.agents.scripted import RoundRobinAgent
+
+    template = RoundRobinAgent()
+    single = gym.make("LeakGym-Digits-v0", opponent=RoundRobinAgent(), **cheap_overrides)
+    single.reset(seed=5)
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, opponent=template, batch_attacks=False, **cheap_overrides)
+    vec.reset(seed=[5, 5, 5])
+    for a in ([0, 0, 0, 0], [1, 1, 0, 1]):
+        alone = single.step(np.array(a))
+        obs, rew, te, tr, infos = vec.step(np.array([a] * 3))
+        for i in range(3):
+            _assert_same_step(alone, (obs[i], rew[i], te[i], tr[i], _vector_info(infos, i)))
+    assert template.t == 0, "the template itself is not stepped"
+    vec.close()
+
+
 def test_games_of_a_vector_with_different_seeds_differ(cheap_overrides):
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, opponent=FixedAgent([0] * 6), **cheap_overrides)
     obs, _ = vec.reset(seed=[1, 2, 1])
