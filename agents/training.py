@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from .base import Agent
 from .cli_common import (
     INTERRUPTED,
     add_env_arguments,
@@ -74,6 +75,7 @@ from .cli_common import (
     resolve_env,
     split_hyperparams,
 )
+from .factory import make_agent
 from .learned import ALGORITHMS, algorithm_class, policy_spec, save_policy
 from .payoff import METRIC_RANGES, t_interval
 from .scripted import ROLES, check_role
@@ -405,8 +407,18 @@ def leakgym_metrics_callback(window: int):
     return LeakGymMetricsCallback()
 
 
+def _eval_row(total: float, per_round: dict[str, list[float]], accuracy: float) -> dict[str, float]:
+    row = {"return": total, **{m: float(np.mean(v)) for m, v in per_round.items()}}
+    row["accuracy"] = accuracy
+    return row
+
+
+PER_ROUND_METRICS = ("leakage", "leakage_ssim", "leakage_psnr")
+
+
 def run_eval_episodes(env, predict: Callable[[Any], Any], episodes: int, seed: int) -> list[dict[str, float]]:
-    """Play ``episodes`` episodes (reset seeds ``seed + e``) of a single-agent view with ``predict``.
+    """Play ``episodes`` episodes (reset seeds ``seed + e``) of a single-agent view with ``predict``, one
+    after another.
 
     Returns per episode: the learner's ``return``, the mean over rounds of ``leakage``,
     ``leakage_ssim`` and ``leakage_psnr``, and the test ``accuracy`` after the last round.
@@ -414,17 +426,66 @@ def run_eval_episodes(env, predict: Callable[[Any], Any], episodes: int, seed: i
     rows = []
     for e in range(episodes):
         obs, _ = env.reset(seed=seed + e)
-        total, per_round, info, done = 0.0, {m: [] for m in ("leakage", "leakage_ssim", "leakage_psnr")}, {}, False
+        total, per_round, info, done = 0.0, {m: [] for m in PER_ROUND_METRICS}, {}, False
         while not done:
             obs, reward, terminated, truncated, info = env.step(predict(obs))
             total += float(reward)
             for m, values in per_round.items():
                 values.append(float(info.get(m, float("nan"))))
             done = terminated or truncated
-        row = {"return": total, **{m: float(np.mean(v)) for m, v in per_round.items()}}
-        row["accuracy"] = float(info.get("accuracy", float("nan")))
-        rows.append(row)
+        rows.append(_eval_row(total, per_round, float(info.get("accuracy", float("nan")))))
     return rows
+
+
+def run_eval_episodes_together(venv, predict: Callable[[Any], Any], seed: int) -> list[dict[str, float]]:
+    """:func:`run_eval_episodes` with its episodes played at once: episode ``e`` is game ``e`` of the
+    vector env ``venv`` (``gym.make_vec``, reset seed ``seed + e``), all rounds of all games one
+    :class:`~leakgym.envs.round.Round` per step; ``predict`` gets the games' observations as a batch.
+
+    Each game starts from the state :func:`run_eval_episodes`' episode ``e`` starts from (the same
+    reset seed, its own copy of the opponent), so the rows are that function's to the rounding of the
+    batched attacks (:func:`leakgym.envs.round.reconstruct_all`). A game whose episode ended is not
+    recorded further while the others finish.
+    """
+    n = venv.num_envs
+    obs, _ = venv.reset(seed=[seed + e for e in range(n)])
+    totals = [0.0] * n
+    per_round = [{m: [] for m in PER_ROUND_METRICS} for _ in range(n)]
+    accuracy = [float("nan")] * n
+    done = np.zeros(n, dtype=bool)
+    while not done.all():
+        obs, rewards, terminated, truncated, infos = venv.step(predict(obs))
+        for i in np.flatnonzero(~done):
+            totals[i] += float(rewards[i])
+            for m, values in per_round[i].items():
+                present = m in infos and infos[f"_{m}"][i]
+                values.append(float(infos[m][i]) if present else float("nan"))
+            if terminated[i] or truncated[i]:
+                done[i] = True
+                if "accuracy" in infos and infos["_accuracy"][i]:
+                    accuracy[i] = float(infos["accuracy"][i])
+    return [_eval_row(totals[i], per_round[i], accuracy[i]) for i in range(n)]
+
+
+def evaluate_policy(make_env: Callable[[int], Any], predict: Callable[[Any], Any], episodes: int, seed: int, *,
+                    together: bool) -> list[dict[str, float]]:
+    """One evaluation: ``episodes`` episodes on environments built for it (``make_env(num_envs)``: a
+    single-agent view for 1, a vector env otherwise), closed after.
+
+    Fresh environments mean a fresh opponent, so an evaluation does not depend on the ones before it
+    (an opponent that learns across episodes, the bandit, would otherwise carry what it learned into
+    the next evaluation). ``together``: the episodes in lockstep (:func:`run_eval_episodes_together`)
+    -- for opponents that do not learn across episodes (:attr:`leakgym.agents.Agent.episodic`), where
+    each episode's own copy of the opponent plays what the shared one would; otherwise one after
+    another on one env (:func:`run_eval_episodes`), the opponent learning across them as in training.
+    """
+    env = make_env(episodes if together else 1)
+    try:
+        if together:
+            return run_eval_episodes_together(env, predict, seed)
+        return run_eval_episodes(env, predict, episodes, seed)
+    finally:
+        env.close()
 
 
 EVAL_COLUMNS = ["timesteps", "wall_time_s", "episodes"] + [
@@ -432,20 +493,22 @@ EVAL_COLUMNS = ["timesteps", "wall_time_s", "episodes"] + [
 ]
 
 
-def eval_callback(make_env: Callable[[], Any], freq: int, episodes: int, seed: int, csv_path: Path):
+def eval_callback(make_env: Callable[[int], Any], freq: int, episodes: int, seed: int, csv_path: Path, *,
+                  together: bool = False):
     """An SB3 callback that evaluates the policy against the opponent every ``freq`` steps.
 
-    Each evaluation plays ``episodes`` episodes on its own environment (``make_env()``), the
+    Each evaluation is one :func:`evaluate_policy`: ``episodes`` episodes on environments built for it
+    (``make_env(num_envs)``, so every evaluation meets the opponent in the same starting state), the
     learner acting deterministically, with the same reset seeds ``seed, seed + 1, ...`` every time
-    (so evaluations differ only by the policy). It logs ``eval/<metric>`` (mean over episodes) to
-    TensorBoard and appends a row to ``csv_path``: ``timesteps, wall_time_s, episodes`` and, for
-    each metric in :data:`EVAL_METRICS`, the mean and its 95% t-interval (clipped to :data:`EVAL_RANGES`).
+    (so evaluations differ only by the policy); ``together`` plays them in lockstep. It logs
+    ``eval/<metric>`` (mean over episodes) to TensorBoard and appends a row to ``csv_path``:
+    ``timesteps, wall_time_s, episodes`` and, for each metric in :data:`EVAL_METRICS`, the mean and its
+    95% t-interval (clipped to :data:`EVAL_RANGES`).
     """
     from stable_baselines3.common.callbacks import BaseCallback
 
     class LeakGymEvalCallback(BaseCallback):
         def _init_callback(self) -> None:
-            self.env = None
             self.t0 = time.perf_counter()
             self.next_eval = (self.num_timesteps // freq + 1) * freq
             csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -459,10 +522,8 @@ def eval_callback(make_env: Callable[[], Any], freq: int, episodes: int, seed: i
             return True
 
         def evaluate(self) -> dict[str, Any]:
-            if self.env is None:
-                self.env = make_env()
-            rows = run_eval_episodes(self.env, lambda obs: self.model.predict(obs, deterministic=True)[0],
-                                     episodes, seed)
+            rows = evaluate_policy(make_env, lambda obs: self.model.predict(obs, deterministic=True)[0],
+                                   episodes, seed, together=together)
             record: dict[str, Any] = {"timesteps": int(self.num_timesteps),
                                       "wall_time_s": round(time.perf_counter() - self.t0, 3), "episodes": episodes}
             for m in EVAL_METRICS:
@@ -586,11 +647,19 @@ def train(config: TrainConfig) -> TrainResult:
         callbacks.append(_checkpoint_callback(freq, out / "checkpoints", metadata, flat_nvec))
     evaluator = None
     if config.eval_freq:
-        def make_eval_env():
-            return gym.make(gym_id, **env_kwargs)
+        # The opponent as it is now: every evaluation starts from it (an Agent object keeps changing in
+        # training; a name builds a fresh agent each time).
+        opponent = env_kwargs["opponent"]
+        template = copy.deepcopy(opponent) if isinstance(opponent, Agent) else opponent
+        other = "defender" if role == "attacker" else "attacker"
+        episodic = (template if isinstance(template, Agent) else make_agent(template, role=other, scenario=scenario)).episodic
+
+        def make_eval_env(num_envs: int):
+            kwargs = {**env_kwargs, "opponent": copy.deepcopy(template) if isinstance(template, Agent) else template}
+            return gym.make(gym_id, **kwargs) if num_envs == 1 else gym.make_vec(gym_id, num_envs=num_envs, **kwargs)
 
         evaluator = eval_callback(make_eval_env, config.eval_freq, config.eval_episodes, config.seed + 10_000,
-                                  out / "eval.csv")
+                                  out / "eval.csv", together=episodic and config.eval_episodes > 1)
         callbacks.append(evaluator)
     if config.progress:
         callbacks.append(_progress_callback(plan.actual))

@@ -154,6 +154,50 @@ def test_train_cli_reads_the_file_and_logs_leakgym_scalars_evaluations_and_check
         agent.act(np.zeros(3, np.float32), spaces.MultiDiscrete(sc.defender_nvec), np.random.default_rng(0))
 
 
+@pytest.mark.parametrize("opponent", ["bandit", "random"])
+def test_evaluations_of_an_unchanged_policy_are_equal_whatever_the_opponent_learned(tmp_path, opponent, monkeypatch):
+    """With learning rate 0 the policy never changes, so every evaluation must give the same row. The
+    callback used to keep one env for all evaluations, and a bandit opponent went on learning from
+    one evaluation's episodes into the next. Episodes play in lockstep unless the opponent learns
+    across episodes (the bandit)."""
+    together = []
+    original = tr.run_eval_episodes_together
+    monkeypatch.setattr(tr, "run_eval_episodes_together", lambda *a, **k: together.append(1) or original(*a, **k))
+    rows = []
+    for run in ("a", "b"):
+        tr.train(tr.TrainConfig(algo="ppo", timesteps=16, opponent=opponent, out=tmp_path / run, overrides=TINY,
+                                hyperparams={"n_envs": 1, "n_steps": 4, "batch_size": 4, "learning_rate": 0.0},
+                                eval_freq=4, eval_episodes=3, checkpoint_freq=0, progress=False))
+        with open(tmp_path / run / "eval.csv") as fh:
+            rows.append([{k: v for k, v in r.items() if k not in ("timesteps", "wall_time_s")}
+                         for r in csv.DictReader(fh)])
+    assert len(rows[0]) == 4 and all(r == rows[0][0] for r in rows[0]), rows[0]
+    assert rows[0] == rows[1]  # and a second run reproduces them
+    assert len(together) == (0 if opponent == "bandit" else 8)
+
+
+def _eval_predict(obs):
+    """A deterministic policy of the observation (an attacker on TINY's menu)."""
+    obs = np.asarray(obs)
+    pick = (obs[..., 1] * 1000).astype(np.int64) % 2  # depends on the shared update
+    return np.stack([pick, pick, np.zeros_like(pick), pick], axis=-1)
+
+
+@pytest.mark.parametrize("batch_attacks", [False, True])
+def test_evaluation_episodes_in_lockstep_are_the_episodes_one_after_another(batch_attacks):
+    import gymnasium as gym
+
+    kwargs = dict(TINY, opponent="random", restarts=[1], strategies=["inverting-gradients", "dlg"], tv=[0.0, 1e-2])
+    alone = tr.run_eval_episodes(gym.make("LeakGym-Digits-v0", **kwargs), _eval_predict, 3, seed=7)
+    together = tr.run_eval_episodes_together(
+        gym.make_vec("LeakGym-Digits-v0", num_envs=3, batch_attacks=batch_attacks, **kwargs), _eval_predict, seed=7)
+    assert len({r["leakage_ssim"] for r in alone}) == 3  # three different episodes
+    for a, b in zip(alone, together):
+        assert a["accuracy"] == b["accuracy"]  # the federated rounds do not depend on the attacks
+        for m in ("return", "leakage", "leakage_ssim"):
+            assert b[m] == (a[m] if not batch_attacks else pytest.approx(a[m], abs=1e-3)), m
+
+
 def test_budget_warning_real_steps_and_no_checkpoints(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     tr.add_arguments(parser)
