@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -33,6 +34,18 @@ class Agent(ABC):
 
     def observe(self, reward: float, info: dict[str, Any]) -> None:
         """Feedback after the round (ignored by non-adaptive agents)."""
+
+    def get_state(self) -> Any:
+        """A copy of what ``reset``/``act``/``observe`` may change; the environments take it before a
+        step and give it back (:meth:`set_state`) if the step fails, so a failed step changes nothing.
+        Default: a deep copy of the agent's attributes; agents whose ``act`` changes nothing and that
+        hold large objects (a loaded policy) override it."""
+        return copy.deepcopy(vars(self))
+
+    def set_state(self, state: Any) -> None:
+        """Restore a :meth:`get_state` copy."""
+        vars(self).clear()
+        vars(self).update(copy.deepcopy(state))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

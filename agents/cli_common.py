@@ -89,6 +89,17 @@ def resolve_env(env: str) -> tuple[str, str]:
     raise ValueError(f"unknown environment {env!r}; allowed ids: {sorted(ids)} (or scenario names {sorted(by_name)})")
 
 
+def seed_argument(text: str) -> int:
+    """``argparse`` type of ``--seed``: an integer >= 0 (what numpy's and Gymnasium's seeding accept)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; allowed: integers >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}; allowed: integers >= 0")
+    return value
+
+
 def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--env", default="LeakGym-Digits-v0", help="Gymnasium id (or scenario name), e.g. LeakGym-Digits-v0"
@@ -100,7 +111,7 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="scenario overrides, e.g. rounds=2 'iterations=[5,10]' (values parsed as YAML)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="base random seed")
+    parser.add_argument("--seed", type=seed_argument, default=0, help="base random seed (>= 0)")
     parser.add_argument(
         "--threads",
         type=int,

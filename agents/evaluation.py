@@ -34,6 +34,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from leakgym.devices import device_argument
+
 from .analysis import best_responses, who_beats_whom
 from .cli_common import (
     INTERRUPTED,
@@ -64,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"continue the interrupted run in --out: keep the pairs already in {EPISODES_FILE} and play the rest "
         "(the other settings must be the same)",
     )
-    parser.add_argument("--device", default="cpu", help="torch device of the games (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=device_argument, help="torch device of the games (default: cpu)")
     parser.add_argument(
         "--lockstep", type=int, default=DEFAULT_LOCKSTEP,
         help=f"games played together, their rounds one batched computation (a pair of episodic agents plays its "

@@ -420,6 +420,12 @@ class LearnedAgent(Agent):
             return
         self._check_action_nvec(np.asarray(getattr(action_space, "nvec", None)), f"this role's action space {action_space}")
 
+    def get_state(self) -> None:
+        """Nothing to save: ``act`` changes nothing on the agent (and the loaded policy is not copied)."""
+
+    def set_state(self, state: None) -> None:
+        """Nothing to restore (:meth:`get_state`)."""
+
     def act(self, observation, action_space, rng):
         from gymnasium import spaces
 

@@ -180,6 +180,8 @@ def evaluate(
         raise ValueError("resume=True needs out= (the folder of the run to resume)")
     if isinstance(lockstep, bool) or not isinstance(lockstep, int) or lockstep < 1:
         raise ValueError(f"lockstep={lockstep!r}; allowed: integers >= 1")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed={seed!r}; allowed: integers >= 0")
     gym_id, scenario_name = resolve_env(env)
     overrides = dict(overrides or {})
     penv = parallel_env(scenario_name, device=device, **overrides)

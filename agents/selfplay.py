@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from leakgym.devices import device_argument
+
 from .cli_common import (
     INTERRUPTED,
     add_env_arguments,
@@ -154,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-episodes", type=int, default=2, help="evaluation episodes per matchup (0 = none)")
     add_hyperparams_argument(parser)
     parser.add_argument("--out", type=Path, default=Path("runs/selfplay"), help="output folder")
-    parser.add_argument("--device", default="cpu", help="torch device of the policies and the games")
+    parser.add_argument("--device", default="cpu", type=device_argument, help="torch device of the policies and the games")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 

@@ -36,6 +36,7 @@ from leakgym.defenses import (
     apply_defense_many,
     defense_compute_units,
 )
+from leakgym.devices import check_device
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.client import compute_update
 from leakgym.fl.server import Server
@@ -170,6 +171,7 @@ class GameSnapshot:
     test_loss: float
     last: RoundRecord | None
     timings: dict[str, float]
+    diverged_at: int | None
 
 
 def _finite(value: float, default: float = 0.0) -> float:
@@ -187,7 +189,7 @@ class LeakGame:
 
     def __init__(self, scenario: Scenario, *, device: str | torch.device = "cpu") -> None:
         self.scenario = scenario
-        self.device = torch.device(device)
+        self.device = check_device(device)
         self.dataset = _dataset(scenario.dataset, scenario.image_size)
         self.spec = self.dataset.spec
         if scenario.leakage_metric in ("lpips",):
@@ -257,6 +259,7 @@ class LeakGame:
             test_loss=self.test_loss,
             last=self.last,
             timings=dict(self.timings),
+            diverged_at=self.diverged_at,
         )
 
     def restore(self, snap: GameSnapshot) -> None:
@@ -264,6 +267,7 @@ class LeakGame:
         self.rng.bit_generator.state = snap.rng_state
         self.round, self.accuracy, self.test_loss = snap.round, snap.accuracy, snap.test_loss
         self.last, self.timings = snap.last, snap.timings
+        self.diverged_at = snap.diverged_at
 
     # ------------------------------------------------------------------ observations
     def observations(self) -> dict[str, np.ndarray]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 import sys
 from dataclasses import dataclass, field
@@ -394,7 +395,9 @@ def estimated_round_bytes(sc: Scenario) -> int:
     spec = dataset_spec(sc.dataset)
     side = sc.image_size or spec.image_size
     pixels = spec.channels * side * side
-    restarts = max([int(r) for r in sc.attacker_menu.get("restarts", [1])] + [1])
+    # (menu values are validated elsewhere; a non-integer one is refused there, not estimated here)
+    restarts = max([int(r) for r in sc.attacker_menu.get("restarts", [1])
+                    if isinstance(r, numbers.Integral) and not isinstance(r, bool)] + [1])
     attack = 4 * 64 * restarts * sc.batch_size * pixels
     clients = 4 * 64 * (sc.num_clients + 1) * max(sc.batch_size, 8) * pixels
     return int(attack + clients)

@@ -57,6 +57,24 @@ def as_opponent(opponent: Any) -> Any:
     )
 
 
+def agent_state(agent: Any) -> Any:
+    """A copy of what ``agent.act``/``observe`` may change, so that a failed step can be undone: the
+    agent's ``get_state()`` where it has one (:meth:`leakgym.agents.Agent.get_state`), else a deep copy
+    of its attributes."""
+    if hasattr(agent, "get_state"):
+        return agent.get_state()
+    return copy.deepcopy(vars(agent)) if hasattr(agent, "__dict__") else None
+
+
+def restore_agent_state(agent: Any, state: Any) -> None:
+    """Put back what :func:`agent_state` copied."""
+    if hasattr(agent, "set_state"):
+        agent.set_state(state)
+    elif state is not None:
+        vars(agent).clear()
+        vars(agent).update(state)
+
+
 class LeakGymSingleAgentEnv(gym.Env):
     """One role of the LeakGym game (attacker or defender) against a fixed opponent.
 
@@ -85,7 +103,9 @@ class LeakGymSingleAgentEnv(gym.Env):
             raise ValueError("opponent is required: an agent object or callable (gym.make resolves names)")
         self.opponent = as_opponent(opponent)
         # The inner game speaks MultiDiscrete; this view flattens the learner's actions itself.
-        self.flat_actions = bool(overrides.pop("flat_actions", False))
+        self.flat_actions = overrides.pop("flat_actions", False)
+        if not isinstance(self.flat_actions, bool):
+            raise ValueError(f"flat_actions={self.flat_actions!r}; allowed: True or False")  # noqa: TRY004
         self.parallel = LeakGymParallelEnv(scenario, render_mode=render_mode, **overrides)
         self.scenario = self.parallel.scenario
         self.role = role
@@ -126,7 +146,7 @@ class LeakGymSingleAgentEnv(gym.Env):
         if self._other_obs is None:
             raise RuntimeError("step() called before reset()")
         mine = self.to_multi(action)  # before the opponent draws anything
-        saved = copy.deepcopy(self._opponent_rng.bit_generator.state)
+        saved = self.opponent_state()
         try:
             other_action = self.opponent.act(self._other_obs, self._opponent_space, self._opponent_rng)
             return self.parallel.check_actions({self.role: mine, self.other: other_action})
@@ -134,11 +154,15 @@ class LeakGymSingleAgentEnv(gym.Env):
             self.undo_prepare(saved)
             raise
 
-    def opponent_state(self) -> dict:
-        return copy.deepcopy(self._opponent_rng.bit_generator.state)
+    def opponent_state(self) -> tuple[dict, Any]:
+        """What a step may change on the opponent's side: its generator and the agent's own state
+        (:func:`agent_state`), restored by :meth:`undo_prepare` when the step fails."""
+        return copy.deepcopy(self._opponent_rng.bit_generator.state), agent_state(self.opponent)
 
-    def undo_prepare(self, state: dict) -> None:
-        self._opponent_rng.bit_generator.state = state
+    def undo_prepare(self, state: tuple[dict, Any]) -> None:
+        rng_state, own = state
+        self._opponent_rng.bit_generator.state = rng_state
+        restore_agent_state(self.opponent, own)
 
     def finish_step(self, outcome: RoundOutcome):
         obs, rewards, terms, truncs, infos = self.parallel.record(outcome)

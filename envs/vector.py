@@ -22,6 +22,11 @@ from .round import Round
 from .single_agent import LeakGymSingleAgentEnv
 
 
+def _is_seed(value: Any) -> bool:
+    """An integer >= 0 (Python or numpy; not a bool): what Gymnasium's seeding accepts."""
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer)) and value >= 0
+
+
 class LeakGymVectorEnv(VectorEnv):
     """``num_envs`` single-agent views whose rounds are played together.
 
@@ -67,12 +72,19 @@ class LeakGymVectorEnv(VectorEnv):
         self._obs = create_empty_array(self.single_observation_space, self.num_envs)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
-        if seed is None or isinstance(seed, (int, np.integer)):
+        # Every seed is checked before any game resets: a rejected reset changes nothing.
+        if seed is None or _is_seed(seed):
             seeds = [None if seed is None else int(seed) + i for i in range(self.num_envs)]
         else:
+            if isinstance(seed, (str, bytes)) or not hasattr(seed, "__len__"):
+                raise ValueError(f"seed={seed!r}; allowed: None, an integer >= 0, or a list of {self.num_envs} "
+                                 "such seeds (one per environment)")
             if len(seed) != self.num_envs:
                 raise ValueError(f"got {len(seed)} seeds for {self.num_envs} environments")
-            seeds = list(seed)
+            for i, s in enumerate(seed):
+                if s is not None and not _is_seed(s):
+                    raise ValueError(f"seed[{i}]={s!r}; allowed: None or an integer >= 0")
+            seeds = [None if s is None else int(s) for s in seed]
         obs, infos = [], {}
         for i, (env, s) in enumerate(zip(self.envs, seeds)):
             o, info = env.reset(seed=s, options=options)

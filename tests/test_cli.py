@@ -24,3 +24,20 @@ def test_subcommands_are_wired():
 def test_unknown_subcommand_is_an_argparse_error():
     with pytest.raises(SystemExit):
         main(["frobnicate"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "--device", "cuda:7"], "argument --device: device='cuda:7' is not available on this machine"),
+    (["eval", "--device", "bogus"], "argument --device: device='bogus' is not a torch device name"),
+    (["eval", "--seed", "-1"], "argument --seed: -1; allowed: integers >= 0"),
+    (["selfplay", "--device", "bogus"], "argument --device: device='bogus'"),
+])
+def test_device_and_seed_are_checked_before_anything_runs(tmp_path, capsys, argv, message):
+    """Checked by the parser: an earlier run in --out is not touched (the log used to be reopened first)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "episodes.csv").write_text("earlier run\n")
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(out)])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert (out / "episodes.csv").read_text() == "earlier run\n"

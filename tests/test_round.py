@@ -289,3 +289,75 @@ def test_the_single_agent_view_takes_a_plain_callable_opponent(cheap_overrides):
     assert calls and info["leakage"] >= 0.0
     with pytest.raises(ValueError, match="opponent=.*expected an object with act"):
         LeakGymSingleAgentEnv("digits", opponent="random", **cheap_overrides)
+
+
+def test_a_failing_round_restores_the_divergence_flag(cheap_overrides, monkeypatch):
+    e = parallel_env("digits", **cheap_overrides)
+    e.reset(seed=3)
+    original = type(e.game).federated_step
+
+    def diverge_then_fail(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.diverged_at = self.round  # as advance_round does for a non-finite test loss
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(type(e.game), "federated_step", diverge_then_fail)
+    with pytest.raises(RoundError):
+        e.step({"attacker": np.array([0, 0, 0, 0]), "defender": np.zeros(6, dtype=np.int64)})
+    assert e.game.diverged_at is None
+
+
+@pytest.mark.parametrize("vector", [False, True])
+def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, monkeypatch, vector):
+    """The opponent acts before the round is played; when the round fails, the opponent's own state
+    (here a round-robin position) is put back with its generator, so the retried step plays what a
+    fresh env plays."""
+    from leakgym.agents.scripted import RoundRobinAgent
+    from leakgym.envs.game import LeakGame
+
+    def make():
+        if vector:
+            return gym.make_vec("LeakGym-Digits-v0", num_envs=2, role="defender", opponent=RoundRobinAgent(),
+                                batch_attacks=False, **cheap_overrides)
+        return gym.make("LeakGym-Digits-v0", role="defender", opponent=RoundRobinAgent(), **cheap_overrides)
+
+    action = np.zeros((2, 6) if vector else 6, dtype=np.int64)
+    env, ref = make(), make()
+    env.reset(seed=4)
+    ref.reset(seed=4)
+    original = LeakGame.conclude
+    monkeypatch.setattr(LeakGame, "conclude", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("disk on fire")))
+    with pytest.raises(RoundError):
+        env.step(action)
+    monkeypatch.setattr(LeakGame, "conclude", original)
+    for _ in range(2):
+        got, want = env.step(action), ref.step(action)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[4]["leakage_ssim"], want[4]["leakage_ssim"])
+
+
+def test_a_rejected_vector_reset_changes_no_game(cheap_overrides):
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none", **cheap_overrides)
+    ref = gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none", **cheap_overrides)
+    action = np.zeros((2, 4), dtype=np.int64)
+    for v in (vec, ref):
+        v.reset(seed=[0, 1])
+        v.step(action)
+    for bad, match in (([0, -1], r"seed\[1\]=-1; allowed: None or an integer >= 0"),
+                       (1.5, r"seed=1.5; allowed: None, an integer >= 0"),
+                       ("ab", r"seed='ab'"), ([0, True], r"seed\[1\]=True")):
+        with pytest.raises(ValueError, match=match):
+            vec.reset(seed=bad)
+    np.testing.assert_array_equal(vec.step(action)[1], ref.step(action)[1])
+
+
+def test_view_options_are_checked_when_built():
+    with pytest.raises(ValueError, match=r"flat_actions='False'; allowed: True or False"):
+        gym.make("LeakGym-Digits-v0", flat_actions="False")
+    with pytest.raises(ValueError, match=r"flat_actions='no'; allowed: True or False"):
+        gym.make_vec("LeakGym-Digits-v0", num_envs=2, flat_actions="no")
+    with pytest.raises(ValueError, match=r"device='bogus' is not a torch device name; available here: \['cpu'"):
+        gym.make("LeakGym-Digits-v0", device="bogus")
+    with pytest.raises(ValueError, match=r"device='cuda:7' is not available on this machine"):
+        parallel_env("digits", device="cuda:7")

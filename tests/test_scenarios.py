@@ -113,3 +113,12 @@ def test_scenario_files_only_from_the_package_or_an_explicit_path(tmp_path):
     good.write_text('name = "good"\nbatch_size = 2\n[attacker_menu]\nstrategy = ["dlg"]\niterations = [5]\n')
     sc = load_scenario(good, rounds=2)
     assert (sc.name, sc.batch_size, sc.rounds, sc.attacker_dims) == ("good", 2, 2, ["strategy", "iterations"])
+
+
+@pytest.mark.parametrize("values", [[float("nan")], [2.5], [True], [0]])
+def test_attack_budgets_must_be_integers_when_the_scenario_is_built(values):
+    """A NaN budget passed ``iterations < 1`` and failed mid-rollout; 2.5 and True were played as numbers."""
+    with pytest.raises(ValueError, match=r"iterations=.*must be an integer >= 1"):
+        load_scenario("digits", iterations=values)
+    with pytest.raises(ValueError, match=r"restarts=.*must be an integer >= 1"):
+        load_scenario("digits", restarts=values)

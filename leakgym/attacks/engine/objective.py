@@ -17,6 +17,7 @@ budgets of one attack still make one engine call.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -102,10 +103,10 @@ class Schedule:
     """L-BFGS memory (pairs kept)."""
 
     def __post_init__(self) -> None:
-        if self.iterations < 1:
-            raise ValueError(f"iterations={self.iterations}; must be >= 1")
-        if self.restarts < 1:
-            raise ValueError(f"restarts={self.restarts}; must be >= 1")
+        for name in ("iterations", "restarts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name}={value!r}; must be an integer >= 1")
         if self.optimizer not in ("adam", "lbfgs"):
             raise ValueError(f"optimizer={self.optimizer!r}; allowed: 'adam', 'lbfgs'")
         if not (self.lr > 0 and math.isfinite(self.lr)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,10 +59,10 @@ class OptimizationConfig:
     """Floating-point type of the computation: ``"float32"`` or ``"float64"``."""
 
     def __post_init__(self) -> None:
-        if self.iterations < 1:
-            raise ValueError(f"iterations={self.iterations}; must be >= 1")
-        if self.restarts < 1:
-            raise ValueError(f"restarts={self.restarts}; must be >= 1")
+        for name in ("iterations", "restarts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name}={value!r}; must be an integer >= 1")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr}; must be a finite number > 0")
         if self.label_method not in LABEL_METHODS:

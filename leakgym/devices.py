@@ -1,0 +1,57 @@
+"""Torch devices named by users: checked when a game, a command or a benchmark is configured.
+
+``torch.device("cuda")`` is accepted on a machine without CUDA and fails only at the first tensor
+placed there -- mid-reset, mid-run, after output files were opened. :func:`check_device` fails at
+once, naming the device and what this machine offers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+#: device types LeakGym runs on
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def available_devices() -> list[str]:
+    """The devices this machine offers: ``cpu``, ``cuda:0`` ... and ``mps`` where present."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` when this machine has it; ``ValueError`` naming it and the
+    available devices otherwise (``cuda`` means the current CUDA device, ``cuda:N`` needs N GPUs)."""
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device={device!r}; allowed: a device name such as {available_devices()}")  # noqa: TRY004
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device={device!r} is not a torch device name; available here: {available_devices()}") from None
+    if dev.type not in DEVICE_TYPES:
+        raise ValueError(f"device={device!r}: LeakGym runs on {list(DEVICE_TYPES)}; available here: {available_devices()}")
+    if dev.type == "cuda" and (not torch.cuda.is_available()
+                               or (dev.index is not None and dev.index >= torch.cuda.device_count())):
+        raise ValueError(f"device={device!r} is not available on this machine; available here: {available_devices()}")
+    if dev.type == "mps" and "mps" not in available_devices():
+        raise ValueError(f"device={device!r} is not available on this machine; available here: {available_devices()}")
+    return dev
+
+
+def device_argument(text: str) -> str:
+    """``argparse`` type of ``--device``: the name, checked by :func:`check_device`."""
+    try:
+        check_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+__all__ = ["DEVICE_TYPES", "available_devices", "check_device", "device_argument"]
