@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .payoff import METRICS, EpisodeStats, LastRound, PairResult
-from .reporting import json_safe
+from .reporting import OUTPUT_FILES, json_safe
 
 RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.csv"
@@ -107,6 +107,8 @@ class EpisodeLog:
         (out / LAST_ROUND_DIR).mkdir(exist_ok=True)
         for stale in (out / LAST_ROUND_DIR).glob("a*_d*.npz"):
             stale.unlink()
+        for name in OUTPUT_FILES:  # an earlier run's tables would pass for this run's until it ends
+            (out / name).unlink(missing_ok=True)
         _replace_atomically(run_path, json.dumps({"version": LOG_VERSION, "settings": settings}, indent=2).encode())
         log = cls(out, settings, {})
         log._write_rows([], mode="replace")

@@ -100,8 +100,13 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return INTERRUPTED
-    with readable_warnings():
-        paths = write_outputs(table, args.out)
+    try:
+        with readable_warnings():
+            paths = write_outputs(table, args.out)
+    except KeyboardInterrupt:
+        print(f"interrupted while writing the tables: every pair is in {Path(args.out) / EPISODES_FILE}; run the "
+              "same command with --resume to write them", file=sys.stderr)
+        return INTERRUPTED
     print(payoff_text(table))
     print(who_beats_whom(table))
     print("wrote " + ", ".join(str(p) for p in paths.values()))

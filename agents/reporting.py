@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import textwrap
 import warnings
 from pathlib import Path
@@ -257,14 +258,20 @@ def write_gallery(table: PayoffTable, path: Path, max_images: int = 4) -> None:
 
 
 def write_outputs(table: PayoffTable, out: Path) -> dict[str, Path]:
-    """Write payoff.csv, payoff.json, payoff.png and gallery.png to ``out``."""
+    """Write payoff.csv, payoff.json, payoff.png and gallery.png to ``out``, each atomically (written
+    beside its name, then renamed), so an interrupted write leaves no half-written file."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in OUTPUT_FILES}
-    write_csv(table, paths["payoff.csv"])
-    write_json(table, paths["payoff.json"])
-    write_heatmap(table, paths["payoff.png"])
-    write_gallery(table, paths["gallery.png"])
+    writers = {"payoff.csv": write_csv, "payoff.json": write_json, "payoff.png": write_heatmap,
+               "gallery.png": write_gallery}
+    for name, path in paths.items():
+        partial = path.with_name(f".{path.stem}.partial{path.suffix}")  # same suffix: matplotlib's format
+        try:
+            writers[name](table, partial)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
     return paths
 
 

@@ -89,6 +89,29 @@ def test_interrupted_eval_resumes_to_the_uninterrupted_table(tmp_path, monkeypat
     _count_episodes(monkeypatch, interrupt_at=1)
     assert ev.main(_args(out)) == ev.INTERRUPTED
     assert _rows(out / "episodes.csv") == [] and not list((out / "last_round").iterdir())
+    # ... and an earlier run's tables go with it (they would pass for this run's)
+    assert not [p for p in out.iterdir() if p.name.startswith(("payoff", "gallery"))]
+
+
+def test_ctrl_c_while_the_tables_are_written_leaves_no_half_file_and_resume_writes_them(tmp_path, monkeypatch, capsys):
+    from leakgym.agents import reporting
+
+    out = tmp_path / "run"
+    real = reporting.write_heatmap
+
+    def interrupted(table, path):
+        path.write_bytes(b"half a png")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reporting, "write_heatmap", interrupted)
+    assert ev.main(_args(out)) == ev.INTERRUPTED
+    assert "interrupted while writing the tables" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir() if not p.is_dir()) == ["episodes.csv", "payoff.csv", "payoff.json",
+                                                                     "run.json"]
+    monkeypatch.setattr(reporting, "write_heatmap", real)
+    calls = _count_episodes(monkeypatch)
+    assert ev.main(_args(out, "--resume")) == 0 and calls == []
+    assert (out / "payoff.png").is_file() and (out / "gallery.png").is_file()
 
 
 def test_a_group_with_an_unfinished_pair_is_replayed_whole_and_only_that_pair_recorded(tmp_path, monkeypatch):
