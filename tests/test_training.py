@@ -97,6 +97,83 @@ def test_plan_steps_plays_the_requested_steps_or_says_how_many():
         tr.plan_steps("ppo", 0, 1, ppo)
 
 
+@pytest.mark.parametrize("token, message", [
+    ("n_steps=0", "n_steps=0; allowed: integers >= 1"),
+    ("n_envs=0", "n_envs=0; allowed: integers >= 1"),
+    ("batch_size=1", "batch_size=1; allowed: integers >= 2"),
+    ("n_epochs=0", "n_epochs=0; allowed: integers >= 1"),
+    ("gamma=5", r"gamma=5; allowed: numbers in [0, 1]"),
+    ("gae_lambda=-0.1", r"gae_lambda=-0.1; allowed: numbers in [0, 1]"),
+    ("learning_rate=-1", "learning_rate=-1; allowed: numbers >= 0"),
+    ("policy_kwargs={activation_fn: Relu}", "policy_kwargs.activation_fn='Relu'; allowed: one of ['Tanh', 'ReLU'"),
+    ("policy_kwargs={net_arch: [0]}", "policy_kwargs.net_arch=[0]; allowed: a list of layer sizes >= 1"),
+    ("seed=3", "seed is set by leakgym train itself, not a hyperparameter; use --seed"),
+    ("verbose=1", "verbose is set by leakgym train itself"),
+    ("device=cpu", "device is set by leakgym train itself, not a hyperparameter; use --device"),
+    ("tensorboard_log=x", "tensorboard_log is set by leakgym train itself"),
+    ("_init_setup_model=false", "_init_setup_model is set by leakgym train itself"),
+])
+def test_bad_hyperparams_on_the_command_line_are_user_errors_before_anything_is_built(
+        tmp_path, monkeypatch, capsys, token, message):
+    from leakgym.cli import main
+
+    monkeypatch.setattr(tr, "make_training_env", lambda *a, **k: pytest.fail("built an environment"))
+    out = tmp_path / "out"
+    assert main(["train", "--timesteps", "8", "--opponent", "none", "--no-progress", "--out", str(out),
+                 "--hyperparams", token, "--overrides", *TINY_ARGS]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"leakgym: error: command line (--hyperparams {token}): ") and message in err
+    assert "ppo.yml" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_hyperparams_in_a_file_name_the_file_key_value_and_range(tmp_path):
+    path = tmp_path / "bad.yml"
+    for algo, entry, message in [
+        ("ppo", {"n_steps": 0}, "n_steps=0; allowed: integers >= 1"),
+        ("ppo", {"n_steps": 1, "n_envs": 1}, "n_steps=1 with n_envs=1; allowed: n_steps x n_envs >= 2"),
+        ("ppo", {"clip_range": -0.2}, "clip_range=-0.2; allowed: numbers > 0"),
+        ("ppo", {"seed": 3}, "seed is set by leakgym train itself, not a hyperparameter; use --seed"),
+        ("a2c", {"n_steps": "8"}, "n_steps='8'; allowed: integers >= 1"),
+        ("a2c", {"policy_kwargs": {"activation_fn": "relu"}}, "policy_kwargs.activation_fn='relu'; allowed: one of"),
+        ("dqn", {"train_freq": 0}, "train_freq=0; allowed: integers >= 1, or [N, 'step'] / [N, 'episode']"),
+        ("dqn", {"train_freq": [2, "epoch"]}, "train_freq=[2, 'epoch']; allowed: integers >= 1"),
+        ("dqn", {"exploration_final_eps": 2.0}, r"exploration_final_eps=2.0; allowed: numbers in [0, 1]"),
+        ("dqn", {"verbose": 1}, "verbose is set by leakgym train itself"),
+    ]:
+        path.write_text(yaml.safe_dump({"default": entry}))
+        with pytest.raises(ValueError) as info:
+            tr.load_hyperparams("LeakGym-Digits-v0", algo, path=path)
+        assert str(info.value).startswith(f"hyperparameter file {str(path)!r}: ") and message in str(info.value)
+
+
+def test_policy_kwargs_activation_names_become_torch_classes_and_train(tmp_path):
+    import torch
+
+    params = tr.load_hyperparams("LeakGym-Digits-v0", "ppo", {"policy_kwargs": {"activation_fn": "ReLU"}})
+    assert params["policy_kwargs"] == {"activation_fn": "ReLU"}  # values as given
+    assert tr.constructor_kwargs(params)["policy_kwargs"]["activation_fn"] is torch.nn.ReLU
+    config = tr.TrainConfig(timesteps=8, opponent="none", out=tmp_path / "relu", overrides=TINY, progress=False,
+                            checkpoint_freq=0, hyperparams={"policy_kwargs": {"activation_fn": "ReLU", "net_arch": [8]},
+                                                            "n_envs": 1})
+    result = tr.train(config)
+    assert result.metadata["timesteps"] == 8
+    assert json.loads((tmp_path / "relu" / "policy.json").read_text())["policy"]["activation_fn"] == "ReLU"
+
+
+def test_plan_steps_refuses_empty_rollouts():
+    with pytest.raises(ValueError, match="n_envs=0; allowed: integers >= 1"):
+        tr.plan_steps("ppo", 8, 0, {})
+    with pytest.raises(ValueError, match="n_steps=0; allowed: integers >= 1"):
+        tr.plan_steps("a2c", 8, 1, {"n_steps": 0})
+    with pytest.raises(ValueError, match="batch_size=1; allowed: integers >= 2"):
+        tr.plan_steps("ppo", 8, 1, {"batch_size": 1})
+    with pytest.raises(ValueError, match="n_steps=1 with n_envs=1; allowed: n_steps x n_envs >= 2"):
+        tr.plan_steps("ppo", 8, 1, {"n_steps": 1})
+    with pytest.raises(ValueError, match="train_freq=0; allowed: integers >= 1"):
+        tr.plan_steps("dqn", 8, 1, {"train_freq": 0})
+
+
 # ---------------------------------------------------------------------------------- leakgym train
 def test_train_cli_reads_the_file_and_logs_leakgym_scalars_evaluations_and_checkpoints(tmp_path, capsys):
     conf = tmp_path / "my_ppo.yml"
