@@ -37,3 +37,47 @@ def test_bench_attacks_writes_json_and_markdown(tmp_path):
 def test_bench_attacks_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="--ns"):
         bench.main(parse(["--json", str(tmp_path / "x.json"), "--ns", "0"]))
+
+
+def _strict(constant):
+    raise ValueError(f"non-finite number {constant} in JSON")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--models", "lenet,foo"], r"--models='lenet,foo': unknown model\(s\) \['foo'\]"),
+    (["--models", ","], "--models=',': names no model"),
+    (["--ns", "1,x"], "--ns entry 'x'"),
+    (["--iterations", "0"], "--iterations=0"),
+])
+def test_bench_attacks_rejects_bad_inputs_before_measuring(tmp_path, monkeypatch, extra, message):
+    def no_measure(*a, **k):
+        raise AssertionError("measured before the arguments were checked")
+
+    monkeypatch.setattr(bench, "measure", no_measure)
+    with pytest.raises(ValueError, match=message):
+        bench.main(parse(["--json", str(tmp_path / "x.json"), "--no-progress", *extra]))
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_bench_attacks_unwritable_json_is_refused_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="--json=.*is a file"):
+        bench.main(parse(["--json", str(tmp_path / "file" / "x.json"), "--models", "lenet", "--ns", "1"]))
+
+
+def test_bench_attacks_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
+    def fake_measure(model_name, n, iterations, image_size, device):
+        if n == 2:
+            raise KeyboardInterrupt
+        return {"model": model_name, "n": n, "iterations": iterations, "batched_ms_per_iter": 1.0,
+                "sequential_ms_per_iter": float("nan"), "speedup": float("nan"), "device": "cpu"}
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    out = tmp_path / "b.json"
+    assert bench.main(parse(["--json", str(out), "--models", "lenet", "--ns", "1,2,4", "--no-progress"])) == 130
+    rows = json.loads(out.read_text(), parse_constant=_strict)["rows"]
+    assert [(r["n"], r["speedup"]) for r in rows] == [(1, None)]
+    md = out.with_suffix(".md").read_text()
+    assert "| lenet | 1 | 20 | 1.0 | - | - | cpu |" in md and "| lenet | 2 |" not in md
+    assert "interrupted: 1 of 3 rows" in capsys.readouterr().err

@@ -77,3 +77,95 @@ def test_bench_env_overrides_are_validated_first_and_name_the_row(tmp_path, caps
     bad = tmp_path / "bad.json"
     assert main(["bench", "env", "--json", str(bad), "--envs", "LeakGym-Digits-v0", "--overrides", "rounds=0"]) != 0
     assert "rounds" in capsys.readouterr().err and not bad.exists()  # refused before any worker ran
+
+
+def _no_worker(*args, **kwargs):
+    raise AssertionError("a worker ran before the arguments were checked")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--envs", "Bogus-v0"], "--envs entry 'Bogus-v0'"),
+    (["--envs", ","], "--envs=',' names no environment"),
+    (["--envs", "digits", "--steps", "0"], "--steps=0"),
+])
+def test_bench_env_rejects_bad_inputs_before_any_worker(tmp_path, monkeypatch, capsys, extra, message):
+    monkeypatch.setattr(bench_env, "run", _no_worker)
+    out = tmp_path / "e.json"
+    assert main(["bench", "env", "--json", str(out), "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not out.exists()
+
+
+def test_bench_env_accepts_scenario_names(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench_env, "run", lambda ids, *a, **k: seen.append(ids) or [])
+    assert main(["bench", "env", "--json", str(tmp_path / "e.json"), "--envs", "digits", "--no-progress"]) == 0
+    assert seen == [["LeakGym-Digits-v0"]]
+
+
+def test_bench_env_unwritable_json_is_refused_before_measuring(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench_env, "run", _no_worker)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["bench", "env", "--json", str(blocker / "e.json"), "--envs", "digits"]) == 2
+    assert "--json=" in capsys.readouterr().err
+
+
+def test_bench_env_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
+    """The row measurement is stubbed (no worker): the 2nd row raises KeyboardInterrupt."""
+    calls = []
+
+    class FakeProcess:
+        def __init__(self, target, args):
+            self.args = args
+
+        def start(self):
+            calls.append(self.args[1])
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            row = {"env": self.args[0], "num_envs": self.args[1], "actions": "fixed", "data": "real",
+                   "env_steps_per_s": float("nan"), "baseline_env_steps_per_s": 1.0, "baseline_games": 1,
+                   "speedup": float("inf"), "peak_rss_mb": 1.0, "peak_device_mb": None,
+                   **{f"share_{k}": 0.2 for k in ("defense", "attack", "fl", "score", "overhead")}}
+            self.args[7].put(row)
+
+        def join(self):
+            pass
+
+    class FakeContext:
+        Process = FakeProcess
+
+        @staticmethod
+        def Queue():
+            import queue
+
+            return queue.Queue()
+
+    monkeypatch.setattr(bench_env.mp, "get_context", lambda method: FakeContext)
+    out = tmp_path / "e.json"
+    code = main(["bench", "env", "--json", str(out), "--envs", "digits", "--num-envs", "1,2,3", "--no-progress"])
+    assert code == 130 and calls == [1, 2]
+    rows = json.loads(out.read_text(), parse_constant=_strict)["rows"]
+    assert [r["num_envs"] for r in rows] == [1] and rows[0]["env_steps_per_s"] is None
+    md = out.with_suffix(".md").read_text()
+    assert "| LeakGym-Digits-v0 | 1 | fixed | - |" in md and "| 2 |" not in md
+    assert "interrupted: 1 of 3 rows" in capsys.readouterr().err
+
+
+def test_worker_ignores_ctrl_c(monkeypatch):
+    import signal
+
+    seen = {}
+    monkeypatch.setattr(signal, "signal", lambda sig, handler: seen.setdefault(sig, handler))
+    monkeypatch.setattr(bench_env, "_measure_row", lambda *a, **k: {"env": a[0]})
+
+    class Q:
+        def put(self, row):
+            seen["row"] = row
+
+    bench_env._measure("LeakGym-Digits-v0", 1, 1, "fixed", 1, "cpu", 1, Q())
+    assert seen[signal.SIGINT] is signal.SIG_IGN and seen["row"]["env"] == "LeakGym-Digits-v0"
+
+
+def _strict(constant):
+    raise ValueError(f"non-finite number {constant} in JSON")

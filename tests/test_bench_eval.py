@@ -38,3 +38,46 @@ def bench_eval_args(tmp_path, *extra):
     parser = argparse.ArgumentParser()
     bench_eval.add_arguments(parser)
     return parser.parse_args(["--json", str(tmp_path / "b.json"), *extra])
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--env", "Bogus-v0"], "--env: unknown environment 'Bogus-v0'"),
+    (["--episodes", "0"], "--episodes=0"),
+    (["--attackers", ","], "agent list"),
+])
+def test_bench_eval_rejects_bad_inputs_before_playing(tmp_path, monkeypatch, extra, message):
+    monkeypatch.setattr(bench_eval, "measure", lambda *a, **k: pytest.fail("played before the check"))
+    with pytest.raises(ValueError, match=message):
+        bench_eval.main(bench_eval_args(tmp_path, *extra))
+
+
+def test_bench_eval_unwritable_json_and_ctrl_c(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr(bench_eval, "measure", lambda *a, **k: pytest.fail("played before the check"))
+    args = bench_eval_args(tmp_path, "--no-progress")
+    args.json = str(tmp_path / "file" / "b.json")
+    with pytest.raises(ValueError, match="--json="):
+        bench_eval.main(args)
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_eval, "measure", interrupt)
+    assert bench_eval.main(bench_eval_args(tmp_path, "--no-progress")) == 130
+    assert "interrupted" in capsys.readouterr().err and not (tmp_path / "b.json").exists()
+
+
+def test_bench_eval_writes_strict_json(tmp_path, monkeypatch):
+    row = {"env": "LeakGym-Digits-v0", "pairs": 1, "episodes": 1, "lockstep": 2, "overrides": {}, "seconds": 1.0,
+           "baseline_seconds": 2.0, "speedup": 2.0, "max_diff_leakage_ssim": float("nan"),
+           "max_diff_leakage_psnr": 0.0, "max_diff_attacker_return": 0.0, "max_diff_defender_return": 0.0,
+           "accuracy_equal": True, "device": "cpu"}
+    monkeypatch.setattr(bench_eval, "measure", lambda *a, **k: row)
+    assert bench_eval.main(bench_eval_args(tmp_path, "--no-progress")) == 0
+
+    def strict(constant):
+        raise ValueError(constant)
+
+    (saved,) = json.loads((tmp_path / "b.json").read_text(), parse_constant=strict)["rows"]
+    assert saved["max_diff_leakage_ssim"] is None
+    assert "| 2.00x | - | 0.00 |" in (tmp_path / "b.md").read_text()

@@ -114,3 +114,62 @@ def test_bench_rejects_unknown_defense_names(tmp_path):
     with pytest.raises(ValueError, match=r"--precode-model='vgg'"):
         bench.main(_args(tmp_path, "--precode-model", "vgg"))
     assert bench.attack_rounds(100, 3) == [0, 50, 99] and bench.attack_rounds(5, 0) == []
+
+
+def _strict(constant):
+    raise ValueError(f"non-finite number {constant} in JSON")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--eval-size", "0"], "--eval-size=0"),
+    (["--eval-size", "-300"], "--eval-size=-300"),
+])
+def test_bench_defenses_rejects_bad_eval_size_before_training(tmp_path, monkeypatch, extra, message):
+    monkeypatch.setattr(bench, "run_defense", lambda *a, **k: pytest.fail("trained before the check"))
+    with pytest.raises(ValueError, match=message):
+        bench.main(_args(tmp_path, *extra))
+
+
+def test_bench_defenses_unwritable_output_is_refused_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "run_defense", lambda *a, **k: pytest.fail("trained before the check"))
+    (tmp_path / "file").write_text("x")
+    args = _args(tmp_path, "--defenses", "none")
+    args.json = tmp_path / "file" / "bench.json"
+    with pytest.raises(ValueError, match="--json="):
+        bench.main(args)
+    args = _args(tmp_path, "--defenses", "none", "--markdown", str(tmp_path / "file" / "t.md"))
+    with pytest.raises(ValueError, match="--markdown="):
+        bench.main(args)
+
+
+TINY = ("--rounds", "2", "--clients", "2", "--batch-size", "4", "--victim-batch", "2", "--attack-iterations", "1",
+        "--eval-every", "1", "--eval-size", "16")
+
+
+def test_bench_defenses_without_attacks_writes_null_and_dash(tmp_path):
+    assert bench.main(_args(tmp_path, "--defenses", "none", *TINY, "--attack-rounds", "0")) == 0
+    result = json.loads((tmp_path / "bench.json").read_text(), parse_constant=_strict)
+    (row,) = result["results"]
+    assert result["complete"] is True and row["ssim"] is None and row["psnr"] is None and row["leakage"] == []
+    assert "| none | lenet | - |" in (tmp_path / "bench.md").read_text()
+    assert "| - | - | 1.000 |" in (tmp_path / "bench.md").read_text() and "nan" not in (tmp_path / "bench.md").read_text()
+
+
+def test_bench_defenses_ctrl_c_keeps_the_trained_rows(tmp_path, monkeypatch, capsys):
+    real = bench.run_defense
+    calls = []
+
+    def second_interrupts(name, *a, **k):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(bench, "run_defense", second_interrupts)
+    assert bench.main(_args(tmp_path, "--defenses", "none,gaussian,prune", *TINY)) == 130
+    result = json.loads((tmp_path / "bench.json").read_text(), parse_constant=_strict)
+    assert result["complete"] is False and [r["defense"] for r in result["results"]] == ["none"]
+    assert result["results"][0]["ssim"] is None and result["results"][0]["accuracy"] >= 0
+    md = (tmp_path / "bench.md").read_text()
+    assert "| none | lenet | - |" in md and "gaussian" not in md and "Partial results" in md
+    assert "interrupted: 1 of 3 rows" in capsys.readouterr().err

@@ -1,11 +1,23 @@
-"""``leakgym bench``: measured speed and utility, written to JSON plus a markdown table."""
+"""``leakgym bench``: measured speed and utility, written to JSON plus a markdown table.
+
+Every benchmark checks its arguments and that its output path can be written before it measures
+anything, rewrites its JSON and markdown after every finished row (:func:`write_results`), shows a
+progress bar of rows done on stderr (``--no-progress`` hides it), and on Ctrl-C keeps the finished
+rows, says where they are and exits with status 130 (:func:`interrupted`). Missing or non-finite
+numbers are written as JSON ``null`` and ``-`` in the table.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
+
+from leakgym.agents.cli_common import INTERRUPTED  # exit status after Ctrl-C, as leakgym eval / train
 
 
 def device_label(device: str | torch.device) -> str:
@@ -16,25 +28,87 @@ def device_label(device: str | torch.device) -> str:
     return str(dev)
 
 
+def finite(value):
+    """``value`` with every NaN / infinity (in nested dicts, lists and tuples) replaced by ``None``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(obj) -> str:
+    """Strict JSON (``NaN`` / ``Infinity`` written as ``null``), indented."""
+    return json.dumps(finite(obj), indent=2, allow_nan=False)
+
+
 def markdown_table(title: str, columns: list[tuple[str, object]], rows: list[dict], *, key: list[str],
                    error_width: int = 100) -> str:
     """A titled markdown table: ``columns`` are ``(header, row -> cell text)``; a row with an ``error``
-    shows its ``key`` cells, then the error in the next cell and blanks after it."""
+    shows its ``key`` cells, then the error in the next cell and blanks after it. A cell whose value is
+    missing or not finite (its formatter gets ``None`` and raises ``TypeError``) shows ``-``."""
     lines = [title, "", "| " + " | ".join(h for h, _ in columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
     for r in rows:
         if "error" in r:
             cells = [str(r.get(k, "")) for k in key] + [f"unavailable: {r['error'][:error_width]}"]
             cells += [""] * (len(columns) - len(cells))
         else:
-            cells = [fmt(r) for _, fmt in columns]  # type: ignore[operator]
+            clean = finite(r)
+            cells = []
+            for _, fmt in columns:
+                try:
+                    cells.append(fmt(clean))  # type: ignore[operator]
+                except TypeError:
+                    cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def write_results(json_path: str | Path, machine: str, rows: list[dict], table: str) -> None:
-    """Write ``{"machine", "rows"}`` to ``json_path`` and the table beside it (``.md``); print the table."""
+def check_output(path: str | Path, flag: str = "--json") -> Path:
+    """Create the folder of ``path`` and check a file can be written in it, before anything is measured;
+    ValueError naming ``flag`` and the path otherwise."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"{flag}={str(path)!r} is a folder; allowed: a file path, e.g. runs/bench/result.json")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"{flag}={str(path)!r}: {str(blocker)!r} is a file, not a folder; "
+                         "allowed: a path in a folder you can create and write")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".leakgym-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag}={str(path)!r}: cannot write there ({exc.strerror or exc}); "
+                         "allowed: a path in a folder you can create and write") from None
+    return out
+
+
+def write_results(json_path: str | Path, machine: str, rows: list[dict], table: str, *, echo: bool = True) -> None:
+    """Write ``{"machine", "rows"}`` to ``json_path`` (strict JSON) and the table beside it (``.md``);
+    print the table when ``echo``. Called after every finished row with ``echo=False``."""
     out = Path(json_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+    out.write_text(dumps({"machine": machine, "rows": rows}))
     out.with_suffix(".md").write_text(table)
-    print(table)
+    if echo:
+        print(table)
+
+
+def progress_bar(total: int, desc: str, enabled: bool = True):
+    """A tqdm bar of rows done out of ``total`` on stderr (``enabled=False``: silent)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="row", file=sys.stderr, disable=not enabled, dynamic_ncols=True)
+
+
+def interrupted(done: int, total: int, *paths: str | Path) -> int:
+    """After Ctrl-C: say how many rows finished and where they are (already written); return 130."""
+    if done:
+        where = " and ".join(str(p) for p in paths)
+        print(f"interrupted: {done} of {total} rows finished; they are in {where}", file=sys.stderr)
+    else:
+        print(f"interrupted: none of {total} rows finished; nothing written", file=sys.stderr)
+    return INTERRUPTED

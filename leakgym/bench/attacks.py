@@ -13,7 +13,8 @@ Reported per row: milliseconds per optimisation iteration for all N problems tog
 speedup ``sequential / batched``. Victim images are random unit images (the benchmark measures time,
 not reconstruction quality), so nothing is downloaded. Models: DLG's LeNet on 32x32 RGB inputs and
 ResNet-18 (a few iterations; ``--quick`` shrinks everything for smoke tests). Results go to a JSON
-file and a markdown table beside it (same stem, ``.md``).
+file and a markdown table beside it (same stem, ``.md``), rewritten after every finished row; Ctrl-C
+keeps the finished rows (exit status 130).
 """
 
 from __future__ import annotations
@@ -22,11 +23,20 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 
 import torch
 
-from leakgym.bench import device_label, markdown_table, write_results
+from leakgym.bench import (
+    check_output,
+    device_label,
+    finite,
+    interrupted,
+    markdown_table,
+    progress_bar,
+    write_results,
+)
 
 DEFAULT_MODELS = "lenet,resnet18"
 DEFAULT_NS = "1,16,64"
@@ -47,6 +57,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test settings: N in {1, 2}, 2 iterations, 1 for ResNet-18")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (rows done / total)")
+
+
+def parse_models(text: str) -> list[str]:
+    """``"lenet,resnet18"`` -> ``["lenet", "resnet18"]``; ValueError naming ``--models`` and every unknown name."""
+    from leakgym.models import MODEL_NAMES
+
+    models = [s.strip() for s in str(text).split(",") if s.strip()]
+    unknown = [m for m in models if m not in MODEL_NAMES]
+    if unknown or not models:
+        what = f"unknown model(s) {unknown}" if unknown else "names no model"
+        raise ValueError(f"--models={text!r}: {what}; allowed: {', '.join(MODEL_NAMES)} (comma-separated)")
+    return models
+
+
+def parse_ns(text: str) -> list[int]:
+    """``"1,16,64"`` -> ``[1, 16, 64]``; ValueError naming ``--ns`` and the bad entry."""
+    ns = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"--ns entry {part!r} (in {text!r}); allowed: integers >= 1, comma-separated (e.g. 1,16)")
+        ns.append(int(part))
+    return ns
 
 
 def _problems(model_name: str, n: int, image_size: int, device: str, seed: int = 0):
@@ -125,34 +158,41 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    models = [s.strip() for s in args.models.split(",") if s.strip()]
-    ns = [int(s) for s in args.ns.split(",") if s.strip()]
+    models = parse_models(args.models)
+    ns = parse_ns(args.ns)
     iterations, resnet_iterations = args.iterations, args.resnet_iterations
     if args.quick:
         ns, iterations, resnet_iterations = [1, 2], 2, 1
-    if not models:
-        raise ValueError(f"--models={args.models!r} names no model")
-    if not ns or min(ns) < 1:
-        raise ValueError(f"--ns={args.ns!r}; every N must be >= 1")
-    if iterations < 1 or resnet_iterations < 1:
-        raise ValueError(f"--iterations={iterations} and --resnet-iterations={resnet_iterations} must be >= 1")
+    for flag, value in (("--iterations", iterations), ("--resnet-iterations", resnet_iterations)):
+        if value < 1:
+            raise ValueError(f"{flag}={value}; allowed: integers >= 1")
     if args.image_size < 8:
-        raise ValueError(f"--image-size={args.image_size}; must be >= 8")
+        raise ValueError(f"--image-size={args.image_size}; allowed: integers >= 8")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads={args.threads}; allowed: integers >= 1")
+    out = check_output(args.json)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads={args.threads}; must be >= 1")
         torch.set_num_threads(args.threads)
-    rows = []
-    for model_name in models:
-        its = resnet_iterations if model_name.startswith("resnet") else iterations
-        for n in ns:
-            try:
-                row = measure(model_name, n, its, args.image_size, args.device)
-            except (RuntimeError, MemoryError) as exc:  # e.g. out of memory at large N: recorded, not hidden
-                row = {"model": model_name, "n": n, "device": args.device, "error": f"{type(exc).__name__}: {exc}"}
-            rows.append(row)
-            print(json.dumps(row))
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                f"{torch.get_num_threads()} torch threads, device {device_label(args.device)}")
-    write_results(args.json, machine, rows, to_markdown(rows, machine))
+    rows: list[dict] = []
+    total = len(models) * len(ns)
+    try:
+        with progress_bar(total, "bench attacks", not getattr(args, "no_progress", False)) as bar:
+            for model_name in models:
+                its = resnet_iterations if model_name.startswith("resnet") else iterations
+                for n in ns:
+                    bar.set_postfix_str(f"{model_name} N={n}")
+                    try:
+                        row = measure(model_name, n, its, args.image_size, args.device)
+                    except (RuntimeError, MemoryError) as exc:  # e.g. out of memory at large N: recorded, not hidden
+                        row = {"model": model_name, "n": n, "device": args.device,
+                               "error": f"{type(exc).__name__}: {exc}"}
+                    rows.append(row)
+                    bar.write(json.dumps(finite(row)), file=sys.stdout)
+                    write_results(out, machine, rows, to_markdown(rows, machine), echo=False)
+                    bar.update()
+    except KeyboardInterrupt:
+        return interrupted(len(rows), total, out, out.with_suffix(".md"))
+    print(to_markdown(rows, machine))
     return 0

@@ -44,14 +44,16 @@ steps) and says so in the table. With 20 steps each, the DCS² and LODA rows are
 default run (about 0.3 s resp. 0.2 s per round, under 30 s per row, on the 2-core CI machine).
 
 Output: a JSON file (``--json``) with the settings and one record per defense, and a markdown table
-next to it (``--markdown``, default: the JSON path with ``.md``).
+next to it (``--markdown``, default: the JSON path with ``.md``). Both are rewritten after every trained
+row (``"complete": false`` and SSIM/PSNR ``null`` until the attacks at the end have run); Ctrl-C keeps
+what is written and exits with status 130. A missing number (e.g. no leakage with ``--attack-rounds 0``)
+is ``null`` in the JSON and ``-`` in the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import sys
 import time
@@ -59,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from leakgym.bench import check_output, dumps, interrupted, progress_bar
 
 #: Rows of the default run, in table order.
 DEFAULT_DEFENSES = (
@@ -155,6 +159,8 @@ def _check(args: argparse.Namespace) -> list[str]:
     for flag in ("model", "precode_model"):
         if getattr(args, flag) not in MODEL_NAMES:
             raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)!r}; allowed: {', '.join(MODEL_NAMES)}")
+    if args.eval_size is not None and (not isinstance(args.eval_size, int) or args.eval_size < 1):
+        raise ValueError(f"--eval-size={args.eval_size!r}; allowed: integers >= 1 (default: all test images)")
     if not isinstance(args.precode_width, int) or args.precode_width < 0:
         raise ValueError(f"--precode-width={args.precode_width!r}; allowed: integers >= 0 (0: class default)")
     names = [n.strip() for n in args.defenses.split(",") if n.strip()]
@@ -324,8 +330,16 @@ def add_baselines(records: list[dict]) -> None:
             r["delta_acc"] = 100 * (r["accuracy"] - ref["accuracy"])
 
 
+def _num(value, spec: str) -> str:
+    """``value`` formatted with ``spec``; ``-`` when it is missing or not finite."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
 def markdown_table(records: list[dict], settings: dict) -> str:
-    """The results as a markdown table (accuracy and leakage next to no defense on the same model)."""
+    """The results as a markdown table (accuracy and leakage next to no defense on the same model); a
+    missing or non-finite number shows ``-``."""
     add_baselines(records)
     who = "every client" if settings["all_clients"] else "the victim (client 0) only"
     pre = settings.get("precode_model")
@@ -352,20 +366,42 @@ def markdown_table(records: list[dict], settings: dict) -> str:
         if "error" in r:
             lines.append(f"| {r['defense']} | {r.get('model_label', '')} | error: {r['error']} | | | | | | |")
             continue
-        delta = "" if r["delta_acc"] is None else f"{r['delta_acc']:+.1f}"
+        delta = "" if r["delta_acc"] is None else _num(r["delta_acc"], "+.1f")
         setting = r["setting"] + (" (bench: fewer steps)" if r["bench_override"] else "")
         lines.append(
             f"| {r['defense']} | {r['model_label']} | {setting} | {100 * r['accuracy']:.1f}% | {delta} | "
-            f"{r['ssim']:.3f} | {r['psnr']:.2f} | {r['fidelity']:.3f} | {r['overhead_ms']:.1f} |"
+            f"{_num(r.get('ssim'), '.3f')} | {_num(r.get('psnr'), '.2f')} | {_num(r['fidelity'], '.3f')} | "
+            f"{_num(r['overhead_ms'], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def write_results(records: list[dict], settings: dict, json_path: Path, md_path: Path, *,
+                  complete: bool) -> str:
+    """Write the JSON (strict: non-finite numbers as ``null``) and the markdown table; return the table.
+    Before the attacks (``complete=False``) trained rows have ``ssim``/``psnr``/``leakage`` ``null``."""
+    add_baselines(records)
+    rows = [r if "error" in r or "leakage" in r else {**r, "ssim": None, "psnr": None, "leakage": None}
+            for r in records]
+    result = {"benchmark": "defenses", "complete": complete, "settings": settings, "results": rows}
+    json_path.write_text(dumps(result) + "\n")
+    md = markdown_table(rows, settings)
+    if not complete:
+        md += (f"\nPartial results: {len(rows)} row(s) trained; leakage (SSIM/PSNR) is measured after the last "
+               "row.\n")
+    md_path.write_text(md)
+    return md
+
+
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark; returns 0, or 1 if any defense failed (its row then holds the error)."""
+    """Run the benchmark; returns 0, 1 if any defense failed (its row then holds the error), or 130 after
+    Ctrl-C (the rows trained so far are written)."""
     from leakgym.data import federated_split, load_dataset
 
     names = _check(args)
+    json_path = check_output(args.json, "--json")
+    md_path = check_output(args.markdown if args.markdown is not None else args.json.with_suffix(".md"),
+                           "--markdown" if args.markdown is not None else "--json (its .md table)")
     torch.manual_seed(args.seed)
     progress = not args.no_progress
     dataset = load_dataset("digits", image_size=args.image_size)
@@ -379,23 +415,30 @@ def main(args: argparse.Namespace) -> int:
         "attack_rounds": attack_rounds(args.rounds, args.attack_rounds), "bench_overrides": BENCH_OVERRIDES,
     }
     records, problems, failed = [], [], False
-    for name, setup in plan(names, args):
-        label = setup.label(args.lr)
-        try:
-            record, probs = run_defense(name, args, split, progress, setup)
-        except Exception as err:  # noqa: BLE001 - keep the other rows; the failure is in the table and exit code
-            failed = True
-            print(f"defense {name!r} [{label}] failed: {type(err).__name__}: {err}", file=sys.stderr)
-            records.append({"defense": name, "model": setup.model, "width": setup.width, "lr": setup.lr,
-                            "precode": setup.precode, "model_label": label,
-                            "error": f"{type(err).__name__}: {err}"})
-            continue
-        records.append(record)
-        problems.extend((len(records) - 1, rnd, upd, kn, orig) for rnd, upd, kn, orig in probs)
-        print(f"{name:>14s} [{label}]: accuracy {100 * record['accuracy']:.1f}%  wall {record['wall_s']:.1f}s",
-              file=sys.stderr)
-    start = time.perf_counter()
-    scores = attack_all(problems, args, split.spec)
+    rows_plan = plan(names, args)
+    try:
+        with progress_bar(len(rows_plan), "bench defenses", progress) as bar:
+            for name, setup in rows_plan:
+                label = setup.label(args.lr)
+                try:
+                    record, probs = run_defense(name, args, split, progress, setup)
+                except Exception as err:  # noqa: BLE001 - keep the other rows; the failure is in the table and exit code
+                    failed = True
+                    bar.write(f"defense {name!r} [{label}] failed: {type(err).__name__}: {err}", file=sys.stderr)
+                    records.append({"defense": name, "model": setup.model, "width": setup.width, "lr": setup.lr,
+                                    "precode": setup.precode, "model_label": label,
+                                    "error": f"{type(err).__name__}: {err}"})
+                else:
+                    records.append(record)
+                    problems.extend((len(records) - 1, rnd, upd, kn, orig) for rnd, upd, kn, orig in probs)
+                    bar.write(f"{name:>14s} [{label}]: accuracy {100 * record['accuracy']:.1f}%  "
+                              f"wall {record['wall_s']:.1f}s", file=sys.stderr)
+                write_results(records, settings, json_path, md_path, complete=False)
+                bar.update()
+        start = time.perf_counter()
+        scores = attack_all(problems, args, split.spec)
+    except KeyboardInterrupt:
+        return interrupted(len(records), len(rows_plan), json_path, md_path)
     print(f"attacks: {len(problems)} updates in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     per_row: dict[int, list[dict]] = {}
     for (row, *_), score in zip(problems, scores):
@@ -405,17 +448,9 @@ def main(args: argparse.Namespace) -> int:
             continue
         rows = per_row.get(i, [])
         record["leakage"] = rows
-        record["ssim"] = sum(s["ssim"] for s in rows) / len(rows) if rows else math.nan
-        record["psnr"] = sum(s["psnr"] for s in rows) / len(rows) if rows else math.nan
-    add_baselines(records)
-    result = {"benchmark": "defenses", "settings": settings, "results": records}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2, allow_nan=True) + "\n")
-    md_path = args.markdown if args.markdown is not None else args.json.with_suffix(".md")
-    md = markdown_table(records, settings)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    md_path.write_text(md)
-    print(md)
+        record["ssim"] = sum(s["ssim"] for s in rows) / len(rows) if rows else None  # None: not attacked
+        record["psnr"] = sum(s["psnr"] for s in rows) / len(rows) if rows else None
+    print(write_results(records, settings, json_path, md_path, complete=True))
     return 1 if failed else 0
 
 

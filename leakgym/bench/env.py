@@ -25,7 +25,8 @@ bounds a large N on a GPU.
 
 A scenario whose dataset is not on disk is timed on synthetic images of the dataset's shape (uniform
 noise, random labels) inside the worker only, and its row says ``synthetic data (timing only)``; the
-environment itself never substitutes data. Results go to ``--json`` and a markdown table beside it.
+environment itself never substitutes data. Results go to ``--json`` and a markdown table beside it,
+rewritten after every finished row; Ctrl-C stops the worker and keeps the finished rows (exit status 130).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ import contextlib
 import multiprocessing as mp
 import platform
 import resource
+import signal
 import time
+from pathlib import Path
 
-from leakgym.bench import device_label, markdown_table, write_results
+from leakgym.bench import check_output, device_label, interrupted, markdown_table, progress_bar, write_results
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
 DEFAULT_NUM_ENVS = "1,16"
@@ -70,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="scenario overrides for every game of both paths, e.g. iterations=[1] num_clients=1 "
                              "(one attack iteration: the per-game host cost); named in each row")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (rows done / total)")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -89,6 +93,8 @@ def parse_sizes(text: str) -> list[int]:
 # --------------------------------------------------------------------------------------------------
 def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
              queue, batch_clients: bool = True, defender: str = "none", overrides: dict | None = None) -> None:
+    # Ctrl-C reaches the whole process group: the parent stops this worker, which prints no traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import torch
 
@@ -227,24 +233,37 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 
 def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
         threads: int = 1, batch_clients: bool = True, defender: str = "none",
-        overrides: dict | None = None) -> list[dict]:
+        overrides: dict | None = None, *, rows: list[dict] | None = None, on_row=None,
+        progress: bool = False) -> list[dict]:
+    """One spawned worker per (id, N); each finished row is appended to ``rows`` (returned) and passed to
+    ``on_row(rows)``. On KeyboardInterrupt the running worker is stopped and the interrupt re-raised."""
     ctx = mp.get_context("spawn")
-    rows = []
-    for gym_id in ids:
-        for n in sizes:
-            queue = ctx.Queue()
-            proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads, queue,
-                                                      batch_clients, defender, overrides))
-            proc.start()
-            row = None
-            while row is None:
+    rows = [] if rows is None else rows
+    with progress_bar(len(ids) * len(sizes), "bench env", progress) as bar:
+        for gym_id in ids:
+            for n in sizes:
+                bar.set_postfix_str(f"{gym_id} N={n}")
+                queue = ctx.Queue()
+                proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads,
+                                                          queue, batch_clients, defender, overrides))
+                proc.start()
+                row = None
                 try:
-                    row = queue.get(timeout=5)
-                except Exception:  # noqa: BLE001 - queue.Empty: is the worker still alive?
-                    if not proc.is_alive() and queue.empty():  # died without reporting (e.g. killed for memory)
-                        row = {"env": gym_id, "num_envs": n, "error": f"worker exited with code {proc.exitcode}"}
-            rows.append(row)
-            proc.join()
+                    while row is None:
+                        try:
+                            row = queue.get(timeout=5)
+                        except Exception:  # noqa: BLE001 - queue.Empty: is the worker still alive?
+                            if not proc.is_alive() and queue.empty():  # died without reporting (e.g. out of memory)
+                                row = {"env": gym_id, "num_envs": n, "error": f"worker exited with code {proc.exitcode}"}
+                except KeyboardInterrupt:
+                    proc.terminate()
+                    proc.join()
+                    raise
+                rows.append(row)
+                proc.join()
+                bar.update()
+                if on_row is not None:
+                    on_row(rows)
     return rows
 
 
@@ -270,24 +289,53 @@ def to_markdown(rows: list[dict], machine: str) -> str:
     )
 
 
+def parse_ids(text: str) -> list[str]:
+    """``"LeakGym-Digits-v0,digits"`` -> Gymnasium ids (ids or scenario names, as ``leakgym eval --env``);
+    ValueError naming ``--envs`` and the bad entry, or an empty list."""
+    from leakgym.agents.cli_common import resolve_env
+
+    names = [s.strip() for s in str(text).split(",") if s.strip()]
+    if not names:
+        raise ValueError(f"--envs={text!r} names no environment; allowed: comma-separated Gymnasium ids or "
+                         f"scenario names, e.g. {DEFAULT_IDS}")
+    ids = []
+    for name in names:
+        try:
+            ids.append(resolve_env(name)[0])
+        except ValueError as exc:
+            raise ValueError(f"--envs entry {name!r}: {exc}") from None
+    return ids
+
+
 def main(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.num_envs)
-    if args.steps < 1 or args.baseline_games < 1 or args.threads < 1:
-        raise ValueError(f"--steps={args.steps}, --baseline-games={args.baseline_games} and --threads={args.threads} "
-                         "must be >= 1")
+    for flag, value in (("--steps", args.steps), ("--baseline-games", args.baseline_games),
+                        ("--threads", args.threads)):
+        if value < 1:
+            raise ValueError(f"{flag}={value}; allowed: integers >= 1")
     import gymnasium as gym
 
     import leakgym  # noqa: F401  (registers the ids)
     from leakgym.agents.cli_common import parse_overrides
     from leakgym.envs.scenario import load_scenario
 
-    ids = [s.strip() for s in args.envs.split(",") if s.strip()]
+    ids = parse_ids(args.envs)
     overrides = parse_overrides(args.overrides)
     for gym_id in ids:  # a bad id or override fails here, before any worker starts
         load_scenario(gym.spec(gym_id).kwargs["scenario"], **overrides)
-    rows = run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
-               args.batch_clients == "on", args.defender, overrides)
+    out = check_output(args.json)
     machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
                f"thread(s), device {device_label(args.device)}")
-    write_results(args.json, machine, rows, to_markdown(rows, machine))
+
+    def save(rows: list[dict], echo: bool = False) -> None:
+        write_results(out, machine, rows, to_markdown(rows, machine), echo=echo)
+
+    rows: list[dict] = []
+    try:
+        run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
+            args.batch_clients == "on", args.defender, overrides, rows=rows, on_row=save,
+            progress=not getattr(args, "no_progress", False))
+    except KeyboardInterrupt:
+        return interrupted(len(rows), len(ids) * len(sizes), out, Path(out).with_suffix(".md"))
+    save(rows, echo=True)
     return 0

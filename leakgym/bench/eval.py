@@ -8,7 +8,9 @@ round, :func:`leakgym.envs.step_together`; a pair of episodic agents plays its e
 Each row reports both wall times, their ratio, and how far the lockstep table is from the reference
 one: the largest absolute difference of a pair's mean leakage SSIM, PSNR and returns (the rounding of
 batched attack kernels), and whether every final accuracy is equal (the federated rounds do not
-depend on the attacks, so they should be). Results go to ``--json`` and a markdown table beside it.
+depend on the attacks, so they should be). Results go to ``--json`` and a markdown table beside it once
+the row is finished; a progress bar on stderr counts the three runs (warm-up, lockstep, one at a time),
+and Ctrl-C stops with exit status 130 (the row is unfinished: nothing is written).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import multiprocessing as mp
 import platform
 import time
 
-from leakgym.bench import device_label, markdown_table, write_results
+from leakgym.bench import check_output, device_label, interrupted, markdown_table, progress_bar, write_results
 from leakgym.cli import DEMO_ATTACKERS, DEMO_DEFENDERS
 
 COMPARED = ("leakage_ssim", "leakage_psnr", "attacker_return", "defender_return")
@@ -36,23 +38,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scenario overrides (default: rounds=4, as make demo)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (runs done / 3)")
 
 
 def measure(env: str, attackers: list[str], defenders: list[str], *, episodes: int, lockstep: int,
-            overrides: dict, device: str = "cpu") -> dict:
-    """Time the evaluation with ``lockstep`` and with 1, one after the other; compare their tables."""
+            overrides: dict, device: str = "cpu", progress: bool = False) -> dict:
+    """Time the evaluation with ``lockstep`` and with 1, one after the other; compare their tables.
+    ``progress``: a bar on stderr counting the warm-up and the two timed runs."""
     import numpy as np
 
     from leakgym.agents.play import evaluate
 
     kwargs = {"episodes": episodes, "overrides": overrides, "progress": False, "device": device}
-    evaluate(env, attackers[:1], defenders[:1], episodes=1, overrides={**overrides, "rounds": 1}, progress=False,
-             device=device)  # warm-up: imports, dataset, first kernels
-    t0 = time.perf_counter()
-    together = evaluate(env, attackers, defenders, lockstep=lockstep, **kwargs)
-    t1 = time.perf_counter()
-    alone = evaluate(env, attackers, defenders, lockstep=1, **kwargs)
-    t2 = time.perf_counter()
+    with progress_bar(3, "bench eval", progress) as bar:
+        bar.unit = "run"
+        bar.set_postfix_str("warm-up")
+        evaluate(env, attackers[:1], defenders[:1], episodes=1, overrides={**overrides, "rounds": 1}, progress=False,
+                 device=device)  # warm-up: imports, dataset, first kernels
+        bar.update()
+        bar.set_postfix_str(f"lockstep {lockstep}")
+        t0 = time.perf_counter()
+        together = evaluate(env, attackers, defenders, lockstep=lockstep, **kwargs)
+        t1 = time.perf_counter()
+        bar.update()
+        bar.set_postfix_str("one at a time")
+        alone = evaluate(env, attackers, defenders, lockstep=1, **kwargs)
+        t2 = time.perf_counter()
+        bar.update()
     diffs = {m: float(np.nanmax(np.abs(together.matrix(f"{m}_mean") - alone.matrix(f"{m}_mean")))) for m in COMPARED}
     return {
         "env": together.env_id, "pairs": len(attackers) * len(defenders), "episodes": episodes, "lockstep": lockstep,
@@ -83,18 +95,27 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from leakgym.agents.cli_common import parse_overrides, split_agent_list
+    from leakgym.agents.cli_common import parse_overrides, resolve_env, split_agent_list
 
-    if args.episodes < 1 or args.lockstep < 1 or args.threads < 1:
-        raise ValueError(f"--episodes={args.episodes}, --lockstep={args.lockstep} and --threads={args.threads} "
-                         "must be >= 1")
+    for flag, value in (("--episodes", args.episodes), ("--lockstep", args.lockstep), ("--threads", args.threads)):
+        if value < 1:
+            raise ValueError(f"{flag}={value}; allowed: integers >= 1")
+    try:
+        resolve_env(args.env)
+    except ValueError as exc:
+        raise ValueError(f"--env: {exc}") from None
+    attackers, defenders = split_agent_list(args.attackers), split_agent_list(args.defenders)
+    overrides = parse_overrides(args.overrides)
+    out = check_output(args.json)
     torch.set_num_threads(args.threads)
-    row = measure(args.env, split_agent_list(args.attackers), split_agent_list(args.defenders),
-                  episodes=args.episodes, lockstep=args.lockstep, overrides=parse_overrides(args.overrides),
-                  device=args.device)
+    try:
+        row = measure(args.env, attackers, defenders, episodes=args.episodes, lockstep=args.lockstep,
+                      overrides=overrides, device=args.device, progress=not getattr(args, "no_progress", False))
+    except KeyboardInterrupt:
+        return interrupted(0, 1)
     machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
                f"thread(s), device {device_label(args.device)}")
-    write_results(args.json, machine, [row], to_markdown([row], machine))
+    write_results(out, machine, [row], to_markdown([row], machine))
     return 0
 
 
