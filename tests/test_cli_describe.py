@@ -68,4 +68,5 @@ def test_env_pages_are_generated_from_the_scenario_files():
 def test_every_long_command_takes_a_device(argv):
     from leakgym.cli import build_parser
 
-    assert build_parser().parse_args([*argv, "--device", "cuda:1"]).device == "cuda:1"
+    # (the name is checked against this machine's devices, so the test names one every machine has)
+    assert build_parser().parse_args([*argv, "--device", "cpu"]).device == "cpu"
