@@ -130,7 +130,7 @@ def test_bench_env_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys)
             self.args[7].put(row)
 
         def join(self):
-            pass
+            """Nothing to wait for: start() ran the row."""
 
     class FakeContext:
         Process = FakeProcess

@@ -66,6 +66,18 @@ def markdown_table(title: str, columns: list[tuple[str, object]], rows: list[dic
     return "\n".join(lines) + "\n"
 
 
+def parse_counts(text: str, flag: str, example: str) -> list[int]:
+    """``"1,16,256"`` -> ``[1, 16, 256]``: a comma-separated list of integers >= 1 given as ``flag``;
+    ValueError naming the flag and the bad entry (an empty list too)."""
+    counts = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"{flag} entry {part!r} (in {text!r}); allowed: integers >= 1, comma-separated "
+                             f"(e.g. {example})")
+        counts.append(int(part))
+    return counts
+
+
 def check_output(path: str | Path, flag: str = "--json") -> Path:
     """Create the folder of ``path`` and check a file can be written in it, before anything is measured;
     ValueError naming ``flag`` and the path otherwise."""
@@ -78,8 +90,7 @@ def check_output(path: str | Path, flag: str = "--json") -> Path:
                          "allowed: a path in a folder you can create and write")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=".leakgym-write-check-"):
-            pass
+        tempfile.NamedTemporaryFile(dir=out.parent, prefix=".leakgym-write-check-").close()  # created, then removed
     except OSError as exc:
         raise ValueError(f"{flag}={str(path)!r}: cannot write there ({exc.strerror or exc}); "
                          "allowed: a path in a folder you can create and write") from None

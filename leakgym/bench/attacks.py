@@ -34,6 +34,7 @@ from leakgym.bench import (
     finite,
     interrupted,
     markdown_table,
+    parse_counts,
     progress_bar,
     write_results,
 )
@@ -74,12 +75,7 @@ def parse_models(text: str) -> list[str]:
 
 def parse_ns(text: str) -> list[int]:
     """``"1,16,64"`` -> ``[1, 16, 64]``; ValueError naming ``--ns`` and the bad entry."""
-    ns = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part.isdigit() or int(part) < 1:
-            raise ValueError(f"--ns entry {part!r} (in {text!r}); allowed: integers >= 1, comma-separated (e.g. 1,16)")
-        ns.append(int(part))
-    return ns
+    return parse_counts(text, "--ns", "1,16")
 
 
 def _problems(model_name: str, n: int, image_size: int, device: str, seed: int = 0):

@@ -40,7 +40,15 @@ import signal
 import time
 from pathlib import Path
 
-from leakgym.bench import check_output, device_label, interrupted, markdown_table, progress_bar, write_results
+from leakgym.bench import (
+    check_output,
+    device_label,
+    interrupted,
+    markdown_table,
+    parse_counts,
+    progress_bar,
+    write_results,
+)
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
 DEFAULT_NUM_ENVS = "1,16"
@@ -77,15 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """``"1,16,256"`` -> ``[1, 16, 256]``; ValueError naming the bad entry."""
-    sizes = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part.isdigit() or int(part) < 1:
-            raise ValueError(f"--num-envs entry {part!r}; allowed: integers >= 1, comma-separated (e.g. 1,16,256)")
-        sizes.append(int(part))
-    if not sizes:
-        raise ValueError("--num-envs is empty; give e.g. 1,16")
-    return sizes
+    """``"1,16,256"`` -> ``[1, 16, 256]``; ValueError naming ``--num-envs`` and the bad entry."""
+    return parse_counts(text, "--num-envs", "1,16,256")
 
 
 # --------------------------------------------------------------------------------------------------
