@@ -141,18 +141,14 @@ class LeakGymSingleAgentEnv(gym.Env):
     def prepare_step(self, action: Any) -> tuple[Any, Any]:
         """Validate the learner's action, let the opponent act; returns (defender, attacker) actions.
 
-        On any error the opponent's generator is restored, so a rejected step changes nothing.
+        The caller takes :meth:`opponent_state` first and gives it to :meth:`undo_prepare` if this or the
+        round fails (:meth:`step`, the vector env's step), so a rejected step changes nothing.
         """
         if self._other_obs is None:
             raise RuntimeError("step() called before reset()")
         mine = self.to_multi(action)  # before the opponent draws anything
-        saved = self.opponent_state()
-        try:
-            other_action = self.opponent.act(self._other_obs, self._opponent_space, self._opponent_rng)
-            return self.parallel.check_actions({self.role: mine, self.other: other_action})
-        except Exception:
-            self.undo_prepare(saved)
-            raise
+        other_action = self.opponent.act(self._other_obs, self._opponent_space, self._opponent_rng)
+        return self.parallel.check_actions({self.role: mine, self.other: other_action})
 
     def opponent_state(self) -> tuple[dict, Any]:
         """What a step may change on the opponent's side: its generator and the agent's own state
@@ -173,8 +169,8 @@ class LeakGymSingleAgentEnv(gym.Env):
 
     def step(self, action: Any):
         saved = self.opponent_state()
-        defender, attacker = self.prepare_step(action)
         try:
+            defender, attacker = self.prepare_step(action)
             (outcome,) = Round([self.parallel.game]).play([(defender, attacker)])
         except Exception:
             self.undo_prepare(saved)
