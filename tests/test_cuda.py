@@ -112,3 +112,28 @@ def test_eval_in_lockstep_on_cuda_matches_pair_by_pair(cheap_overrides):
     for metric in ("leakage_ssim_mean", "accuracy_mean"):
         assert np.isfinite(together.matrix(metric)).all()
         np.testing.assert_allclose(together.matrix(metric), alone.matrix(metric), rtol=0, atol=2e-2)
+
+
+def test_devices_this_machine_has_are_accepted_and_others_named():
+    from leakgym.devices import available_devices, check_device
+
+    assert check_device("cuda").type == "cuda" and "cuda:0" in available_devices()
+    assert check_device(f"cuda:{torch.cuda.device_count() - 1}").type == "cuda"
+    with pytest.raises(ValueError, match="is not available on this machine"):
+        check_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_training_evaluations_in_lockstep_on_cuda():
+    from leakgym.agents import training as tr
+
+    kwargs = {"rounds": 1, "num_clients": 1, "iterations": [1], "restarts": [1], "eval_size": 32,
+              "opponent": "random", "device": "cuda"}
+
+    def predict(obs):
+        return np.zeros((len(obs), 4), dtype=np.int64)
+
+    alone = tr.run_eval_episodes(gym.make("LeakGym-Digits-v0", **kwargs), lambda o: predict(o[None])[0], 2, seed=1)
+    together = tr.run_eval_episodes_together(gym.make_vec("LeakGym-Digits-v0", num_envs=2, **kwargs), predict, seed=1)
+    for a, b in zip(alone, together):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
+        assert math.isfinite(b["leakage_ssim"]) and b["leakage_ssim"] == pytest.approx(a["leakage_ssim"], abs=1e-3)
