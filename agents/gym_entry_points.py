@@ -10,7 +10,6 @@ the environments themselves only take agent objects, so ``leakgym.envs`` never i
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import Any
 
 from leakgym.envs.scenario import Scenario, load_scenario
@@ -45,15 +44,7 @@ VIEW_ARGUMENTS = ("render_mode", "device", "flat_actions")
 
 def _scenario(scenario: str | Scenario, kwargs: dict[str, Any]) -> tuple[Scenario, dict[str, Any]]:
     overrides = {k: v for k, v in kwargs.items() if k not in VIEW_ARGUMENTS}
-    sc = load_scenario(scenario, **overrides)
-    base = load_scenario(scenario)
-    if sc.rounds > base.rounds:
-        warnings.warn(
-            f"rounds={sc.rounds} exceeds the registered horizon {base.rounds} of scenario {base.name!r}: "
-            f"also pass max_episode_steps={sc.rounds} to gym.make, or Gymnasium's TimeLimit truncates earlier",
-            stacklevel=3,
-        )
-    return sc, {k: v for k, v in kwargs.items() if k in VIEW_ARGUMENTS}
+    return load_scenario(scenario, **overrides), {k: v for k, v in kwargs.items() if k in VIEW_ARGUMENTS}
 
 
 def make_vector_env(
@@ -66,22 +57,21 @@ def make_vector_env(
     deep copy of it (the object itself is not stepped), so game ``i`` meets the opponent it would meet
     alone -- a shared instance would carry one game's per-episode state (a round-robin position, a
     bandit's pending arm) into its neighbours' rounds.
-    ``max_episode_steps`` (which ``gym.make_vec`` passes from the registration) caps the episode
-    length as Gymnasium's ``TimeLimit`` does for the single-agent view: ``rounds`` becomes
-    ``min(rounds, max_episode_steps)``.
+    ``max_episode_steps`` (from ``gym.make_vec(..., max_episode_steps=K)``; the ids register none,
+    the horizon is ``rounds``) truncates every game after ``K`` steps, as Gymnasium's ``TimeLimit``
+    does for the single-agent view (``-1``: no limit, as in ``gym.make``).
     """
     max_steps = kwargs.pop("max_episode_steps", None)
     batch_attacks = kwargs.pop("batch_attacks", True)
     batch_clients = kwargs.pop("batch_clients", False)
     sc, rest = _scenario(scenario, kwargs)
-    if max_steps is not None and int(max_steps) < sc.rounds:
-        sc = sc.replace(rounds=int(max_steps))
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
     opponents = [_opponent(copy.deepcopy(opponent) if isinstance(opponent, Agent) else opponent, role, sc)
                  for _ in range(num_envs)]
     return LeakGymVectorEnv(num_envs=num_envs, opponents=opponents, scenario=sc, role=role,
-                            batch_attacks=batch_attacks, batch_clients=batch_clients, **rest)
+                            batch_attacks=batch_attacks, batch_clients=batch_clients,
+                            max_episode_steps=max_steps, **rest)
 
 
 __all__ = ["DEFAULT_OPPONENT", "make_single_agent_env", "make_vector_env"]

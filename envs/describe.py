@@ -124,7 +124,9 @@ def env_page(gym_id: str) -> str:
         "",
         "## Episode end",
         "",
-        f"Truncation after `rounds = {sc.rounds}` rounds (`max_episode_steps`); never terminated early.",
+        (f"Truncation after `rounds = {sc.rounds}` rounds; never terminated early. The id registers no "
+         "`max_episode_steps`: the horizon is `rounds`, so `gym.make(id, rounds=R)` plays R rounds, and "
+         "`max_episode_steps=K` (gym.make or gym.make_vec) truncates after K."),
         "",
         "## Arguments",
         "",

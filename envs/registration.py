@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from gymnasium.envs.registration import register, registry
 
-from .scenario import SCENARIO_DIR, scenario_gym_id, scenario_names, tomllib
-
-
-def _rounds(name: str) -> int:
-    """The scenario's episode length, read from its TOML file (the id's ``max_episode_steps``)."""
-    with open(SCENARIO_DIR / f"{name}.toml", "rb") as fh:
-        return int(tomllib.load(fh).get("rounds", 8))
+from .scenario import scenario_gym_id, scenario_names
 
 
 def registered_ids() -> dict[str, str]:
@@ -27,7 +21,9 @@ def register_envs() -> None:
             entry_point="leakgym.agents.gym_entry_points:make_single_agent_env",
             vector_entry_point="leakgym.agents.gym_entry_points:make_vector_env",
             kwargs={"scenario": name},
-            # The horizon is the scenario's ``rounds``; gym.make(id, rounds=R, max_episode_steps=R)
-            # for a longer override (the entry point warns when only ``rounds`` grows).
-            max_episode_steps=_rounds(name),
+            # No max_episode_steps: the horizon is the scenario's ``rounds`` alone -- the game truncates
+            # itself after its last round, so gym.make(id, rounds=12) plays 12 rounds (a registered
+            # TimeLimit would cut an overridden horizon short). An explicit max_episode_steps=K still
+            # truncates after K steps: Gymnasium's TimeLimit for gym.make, the vector env's own count
+            # for gym.make_vec, with the same observations (tests/test_env_gym.py).
         )

@@ -18,13 +18,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
+from .checks import is_integer, is_seed
 from .round import Round
 from .single_agent import LeakGymSingleAgentEnv
-
-
-def _is_seed(value: Any) -> bool:
-    """An integer >= 0 (Python or numpy; not a bool): what Gymnasium's seeding accepts."""
-    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer)) and value >= 0
 
 
 class LeakGymVectorEnv(VectorEnv):
@@ -38,6 +34,10 @@ class LeakGymVectorEnv(VectorEnv):
             call; False runs each game's attack alone, so that every game's trajectory is
             bit-identical to the single-agent view's (batching may change attack results by
             floating-point rounding, see :func:`leakgym.envs.round.reconstruct_all`).
+        max_episode_steps: truncate a game after this many steps of its episode, as Gymnasium's
+            ``TimeLimit`` does for ``gym.make(id, max_episode_steps=K)`` (the scenario's ``rounds`` is
+            untouched, so observations equal the single-agent view's); None or -1: no limit, the game
+            truncates itself after its last round.
         batch_clients: True computes all games' victims' clean updates, benign clients, aggregation
             and evaluation as one vmapped computation each (:mod:`leakgym.fl.batched`; BatchNorm
             included; PRECODE and dropout models run the loop), and runs the step defenses batched
@@ -50,7 +50,8 @@ class LeakGymVectorEnv(VectorEnv):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int = 1, opponents: list[Any] | None = None, render_mode: str | None = None,
-                 batch_attacks: bool = True, batch_clients: bool = False, **kwargs: Any) -> None:
+                 batch_attacks: bool = True, batch_clients: bool = False, max_episode_steps: int | None = None,
+                 **kwargs: Any) -> None:
         for name, flag in (("batch_attacks", batch_attacks), ("batch_clients", batch_clients)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}={flag!r}; allowed: True or False")  # noqa: TRY004
@@ -58,6 +59,15 @@ class LeakGymVectorEnv(VectorEnv):
         self.batch_clients = batch_clients
         if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
+        if max_episode_steps is None or is_integer(max_episode_steps) and max_episode_steps == -1:
+            self.max_episode_steps = None
+        elif is_integer(max_episode_steps) and max_episode_steps >= 1:
+            self.max_episode_steps = int(max_episode_steps)
+        else:
+            raise ValueError(f"max_episode_steps={max_episode_steps!r}; allowed: an integer >= 1, or None or -1 "
+                             "(no limit: the episode ends after the scenario's rounds)")
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode={render_mode!r}; allowed: None or {self.metadata['render_modes']}")
         if opponents is None or len(opponents) != num_envs:
             raise ValueError(f"need one opponent per game: got {None if opponents is None else len(opponents)} "
                              f"for num_envs={num_envs}")
@@ -69,11 +79,13 @@ class LeakGymVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
+        self._elapsed = np.zeros(self.num_envs, dtype=np.int64)
+        """Steps of each game's current episode (the ``max_episode_steps`` count)."""
         self._obs = create_empty_array(self.single_observation_space, self.num_envs)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
         # Every seed is checked before any game resets: a rejected reset changes nothing.
-        if seed is None or _is_seed(seed):
+        if seed is None or is_seed(seed):
             seeds = [None if seed is None else int(seed) + i for i in range(self.num_envs)]
         else:
             if isinstance(seed, (str, bytes)) or not hasattr(seed, "__len__"):
@@ -82,7 +94,7 @@ class LeakGymVectorEnv(VectorEnv):
             if len(seed) != self.num_envs:
                 raise ValueError(f"got {len(seed)} seeds for {self.num_envs} environments")
             for i, s in enumerate(seed):
-                if s is not None and not _is_seed(s):
+                if s is not None and not is_seed(s):
                     raise ValueError(f"seed[{i}]={s!r}; allowed: None or an integer >= 0")
             seeds = [None if s is None else int(s) for s in seed]
         obs, infos = [], {}
@@ -91,6 +103,7 @@ class LeakGymVectorEnv(VectorEnv):
             obs.append(o)
             infos = self._add_info(infos, info, i)
         self._autoreset[:] = False
+        self._elapsed[:] = 0
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), infos
 
@@ -122,9 +135,13 @@ class LeakGymVectorEnv(VectorEnv):
             if self._autoreset[i]:
                 obs[i], info = self.envs[i].reset()
                 infos = self._add_info(infos, info, i)
+                self._elapsed[i] = 0
         for i, outcome in zip(active, outcomes):
             obs[i], rewards[i], terminations[i], truncations[i], info = self.envs[i].finish_step(outcome)
             infos = self._add_info(infos, info, i)
+            self._elapsed[i] += 1
+            if self.max_episode_steps is not None and self._elapsed[i] >= self.max_episode_steps:
+                truncations[i] = True  # what TimeLimit does
         self._autoreset = np.logical_or(terminations, truncations)
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), rewards, terminations, truncations, infos

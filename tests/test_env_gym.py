@@ -83,3 +83,68 @@ def test_make_vec_runs_lockstep_and_batches_attacks(cheap_overrides, monkeypatch
     obs, *_ = venv.step(actions)
     assert np.all(obs[:, 0] == 0.0)  # round fraction restarted
     venv.close()
+
+
+def _episode(env, seed, actions):
+    """Observations, rewards and end flags of one episode of a single-agent view (or of game 0 of
+    a vector env) under a fixed action sequence; stops at the first end."""
+    vector = hasattr(env, "num_envs")
+    obs, _ = env.reset(seed=seed)
+    rows = [np.ravel(obs[0] if vector else obs)]
+    for a in actions:
+        obs, r, term, trunc, _ = env.step(np.stack([a] * env.num_envs) if vector else np.asarray(a))
+        if vector:
+            obs, r, term, trunc = obs[0], r[0], term[0], trunc[0]
+        rows.append(np.concatenate([np.ravel(obs), [r, term, trunc]]))
+        if term or trunc:
+            break
+    return rows
+
+
+def test_overriding_rounds_sets_the_horizon_in_both_views(cheap_overrides, recwarn):
+    """The ids register no TimeLimit: the horizon is the scenario's ``rounds``, so an override plays
+    that many rounds in gym.make and gym.make_vec alike, without a warning (the registered TimeLimit
+    used to truncate gym.make at the TOML's rounds, and make_vec's view disagreed with it)."""
+    cheap_overrides["rounds"] = 9  # the TOML says 8
+    assert gym.spec("LeakGym-Digits-v0").max_episode_steps is None
+    actions = [np.zeros(4, dtype=np.int64)] * 12
+    single = _episode(gym.make("LeakGym-Digits-v0", **cheap_overrides), 0, actions)
+    vector = _episode(gym.make_vec("LeakGym-Digits-v0", num_envs=1, batch_attacks=False, **cheap_overrides), 0,
+                      actions)
+    assert len(single) == len(vector) == 10  # reset + 9 rounds, the last one truncated
+    for a, b in zip(single, vector):
+        np.testing.assert_array_equal(a, b)
+    assert single[-1][-1] == 1 and not any(row[-1] for row in single[1:-1])
+    assert not [w for w in recwarn if "horizon" in str(w.message)]
+
+
+def test_max_episode_steps_truncates_the_vector_env_as_time_limit_does(cheap_overrides):
+    """``max_episode_steps=K`` < rounds: gym.make's TimeLimit and the vector env's own count end the
+    episode after K steps with the same observations (the round fraction still counts to ``rounds``;
+    make_vec used to shrink ``rounds`` to K instead); the game restarts on the next step."""
+    cheap_overrides["rounds"] = 4
+    actions = [np.zeros(4, dtype=np.int64)] * 5
+    single = _episode(gym.make("LeakGym-Digits-v0", max_episode_steps=2, **cheap_overrides), 0, actions)
+    venv = gym.make_vec("LeakGym-Digits-v0", num_envs=2, max_episode_steps=2, batch_attacks=False,
+                        **cheap_overrides)
+    vector = _episode(venv, 0, actions)
+    assert len(single) == len(vector) == 3
+    for a, b in zip(single, vector):
+        np.testing.assert_array_equal(a, b)
+    assert vector[-1][0] == 0.5  # round 2 of 4, cut by the limit
+    obs, *_ = venv.step(np.zeros((2, 4), dtype=np.int64))  # autoreset
+    obs, _, _, truncs, _ = venv.step(np.zeros((2, 4), dtype=np.int64))
+    assert not truncs.any() and np.all(obs[:, 0] == 0.25)  # the count restarted with the episode
+    unlimited = gym.make_vec("LeakGym-Digits-v0", num_envs=1, max_episode_steps=-1, **cheap_overrides)
+    assert unlimited.max_episode_steps is None
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "3", True])
+def test_vector_env_rejects_a_bad_max_episode_steps(bad, cheap_overrides):
+    with pytest.raises(ValueError, match=rf"max_episode_steps={bad!r}; allowed: an integer >= 1"):
+        gym.make_vec("LeakGym-Digits-v0", num_envs=1, max_episode_steps=bad, **cheap_overrides)
+
+
+def test_vector_env_rejects_render_modes_it_does_not_have(cheap_overrides):
+    with pytest.raises(ValueError, match=r"render_mode='human'; allowed: None or \['rgb_array'\]"):
+        gym.make_vec("LeakGym-Digits-v0", num_envs=1, render_mode="human", **cheap_overrides)
