@@ -174,6 +174,22 @@ def test_evaluate_many_equals_server_evaluate(digits, vectorise):
 
 
 @pytest.mark.parametrize("vectorise", [True, False])
+def test_a_diverged_model_scores_zero_accuracy(digits, vectorise):
+    """NaN weights give NaN logits, whose arg-max is an index all the same (the first NaN): such a
+    model used to score the share of that class (~10%), which rewarded a defender for an accuracy the
+    model does not have. Server.evaluate and evaluate_many count non-finite logits as wrong."""
+    models, _, _ = games_and_batches(digits, n=2)
+    with torch.no_grad():
+        next(models[1].parameters()).fill_(float("nan"))
+    ex, ey = digits.spec.normalize(digits.test_x[:100]), digits.test_y[:100]
+    a, lo = Server(models[1], lr=0.1, eval_x=ex, eval_y=ey).evaluate()
+    assert a == 0.0 and not np.isfinite(lo)
+    acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, vectorise=vectorise)
+    assert acc[1] == 0.0 and not np.isfinite(loss[1])
+    assert acc[0] == Server(models[0], lr=0.1, eval_x=ex, eval_y=ey).evaluate()[0] > 0.0
+
+
+@pytest.mark.parametrize("vectorise", [True, False])
 def test_evaluate_many_uses_each_games_batchnorm_statistics(digits, vectorise):
     models, _, _ = games_and_batches(digits, n=3, arch="convnet")
     ex, ey = digits.spec.normalize(digits.test_x[:64]), digits.test_y[:64]

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from leakgym.fl.server import correct_predictions
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, bn_eval_if_single, task_loss
 from leakgym.models.precode import VariationalBottleneck
@@ -360,7 +361,7 @@ def evaluate_many(
                 xi, yi = (x, y) if shared else (x[i], y[i])
                 logits = forward({k: v[i] for k, v in params.items()}, xi)
                 ce = F.cross_entropy(logits, yi, reduction="none")
-                accuracy.append(int((logits.argmax(dim=-1) == yi).sum()) / yi.shape[0])
+                accuracy.append(int(correct_predictions(logits, yi).sum()) / yi.shape[0])
                 losses.append(float(ce.sum()) / yi.shape[0])
             return accuracy, losses
         for lo in range(0, n_games, chunk):
@@ -374,7 +375,7 @@ def evaluate_many(
             ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
             count = labels.shape[1]
             # As Server.evaluate: Python division of the correct count and of the float32 loss sum.
-            accuracy.extend(c / count for c in (logits.argmax(dim=-1) == labels).sum(dim=1).tolist())
+            accuracy.extend(c / count for c in correct_predictions(logits, labels).sum(dim=1).tolist())
             losses.extend(s / count for s in ce.sum(dim=1).tolist())
     finally:
         model.train(was_training)

@@ -9,6 +9,13 @@ from torch import Tensor, nn
 from leakgym.fl.update import SharedUpdate
 
 
+def correct_predictions(logits: Tensor, labels: Tensor) -> Tensor:
+    """Whether each example is classified correctly: the arg-max class is its label *and* its logits
+    are finite. ``argmax`` over NaN logits returns an index (the first NaN), so a diverged model
+    would otherwise score the share of one class (~10% on ten classes) instead of nothing."""
+    return (logits.argmax(dim=-1) == labels) & torch.isfinite(logits).all(dim=-1)
+
+
 class Server:
     """Global model + aggregation (FedSGD or FedAvg) + held-out evaluation.
 
@@ -58,7 +65,8 @@ class Server:
 
     @torch.no_grad()
     def evaluate(self, batch_size: int = 512) -> tuple[float, float]:
-        """Test accuracy and mean cross-entropy of the global model on the held-out split."""
+        """Test accuracy and mean cross-entropy of the global model on the held-out split (an example
+        with non-finite logits counts as wrong, :func:`correct_predictions`)."""
         was_training = self.model.training
         self.model.eval()
         correct, loss_sum = 0, 0.0
@@ -67,7 +75,7 @@ class Server:
             yb = self.eval_y[start : start + batch_size]
             logits = self.model(xb)
             loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-            correct += int((logits.argmax(1) == yb).sum())
+            correct += int(correct_predictions(logits, yb).sum())
         self.model.train(was_training)
         n = len(self.eval_x)
         return correct / n, loss_sum / n
