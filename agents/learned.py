@@ -336,8 +336,10 @@ def load_policy(path: str | Path, device: str = "cpu"):
 
 
 class LearnedAgent(Agent):
-    """Acts with a saved SB3 policy (see :func:`load_policy`). ``deterministic=False`` samples instead
-    (DQN policies always act greedily).
+    """Acts with a saved SB3 policy (see :func:`load_policy`). ``deterministic=False`` samples from the
+    policy's action distribution with the ``rng`` that ``act`` is given (the environment's opponent
+    generator, seeded by ``reset(seed=...)``), so a stochastic opponent replays with its seed; DQN
+    policies always act greedily.
 
     With ``role`` and ``scenario`` the policy is checked before use: it must have been trained for
     that role, with that role's action space in the scenario; observations are checked on each call.
@@ -420,6 +422,21 @@ class LearnedAgent(Agent):
             return
         self._check_action_nvec(np.asarray(getattr(action_space, "nvec", None)), f"this role's action space {action_space}")
 
+    def _sample(self, observation: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One draw from the policy's (multi-)categorical action distribution, by inverse CDF with
+        ``rng`` -- not SB3's ``predict(deterministic=False)``, which samples from torch's global RNG."""
+        import torch
+
+        obs, _ = self.policy.obs_to_tensor(observation)
+        with torch.no_grad():
+            dist = self.policy.get_distribution(obs).distribution
+        parts = dist if isinstance(dist, list) else [dist]  # MultiCategorical: one Categorical per entry
+        choice = []
+        for part in parts:
+            cdf = np.cumsum(part.probs[0].double().cpu().numpy())
+            choice.append(min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1))
+        return np.asarray(choice if isinstance(dist, list) else choice[0])
+
     def get_state(self) -> None:
         """Nothing to save: ``act`` changes nothing on the agent (and the loaded policy is not copied)."""
 
@@ -430,7 +447,11 @@ class LearnedAgent(Agent):
         from gymnasium import spaces
 
         self.check_spaces(observation, action_space)
-        action, _ = self.policy.predict(np.asarray(observation, dtype=np.float32), deterministic=self.deterministic)
+        obs = np.asarray(observation, dtype=np.float32)
+        if self.deterministic or not hasattr(self.policy, "get_distribution"):  # DQN: greedy
+            action, _ = self.policy.predict(obs, deterministic=True)
+        else:
+            action = self._sample(obs, rng)
         action = np.asarray(action, dtype=np.int64)
         if isinstance(action_space, spaces.Discrete):
             if self.flat:

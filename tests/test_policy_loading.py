@@ -266,3 +266,28 @@ def test_multidiscrete_policy_plays_in_a_flat_space(saved):
     obs = rng.random(model.observation_space.shape, dtype=np.float32)
     expected, _ = model.predict(obs, deterministic=True)
     assert int(agent.act(obs, flat_space, rng)) == int(np.ravel_multi_index(tuple(expected), sc.attacker_nvec))
+
+
+def test_a_sampling_learned_agent_draws_from_the_environment_generator(saved):
+    """``deterministic=False`` samples with the ``rng`` it is given, not torch's global RNG: the same
+    generator seed replays the same actions whatever torch's global state, another seed differs, and
+    the draws follow the policy's distribution (an untrained policy: every entry is used)."""
+    path, _, _ = saved
+    scenario = load_scenario("digits", **TINY)
+    agent = LearnedAgent(path, role="attacker", scenario=scenario, deterministic=False)
+    space = gym.spaces.MultiDiscrete(scenario.attacker_nvec)
+    obs = np.zeros(agent.policy.observation_space.shape, dtype=np.float32)
+
+    def draws(seed, torch_seed):
+        torch.manual_seed(torch_seed)
+        rng = np.random.default_rng(seed)
+        return np.stack([agent.act(obs, space, rng) for _ in range(40)])
+
+    first = draws(0, torch_seed=1)
+    np.testing.assert_array_equal(first, draws(0, torch_seed=2))
+    assert not np.array_equal(first, draws(1, torch_seed=1))
+    assert all(len(np.unique(first[:, j])) > 1 for j in range(first.shape[1]))
+    assert np.all((first >= 0) & (first < np.asarray(scenario.attacker_nvec)))
+    flat = gym.spaces.Discrete(int(np.prod(scenario.attacker_nvec)))
+    a = agent.act(obs, flat, np.random.default_rng(0))
+    assert a.shape == () and 0 <= int(a) < flat.n
