@@ -128,6 +128,8 @@ class EpisodeLog:
                 f"to start over"
             )
         old = saved["settings"]
+        # Logs written before the device was recorded ran on the CPU (CUDA games did not run then).
+        old = {"device": "cpu", **old} if "device" in settings else old
         diffs = [
             f"{key}: saved {old.get(key)!r}, now {settings.get(key)!r}"
             for key in sorted(set(old) | set(settings))

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from .base import Agent
 from .cli_common import resolve_env
@@ -198,7 +199,9 @@ def evaluate(
     log = None
     if out is not None:
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,
-                    "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep}
+                    "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep,
+                    # the device decides float rounding: a resume on another one would mix two runs' numbers
+                    "device": str(torch.device(device))}
         log = EpisodeLog.open(out, settings, resume=resume)
     finished = log.finished if log is not None else {}
     envs = [penv]

@@ -198,3 +198,23 @@ def test_resume_without_an_earlier_run_starts_one_and_needs_out(tmp_path):
     assert json.loads((tmp_path / "new" / "run.json").read_text())["settings"]["overrides"]["iterations"] == [1, 2]
     with pytest.raises(ValueError, match="resume=True needs out="):
         ev.evaluate("digits", ["random"], ["none"], episodes=1, resume=True, progress=False)
+
+
+def test_resume_on_another_device_is_refused_and_old_logs_count_as_cpu(tmp_path):
+    """The device decides the rounding, so it is one of the run's settings (``leakgym eval --device``
+    was not recorded: a resume on another device mixed two runs' numbers silently). A log written
+    before the device was recorded ran on the CPU (CUDA games did not run then)."""
+    cpu = {**SETTINGS, "device": "cpu"}
+    el.EpisodeLog.open(tmp_path / "run", cpu, resume=False)
+    with pytest.raises(ValueError, match="device: saved 'cpu', now 'cuda:1'"):
+        el.EpisodeLog.open(tmp_path / "run", {**SETTINGS, "device": "cuda:1"}, resume=True)
+    run = tmp_path / "run" / "run.json"
+    saved = json.loads(run.read_text())
+    del saved["settings"]["device"]
+    run.write_text(json.dumps(saved))
+    assert el.EpisodeLog.open(tmp_path / "run", cpu, resume=True).finished == {}
+    with pytest.raises(ValueError, match="device: saved 'cpu', now 'cuda'"):
+        el.EpisodeLog.open(tmp_path / "run", {**SETTINGS, "device": "cuda"}, resume=True)
+    ev.evaluate("digits", ["random"], ["none"], episodes=1, out=tmp_path / "eval", progress=False,
+                overrides={"rounds": 1, "num_clients": 1, "iterations": [1], "eval_size": 32})
+    assert json.loads((tmp_path / "eval" / "run.json").read_text())["settings"]["device"] == "cpu"
