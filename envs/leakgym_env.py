@@ -31,6 +31,7 @@ from gymnasium.utils import EzPickle
 from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
+from .checks import check_seed
 from .game import LeakGame, RoundOutcome
 from .menus import FlatActions
 from .rendering import figure_to_rgb, placeholder_figure, round_figure, show_figure
@@ -118,6 +119,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
     def reset(self, seed: int | None = None, options: dict | None = None):
         # ``options`` is accepted for API compatibility (PettingZoo's checker passes some); LeakGym
         # has no reset options: a game is configured by its scenario.
+        seed = check_seed(seed)
         if seed is not None:
             self._seed_rng = np.random.default_rng(seed)
         episode_seed = int(self._seed_rng.integers(2**31 - 1))

@@ -277,6 +277,9 @@ def check_action(action: Any, nvec: np.ndarray, who: str, dims: list[str]) -> np
         raise ValueError(f"{who} action has shape {arr.shape}; expected {tuple(nvec.shape)} ({dims})")
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
         raise ValueError(f"{who} action {arr.tolist()!r} has dtype {arr.dtype}; expected integers")
+    if isinstance(action, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in action):
+        # numpy turns [True, 0, 1] into integers; a bool entry is a mistake all the same
+        raise ValueError(f"{who} action {list(action)!r} has bool entries; expected integers")
     if np.issubdtype(arr.dtype, np.floating):
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{who} action {arr.tolist()} has non-finite entries; expected integers")

@@ -7,7 +7,9 @@ agents; this class itself takes the opponent *object*: anything with
 ``act(observation, action_space, rng) -> action`` (optionally ``reset(seed)`` and
 ``observe(reward, info)``, as :class:`leakgym.agents.Agent` has), or a plain callable
 ``f(observation, action_space, rng) -> action``. The opponent's randomness is drawn from a generator
-seeded by ``reset(seed=...)``, so the view is deterministic for SB3's and Gymnasium's ``check_env``.
+seeded by ``reset(seed=...)``, so the view is deterministic for SB3's and Gymnasium's ``check_env``
+with an opponent that does not learn across episodes (a bandit opponent updates its estimates from
+every episode, by design: the same seed later plays against a wiser opponent).
 
 A step first validates the learner's action, then lets the opponent act, then plays the round
 (:class:`leakgym.envs.round.Round`); a rejected action or a failed round leaves the view, its

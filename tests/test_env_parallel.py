@@ -58,6 +58,19 @@ def test_invalid_action_raises_before_state_changes(cheap_overrides):
         e.step({"attacker": e.action_space("attacker").sample()})
 
 
+@pytest.mark.parametrize("seed", [-1, 1.5, "3", True])
+def test_a_bad_reset_seed_is_named_and_changes_nothing(cheap_overrides, seed):
+    e = parallel_env("digits", **cheap_overrides)
+    first, _ = e.reset(seed=0)
+    e.step({a: e.action_space(a).sample() for a in e.agents})
+    with pytest.raises(ValueError, match=rf"seed={seed!r}; allowed: None or an integer >= 0"):
+        e.reset(seed=seed)
+    assert e.game.round == 1
+    again, _ = e.reset(seed=0)
+    for a in e.agents:
+        np.testing.assert_array_equal(first[a], again[a])
+
+
 def test_round_failure_is_reported_with_context_and_history_kept(cheap_overrides, monkeypatch):
     e = parallel_env("digits", **cheap_overrides)
     e.reset(seed=0)

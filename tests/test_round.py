@@ -196,10 +196,11 @@ BAD_ACTIONS = [
     np.array([True, False, False, False]),  # booleans
     np.array(["0", "0", "0", "0"]),  # strings
     np.array([1 + 0j, 0, 0, 0]),  # complex
+    [0, True, 0, 0],  # a bool entry, which numpy would turn into an integer
 ]
 
 
-@pytest.mark.parametrize("bad", BAD_ACTIONS, ids=lambda a: str(a.dtype) + str(a.shape))
+@pytest.mark.parametrize("bad", BAD_ACTIONS, ids=lambda a: str(a.dtype) + str(a.shape) if hasattr(a, "dtype") else repr(a))
 def test_a_rejected_action_changes_nothing_single_view(cheap_overrides, bad):
     def run(with_bad):
         e = gym.make("LeakGym-Digits-v0", opponent=UniformRandomAgent(), **cheap_overrides)
