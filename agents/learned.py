@@ -282,6 +282,24 @@ def _read_weights(path: Path, device: str) -> dict[str, Any]:
     return state
 
 
+def _least_parameters(meta: dict[str, Any]) -> int:
+    """A lower bound on the parameters of the network ``meta`` describes: each layer list of its
+    ``net_arch`` as a chain of linear layers from the observation, plus the action head on the first
+    list (SB3 builds at least these; DQN builds them twice, a list ``net_arch`` of PPO/A2C twice)."""
+    width = meta["observation_space"]["shape"][0]
+    act = meta["action_space"]
+    outputs = act["n"] if "n" in act else sum(act["nvec"])
+    total = 0
+    for k, layers in enumerate(_layer_lists(meta["policy"]["net_arch"])):
+        prev = width
+        for w in layers:
+            total += prev * w + w
+            prev = w
+        if k == 0:
+            total += prev * outputs + outputs
+    return total
+
+
 def _action_space(meta: dict[str, Any]):
     from gymnasium import spaces
 
@@ -321,9 +339,17 @@ def load_policy(path: str | Path, device: str = "cpu"):
     if pol["class"] == "ActorCriticPolicy":
         kwargs["share_features_extractor"] = pol["share_features_extractor"]
     policy_class = _policy_classes()[pol["class"]]
+    # The weights (size-limited) first: a JSON within its limits can still describe a network of many
+    # GB, which must not be allocated only to find that the weights cannot fill it.
+    state = _read_weights(path, device)
+    held, needed = sum(t.numel() for t in state.values()), _least_parameters(meta)
+    if needed > held:
+        raise ValueError(
+            f"{path}: the weights do not fit the architecture in {metadata_path(path).name} (it needs at least "
+            f"{needed} parameters, {WEIGHTS_ENTRY} holds {held})"
+        )
     # no optimiser steps: the policy only acts
     policy = policy_class(observation_space, _action_space(meta), lr_schedule=lambda _: 0.0, **kwargs)
-    state = _read_weights(path, device)
     try:
         policy.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -147,7 +147,7 @@ def test_hostile_weights_are_refused(saved, tmp_path, marker):
     assert not marker.exists()
 
 
-def test_policy_metadata_and_spaces_are_checked(saved, tmp_path):
+def test_policy_metadata_and_spaces_are_checked(saved, tmp_path, monkeypatch):
     path, _, meta = saved
     with pytest.raises(ValueError, match="trained as the attacker; it cannot play the defender"):
         LearnedAgent(path, role="defender")
@@ -194,6 +194,19 @@ def test_policy_metadata_and_spaces_are_checked(saved, tmp_path):
     copy = _copy_policy(saved, tmp_path, meta=broken("policy.net_arch", {"pi": [32], "vf": [8, 8]}))
     with pytest.raises(ValueError, match="the weights do not fit the architecture in policy.json"):
         LearnedAgent(copy)
+    # ... before building it: a JSON within its limits may describe a network of many GB (here ~4 GB
+    # of float32), which is never allocated when the weights cannot fill it.
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    copy = _copy_policy(saved, huge, meta=broken("policy.net_arch", {"pi": [4096] * 16, "vf": [4096] * 16}))
+
+    def no_building(*args, **kwargs):
+        raise AssertionError("the policy was built before the weights were checked against it")
+
+    monkeypatch.setattr(learned, "_policy_classes", lambda: {"ActorCriticPolicy": no_building, "DQNPolicy": no_building})
+    with pytest.raises(ValueError, match=r"needs at least \d+ parameters, policy.pth holds \d+"):
+        LearnedAgent(copy)
+    monkeypatch.undo()
     learned.metadata_path(copy).write_text("{not json")
     with pytest.raises(ValueError, match="policy.json: cannot read the policy metadata"):
         LearnedAgent(copy)
