@@ -41,3 +41,12 @@ def test_device_and_seed_are_checked_before_anything_runs(tmp_path, capsys, argv
         main([*argv, "--out", str(out)])
     assert exc.value.code == 2 and message in capsys.readouterr().err
     assert (out / "episodes.csv").read_text() == "earlier run\n"
+
+
+@pytest.mark.parametrize("bench", ["env", "attacks", "eval"])
+def test_bench_device_is_checked_by_the_parser(capsys, bench):
+    """``leakgym bench ... --device cuda`` on a machine without it is an argparse error naming the
+    value, as for eval/train/selfplay (it used to fail inside the measurement)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", bench, "--device", "bogus"])
+    assert exc.value.code == 2 and "argument --device: device='bogus' is not a torch device name" in capsys.readouterr().err

@@ -38,6 +38,7 @@ from leakgym.bench import (
     progress_bar,
     write_results,
 )
+from leakgym.devices import device_argument
 
 DEFAULT_MODELS = "lenet,resnet18"
 DEFAULT_NS = "1,16,64"
@@ -47,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="runs/bench/bench_attacks.json",
                         help="output JSON path, a .md table is written beside it (default: %(default)s; the "
                         "committed docs/results/bench_attacks.json is rewritten only when named here)")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=device_argument, help="torch device (default: cpu)")
     parser.add_argument("--iterations", type=int, default=20,
                         help="attack iterations per timed run for LeNet (default: 20)")
     parser.add_argument("--resnet-iterations", type=int, default=2,

@@ -49,6 +49,7 @@ from leakgym.bench import (
     progress_bar,
     write_results,
 )
+from leakgym.devices import device_argument
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
 DEFAULT_NUM_ENVS = "1,16"
@@ -70,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the defender: no defense, or a uniformly random menu action each round (default: none)")
     parser.add_argument("--baseline-games", type=int, default=16,
                         help="games of the sequential baseline: min(N, this) (default: 16)")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=device_argument, help="torch device (default: cpu)")
     parser.add_argument("--batch-clients", choices=("on", "off"), default="on",
                         help="the vector env's batch_clients: victims' clean updates, benign clients, aggregation and "
                              "evaluation batched over games (default: on; on a CPU it pays off for small models "

@@ -22,6 +22,7 @@ import time
 
 from leakgym.bench import check_output, device_label, interrupted, markdown_table, progress_bar, write_results
 from leakgym.cli import DEMO_ATTACKERS, DEMO_DEFENDERS
+from leakgym.devices import device_argument
 
 COMPARED = ("leakage_ssim", "leakage_psnr", "attacker_return", "defender_return")
 
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lockstep", type=int, default=16, help="games played together (default: 16)")
     parser.add_argument("--overrides", nargs="*", default=["rounds=4"], metavar="KEY=VALUE",
                         help="scenario overrides (default: rounds=4, as make demo)")
-    parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument("--device", default="cpu", type=device_argument, help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (runs done / 3)")
 
