@@ -251,8 +251,32 @@ def test_federated_split_validates_arguments(digits: Dataset) -> None:
     for test_size in (0, 360, 2.0):
         with pytest.raises(ValueError, match="test_size"):
             federated_split(digits, num_clients=2, test_size=test_size)
+    for seed in (-1, 1.5, True):  # numpy's messages named no argument (and True was seed 1)
+        with pytest.raises(ValueError, match=rf"seed={seed!r} must be an integer >= 0"):
+            federated_split(digits, num_clients=2, seed=seed)
+    with pytest.raises(ValueError, match="alpha=True"):
+        federated_split(digits, num_clients=2, alpha=True)
     single = federated_split(digits, num_clients=1, public_fraction=0.0)
     assert single.public_x.shape[0] == 0 and single.client_sizes() == [1438]
+    # numpy integers and floats are numbers like any other
+    same = federated_split(digits, num_clients=np.int64(2), public_fraction=np.float32(0.25), seed=np.int64(3))
+    ref = federated_split(digits, num_clients=2, public_fraction=0.25, seed=3)
+    assert same.client_sizes() == ref.client_sizes()
+
+
+def test_dataset_spec_refuses_impossible_values_and_integer_images():
+    """A NaN std passed `std <= 0`; image_size=0 was accepted; normalising uint8 images made uint8
+    statistics (std 0) and returned inf everywhere."""
+    import torch
+
+    from leakgym.data.spec import DatasetSpec
+
+    with pytest.raises(ValueError, match=r"std=\(nan,\) must be finite and > 0"):
+        DatasetSpec("t", 1, 4, 2, (0.5,), (float("nan"),))
+    with pytest.raises(ValueError, match="image_size=0 must be an integer >= 1"):
+        DatasetSpec("t", 1, 0, 2, (0.5,), (0.5,))
+    with pytest.raises(ValueError, match="must be floating point .* got dtype torch.uint8"):
+        DatasetSpec("t", 1, 4, 2, (0.5,), (0.3,)).normalize(torch.zeros(1, 1, 4, 4, dtype=torch.uint8))
 
 
 def test_normalisation_statistics_are_made_once_and_never_as_inference_tensors():

@@ -207,6 +207,16 @@ def test_cifar_reader_names_the_file_for_broken_batches(tmp_path: Path) -> None:
         read_cifar_batch(path, "labels")
 
 
+def test_cifar_reader_refuses_non_integer_labels(tmp_path: Path) -> None:
+    """Float labels used to be truncated silently (0.9 -> class 0)."""
+    path = tmp_path / "data_batch_1"
+    data = np.zeros((2, 3072), dtype=np.uint8)
+    with open(path, "wb") as f:
+        pickle.dump({"data": data, "labels": [0.9, 1.5]}, f, protocol=2)
+    with pytest.raises(ValueError, match=f"{path}: 'labels' must be a list of integers, got dtype float64"):
+        read_cifar_batch(path, "labels")
+
+
 def test_idx_reader_names_the_file_for_empty_truncated_and_damaged_files(tmp_path: Path) -> None:
     good = _idx_bytes(np.arange(60, dtype=np.uint8).reshape(3, 4, 5), 0x08, "u1")
     path = tmp_path / "train-images-idx3-ubyte.gz"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,6 +231,41 @@ def test_input_validation():
         lpips(x, x, net="squeeze")
 
 
+def test_edge_inputs_are_refused_or_scored_right():
+    """Found in review: an empty image scored 100 dB (its MSE is NaN); a float16 PSNR was capped at
+    42 dB (float16's smallest normal as the MSE floor); numpy scalars were refused as data_range and
+    bools accepted; the NaN message did not say which input."""
+    x = unit_images(2)
+    with pytest.raises(ValueError, match=r"images need C, H, W >= 1, got shape \(2, 0, 16, 16\)"):
+        psnr(x[:, :0], x[:, :0])
+    half = (x + 0.004).clamp(max=1.0)
+    assert float(psnr(half.half(), x.half()).min()) > 45.0  # ~48 dB, as in float32
+    assert float(psnr(x.half(), x.half() + 1e-3).min()) < 70.0  # a tiny difference is not "perfect"
+    torch.testing.assert_close(psnr(x, half, data_range=np.float32(1.0)), psnr(x, half))
+    with pytest.raises(ValueError, match="data_range=True"):
+        mse(x, x, data_range=True)
+    bad = x.clone()
+    bad[1, 0, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"originals \(second argument\): 1 of 2 images contain NaN or inf"):
+        mse(x, bad)
+
+
+def test_matching_uses_the_scoring_window_and_cap():
+    """score_reconstruction matched with SSIM window 7 and a 100 dB cap whatever it scored with: 5x5
+    images failed with ssim_window=3, and a PSNR cap changed the matching of one function but not of
+    the other."""
+    small = unit_images(2, size=8)[:, :, :5, :5]
+    one = score_reconstruction(small.flip(0), small, match_cost="ssim", ssim_window=3)
+    many = score_reconstructions([small.flip(0)], [small], match_cost="ssim", ssim_window=3)
+    assert one.assignment.tolist() == many[0].assignment.tolist() == [1, 0]
+    x = unit_images(2)
+    recon = torch.stack([x[0] + 1e-3, x[1] + 1e-2]).clamp(0, 1)
+    for cap in (30.0, 100.0):
+        a = score_reconstruction(recon, x, match_cost="psnr", max_db=cap).assignment
+        b = score_reconstructions([recon], [x], match_cost="psnr", max_db=cap)[0].assignment
+        assert a.tolist() == b.tolist()
+
+
 # ---------------------------------------------------------------- LPIPS
 
 
@@ -259,21 +296,38 @@ def test_lpips_missing_weights_gives_nan_and_warns_once(torch_home):
     assert LPIPS_BACKBONE_FILES["alex"] in message and str(expected_dir) in message
 
 
-def test_lpips_plumbing_with_random_backbone_checkpoint(torch_home):
-    """PLUMBING TEST ONLY, not a real LPIPS value.
-
-    The checkpoint written here holds a *randomly initialised* torchvision AlexNet's ``features.*``
-    tensors (the real ``alexnet-owt-7be5be79.pth`` also has ``classifier.*`` entries, which LPIPS
-    ignores) under the file name torchvision uses. It checks that weights are found under
-    ``$TORCH_HOME/hub/checkpoints``, loaded without network access, and that LPIPS returns finite
-    per-image values of the right shape (0 for identical images) on upsampled grayscale 16x16 input.
-    """
+def _random_alexnet_checkpoint(torch_home) -> tuple[Path, torch.nn.Module]:
     ckpt_dir = torch_home / "hub" / "checkpoints"
     ckpt_dir.mkdir(parents=True)
     torch.manual_seed(0)
     features = AlexNet().features
-    torch.save({f"features.{k}": v for k, v in features.state_dict().items()},
-               ckpt_dir / LPIPS_BACKBONE_FILES["alex"])
+    path = ckpt_dir / LPIPS_BACKBONE_FILES["alex"]
+    torch.save({f"features.{k}": v for k, v in features.state_dict().items()}, path)
+    return path, features
+
+
+def test_lpips_refuses_a_checkpoint_whose_digest_is_not_torchvisions(torch_home):
+    """An untrained AlexNet saved under torchvision's file name used to give LPIPS numbers; the file's
+    SHA-256 must start with the digits in its name (torch.hub's convention)."""
+    _random_alexnet_checkpoint(torch_home)
+    assert lpips_available("alex")
+    with pytest.raises(ValueError, match=r"alexnet-owt-7be5be79.pth is not torchvision's pretrained alex "
+                                         r"checkpoint: its SHA-256 is [0-9a-f]{16}\.\.\., expected 7be5be79"):
+        lpips(unit_images(1), unit_images(1))
+
+
+def test_lpips_plumbing_with_random_backbone_checkpoint(torch_home, monkeypatch):
+    """PLUMBING TEST ONLY, not a real LPIPS value.
+
+    The checkpoint written here holds a *randomly initialised* torchvision AlexNet's ``features.*``
+    tensors (the real ``alexnet-owt-7be5be79.pth`` also has ``classifier.*`` entries, which LPIPS
+    ignores) under the file name torchvision uses, and the test declares its digest the expected one
+    (the real check refuses it: test above). It checks that weights are found under
+    ``$TORCH_HOME/hub/checkpoints``, loaded without network access, and that LPIPS returns finite
+    per-image values of the right shape (0 for identical images) on upsampled grayscale 16x16 input.
+    """
+    path, features = _random_alexnet_checkpoint(torch_home)
+    monkeypatch.setitem(perceptual.LPIPS_SHA256_PREFIXES, "alex", hashlib.sha256(path.read_bytes()).hexdigest()[:8])
     assert lpips_available("alex")
     x, y = unit_images(3), noisy(unit_images(3), 0.2)
     with warnings.catch_warnings():
@@ -286,9 +340,11 @@ def test_lpips_plumbing_with_random_backbone_checkpoint(torch_home):
     torch.testing.assert_close(loaded.net.slice1[0].weight, features[0].weight)  # checkpoint, not random
 
 
-def test_lpips_rejects_checkpoint_that_is_not_alexnet(torch_home):
+def test_lpips_rejects_checkpoint_that_is_not_alexnet(torch_home, monkeypatch):
     ckpt_dir = torch_home / "hub" / "checkpoints"
     ckpt_dir.mkdir(parents=True)
-    torch.save({"something.else": torch.zeros(1)}, ckpt_dir / LPIPS_BACKBONE_FILES["alex"])
+    path = ckpt_dir / LPIPS_BACKBONE_FILES["alex"]
+    torch.save({"something.else": torch.zeros(1)}, path)
+    monkeypatch.setitem(perceptual.LPIPS_SHA256_PREFIXES, "alex", hashlib.sha256(path.read_bytes()).hexdigest()[:8])
     with pytest.raises(ValueError, match="not a torchvision alex checkpoint"):
         lpips(unit_images(1), unit_images(1))

@@ -22,6 +22,7 @@ Dirichlet sampler); the test subset uses the independent stream ``default_rng([s
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,15 +117,20 @@ def split_indices(
     """The split of :func:`federated_split` (same arguments, same draws) as index sets, without
     copying an image: what many games that read one shared copy of a dataset need (each copy of
     CIFAR-10's training set is 614 MB)."""
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
+    if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or num_clients < 1:
         raise ValueError(f"num_clients={num_clients!r} must be an integer >= 1")
-    if not 0.0 <= public_fraction < 1.0:
+    if isinstance(public_fraction, bool) or not isinstance(public_fraction, numbers.Real) \
+            or not 0.0 <= public_fraction < 1.0:
         raise ValueError(f"public_fraction={public_fraction!r} must lie in [0, 1)")
-    if alpha is not None and not (alpha > 0 and math.isfinite(alpha)):
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
+                              or not (alpha > 0 and math.isfinite(alpha))):
         raise ValueError(f"alpha={alpha!r} must be None (IID) or a finite number > 0")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be an integer >= 0")
+    num_clients = int(num_clients)
     n_train, n_test = dataset.train_y.shape[0], dataset.test_y.shape[0]
     if test_size is not None and (
-        isinstance(test_size, bool) or not isinstance(test_size, int) or not 1 <= test_size <= n_test
+        isinstance(test_size, bool) or not isinstance(test_size, numbers.Integral) or not 1 <= test_size <= n_test
     ):
         raise ValueError(f"test_size={test_size!r} must be None or an integer in [1, {n_test}]")
     n_public = math.floor(public_fraction * n_train)

@@ -201,9 +201,12 @@ def read_cifar_batch(path: str | os.PathLike[str], label_key: str) -> tuple[np.n
         raise ValueError(f"{path}: a CIFAR batch is a dict with 'data' and {label_key!r}; found {keys}")
     data = np.asarray(entry["data"])
     try:
-        labels = np.asarray(entry[label_key], dtype=np.int64)
+        labels = np.asarray(entry[label_key])
     except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"{path}: {label_key!r} must be a list of integers ({exc})") from None
+    if labels.dtype == bool or not np.issubdtype(labels.dtype, np.integer):  # 0.9 would become class 0
+        raise ValueError(f"{path}: {label_key!r} must be a list of integers, got dtype {labels.dtype}")
+    labels = labels.astype(np.int64)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
         raise ValueError(f"{path}: 'data' must be uint8 of shape (N, 3072), got {data.dtype} {data.shape}")
     if labels.shape != (data.shape[0],):

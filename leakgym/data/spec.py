@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,14 +41,23 @@ class DatasetSpec:
                 f"DatasetSpec {self.name!r}: mean/std need {self.channels} entries, "
                 f"got {len(self.mean)} and {len(self.std)}"
             )
-        if any(s <= 0 for s in self.std):
-            raise ValueError(f"DatasetSpec {self.name!r}: std={self.std} must be > 0")
+        if not all(math.isfinite(s) and s > 0 for s in self.std):  # NaN fails `s <= 0` too
+            raise ValueError(f"DatasetSpec {self.name!r}: std={self.std} must be finite and > 0")
+        if not all(math.isfinite(m) for m in self.mean):
+            raise ValueError(f"DatasetSpec {self.name!r}: mean={self.mean} must be finite")
+        for field_name in ("channels", "image_size", "num_classes"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"DatasetSpec {self.name!r}: {field_name}={value!r} must be an integer >= 1")
 
     @property
     def shape(self) -> tuple[int, int, int]:
         return (self.channels, self.image_size, self.image_size)
 
     def _stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if not x.is_floating_point():  # uint8 statistics round std to 0: every pixel would become inf
+            raise ValueError(f"DatasetSpec {self.name!r}: images must be floating point (unit images in [0, 1]), "
+                             f"got dtype {x.dtype}")
         if torch.is_inference_mode_enabled():  # inference tensors must not be cached: autograd rejects them later
             return _channel_stats.__wrapped__(tuple(self.mean), tuple(self.std), x.dtype, x.device)
         return _channel_stats(tuple(self.mean), tuple(self.std), x.dtype, x.device)

@@ -30,6 +30,7 @@ Metric conventions:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import kornia
@@ -71,26 +72,35 @@ def check_image_pair(a: Tensor, b: Tensor, data_range: float = 1.0) -> tuple[Ten
         raise ValueError(f"images must be (N, C, H, W), got shape {tuple(a.shape)}")
     if a.shape != b.shape:
         raise ValueError(f"image batches must have equal shapes, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if min(a.shape[1:]) == 0:  # an empty image would score as a perfect match (its MSE is NaN)
+        raise ValueError(f"images need C, H, W >= 1, got shape {tuple(a.shape)}")
     if not a.is_floating_point() or not b.is_floating_point():
         raise ValueError(f"images must be floating point, got {a.dtype} and {b.dtype}")
-    if not (isinstance(data_range, (int, float)) and math.isfinite(data_range) and data_range > 0):
+    if isinstance(data_range, bool) or not (isinstance(data_range, numbers.Real) and math.isfinite(data_range)
+                                            and data_range > 0):
         raise ValueError(f"data_range={data_range!r} must be a finite number > 0")
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        raise ValueError("images contain NaN or inf values")
+    for name, images in (("reconstructions (first argument)", a), ("originals (second argument)", b)):
+        bad = int((~torch.isfinite(images.detach().flatten(1))).any(dim=1).sum())
+        if bad:
+            raise ValueError(f"{name}: {bad} of {images.shape[0]} images contain NaN or inf values")
+    data_range = float(data_range)
     a = a.detach().clamp(0.0, data_range)
     b = b.detach().clamp(0.0, data_range).to(a.dtype)
     return a, b
 
 
 def mse(a: Tensor, b: Tensor, data_range: float = 1.0) -> Tensor:
-    """Per-image mean squared error ``(N,)`` (lower is better)."""
+    """Per-image mean squared error ``(N,)`` (lower is better); computed in at least float32 (a
+    float16 square of a small difference underflows, and would read as a perfect match)."""
     a, b = check_image_pair(a, b, data_range)
+    if torch.finfo(a.dtype).bits < 32:
+        a, b = a.float(), b.float()
     return (a - b).pow(2).flatten(1).mean(dim=1)
 
 
 def psnr(a: Tensor, b: Tensor, data_range: float = 1.0, max_db: float = DEFAULT_MAX_DB) -> Tensor:
     """Per-image peak signal-to-noise ratio in dB ``(N,)``, capped at ``max_db`` (higher is better)."""
-    if not (isinstance(max_db, (int, float)) and math.isfinite(max_db) and max_db > 0):
+    if isinstance(max_db, bool) or not (isinstance(max_db, numbers.Real) and math.isfinite(max_db) and max_db > 0):
         raise ValueError(f"max_db={max_db!r} must be a finite number > 0")
     err = mse(a, b, data_range)
     with torch.no_grad():

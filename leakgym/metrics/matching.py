@@ -16,7 +16,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from leakgym.metrics.functional import mse, psnr, ssim
+from leakgym.metrics.functional import DEFAULT_MAX_DB, DEFAULT_SSIM_WINDOW, mse, psnr, ssim
 
 MATCHING_COSTS = ("mse", "psnr", "ssim")
 
@@ -37,8 +37,10 @@ def _check_batches(recon: Tensor, orig: Tensor) -> None:
                          f"need at least as many reconstructions as originals")
 
 
-def pairwise_cost(recon: Tensor, orig: Tensor, cost: str = "mse", data_range: float = 1.0) -> np.ndarray:
-    """Cost matrix ``(N_orig, M_recon)``: lower is a better match (PSNR and SSIM are negated)."""
+def pairwise_cost(recon: Tensor, orig: Tensor, cost: str = "mse", data_range: float = 1.0, *,
+                  ssim_window: int = DEFAULT_SSIM_WINDOW, max_db: float = DEFAULT_MAX_DB) -> np.ndarray:
+    """Cost matrix ``(N_orig, M_recon)``: lower is a better match (PSNR and SSIM are negated; their
+    ``max_db`` cap and ``ssim_window`` as in :func:`~leakgym.metrics.functional.psnr` / ``ssim``)."""
     if cost not in MATCHING_COSTS:
         raise ValueError(f"cost={cost!r} is not supported; allowed: {', '.join(MATCHING_COSTS)}")
     _check_batches(recon, orig)
@@ -49,25 +51,27 @@ def pairwise_cost(recon: Tensor, orig: Tensor, cost: str = "mse", data_range: fl
     if cost == "mse":
         values = mse(r, o, data_range)
     elif cost == "psnr":
-        values = -psnr(r, o, data_range)
+        values = -psnr(r, o, data_range, max_db=max_db)
     else:
-        values = -ssim(r, o, data_range)
+        values = -ssim(r, o, data_range, window_size=ssim_window)
     return values.reshape(n, m).double().cpu().numpy()
 
 
-def match_reconstructions(recon: Tensor, orig: Tensor, cost: str = "mse", data_range: float = 1.0) -> np.ndarray:
+def match_reconstructions(recon: Tensor, orig: Tensor, cost: str = "mse", data_range: float = 1.0, *,
+                          ssim_window: int = DEFAULT_SSIM_WINDOW, max_db: float = DEFAULT_MAX_DB) -> np.ndarray:
     """Assign a distinct reconstruction to every original by minimum total cost.
 
     Args:
         recon: reconstructions, unit images ``(M, C, H, W)`` with ``M >= N``.
         orig: originals, unit images ``(N, C, H, W)``.
         cost: ``"mse"`` (default), ``"psnr"`` or ``"ssim"`` (the latter two are maximised).
+        ssim_window, max_db: the SSIM window and PSNR cap of the cost (the ones the pairs are scored with).
 
     Returns:
         ``int64`` array ``(N,)``: ``assignment[i]`` is the index in ``recon`` matched to ``orig[i]``;
         ``recon[assignment]`` is aligned with ``orig``.
     """
-    costs = pairwise_cost(recon, orig, cost, data_range)
+    costs = pairwise_cost(recon, orig, cost, data_range, ssim_window=ssim_window, max_db=max_db)
     rows, cols = linear_sum_assignment(costs)
     assignment = np.empty(orig.shape[0], dtype=np.int64)
     assignment[rows] = cols

@@ -9,8 +9,11 @@ never downloads. Before building the metric we look for the exact file torchvisi
 * ``net="vgg"``: ``$TORCH_HOME/hub/checkpoints/vgg16-397923af.pth``
 
 (``torch.hub.get_dir()/checkpoints``; ``TORCH_HOME`` defaults to ``~/.cache/torch``). If the file is
-present, the LPIPS module is built with a *randomly initialised* backbone (so nothing is fetched) and
-the checkpoint's ``features.*`` tensors are then loaded into it with a strict key check, so LPIPS is
+present, its SHA-256 must start with the digits in its name (torch.hub's naming convention, which
+torchvision's downloads check too; :data:`LPIPS_SHA256_PREFIXES`): any other file under that name --
+an untrained AlexNet saved there, a truncated download -- is refused with a ``ValueError`` naming both
+digests. The LPIPS module is then built with a *randomly initialised* backbone (so nothing is fetched)
+and the checkpoint's ``features.*`` tensors are loaded into it with a strict key check, so LPIPS is
 never computed on a random backbone. If it is absent, :func:`lpips` returns NaN for every image and
 emits one :class:`LPIPSWeightsMissingWarning` per backbone and process naming the file and where to
 put it.
@@ -25,6 +28,7 @@ larger.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from pathlib import Path
 
@@ -39,6 +43,9 @@ LPIPS_BACKBONE_FILES: dict[str, str] = {
     "vgg": "vgg16-397923af.pth",  # torchvision VGG16_Weights.IMAGENET1K_V1
 }
 """LPIPS backbone -> file name of torchvision's pretrained checkpoint."""
+
+LPIPS_SHA256_PREFIXES: dict[str, str] = {"alex": "7be5be79", "vgg": "397923af"}
+"""LPIPS backbone -> the start of its checkpoint's SHA-256 (the digits in the file name)."""
 
 DEFAULT_LPIPS_MIN_SIZE = 32
 
@@ -63,8 +70,25 @@ def lpips_available(net: str = "alex") -> bool:
     return lpips_weights_path(net).is_file()
 
 
+def _check_digest(net: str, path: Path) -> None:
+    """``ValueError`` unless the file's SHA-256 starts with :data:`LPIPS_SHA256_PREFIXES` ``[net]``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    want, got = LPIPS_SHA256_PREFIXES[net], digest.hexdigest()
+    if not got.startswith(want):
+        raise ValueError(
+            f"{path} is not torchvision's pretrained {net} checkpoint: its SHA-256 is {got[:16]}..., expected "
+            f"{want}... (the digits in its name). LPIPS is never computed with other weights; replace the file "
+            "with torchvision's download"
+        )
+
+
 def _build_lpips(net: str, path: Path) -> nn.Module:
     import lpips as lpips_pkg  # the third-party package, imported lazily (heavy)
+
+    _check_digest(net, path)
 
     with warnings.catch_warnings():
         # torchvision's deprecation notice for the ``pretrained=`` argument the lpips package uses.

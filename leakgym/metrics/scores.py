@@ -55,7 +55,8 @@ def score_reconstruction(recon_unit: Tensor, orig_unit: Tensor, *,
     the Hungarian algorithm; surplus reconstructions are ignored. Label accuracy compares the label
     multisets (order-free: inferred labels are not tied to particular images).
     """
-    assignment = match_reconstructions(recon_unit, orig_unit, cost=match_cost, data_range=data_range)
+    assignment = match_reconstructions(recon_unit, orig_unit, cost=match_cost, data_range=data_range,
+                                       ssim_window=ssim_window, max_db=max_db)
     index = torch.as_tensor(assignment, device=recon_unit.device)
     matched = recon_unit.detach().index_select(0, index)
     orig = orig_unit.detach().to(matched.device)
