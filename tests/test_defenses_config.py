@@ -17,7 +17,7 @@ def test_default_is_no_defense():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("noise_sigma", -0.1, "DefenseConfig.noise_sigma=-0.1; allowed range [0, inf)"),
+        ("noise_sigma", -0.1, "DefenseConfig.noise_sigma=-0.1; allowed range [0, 1e+06]"),
         ("prune", 1.0, "DefenseConfig.prune=1.0; allowed range [0, 1)"),
         ("topk", 0.0, "DefenseConfig.topk=0.0; allowed range (0, 1]"),
         ("soteria", 1.5, "DefenseConfig.soteria=1.5; allowed range [0, 1)"),
@@ -32,6 +32,12 @@ def test_default_is_no_defense():
         ("loda_steps", 0, "DefenseConfig.loda_steps=0; allowed: integers >= 1"),
         ("mixup_k", 1, "DefenseConfig.mixup_k=1 mixes nothing"),
         ("instahide_k", 2.5, "DefenseConfig.instahide_k=2.5; allowed: integers >= 0"),
+        # found in review: accepted, then failing or doing nothing later
+        ("loda_layers", 9, "DefenseConfig.loda_layers=9; allowed: integers in [1, 8]"),  # after training the extractor
+        ("noise_sigma", 10**400, "DefenseConfig.noise_sigma=" + str(10**400)[:10]),  # was an OverflowError
+        ("noise_sigma", 1e39, "DefenseConfig.noise_sigma=1e+39; allowed range [0, 1e+06]"),  # inf updates
+        ("ppp_sigma", 0.0, "DefenseConfig.ppp_sigma=0.0; allowed range (0, 1e+06]"),  # PPP-NG that adds nothing
+        ("ppp_prune", 0.0, "DefenseConfig.ppp_prune=0.0; allowed range (0, 1)"),  # PPP-GC that prunes nothing
     ],
 )
 def test_validation_messages_name_value_and_range(field, value, message):

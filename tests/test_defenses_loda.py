@@ -204,3 +204,17 @@ def test_the_pipeline_runs_loda_once_for_all_clients_that_share_its_extractor(se
         assert torch.equal(rep.details["loda"]["start_indices"], ref_rep.details["loda"]["start_indices"])
         for n, t in ref.tensors.items():
             torch.testing.assert_close(upd.tensors[n], t, rtol=1e-3, atol=1e-5)
+
+
+def test_loda_layers_bound_is_the_default_extractors_conv_count():
+    """``loda_layers`` is bounded when a configuration is built (it used to be checked only after the
+    extractor had trained for 20 epochs and been cached); the bound is the extractor's conv count."""
+    from torch import nn
+
+    from leakgym.data import dataset_spec
+    from leakgym.defenses.loda import DEFAULT_ARCH, DEFAULT_WIDTH, EXTRACTOR_CONV_LAYERS
+    from leakgym.models import build_model
+
+    for name, size in (("digits", 16), ("cifar10", 32)):
+        model = build_model(DEFAULT_ARCH, dataset_spec(name, image_size=size), width=DEFAULT_WIDTH)
+        assert sum(isinstance(m, nn.Conv2d) for m in model.modules()) == EXTRACTOR_CONV_LAYERS

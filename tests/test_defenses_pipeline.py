@@ -192,6 +192,24 @@ def test_apply_defense_many_equals_apply_defense_call_by_call():
     assert together[2][1].details["clip"]["factor"] < 1.0 and together[6][1].details["clip"]["factor"] == 1.0
 
 
+@pytest.mark.parametrize("encoding", [{"mixup_k": 2}, {"instahide_k": 2}])
+def test_a_step_defense_groups_hard_and_soft_label_clients_apart(encoding):
+    """CENSOR (and DCS²) batch a group's clients by concatenating their labels: a Mixup/InstaHide
+    client trains on soft (B, K) labels, a plain one on hard (B,) labels. Put in one group, they
+    crashed apply_defense_many although each ran alone."""
+    configs = [DefenseConfig(censor_trials=2), DefenseConfig(censor_trials=2, **encoding), DefenseConfig(censor_trials=2)]
+    calls = []
+    for i, cfg in enumerate(configs):
+        x, y = _batch(4, seed=i)
+        calls.append(DefenseCall(build_model("lenet", SPEC, seed=i), x, y, cfg, seed=10 + i))
+    together = apply_defense_many(calls)
+    for c, (upd, rep) in zip(calls, together):
+        alone, alone_rep = apply_defense(c.model, c.x, c.y, c.config, seed=c.seed)
+        assert rep.applied == alone_rep.applied
+        for name, t in alone.tensors.items():
+            torch.testing.assert_close(upd.tensors[name], t, rtol=1e-5, atol=1e-6)
+
+
 def test_update_defenses_batch_over_clients_only_through_apply_many(monkeypatch):
     """The update stage calls each update-side defense once for all its clients (not once per client)."""
     from leakgym.defenses.registry import DEFENSES

@@ -102,6 +102,9 @@ CALIBRATED_C = 9.0
 #: Default extractor architecture (see module docstring) and training epochs.
 DEFAULT_ARCH = "convnet"
 DEFAULT_WIDTH = 8
+EXTRACTOR_CONV_LAYERS = 8
+"""Convolutional layers of the default extractor (``DEFAULT_ARCH``): the most ``loda_layers`` can take
+(the registered field's bound, checked when a configuration is built, not after the extractor trained)."""
 DEFAULT_EPOCHS = 20
 #: Extractor training hyper-parameters (not given in the paper).
 TRAIN_LR = 1e-3
@@ -439,7 +442,7 @@ class Loda(InputDefense):
         int_field("loda_steps", 500, "LODA normalised-gradient-descent steps T (paper: 500).", low=1),
         real_field("loda_lr", 0.1, "LODA step size tau: L2 step of the [0, 1] image (paper: 0.1).", low_open=True),
         int_field("loda_layers", 5, "LODA feature extractor g: output of the first ``loda_layers`` convolutional "
-                  "layers (paper LODA1: 5).", low=1),
+                  "layers (paper LODA1: 5).", low=1, high=EXTRACTOR_CONV_LAYERS),
     )
 
     def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:

@@ -23,6 +23,9 @@ from leakgym.defenses.registry import DefenseContext, UpdateDefense, choice_fiel
 Update = dict[str, Tensor]
 #: Allowed noise distributions.
 NOISE_KINDS = ("gaussian", "laplace")
+NOISE_SIGMA_MAX = 1e6
+"""Largest noise scale a configuration takes: a million times an ordinary gradient entry, far beyond any
+paper's (DP-SGD and PPP use <= 1) and far below float32 overflow (a scale near 1e38 made updates inf)."""
 
 
 def laplace_like(t: Tensor, scale: float, generator: torch.Generator) -> Tensor:
@@ -116,7 +119,8 @@ class Noise(UpdateDefense):
 
     name = "noise"
     fields = (
-        real_field("noise_sigma", 0.0, "Noise scale added to every entry (Gaussian std, or Laplace scale b); 0 off."),
+        real_field("noise_sigma", 0.0, "Noise scale added to every entry (Gaussian std, or Laplace scale b); 0 off.",
+                   high=NOISE_SIGMA_MAX),
         choice_field("noise_kind", "gaussian", "Noise distribution: 'gaussian' or 'laplace'.", NOISE_KINDS),
     )
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from leakgym.defenses.perturbation import add_noise
+from leakgym.defenses.perturbation import NOISE_SIGMA_MAX, add_noise
 from leakgym.defenses.registry import DefenseContext, UpdateDefense, choice_field, real_field
 from leakgym.defenses.sparsification import prune_smallest
 from leakgym.models import precode_layer_split
@@ -58,9 +58,12 @@ class PPP(UpdateDefense):
     fields = (
         choice_field("ppp", "off", "PPP partial perturbation of the layers before the PRECODE bottleneck: 'off', "
                      "'ng' (noise) or 'gc' (pruning).", PPP_MODES),
-        real_field("ppp_sigma", 0.1, "PPP-NG Gaussian standard deviation (paper: 1e-3 .. 0.5; NG1 = 0.1)."),
+        # Both > 0: with 0 the defense is reported as applied and changes nothing. ppp_sigma's upper bound
+        # as noise_sigma's (NOISE_SIGMA_MAX): beyond it float32 updates overflow.
+        real_field("ppp_sigma", 0.1, "PPP-NG Gaussian standard deviation (paper: 1e-3 .. 0.5; NG1 = 0.1).",
+                   low_open=True, high=NOISE_SIGMA_MAX),
         real_field("ppp_prune", 0.9, "PPP-GC per-layer pruning ratio (paper: GC90 = 0.9, GC99 = 0.99).",
-                   high=1.0, high_open=True),
+                   low_open=True, high=1.0, high_open=True),
     )
 
     def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:

@@ -118,7 +118,10 @@ class Field:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= (self.low if self.low is not None else 0)
             ok = ok and (self.high is None or value <= self.high)
         else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            try:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            except OverflowError:  # an int beyond float's range (10**400)
+                ok = False
             if ok and self.low is not None:
                 ok = value > self.low if self.low_open else value >= self.low
             if ok and self.high is not None:
@@ -367,12 +370,14 @@ class GroupedStepDefense(StepDefense):
                    ys: Sequence[Tensor], grads: Sequence[Update], *, step: int) -> list[tuple[Update, dict]]:
         groups: dict[Any, list[int]] = {}
         alone: list[int] = []
-        for i, (ctx, model, x) in enumerate(zip(ctxs, models, xs)):
+        for i, (ctx, model, x, y) in enumerate(zip(ctxs, models, xs, ys)):
             key = self.group_key(ctx, model, x)
             if key is None:
                 alone.append(i)
             else:
-                groups.setdefault(key, []).append(i)
+                # Hard (B,) and soft (B, K) labels (a Mixup/InstaHide client) never share a group: the
+                # batched form concatenates the group's labels.
+                groups.setdefault((key, y.dim(), y.dtype), []).append(i)
         out: list = [None] * len(ctxs)
         for members in groups.values():
             if len(members) < self.min_group:
