@@ -217,3 +217,21 @@ def test_trap_weights_config_errors():
         TrapWeightsAttack(num_neurons=0)
     with pytest.raises(ValueError, match="scale_factor"):
         TrapWeightsAttack(scale_factor=0.0)
+
+
+@pytest.mark.parametrize("attack", [ImprintAttack, TrapWeightsAttack])
+def test_malicious_configs_are_checked_and_prepare_model_leaves_the_global_rng(attack, digits, mlp):
+    """Found in review: box_tol=nan switched the box test off silently, seeds of 2**64 or "a" failed
+    in prepare_model and 1.9 acted as 1; building the block drew its discarded default initialisation
+    from torch's global RNG (which PRECODE clients sample from)."""
+    for bad in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match="box_tol=.*allowed range"):
+            attack(box_tol=bad)
+    for bad in (2**64, "a", 1.9, -1):
+        with pytest.raises(ValueError, match="seed="):
+            attack(seed=bad)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    attack().prepare_model(mlp, digits.spec)
+    torch.testing.assert_close(torch.rand(3), expected)

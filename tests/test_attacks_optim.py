@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from leakgym.attacks import build_attack
 from leakgym.attacks.adaptive import (
     EOT,
     LayerSkipping,
@@ -308,3 +309,24 @@ def test_select_layers(digits, lenet):
 def test_config_validation(cls, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         cls(**bad)
+
+
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("inverting-gradients", {"layer_weights": {"head.weight": float("inf")}}, "each must be a finite number"),
+    ("inverting-gradients", {"layer_weights": {"head.weight": -1.0}}, "each must be a finite number"),
+    ("inverting-gradients", {"layer_weights": {"head.weight": 0.0}}, "at least one must be > 0"),
+    ("inverting-gradients", {"layer_weights": 3}, "layer_weights=3"),
+    ("mixup-decoding", {"decode_steps": float("nan")}, "decode_steps=nan; must be an integer >= 0"),
+    ("dlg", {"history_size": 2.5}, "history_size=2.5; must be an integer >= 1"),
+    ("loda-inversion", {"layers": "bogus"}, "layers='bogus'; allowed"),
+    ("loda-inversion", {"layers": -3}, "layers=-3; allowed"),
+    ("loda-inversion", {"extractor_arch": "bogus"}, "extractor_arch='bogus'"),
+    ("loda-inversion", {"extractor_width": 0}, "extractor_width=0"),
+    ("loda-inversion", {"inversion_steps": 2.5}, "inversion_steps=2.5"),
+    ("loda-inversion", {"extractor_seed": -1}, "extractor_seed=-1"),
+])
+def test_attack_configs_are_checked_when_built(name, kwargs, message):
+    """Found in review: each of these was accepted and failed (or, for an infinite layer weight,
+    silently returned the start images) only inside reconstruct."""
+    with pytest.raises(ValueError, match=message):
+        build_attack(name, **kwargs)

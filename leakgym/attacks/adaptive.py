@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leakgym.attacks.base import AttackerKnowledge
+from leakgym.attacks.base import AttackerKnowledge, check_integer
 from leakgym.attacks.engine import BatchedGenerator, DefenseSimulator, MatchingObjective
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.fl.update import SharedUpdate
@@ -188,8 +188,7 @@ class EOTConfig(InvertingGradientsConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.eot_samples < 1:
-            raise ValueError(f"eot_samples={self.eot_samples}; must be >= 1")
+        self.eot_samples = check_integer(self.eot_samples, "eot_samples", 1)
         if self.simulator not in SIMULATORS:
             raise ValueError(f"simulator={self.simulator!r}; allowed: {SIMULATORS}")
         if not (self.noise_std >= 0 and math.isfinite(self.noise_std)):

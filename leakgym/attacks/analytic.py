@@ -59,7 +59,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult, seeded_generator
+from leakgym.attacks.base import (
+    Attack,
+    AttackCost,
+    AttackerKnowledge,
+    AttackResult,
+    check_tolerance,
+    seeded_generator,
+)
 from leakgym.attacks.labels import infer_labels
 from leakgym.data import DatasetSpec
 from leakgym.fl.update import SharedUpdate
@@ -428,8 +435,7 @@ class AnalyticConfig:
             raise ValueError(f"rel_tol={self.rel_tol}; allowed range [0, 1)")
         if not 0.0 < self.match_tol < 1.0:
             raise ValueError(f"match_tol={self.match_tol}; allowed range (0, 1)")
-        if self.box_tol < 0:
-            raise ValueError(f"box_tol={self.box_tol}; must be >= 0")
+        self.box_tol = check_tolerance(self.box_tol, "box_tol")
 
 
 class AnalyticAttack(Attack):

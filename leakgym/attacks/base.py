@@ -9,6 +9,7 @@ through :meth:`Attack.prepare_model`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import time
 from abc import ABC, abstractmethod
@@ -212,6 +213,22 @@ class Attack(ABC):
 
 #: Seeds are non-negative and fit in 63 bits (``torch.Generator.manual_seed`` takes up to 64).
 MAX_SEED = 2**63 - 1
+
+
+def check_integer(value: Any, name: str, low: int = 0) -> int:
+    """``value`` as a Python int, or ValueError naming it unless it is an integer >= ``low`` (a float or
+    NaN passes ``value < low`` checks, and failed mid-run)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name}={value!r}; must be an integer >= {low}")
+    return int(value)
+
+
+def check_tolerance(value: Any, name: str) -> float:
+    """``value`` as a float, or ValueError naming it unless it is a finite number >= 0 (NaN passed
+    ``value < 0`` and switched a test off silently)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={value!r}; allowed range [0, inf)")
+    return float(value)
 
 
 def check_seed(seed: int, name: str = "seed") -> int:

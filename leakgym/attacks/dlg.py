@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from leakgym.attacks.base import AttackerKnowledge
+from leakgym.attacks.base import AttackerKnowledge, check_integer
 from leakgym.attacks.engine import MatchingObjective, OptimizationAttack, OptimizationConfig, Schedule
 
 
@@ -42,8 +42,7 @@ class DLGConfig(OptimizationConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.history_size < 1:
-            raise ValueError(f"history_size={self.history_size}; must be >= 1")
+        self.history_size = check_integer(self.history_size, "history_size", 1)
 
 
 class DLG(OptimizationAttack):

@@ -66,7 +66,7 @@ from leakgym.attacks.analytic import (
     image_box,
     recover_linear_input,
 )
-from leakgym.attacks.base import seeded_generator
+from leakgym.attacks.base import check_seed, check_tolerance, seeded_generator
 from leakgym.data import DatasetSpec
 
 __all__ = [
@@ -97,8 +97,11 @@ class ImprintBlock(nn.Module):
             raise ValueError(f"in_features={in_features}; must be >= 1")
         if num_neurons < 1:
             raise ValueError(f"num_neurons={num_neurons}; must be >= 1")
-        self.linear0 = nn.Linear(in_features, num_neurons)
-        self.linear2 = nn.Linear(num_neurons, in_features)
+        # Its users set every weight; the default initialisation would still advance torch's global RNG
+        # (which PRECODE clients sample from): kept out of it.
+        with torch.random.fork_rng(devices=[]):
+            self.linear0 = nn.Linear(in_features, num_neurons)
+            self.linear2 = nn.Linear(num_neurons, in_features)
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.flatten(1)
@@ -252,8 +255,8 @@ class ImprintConfig:
             raise ValueError(f"measurement={self.measurement!r}; allowed: {IMPRINT_MEASUREMENTS}")
         if not 0.0 <= self.rel_tol < 1.0:
             raise ValueError(f"rel_tol={self.rel_tol}; allowed range [0, 1)")
-        if self.box_tol < 0:
-            raise ValueError(f"box_tol={self.box_tol}; must be >= 0")
+        self.box_tol = check_tolerance(self.box_tol, "box_tol")
+        self.seed = check_seed(self.seed)
 
 
 class ImprintAttack(InputBlockAttack):

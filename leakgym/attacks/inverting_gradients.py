@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from leakgym.attacks.engine import MatchingObjective, OptimizationAttack, OptimizationConfig, Schedule
-from leakgym.attacks.losses import LAYER_WEIGHT_SCHEMES
+from leakgym.attacks.losses import LAYER_WEIGHT_SCHEMES, check_weight_mapping
 
 
 @dataclass
@@ -59,8 +59,14 @@ class InvertingGradientsConfig(OptimizationConfig):
             raise ValueError(f"tv={self.tv}; must be a finite number >= 0")
         if self.distance not in ("cosine", "l2"):
             raise ValueError(f"distance={self.distance!r}; allowed: 'cosine', 'l2'")
-        if isinstance(self.layer_weights, str) and self.layer_weights not in LAYER_WEIGHT_SCHEMES:
-            raise ValueError(f"layer_weights={self.layer_weights!r}; allowed: {LAYER_WEIGHT_SCHEMES} or a mapping")
+        if isinstance(self.layer_weights, str):
+            if self.layer_weights not in LAYER_WEIGHT_SCHEMES:
+                raise ValueError(f"layer_weights={self.layer_weights!r}; allowed: {LAYER_WEIGHT_SCHEMES} or a mapping")
+        elif isinstance(self.layer_weights, Mapping):
+            check_weight_mapping(self.layer_weights)  # the names are checked against the model when it attacks
+        else:
+            raise ValueError(  # noqa: TRY004 - the library reports all bad input as ValueError
+                f"layer_weights={self.layer_weights!r}; allowed: {LAYER_WEIGHT_SCHEMES} or a mapping")
 
 
 class InvertingGradients(OptimizationAttack):

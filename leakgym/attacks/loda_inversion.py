@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leakgym.attacks.base import AttackerKnowledge, AttackResult
+from leakgym.attacks.base import AttackerKnowledge, AttackResult, check_integer, check_seed
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.defenses.loda import (
     DEFAULT_ARCH,
@@ -44,6 +44,7 @@ from leakgym.defenses.loda import (
     feature_extractor,
 )
 from leakgym.fl.update import SharedUpdate
+from leakgym.models import MODEL_NAMES
 
 STARTS = ("public", "random")
 
@@ -74,14 +75,25 @@ class LodaInversionConfig(InvertingGradientsConfig):
         super().__post_init__()
         if not (self.c >= 0 and math.isfinite(self.c)):
             raise ValueError(f"c={self.c}; must be a finite number >= 0")
-        if self.inversion_steps < 0:
-            raise ValueError(f"inversion_steps={self.inversion_steps}; must be >= 0")
+        self.inversion_steps = check_integer(self.inversion_steps, "inversion_steps", 0)
+        self.extractor_seed = check_seed(self.extractor_seed, "extractor_seed")
+        self.extractor_epochs = check_integer(self.extractor_epochs, "extractor_epochs", 0)
+        if self.extractor_arch not in MODEL_NAMES:
+            raise ValueError(f"extractor_arch={self.extractor_arch!r}; allowed: {MODEL_NAMES}")
+        if self.extractor_width is not None:
+            self.extractor_width = check_integer(self.extractor_width, "extractor_width", 1)
         if not (self.inversion_lr > 0 and math.isfinite(self.inversion_lr)):
             raise ValueError(f"inversion_lr={self.inversion_lr}; must be a finite number > 0")
         if self.start not in STARTS:
             raise ValueError(f"start={self.start!r}; allowed: {STARTS}")
         if isinstance(self.layers, list):
             self.layers = tuple(self.layers)
+        # The defense's layer choice, checked now (it used to fail after the whole inversion stage):
+        # an int >= 1, "all", or a non-empty tuple of module names (checked against the extractor then).
+        layers = self.layers
+        if not (layers == "all" or (isinstance(layers, int) and not isinstance(layers, bool) and layers >= 1)
+                or (isinstance(layers, tuple) and layers and all(isinstance(n, str) and n for n in layers))):
+            raise ValueError(f"layers={layers!r}; allowed: an integer >= 1, 'all', or a list of module names")
 
 
 def invert_obscuring(

@@ -17,12 +17,25 @@ computation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 LAYER_WEIGHT_SCHEMES = ("equal", "linear", "exp")
+
+
+def check_weight_mapping(weights: Mapping[str, float]) -> None:
+    """``ValueError`` unless every weight of ``name -> weight`` is a finite number >= 0 and one is > 0
+    (an infinite weight made the matching loss NaN, and the attack returned its start silently)."""
+    bad = {k: v for k, v in weights.items()
+           if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))
+           or not (math.isfinite(v) and v >= 0)}
+    if bad:
+        raise ValueError(f"layer weights {bad}: each must be a finite number in [0, inf), keyed by a layer name")
+    if not any(v > 0 for v in weights.values()):
+        raise ValueError(f"layer weights {dict(weights)}: at least one must be > 0")
 
 
 def layer_weights(names: Sequence[str], scheme: str | Mapping[str, float] = "equal") -> dict[str, float]:
@@ -41,9 +54,7 @@ def layer_weights(names: Sequence[str], scheme: str | Mapping[str, float] = "equ
         unknown = sorted(set(scheme) - set(names))
         if unknown:
             raise ValueError(f"layer weights name unknown layers {unknown}; allowed: {list(names)}")
-        bad = {k: v for k, v in scheme.items() if not v >= 0}
-        if bad:
-            raise ValueError(f"layer weights {bad} must be >= 0")
+        check_weight_mapping(scheme)
         return {k: float(scheme.get(k, 0.0)) for k in names}
     if scheme == "equal":
         w = torch.ones(n, dtype=torch.float64)

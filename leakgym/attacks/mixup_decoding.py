@@ -41,7 +41,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult
+from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult, check_integer
 from leakgym.attacks.engine import BatchedGenerator, ProblemSet, run_gradient_matching
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.attacks.labels import infer_labels
@@ -63,10 +63,19 @@ class MixupDecodingConfig(InvertingGradientsConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.decode_steps < 0:
-            raise ValueError(f"decode_steps={self.decode_steps}; must be >= 0")
+        self.decode_steps = check_integer(self.decode_steps, "decode_steps", 0)
         if not (self.decode_lr > 0 and math.isfinite(self.decode_lr)):
             raise ValueError(f"decode_lr={self.decode_lr}; must be a finite number > 0")
+
+
+def _demixed_labels(encoding: tuple[str, Tensor, Tensor, Tensor]) -> Tensor:
+    """Each decoded image's label: the soft labels are ``M onehot(Y)`` with rows renormalised (public
+    images carry no label), so ``onehot(Y)`` solves ``M Z = soft * rowsum(M)`` (least squares where ``M``
+    is singular); the arg-max of each row of ``Z``. Image ``j`` of the decoded batch is column ``j`` of
+    ``M``, so the arg-max of *encoding* ``j``'s soft label -- its largest mixing coefficient, often
+    below 0.5 -- is another image's label as often as not."""
+    _, mixing, soft, _ = encoding
+    return torch.linalg.lstsq(mixing, soft * mixing.sum(dim=1, keepdim=True)).solution.argmax(dim=1)
 
 
 def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int) -> tuple[str, Tensor, Tensor, Tensor]:
@@ -228,7 +237,7 @@ class MixupDecoding(InvertingGradients):
             for i in group:
                 k = knowledges[i]
                 iters, restarts, loss, match_hist = stage1[i]
-                labels = k.labels.detach().long().cpu() if k.labels is not None else encodings[i][2].argmax(dim=1)
+                labels = k.labels.detach().long().cpu() if k.labels is not None else _demixed_labels(encodings[i])
                 results[i] = AttackResult(
                     images=decoded.clone(),
                     labels=labels,

@@ -52,7 +52,7 @@ from leakgym.attacks.analytic import (
     InputBlockAttack,
     recover_linear_input,
 )
-from leakgym.attacks.base import seeded_generator
+from leakgym.attacks.base import check_seed, check_tolerance, seeded_generator
 from leakgym.attacks.imprint import ImprintBlock, insert_input_block
 from leakgym.data import DatasetSpec
 
@@ -109,8 +109,10 @@ class TrapWeightsConfig:
             raise ValueError(f"rel_tol={self.rel_tol}; allowed range [0, 1)")
         if not 0.0 < self.match_tol < 1.0:
             raise ValueError(f"match_tol={self.match_tol}; allowed range (0, 1)")
-        if self.box_tol < 0:
-            raise ValueError(f"box_tol={self.box_tol}; must be >= 0")
+        self.box_tol = check_tolerance(self.box_tol, "box_tol")
+        self.seed = check_seed(self.seed)
+        if not isinstance(self.certified_only, bool):
+            raise ValueError(f"certified_only={self.certified_only!r}; allowed: True or False")  # noqa: TRY004 - bad input is a ValueError
 
 
 class TrapWeightsAttack(InputBlockAttack):
