@@ -6,8 +6,8 @@
     leakgym eval ...                  play every attacker against every defender, write payoff files
     leakgym train ...                 train a learned attacker or defender with Stable-Baselines3
     leakgym selfplay ...              alternating best responses
-    leakgym reproduce dcs2|ppp|oasis|censor|loda|all   re-run each paper's main table (docs/results/)
-    leakgym bench attacks|defenses|env --json PATH
+    leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--rerender]   re-run each paper's main table (docs/results/)
+    leakgym bench attacks|defenses|env|eval --json PATH
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from leakgym.data.loading import DatasetUnavailableError
 
     #: what the CLI reports as a user error: one line, exit status 2, no traceback
-    user_errors = (ValueError, FileNotFoundError, DatasetUnavailableError)
+    user_errors = (ValueError, OSError, DatasetUnavailableError)  # OSError: an --out that is a file, ...
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

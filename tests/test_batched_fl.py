@@ -297,3 +297,19 @@ def test_batched_fl_with_batchnorm_on_cuda(digits, cuda_device):
     acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), x[0, 0], y[0, 0], buffers=buffers)
     a, lo = Server(models[1], lr=0.1, eval_x=x[0, 0], eval_y=y[0, 0]).evaluate()
     assert loss[1] == pytest.approx(lo, rel=1e-3) and acc[1] == pytest.approx(a, abs=1 / 8)
+
+
+def test_server_and_benign_updates_check_their_numbers(digits):
+    """Found in review: Server took lr=nan/inf and an empty held-out set (ZeroDivisionError at the first
+    evaluation); benign_updates took local_lr=-0.1, which compute_update refuses."""
+    model = build_model("lenet", digits.spec)
+    ex, ey = digits.spec.normalize(digits.test_x[:8]), digits.test_y[:8]
+    for lr in (float("nan"), float("inf"), 0.0, True):
+        with pytest.raises(ValueError, match=r"server lr=.*allowed range \(0, inf\)"):
+            Server(model, lr=lr, eval_x=ex, eval_y=ey)
+    with pytest.raises(ValueError, match="needs >= 1 image and one label per image; got 0 images"):
+        Server(model, lr=0.1, eval_x=ex[:0], eval_y=ey[:0])
+    models, xs, ys = games_and_batches(digits, n=2)
+    with pytest.raises(ValueError, match=r"local_lr=-0.1; allowed range \(0, inf\)"):
+        batched.benign_updates(models[0], batched.stack_parameters(models), xs, ys, kind="model_delta",
+                               local_steps=1, local_lr=-0.1)

@@ -50,3 +50,12 @@ def test_bench_device_is_checked_by_the_parser(capsys, bench):
     with pytest.raises(SystemExit) as exc:
         main(["bench", bench, "--device", "bogus"])
     assert exc.value.code == 2 and "argument --device: device='bogus' is not a torch device name" in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
+    """OSErrors (an --out or docs folder that is a file) used to print a traceback."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    assert main(["describe", "--write-docs", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("leakgym: error:") and "Traceback" not in err

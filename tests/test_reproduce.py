@@ -146,6 +146,13 @@ def test_bad_input_raises():
         run_paper(paper_spec("dcs2"), seeds=(1, 1), out=None)
     with pytest.raises(ValueError, match="pretrain_rounds"):
         Scale(pretrain_rounds=-1)
+    # found in review: each of these failed only after (or in the middle of) the work
+    with pytest.raises(ValueError, match=r"seeds=\[0, -1\]; allowed: one or more distinct integers in \[0, "):
+        run_paper(paper_spec("dcs2"), seeds=(0, -1), out=None)
+    with pytest.raises(ValueError, match="eval_size=0"):
+        Scale(eval_size=0)
+    with pytest.raises(ValueError, match="eval_size=-250"):
+        Scale(eval_size=-250)
     with pytest.raises(ValueError, match="unknown column"):
         run_grid([DefenseRow("x", attacks=("nope",))], [AttackColumn("IG", "inverting-gradients")], Scale(),
                  split=None, progress=False)
@@ -157,8 +164,51 @@ def test_cli_arguments():
     args = parser.parse_args(["oasis", "--size", "full", "--seeds", "2,5", "--images", "16", "--out", "x"])
     assert (args.paper, args.size, args.seeds, args.images, str(args.out)) == ("oasis", "full", (2, 5), 16, "x")
     assert parser.parse_args(["all"]).seeds == (0, 1, 2)
-    for bad in (["nope"], ["dcs2", "--seeds", "a,b"], ["dcs2", "--seeds", "1,1"]):
+    for bad in (["nope"], ["dcs2", "--seeds", "a,b"], ["dcs2", "--seeds", "1,1"], ["dcs2", "--seeds", "0,-1"],
+                ["dcs2", "--seeds", str(2**50)]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
 
 # The reduced per-paper ordering checks run in the default suite: tests/test_paper_claims.py.
+
+
+def test_an_unusable_out_fails_before_the_work_and_outputs_are_replaced_together(tmp_path, monkeypatch):
+    """``out`` is checked when the run starts (a file there used to fail after every seed's grid), and
+    the three files are renamed into place only once all are written: a failing figure leaves the
+    earlier run's JSON, table and picture as they were."""
+    from leakgym.reproduce import plots, runner
+
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    monkeypatch.setattr(runner, "run_grid", lambda *a, **k: pytest.fail("the grid ran before out was checked"))
+    with pytest.raises(FileExistsError):
+        run_paper(paper_spec("dcs2"), seeds=(0,), images=1, out=a_file, scale_overrides=TINY, progress=False)
+    monkeypatch.undo()
+    earlier = {ext: f"earlier {ext}" for ext in ("json", "md", "png")}
+    for ext, text in earlier.items():
+        (tmp_path / f"reproduce_dcs2.{ext}").write_text(text)
+
+    def broken_figure(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "figure", broken_figure)
+    with pytest.raises(KeyboardInterrupt):
+        runner.write_outputs(paper_spec("dcs2"), {"seeds": [5]}, tmp_path)
+    for ext, text in earlier.items():
+        assert (tmp_path / f"reproduce_dcs2.{ext}").read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "reproduce_dcs2.json", "reproduce_dcs2.md",
+                                                          "reproduce_dcs2.png"]
+
+
+def test_ctrl_c_in_reproduce_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    from leakgym import reproduce
+    from leakgym.reproduce import runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_paper", interrupted)
+    args = argparse.Namespace(paper="dcs2", size="small", seeds=(0,), images=1, out=tmp_path, no_utility=True,
+                              no_progress=True, rerender=False)
+    assert reproduce.main(args) == 130
+    assert "interrupted during dcs2" in capsys.readouterr().err

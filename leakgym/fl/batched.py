@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -152,6 +153,8 @@ def benign_updates(
         raise ValueError(f"local_steps={local_steps} with kind='gradient'; FedSGD takes exactly 1 step")
     if not isinstance(local_steps, int) or local_steps < 1:
         raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
+    if not (local_lr > 0 and math.isfinite(local_lr)):  # as compute_update checks it
+        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
     if x.dim() != 6 or y.shape != x.shape[:3]:
         raise ValueError(f"x must be (N, K, b, C, H, W) and y (N, K, b); got {tuple(x.shape)} and {tuple(y.shape)}")
     if not supports(model):

@@ -117,7 +117,8 @@ def compute_update(
         y: labels, ``int64 (N,)`` or soft ``float (N, num_classes)``.
         kind: ``"gradient"`` (FedSGD) or ``"model_delta"`` (FedAvg).
         local_steps: FedAvg local SGD steps ``E`` (must be 1 for ``kind="gradient"``).
-        local_lr: FedAvg local learning rate (recorded in the update; unused by FedSGD).
+        local_lr: FedAvg local learning rate, > 0 for either protocol (FedSGD does not step with it and
+            records 0.0 in the update).
         gradient_transform: optional per-step transform (see the module docstring).
         batch_size: the batch size the client *declares* (default ``N``); defenses that add
             examples (OASIS) declare the original size.

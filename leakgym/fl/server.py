@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -30,8 +32,11 @@ class Server:
     """
 
     def __init__(self, model: nn.Module, *, lr: float, eval_x: Tensor, eval_y: Tensor) -> None:
-        if lr <= 0:
-            raise ValueError(f"server lr={lr}; must be > 0")
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:  # NaN too
+            raise ValueError(f"server lr={lr!r}; allowed range (0, inf)")
+        if eval_x.shape[0] == 0 or eval_x.shape[0] != eval_y.shape[0]:
+            raise ValueError(f"the held-out set needs >= 1 image and one label per image; got {eval_x.shape[0]} "
+                             f"images and {eval_y.shape[0]} labels")
         self.model = model
         self.lr = float(lr)
         self.eval_x = eval_x

@@ -61,6 +61,10 @@ def _seeds(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"--seeds {text!r}; allowed: comma-separated integers, e.g. 0,1,2") from None
     if len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"--seeds {text!r}; the seeds must be distinct")
+    from leakgym.reproduce.runner import MAX_SEED
+
+    if not all(0 <= s <= MAX_SEED for s in seeds):
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}; allowed: integers in [0, {MAX_SEED}]")
     return seeds
 
 
@@ -72,7 +76,7 @@ def main(args: argparse.Namespace) -> int:
     if args.images is not None and args.images < 1:
         raise ValueError(f"--images={args.images}; allowed: integers >= 1")
     failed = False
-    for name in names:
+    for done, name in enumerate(names):
         try:
             if args.rerender:
                 rerender(paper_spec(name), args.out / f"reproduce_{name}.json")
@@ -80,6 +84,11 @@ def main(args: argparse.Namespace) -> int:
                 continue
             result = run_paper(paper_spec(name), size=args.size, seeds=args.seeds, images=args.images, out=args.out,
                                utility=not args.no_utility, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            finished = ", ".join(names[:done]) or "none"
+            print(f"reproduce: interrupted during {name} (nothing of it was written); finished papers: {finished}, "
+                  f"in {args.out}", file=sys.stderr)
+            return 130
         except Exception as err:  # noqa: BLE001 - report, continue with the other papers, exit 1
             failed = True
             print(f"reproduce {name}: failed: {type(err).__name__}: {err}", file=sys.stderr)

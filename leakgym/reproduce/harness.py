@@ -123,6 +123,9 @@ class Scale:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"Scale.{name}={value!r}; allowed: integers >= 0")
+        if self.eval_size is not None and (not isinstance(self.eval_size, int) or isinstance(self.eval_size, bool)
+                                           or self.eval_size < 1):
+            raise ValueError(f"Scale.eval_size={self.eval_size!r}; allowed: None (all) or integers >= 1")
         if self.utility_defended not in ("all", "victim"):
             raise ValueError(f"Scale.utility_defended={self.utility_defended!r}; allowed: 'all', 'victim'")
         if self.images % self.batch_size:

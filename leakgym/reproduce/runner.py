@@ -178,6 +178,10 @@ def merge_utility(runs: list[dict], seeds: Sequence[int]) -> dict:
     return out
 
 
+MAX_SEED = 2**40
+"""Largest seed of a run: seeds are spread as ``seed * 100_003 + ...`` and must stay below ``2**63``."""
+
+
 def run_paper(
     paper: Paper,
     *,
@@ -214,8 +218,13 @@ def run_paper(
     if images is not None and (not isinstance(images, int) or images < 1):
         raise ValueError(f"images={images!r}; allowed: integers >= 1")
     seeds = [int(s) for s in seeds]
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds={seeds!r}; allowed: one or more distinct integers")
+    if not seeds or len(set(seeds)) != len(seeds) or not all(0 <= s <= MAX_SEED for s in seeds):
+        raise ValueError(f"seeds={seeds!r}; allowed: one or more distinct integers in [0, {MAX_SEED}]")
+    if out is not None:  # checked before the work, not after it
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise ValueError(f"out={str(out)!r} is not a writable folder")
     torch.set_num_threads(1)
     start, cpu_start = time.perf_counter(), time.process_time()
     settings = {}
@@ -523,9 +532,18 @@ def write_outputs(paper: Paper, result: dict, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"reproduce_{paper.key}.json", "md": out / f"reproduce_{paper.key}.md",
              "png": out / f"reproduce_{paper.key}.png"}
-    paths["json"].write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
-    from leakgym.reproduce.plots import figure
+    # All three are written beside their final names first and renamed only once all are written, so an
+    # interruption or a failing figure never leaves a new JSON beside an old table and picture.
+    partial = {k: p.with_name(f".{p.stem}.partial{p.suffix}") for k, p in paths.items()}
+    try:
+        partial["json"].write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
+        from leakgym.reproduce.plots import figure
 
-    figure(paper, result, paths["png"])
-    paths["md"].write_text(markdown(paper, result) + f"\n![figure](reproduce_{paper.key}.png)\n")
+        figure(paper, result, partial["png"])
+        partial["md"].write_text(markdown(paper, result) + f"\n![figure](reproduce_{paper.key}.png)\n")
+        for key in ("png", "md", "json"):
+            os.replace(partial[key], paths[key])
+    finally:
+        for p in partial.values():
+            p.unlink(missing_ok=True)
     return paths
