@@ -68,7 +68,8 @@ def test_fuzz_every_number_finite_and_every_observation_in_space(scenario, overr
 
 
 def test_diverged_model_is_flagged_not_leaked_as_nan():
-    env = parallel_env("digits", **dict(EXTREME[0], defender_menu={"noise_sigma": [1e35]}, oasis_bits=[], server_lr=1e4))
+    # The largest noise a configuration takes (1e6) and a server step that overflows float32 weights.
+    env = parallel_env("digits", **dict(EXTREME[0], defender_menu={"noise_sigma": [1e6]}, oasis_bits=[], server_lr=1e36))
     env.reset(seed=0)
     flagged = False
     for _ in range(3):
@@ -76,6 +77,7 @@ def test_diverged_model_is_flagged_not_leaked_as_nan():
         assert _all_finite(infos) and all(math.isfinite(r) for r in rewards.values())
         flagged = flagged or infos["defender"]["model_diverged"]
     assert flagged and infos["defender"]["diverged_round"] >= 1
+    assert infos["defender"]["accuracy"] == 0.0  # not the share of one class (arg-max over NaN logits)
 
 
 @pytest.mark.parametrize("scenario,overrides", [("digits", CHEAP), ("digits-malicious", MALICIOUS_CHEAP)])
