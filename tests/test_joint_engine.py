@@ -209,3 +209,49 @@ def test_four_strategies_in_one_call_on_cuda(victims, cuda_device):
     cpu = reconstruct_jointly(attacks, [v[0] for v in victims], [v[1] for v in victims], seeds=list(range(len(moved))))
     for a, b in zip(out, cpu):
         assert a.cost.iterations == b.cost.iterations
+
+
+def _victim(digits, i, spec=None, **model_kwargs):
+    spec = spec or digits.spec
+    model = build_model("lenet", spec, seed=i, **model_kwargs).train()
+    x, y = spec.normalize(digits.train_x[i:i + 1]), digits.train_y[i:i + 1]
+    grads = torch.autograd.grad(task_loss(model, x, y), list(model.parameters()))
+    update = SharedUpdate({k: g.detach() for (k, _), g in zip(model.named_parameters(), grads)}, batch_size=1)
+    return update, AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y)
+
+
+def test_problems_that_differ_beyond_parameter_shapes_do_not_share_a_call(digits):
+    """Found in review: the engine copies the first problem's model and box, so problems with another
+    PRECODE KL weight, or a dataset of the same shape with other normalisation statistics, were
+    optimised with the first one's; and EOT attacks with different simulators shared one part (the
+    part key held a closure's address, which the next closure may reuse). Each must equal itself alone."""
+    from leakgym.attacks.engine.optimization import _part_key
+
+    ig = build_attack("inverting-gradients", iterations=4)
+    pairs = [
+        (_victim(digits, 0, precode=True, precode_beta=0.5), _victim(digits, 1, precode=True, precode_beta=1e-3)),
+        (_victim(digits, 0), _victim(digits, 1, spec=dataclasses.replace(digits.spec, mean=(0.9,), std=(0.05,)))),
+    ]
+    for first, second in pairs:
+        alone = ig.reconstruct_batch([second[0]], [second[1]], seeds=[7])[0]
+        joint = ig.reconstruct_batch([first[0], second[0]], [first[1], second[1]], seeds=[3, 7])[1]
+        torch.testing.assert_close(joint.images, alone.images, rtol=1e-4, atol=1e-4)
+    quiet, noisy = (build_attack("eot", iterations=4, noise_std=s, eot_samples=2) for s in (0.0, 5.0))
+    assert _part_key(quiet, False) != _part_key(noisy, False)
+    problems = [_victim(digits, i) for i in range(2)]
+    alone = noisy.reconstruct(*problems[1], seed=2)
+    joint = reconstruct_jointly([quiet, noisy], [p[0] for p in problems], [p[1] for p in problems], seeds=[1, 2])
+    torch.testing.assert_close(joint[1].images, alone.images, rtol=1e-4, atol=1e-4)
+
+
+def test_engine_settings_must_be_integers():
+    from leakgym.attacks.engine.lbfgs import BatchedLBFGS
+
+    with pytest.raises(ValueError, match="history_size=2.5; must be an integer >= 1"):
+        Schedule(iterations=1, history_size=2.5)
+    with pytest.raises(ValueError, match="history_size=2.5"):
+        BatchedLBFGS([torch.zeros(1, 3)], history_size=2.5)
+    with pytest.raises(ValueError, match="eot_samples=1.5; must be an integer >= 1"):
+        MatchingObjective(eot_samples=1.5)
+    with pytest.raises(ValueError, match=r"PerProblem.iterations\[0\]=2.7; must be an integer >= 1"):
+        PerProblem(iterations=[2.7]).resolve(1, Schedule(iterations=1), MatchingObjective())

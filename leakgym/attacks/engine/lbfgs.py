@@ -41,7 +41,9 @@ class BatchedLBFGS:
 
     Deviations from ``torch.optim.LBFGS``: a curvature pair with ``y.s <= 1e-10`` is stored as a
     zero pair (it contributes nothing: its row and column of ``R`` are those of the identity) instead
-    of being skipped, so that histories stay aligned across problems; the tolerance-based early exits
+    of being skipped, so that histories stay aligned across problems -- it also takes a memory slot, so
+    once ``history_size`` pairs are stored it evicts the oldest pair, which ``torch.optim.LBFGS`` would
+    keep (the directions differ from then on; pairs are rejected only when ``y.s <= 1e-10``); the tolerance-based early exits
     are replaced by freezing problems whose gradient is below ``tolerance_grad`` (the engine always
     spends its full budget).
 
@@ -52,6 +54,8 @@ class BatchedLBFGS:
 
     def __init__(self, variables: Sequence[Tensor], *, lr: float | Tensor = 1.0, history_size: int = 100,
                  tolerance_grad: float = 1e-7) -> None:
+        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+            raise ValueError(f"history_size={history_size!r}; must be an integer >= 1")
         self.variables = list(variables)
         self.lr = lr
         self.history_size = history_size

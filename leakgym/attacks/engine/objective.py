@@ -75,8 +75,9 @@ class MatchingObjective:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}={v}; must be a finite number >= 0")
-        if self.eot_samples < 1:
-            raise ValueError(f"eot_samples={self.eot_samples}; must be >= 1")
+        if isinstance(self.eot_samples, bool) or not isinstance(self.eot_samples, numbers.Integral) \
+                or self.eot_samples < 1:
+            raise ValueError(f"eot_samples={self.eot_samples!r}; must be an integer >= 1")
         if self.eot_average not in ("gradient", "objective"):
             raise ValueError(f"eot_average={self.eot_average!r}; allowed: 'gradient', 'objective'")
 
@@ -111,8 +112,9 @@ class Schedule:
             raise ValueError(f"optimizer={self.optimizer!r}; allowed: 'adam', 'lbfgs'")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr}; must be a finite number > 0")
-        if self.history_size < 1:
-            raise ValueError(f"history_size={self.history_size}; must be >= 1")
+        if isinstance(self.history_size, bool) or not isinstance(self.history_size, numbers.Integral) \
+                or self.history_size < 1:  # 2.5 never equals the stored count: the memory grew for ever
+            raise ValueError(f"history_size={self.history_size!r}; must be an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,11 @@ class PerProblem:
             out = given.tolist() if isinstance(given, Tensor) else list(given)
             if len(out) != n:
                 raise ValueError(f"PerProblem.{name} has {len(out)} values for {n} problems")
+            if kind is int:  # 2.7 used to become 2 silently, NaN an int() error
+                bad = [(i, v) for i, v in enumerate(out)
+                       if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+                if bad:
+                    raise ValueError(f"PerProblem.{name}[{bad[0][0]}]={bad[0][1]!r}; must be an integer >= 1")
             return [kind(v) for v in out]
 
         iterations = values("iterations", schedule.iterations, int)

@@ -204,8 +204,11 @@ def invert_jointly(
             labels = None
         names = tuple(a.matched_names(u, k))
         signature = tuple((n, tuple(p.shape)) for n, p in k.model.named_parameters())
+        # The engine deep-copies the first problem's model and uses its spec's box: problems whose models
+        # differ in a non-parameter setting of the loss (PRECODE's KL weight) or whose datasets differ in
+        # their normalisation (not only in shape) must not share a call.
         key = (type(k.model), signature, k.batch_size, u.kind, u.local_steps, names, a.uses_bn_stats(k),
-               a._device(k), a.config.dtype, a.vectorize)
+               a._device(k), a.config.dtype, a.vectorize, getattr(k.model, "precode_beta", None), k.spec)
         prepared.append((key, _part_key(a, mode == "optimize"), labels, names))
 
     results: list[AttackResult | None] = [None] * len(updates)
@@ -266,6 +269,12 @@ def _part_key(attack: OptimizationAttack, optimise: bool) -> tuple:
     their class: Inverting Gradients and prior-init (which differ only in their start images) share one."""
     objective = dataclasses.replace(attack.objective(), tv=0.0)
     schedule = dataclasses.replace(attack.schedule(), iterations=1, restarts=1, lr=1.0)
+    if objective.simulate_defense is not None:
+        # A simulator is a fresh closure per call, whose repr names a memory address that the next one may
+        # reuse: EOT attacks with different simulators were merged. The attack's own settings decide.
+        objective = dataclasses.replace(objective, simulate_defense=None)
+        settings = dataclasses.replace(attack.config, iterations=1, restarts=1, lr=1.0, tv=0.0)  # per problem
+        return repr(objective), repr(schedule), optimise, type(attack).__name__, repr(settings)
     return repr(objective), repr(schedule), optimise
 
 
