@@ -36,6 +36,7 @@ from leakgym.defenses import (
     apply_defense_many,
     defense_compute_units,
 )
+from leakgym.defenses.registry import seeded_global_rng
 from leakgym.devices import check_device
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.client import compute_update
@@ -53,6 +54,9 @@ from .shared_data import shared_images
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
 ATTACK_STREAM = 1
+#: stream tag of the seed of torch's global RNG while the benign clients train (PRECODE samples and
+#: dropout masks draw from it): ``SeedSequence([round_seed, BENIGN_STREAM])``
+BENIGN_STREAM = 2
 
 
 @lru_cache(maxsize=8)
@@ -424,15 +428,8 @@ class LeakGame:
     # ------------------------------------------------------------------ phase 5: aggregate
     def federated_step(self, defended: Defended) -> None:
         """Benign clients' updates, aggregation with the victim's, evaluation; advances the round."""
-        sc = self.scenario
         t0 = time.perf_counter()
-        benign_updates = [
-            compute_update(self.server.model, bx, by, kind=sc.update_kind, local_steps=sc.local_steps,
-                           local_lr=sc.local_lr)
-            for bx, by in self.benign_batches()
-        ]
-        self.server.aggregate([defended.update] + benign_updates)
-        self.advance_round(self.server.evaluate if self.evaluates_next() else None)
+        self.federated_step_from(defended, self.benign_batches())
         defended.timings["fl_s"] = time.perf_counter() - t0
 
     def benign_batches(self) -> list[tuple[Tensor, Tensor]]:
@@ -491,10 +488,14 @@ class LeakGame:
             d.timings["fl_s"] = share
 
     def federated_step_from(self, defended: Defended, batches: list[tuple[Tensor, Tensor]]) -> None:
-        """:meth:`federated_step` with the benign clients' batches already drawn."""
+        """:meth:`federated_step` with the benign clients' batches already drawn. The clients train with
+        torch's global RNG seeded from the round seed (PRECODE's bottleneck and dropout draw from it), so
+        the same game seed gives the same round whatever the process's RNG state."""
         sc = self.scenario
-        updates = [compute_update(self.server.model, bx, by, kind=sc.update_kind, local_steps=sc.local_steps,
-                                  local_lr=sc.local_lr) for bx, by in batches]
+        seed = int(np.random.SeedSequence([defended.seed, BENIGN_STREAM]).generate_state(1)[0])
+        with seeded_global_rng(seed, self.device):
+            updates = [compute_update(self.server.model, bx, by, kind=sc.update_kind, local_steps=sc.local_steps,
+                                      local_lr=sc.local_lr) for bx, by in batches]
         self.server.aggregate([defended.update] + updates)
         self.advance_round(self.server.evaluate if self.evaluates_next() else None)
 

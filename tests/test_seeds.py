@@ -27,3 +27,25 @@ def test_games_of_a_vector_draw_what_their_seeds_say(cheap_overrides, batch_atta
     """Seeds [1, 2, 1]: games 0 and 2 draw the same model, batches and updates (and, without attack
     batching, the same reconstructions bit for bit; batched attacks may differ by rounding); game 1 draws others."""
     check_vector_seeds(play_vector(cheap_overrides, [1, 2, 1], batch_attacks=batch_attacks), exact=not batch_attacks)
+
+
+def test_a_precode_game_does_not_depend_on_torchs_global_rng(cheap_overrides):
+    """Found in review: the benign clients of a PRECODE game (its bottleneck samples with
+    torch.randn_like) drew from the process's global RNG, so one game seed gave different losses after
+    a different torch.manual_seed. They now train with the global RNG seeded from the round seed."""
+    import numpy as np
+    import torch
+
+    from leakgym.envs import parallel_env
+
+    def trajectory(torch_seed):
+        torch.manual_seed(torch_seed)
+        env = parallel_env("digits", **{**cheap_overrides, "precode": True, "num_clients": 2})
+        env.reset(seed=5)
+        rng, out = np.random.default_rng(1), []
+        while env.agents:
+            _, rewards, _, _, infos = env.step({a: rng.integers(0, env.action_space(a).nvec) for a in env.agents})
+            out.append((infos["defender"]["test_loss"], rewards["attacker"], rewards["defender"]))
+        return out
+
+    assert trajectory(0) == trajectory(123)
