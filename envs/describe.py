@@ -117,7 +117,8 @@ def env_page(gym_id: str) -> str:
         "",
         "## Rewards",
         "",
-        f"* attacker: `L - {w.attack_cost:g} * iterations * restarts / 1000`",
+        (f"* attacker: `L - {w.attack_cost:g} * iterations * restarts / 1000` (iterations: the steps the attack "
+         "ran; two-stage attacks add their second stage's steps, see `envs/rewards.py`)"),
         f"* defender: `-L + {w.fidelity:g} * fidelity + {w.accuracy:g} * accuracy - {w.defense_overhead:g} * defense_units`",
         "",
         f"`L` in [0, 1] is the leakage score (`{sc.leakage_metric}`); see `envs/rewards.py`.",

@@ -146,6 +146,7 @@ class Scenario:
         need(self.update_kind != "gradient" or self.local_steps == 1,
              f"local_steps={self.local_steps} needs update_kind='model_delta' (FedSGD shares one gradient)")
         _check_limits(self)
+        _check_split(self)
         mixup = [v for v in self.defender_menu.get("mixup_k", []) + [self.defense_defaults.get("mixup_k", 0)] if v]
         need(all(k <= self.batch_size for k in mixup),
              f"defender_menu mixup_k={mixup} mixes up to k images of the private batch; needs k <= batch_size "
@@ -314,6 +315,10 @@ def _as_int(sc_name: Any, key: str, value: Any, low: int) -> int:
     return int(value)
 
 
+REWARD_WEIGHT_MAX = 1e6
+"""Largest reward weight a scenario takes (every reward term stays finite)."""
+
+
 def _as_float(sc_name: Any, key: str, value: Any, bounds: tuple[float, bool, float, bool]) -> float:
     low, low_open, high, high_open = bounds
     shown = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
@@ -380,7 +385,8 @@ def _reward_weights(sc_name: Any, value: Any) -> RewardWeights:
     unknown = sorted(set(value) - set(known))
     if unknown:
         raise ValueError(f"scenario {sc_name!r}: unknown reward weight(s) {unknown}; allowed: {known}")
-    return RewardWeights(**{k: _as_float(sc_name, f"rewards.{k}", v, (0.0, False, math.inf, False))
+    # Bounded: a weight of 1e308 times a cost overflowed rewards to -inf.
+    return RewardWeights(**{k: _as_float(sc_name, f"rewards.{k}", v, (0.0, False, REWARD_WEIGHT_MAX, False))
                             for k, v in value.items()})
 
 
@@ -396,11 +402,37 @@ def estimated_round_bytes(sc: Scenario) -> int:
     side = sc.image_size or spec.image_size
     pixels = spec.channels * side * side
     # (menu values are validated elsewhere; a non-integer one is refused there, not estimated here)
-    restarts = max([int(r) for r in sc.attacker_menu.get("restarts", [1])
+    restarts = max([int(r) for r in _attack_values(sc, "restarts")
                     if isinstance(r, numbers.Integral) and not isinstance(r, bool)] + [1])
     attack = 4 * 64 * restarts * sc.batch_size * pixels
     clients = 4 * 64 * (sc.num_clients + 1) * max(sc.batch_size, 8) * pixels
     return int(attack + clients)
+
+
+def _check_split(sc: Scenario) -> None:
+    """The federated split of the dataset's published training set must have a public image (the
+    attacker's priors, DCS²'s and LODA's start images) and a private one per client and the victim:
+    checked when the scenario is built, not at reset or in the first round that needs them."""
+    from leakgym.data.catalog import dataset_info
+
+    n = dataset_info(sc.dataset).train_size
+    public = math.floor(sc.public_fraction * n)
+    if public < 1:
+        raise ValueError(f"scenario {sc.name!r}: public_fraction={sc.public_fraction!r} leaves no public image of "
+                         f"the {n} training images of {sc.dataset}; allowed: >= {1 / n:.3g}")
+    if n - public < sc.num_clients + 1:
+        raise ValueError(f"scenario {sc.name!r}: num_clients={sc.num_clients} benign clients and the victim need "
+                         f"{sc.num_clients + 1} private images, public_fraction={sc.public_fraction!r} leaves "
+                         f"{n - public} of {n}")
+
+
+def _attack_values(sc: Scenario, key: str) -> list:
+    """Every value an attack of ``sc`` may take for ``key``: its menu levels and its ``attack_defaults``
+    entry (a default of 10**6 iterations used to pass the limits that the menu is held to)."""
+    values = list(sc.attacker_menu.get(key, []))
+    if key in sc.attack_defaults:
+        values.append(sc.attack_defaults[key])
+    return values
 
 
 def _check_limits(sc: Scenario) -> None:
@@ -409,7 +441,7 @@ def _check_limits(sc: Scenario) -> None:
     hint = "; pass allow_large=True to lift the documented limits"
     for key, cap in LIMITS.items():
         if key in ("iterations", "restarts"):
-            values = sc.attacker_menu.get(key, [])
+            values = _attack_values(sc, key)
         else:
             values = [getattr(sc, key)] if getattr(sc, key) is not None else []
         too_big = [v for v in values if isinstance(v, (int, float)) and v > cap]
@@ -479,6 +511,10 @@ def _validate_menus(sc: Scenario) -> None:
     unknown = [s for s in strategies if s not in ATTACKS]
     if unknown:
         raise ValueError(f"{where}: attacker_menu strategy {unknown} unknown; allowed: {sorted(ATTACKS)}")
+    malicious = [s for s in strategies if ATTACKS[s].malicious]
+    if malicious and sc.threat_model != "malicious":
+        raise ValueError(f"{where}: attacker_menu strategy {malicious} modify the model the server sends, which "
+                         f"threat_model={sc.threat_model!r} does not allow; set threat_model='malicious'")
     configs = {s: {f.name for f in dataclasses.fields(ATTACKS[s].Config)} for s in strategies}
     for key, values in sc.attacker_menu.items():
         if key == "strategy":
@@ -498,6 +534,12 @@ def _validate_menus(sc: Scenario) -> None:
     for key in sc.attack_defaults:
         if not any(key in fields for fields in configs.values()):
             raise ValueError(f"{where}: attack_defaults {key!r} is a field of none of the strategies {strategies}")
+    for s in strategies:  # the defaults alone too (a strategy owning no menu key was never built here)
+        fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
+        try:
+            ATTACKS[s].Config(**fixed)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: attack_defaults {fixed!r} for {s!r}: {exc}") from None
 
 
 def scenario_names() -> list[str]:

@@ -85,6 +85,17 @@ def test_invalid_actions_name_the_value_and_range():
         ({"defender_menu": {"mixup_k": [0, 4]}}, r"mixup_k=\[4\].*needs k <= batch_size"),
         ({"tv": [1e-4], "strategies": ["dlg"]}, r"attacker_menu 'tv' is a field of none of the strategies"),
         ({"attacker_menu": {"iterations": [1]}}, r"needs a 'strategy' entry"),
+        # found in review: accepted, then failing (or overflowing) in every round
+        ({"attacker_menu": {"strategy": ["dlg"]}, "attack_defaults": {"lr": -1.0}},
+         r"attack_defaults \{'lr': -1.0\} for 'dlg': lr=-1.0"),
+        ({"attacker_menu": {"strategy": ["inverting-gradients"], "tv": [0.0]},
+          "attack_defaults": {"iterations": 10**6}}, r"iterations=1000000 exceeds the limit 30000"),
+        ({"attacker_menu": {"strategy": ["inverting-gradients"], "tv": [0.0]},
+          "attack_defaults": {"restarts": 10**5}}, r"restarts=100000 exceeds the limit 64"),
+        ({"rewards": {"fidelity": 1e308}}, r"rewards.fidelity=1e\+308"),
+        ({"strategies": ["imprint"]}, r"strategy \['imprint'\] modify the model .* threat_model='honest'"),
+        ({"public_fraction": 1e-6}, r"public_fraction=1e-06 leaves no public image of the 1438 training images"),
+        ({"public_fraction": 0.9999, "num_clients": 1}, r"num_clients=1 benign clients and the victim need 2 private"),
     ],
 )
 def test_bad_configurations_are_refused_when_built(overrides, message):

@@ -37,6 +37,8 @@ class DatasetInfo:
         num_classes: number of labels.
         mean, std: per-channel normalisation statistics of unit images (see module docstring).
         source: where the data comes from, in words (shown in error messages and docs).
+        train_size: images of the published training split (scenarios check their federated split
+            against it when they are built).
     """
 
     name: str
@@ -47,6 +49,7 @@ class DatasetInfo:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     source: str
+    train_size: int
 
 
 _INFOS: dict[str, DatasetInfo] = {
@@ -61,6 +64,7 @@ _INFOS: dict[str, DatasetInfo] = {
             mean=(0.3059,),
             std=(0.3194,),
             source="scikit-learn's bundled UCI optical handwritten digits (sklearn.datasets.load_digits)",
+            train_size=1438,
         ),
         DatasetInfo(
             name="mnist",
@@ -71,6 +75,7 @@ _INFOS: dict[str, DatasetInfo] = {
             mean=(0.1307,),
             std=(0.3081,),
             source="MNIST (LeCun et al.), IDX files; downloaded from torchvision's mirrors",
+            train_size=60000,
         ),
         DatasetInfo(
             name="fashion-mnist",
@@ -82,6 +87,7 @@ _INFOS: dict[str, DatasetInfo] = {
             std=(0.3530,),
             source="Fashion-MNIST (Zalando Research), IDX files; Debian package dataset-fashion-mnist "
             "or downloaded from Zalando's mirror",
+            train_size=60000,
         ),
         DatasetInfo(
             name="cifar10",
@@ -92,6 +98,7 @@ _INFOS: dict[str, DatasetInfo] = {
             mean=(0.4914672374725342, 0.4822617471218109, 0.4467701315879822),
             std=(0.24703224003314972, 0.24348513782024384, 0.26158785820007324),
             source="CIFAR-10 (Krizhevsky, 2009), python pickled batches from www.cs.toronto.edu/~kriz",
+            train_size=50000,
         ),
         DatasetInfo(
             name="cifar100",
@@ -102,6 +109,7 @@ _INFOS: dict[str, DatasetInfo] = {
             mean=(0.5071598291397095, 0.4866936206817627, 0.44120192527770996),
             std=(0.2673342823982239, 0.2564384639263153, 0.2761504650115967),
             source="CIFAR-100 (Krizhevsky, 2009), python pickled batches from www.cs.toronto.edu/~kriz",
+            train_size=50000,
         ),
     )
 }
