@@ -266,7 +266,8 @@ def invert_jointly(
 def _part_key(attack: OptimizationAttack, optimise: bool) -> tuple:
     """Problems whose attacks have the same objective and schedule up to the per-problem settings
     (budget, restarts, step size, TV weight) and the same label handling form one engine part, whatever
-    their class: Inverting Gradients and prior-init (which differ only in their start images) share one."""
+    their class: Inverting Gradients and prior-init (which differ only in their start images) share one.
+    The key's last entry is ``optimise`` (whether the part optimises labels): read positionally."""
     objective = dataclasses.replace(attack.objective(), tv=0.0)
     schedule = dataclasses.replace(attack.schedule(), iterations=1, restarts=1, lr=1.0)
     if objective.simulate_defense is not None:
@@ -274,7 +275,7 @@ def _part_key(attack: OptimizationAttack, optimise: bool) -> tuple:
         # reuse: EOT attacks with different simulators were merged. The attack's own settings decide.
         objective = dataclasses.replace(objective, simulate_defense=None)
         settings = dataclasses.replace(attack.config, iterations=1, restarts=1, lr=1.0, tv=0.0)  # per problem
-        return repr(objective), repr(schedule), optimise, type(attack).__name__, repr(settings)
+        return repr(objective), repr(schedule), type(attack).__name__, repr(settings), optimise  # optimise last
     return repr(objective), repr(schedule), optimise
 
 
