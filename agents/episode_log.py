@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from leakgym.files import write_atomically
+
 from .payoff import METRICS, EpisodeStats, LastRound, PairResult
 from .reporting import OUTPUT_FILES, json_safe
 
@@ -50,15 +52,6 @@ LOG_VERSION = 2
 def _normalise(settings: dict[str, Any]) -> dict[str, Any]:
     """Settings as they read back from JSON (tuples -> lists, NumPy scalars -> Python)."""
     return json.loads(json.dumps(json_safe(settings), default=str))
-
-
-def _replace_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _format(value: float) -> str:
@@ -109,7 +102,7 @@ class EpisodeLog:
             stale.unlink()
         for name in OUTPUT_FILES:  # an earlier run's tables would pass for this run's until it ends
             (out / name).unlink(missing_ok=True)
-        _replace_atomically(run_path, json.dumps({"version": LOG_VERSION, "settings": settings}, indent=2).encode())
+        write_atomically(run_path, json.dumps({"version": LOG_VERSION, "settings": settings}, indent=2).encode())
         log = cls(out, settings, {})
         log._write_rows([], mode="replace")
         return log
@@ -160,7 +153,7 @@ class EpisodeLog:
                     [pair.attacker, pair.defender, e, seed + e, stats.rounds, *(_format(stats.metrics[m]) for m in METRICS)]
                 )
         if mode == "replace":
-            _replace_atomically(self.episodes_path, buffer.getvalue().encode())
+            write_atomically(self.episodes_path, buffer.getvalue().encode())
             return
         with open(self.episodes_path, "a", newline="") as fh:
             fh.write(buffer.getvalue())
@@ -175,7 +168,7 @@ class EpisodeLog:
             labels = {} if last.labels is None else {"labels": last.labels}
             np.savez(buffer, originals=last.originals, matched=last.matched, ssim=last.ssim, psnr=last.psnr,
                      attacker=np.array(pair.attacker), defender=np.array(pair.defender), **labels)
-            _replace_atomically(self._last_round_path(pair.attacker, pair.defender), buffer.getvalue())
+            write_atomically(self._last_round_path(pair.attacker, pair.defender), buffer.getvalue())
         self._write_rows([pair], mode="append")
 
     # ------------------------------------------------------------------ reading

@@ -10,13 +10,14 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from leakgym.files import replacing
 
 from .analysis import best_responses
 from .payoff import METRICS, MIN_EPISODES, PayoffTable
@@ -266,12 +267,8 @@ def write_outputs(table: PayoffTable, out: Path) -> dict[str, Path]:
     writers = {"payoff.csv": write_csv, "payoff.json": write_json, "payoff.png": write_heatmap,
                "gallery.png": write_gallery}
     for name, path in paths.items():
-        partial = path.with_name(f".{path.stem}.partial{path.suffix}")  # same suffix: matplotlib's format
-        try:
+        with replacing(path) as partial:
             writers[name](table, partial)
-            os.replace(partial, path)
-        finally:
-            partial.unlink(missing_ok=True)
     return paths
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from leakgym.agents.cli_common import INTERRUPTED  # exit status after Ctrl-C, as leakgym eval / train
+from leakgym.files import write_atomically
 
 
 def device_label(device: str | torch.device) -> str:
@@ -102,8 +103,8 @@ def write_results(json_path: str | Path, machine: str, rows: list[dict], table: 
     print the table when ``echo``. Called after every finished row with ``echo=False``."""
     out = Path(json_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(dumps({"machine": machine, "rows": rows}))
-    out.with_suffix(".md").write_text(table)
+    write_atomically(out, dumps({"machine": machine, "rows": rows}))  # Ctrl-C never leaves half a file
+    write_atomically(out.with_suffix(".md"), table)
     if echo:
         print(table)
 

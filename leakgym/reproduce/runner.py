@@ -16,6 +16,7 @@ edited by hand: each is ``{"claim", "status", "ours", "paper", "why"}`` with ``s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from leakgym.files import replacing
 from leakgym.reproduce.harness import (
     AttackColumn,
     DefenseRow,
@@ -534,16 +536,11 @@ def write_outputs(paper: Paper, result: dict, out: Path) -> dict[str, Path]:
              "png": out / f"reproduce_{paper.key}.png"}
     # All three are written beside their final names first and renamed only once all are written, so an
     # interruption or a failing figure never leaves a new JSON beside an old table and picture.
-    partial = {k: p.with_name(f".{p.stem}.partial{p.suffix}") for k, p in paths.items()}
-    try:
+    with contextlib.ExitStack() as stack:
+        partial = {k: stack.enter_context(replacing(p)) for k, p in paths.items()}
         partial["json"].write_text(json.dumps(result, indent=1, allow_nan=True) + "\n")
         from leakgym.reproduce.plots import figure
 
         figure(paper, result, partial["png"])
         partial["md"].write_text(markdown(paper, result) + f"\n![figure](reproduce_{paper.key}.png)\n")
-        for key in ("png", "md", "json"):
-            os.replace(partial[key], paths[key])
-    finally:
-        for p in partial.values():
-            p.unlink(missing_ok=True)
     return paths
