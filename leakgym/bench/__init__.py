@@ -10,7 +10,6 @@ numbers are written as JSON ``null`` and ``-`` in the table.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 
 from leakgym.agents.cli_common import INTERRUPTED  # exit status after Ctrl-C, as leakgym eval / train
+from leakgym.agents.reporting import json_safe  # NaN / infinity -> None, numpy scalars -> Python
 from leakgym.files import write_atomically
 
 
@@ -29,20 +29,9 @@ def device_label(device: str | torch.device) -> str:
     return str(dev)
 
 
-def finite(value):
-    """``value`` with every NaN / infinity (in nested dicts, lists and tuples) replaced by ``None``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
-
-
 def dumps(obj) -> str:
     """Strict JSON (``NaN`` / ``Infinity`` written as ``null``), indented."""
-    return json.dumps(finite(obj), indent=2, allow_nan=False)
+    return json.dumps(json_safe(obj), indent=2, allow_nan=False)
 
 
 def markdown_table(title: str, columns: list[tuple[str, object]], rows: list[dict], *, key: list[str],
@@ -56,7 +45,7 @@ def markdown_table(title: str, columns: list[tuple[str, object]], rows: list[dic
             cells = [str(r.get(k, "")) for k in key] + [f"unavailable: {r['error'][:error_width]}"]
             cells += [""] * (len(columns) - len(cells))
         else:
-            clean = finite(r)
+            clean = json_safe(r)
             cells = []
             for _, fmt in columns:
                 try:

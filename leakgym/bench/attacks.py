@@ -28,10 +28,10 @@ import time
 
 import torch
 
+from leakgym.agents.reporting import json_safe
 from leakgym.bench import (
     check_output,
     device_label,
-    finite,
     interrupted,
     markdown_table,
     parse_counts,
@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
                         row = {"model": model_name, "n": n, "device": args.device,
                                "error": f"{type(exc).__name__}: {exc}"}
                     rows.append(row)
-                    bar.write(json.dumps(finite(row)), file=sys.stdout)
+                    bar.write(json.dumps(json_safe(row)), file=sys.stdout)
                     write_results(out, machine, rows, to_markdown(rows, machine), echo=False)
                     bar.update()
     except KeyboardInterrupt:
