@@ -79,8 +79,6 @@ class LeakGymVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
-        self._elapsed = np.zeros(self.num_envs, dtype=np.int64)
-        """Steps of each game's current episode (the ``max_episode_steps`` count)."""
         self._obs = create_empty_array(self.single_observation_space, self.num_envs)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
@@ -103,7 +101,6 @@ class LeakGymVectorEnv(VectorEnv):
             obs.append(o)
             infos = self._add_info(infos, info, i)
         self._autoreset[:] = False
-        self._elapsed[:] = 0
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), infos
 
@@ -135,13 +132,12 @@ class LeakGymVectorEnv(VectorEnv):
             if self._autoreset[i]:
                 obs[i], info = self.envs[i].reset()
                 infos = self._add_info(infos, info, i)
-                self._elapsed[i] = 0
         for i, outcome in zip(active, outcomes):
             obs[i], rewards[i], terminations[i], truncations[i], info = self.envs[i].finish_step(outcome)
             infos = self._add_info(infos, info, i)
-            self._elapsed[i] += 1
-            if self.max_episode_steps is not None and self._elapsed[i] >= self.max_episode_steps:
-                truncations[i] = True  # what TimeLimit does
+            # A step is a round: the game's round count is the episode's step count that TimeLimit keeps.
+            if self.max_episode_steps is not None and self.envs[i].parallel.game.round >= self.max_episode_steps:
+                truncations[i] = True
         self._autoreset = np.logical_or(terminations, truncations)
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), rewards, terminations, truncations, infos
