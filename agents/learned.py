@@ -449,8 +449,8 @@ class LearnedAgent(Agent):
         self._check_action_nvec(np.asarray(getattr(action_space, "nvec", None)), f"this role's action space {action_space}")
 
     def _sample(self, observation: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One draw from the policy's (multi-)categorical action distribution, by inverse CDF with
-        ``rng`` -- not SB3's ``predict(deterministic=False)``, which samples from torch's global RNG."""
+        """One draw from the policy's (multi-)categorical action distribution with ``rng`` -- not SB3's
+        ``predict(deterministic=False)``, which samples from torch's global RNG."""
         import torch
 
         obs, _ = self.policy.obs_to_tensor(observation)
@@ -459,8 +459,8 @@ class LearnedAgent(Agent):
         parts = dist if isinstance(dist, list) else [dist]  # MultiCategorical: one Categorical per entry
         choice = []
         for part in parts:
-            cdf = np.cumsum(part.probs[0].double().cpu().numpy())
-            choice.append(min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1))
+            p = part.probs[0].double().cpu().numpy()
+            choice.append(int(rng.choice(p.size, p=p / p.sum())))
         return np.asarray(choice if isinstance(dist, list) else choice[0])
 
     def get_state(self) -> None:
