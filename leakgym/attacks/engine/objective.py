@@ -17,7 +17,6 @@ budgets of one attack still make one engine call.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -25,6 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from leakgym.attacks.base import check_integer
 from leakgym.attacks.engine.randomness import BatchedGenerator
 from leakgym.attacks.losses import (
     LAYER_WEIGHT_SCHEMES,
@@ -75,9 +75,7 @@ class MatchingObjective:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}={v}; must be a finite number >= 0")
-        if isinstance(self.eot_samples, bool) or not isinstance(self.eot_samples, numbers.Integral) \
-                or self.eot_samples < 1:
-            raise ValueError(f"eot_samples={self.eot_samples!r}; must be an integer >= 1")
+        check_integer(self.eot_samples, "eot_samples", 1)
         if self.eot_average not in ("gradient", "objective"):
             raise ValueError(f"eot_average={self.eot_average!r}; allowed: 'gradient', 'objective'")
 
@@ -105,16 +103,12 @@ class Schedule:
 
     def __post_init__(self) -> None:
         for name in ("iterations", "restarts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name}={value!r}; must be an integer >= 1")
+            check_integer(getattr(self, name), name, 1)
         if self.optimizer not in ("adam", "lbfgs"):
             raise ValueError(f"optimizer={self.optimizer!r}; allowed: 'adam', 'lbfgs'")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr}; must be a finite number > 0")
-        if isinstance(self.history_size, bool) or not isinstance(self.history_size, numbers.Integral) \
-                or self.history_size < 1:  # 2.5 never equals the stored count: the memory grew for ever
-            raise ValueError(f"history_size={self.history_size!r}; must be an integer >= 1")
+        check_integer(self.history_size, "history_size", 1)  # 2.5 never equals the stored count: unbounded memory
 
 
 @dataclass(frozen=True)
@@ -149,10 +143,7 @@ class PerProblem:
             if len(out) != n:
                 raise ValueError(f"PerProblem.{name} has {len(out)} values for {n} problems")
             if kind is int:  # 2.7 used to become 2 silently, NaN an int() error
-                bad = [(i, v) for i, v in enumerate(out)
-                       if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
-                if bad:
-                    raise ValueError(f"PerProblem.{name}[{bad[0][0]}]={bad[0][1]!r}; must be an integer >= 1")
+                return [check_integer(v, f"PerProblem.{name}[{i}]", 1) for i, v in enumerate(out)]
             return [kind(v) for v in out]
 
         iterations = values("iterations", schedule.iterations, int)

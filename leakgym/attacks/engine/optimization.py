@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from leakgym.attacks.base import (
     AttackCost,
     AttackerKnowledge,
     AttackResult,
+    check_integer,
     check_seed,
     seeded_generator,
 )
@@ -60,9 +60,7 @@ class OptimizationConfig:
 
     def __post_init__(self) -> None:
         for name in ("iterations", "restarts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name}={value!r}; must be an integer >= 1")
+            check_integer(getattr(self, name), name, 1)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr}; must be a finite number > 0")
         if self.label_method not in LABEL_METHODS:
