@@ -126,7 +126,7 @@ def preset_action(name: str, scenario, role: str | None = None) -> np.ndarray:
     preset = get_preset(name)
     if role is not None and check_role(role) != preset.role:
         raise ValueError(
-            f"preset {name!r} is a {preset.role} preset, not a {role} one; {role} presets: {preset_names(role)}"
+            f"preset {name!r} plays the {preset.role}, not the {role}; {role} presets: {preset_names(role)}"
         )
     where = f"preset {name!r} ({preset.source}) in scenario {scenario.name!r}"
     if preset.role == "attacker":

@@ -284,7 +284,13 @@ LIMITS: dict[str, int] = {
     "batch_size": 64, "num_clients": 64, "rounds": 100_000, "local_steps": 100, "eval_size": 10_000,
     "image_size": 256, "model_width": 512, "audit_iterations": 30_000,
     "iterations": 30_000, "restarts": 64,  # attacker menu levels (IG's paper budget is 24,000)
+    # the defenses' inner loops, menu levels and defense_defaults (papers: CENSOR T = 20, DCS² 1,000 steps
+    # and 1 concealed sample, LODA 500 steps); CENSOR's batched trials hold (T + 1) parameter copies
+    "censor_trials": 1_000, "dcs2_steps": 30_000, "dcs2_num_concealed": 64, "loda_steps": 30_000,
 }
+#: the :data:`LIMITS` keys that are menu levels or defaults of the attacker (``"attack"``) or the defender
+_MENU_LIMITS = {"iterations": "attack", "restarts": "attack", "censor_trials": "defense", "dcs2_steps": "defense",
+                "dcs2_num_concealed": "defense", "loda_steps": "defense"}
 #: Upper bound on the estimated working memory of one round (bytes); see :func:`estimated_round_bytes`.
 MEMORY_LIMIT_BYTES = 8 * 2**30
 
@@ -435,13 +441,22 @@ def _attack_values(sc: Scenario, key: str) -> list:
     return values
 
 
+def _defense_values(sc: Scenario, key: str) -> list:
+    """Every value a defense of ``sc`` may take for ``key``: its defender menu levels and its
+    ``defense_defaults`` entry."""
+    values = list(sc.defender_menu.get(key, []))
+    if key in sc.defense_defaults:
+        values.append(sc.defense_defaults[key])
+    return values
+
+
 def _check_limits(sc: Scenario) -> None:
     if sc.allow_large:
         return
     hint = "; pass allow_large=True to lift the documented limits"
     for key, cap in LIMITS.items():
-        if key in ("iterations", "restarts"):
-            values = _attack_values(sc, key)
+        if key in _MENU_LIMITS:
+            values = (_attack_values if _MENU_LIMITS[key] == "attack" else _defense_values)(sc, key)
         else:
             values = [getattr(sc, key)] if getattr(sc, key) is not None else []
         too_big = [v for v in values if isinstance(v, (int, float)) and v > cap]

@@ -91,7 +91,7 @@ def test_preset_that_would_collapse_to_off_is_refused(digits):
 
 
 def test_preset_role_and_name_errors(digits):
-    with pytest.raises(ValueError, match="defender preset, not a attacker"):
+    with pytest.raises(ValueError, match="plays the defender, not the attacker; attacker presets"):
         preset_action("dcs2-paper", digits, "attacker")
     with pytest.raises(ValueError, match="unknown preset 'dcs3'"):
         preset_action("dcs3", digits)

@@ -330,3 +330,16 @@ def test_attack_configs_are_checked_when_built(name, kwargs, message):
     silently returned the start images) only inside reconstruct."""
     with pytest.raises(ValueError, match=message):
         build_attack(name, **kwargs)
+
+
+@pytest.mark.parametrize(("labels", "batch_size", "message"), [
+    (torch.tensor([3, 10]), 2, r"labels=\[3, 10\]; allowed: class indices in \[0, 9\]"),  # an engine IndexError
+    (torch.tensor([-1]), 1, r"labels=\[-1\]; allowed: class indices in \[0, 9\]"),  # (a device assert on CUDA)
+    (torch.tensor([1.0, 2.0]), 2, r"dtype torch.float32; allowed: integer class indices"),
+    (torch.tensor([[1], [2]]), 2, r"shape \(2, 1\); batch_size is 2, so allowed: \(2,\)"),
+    (None, True, r"batch_size=True; allowed: integers >= 1"),
+])
+def test_attacker_knowledge_refuses_labels_the_attack_cannot_use(digits, lenet, labels, batch_size, message):
+    with pytest.raises(ValueError, match=message):
+        AttackerKnowledge(model=lenet, spec=digits.spec, batch_size=batch_size, labels=labels)
+    AttackerKnowledge(model=lenet, spec=digits.spec, batch_size=2, labels=torch.tensor([0, 9], dtype=torch.uint8))

@@ -317,6 +317,10 @@ def test_validation_errors():
         build_model("resnet18", DatasetSpec("t", 1, 4, 10, (0.5,), (0.5,)))
     with pytest.raises(ValueError, match="width"):
         build_model("mlp", DIGITS16, width=0)
+    with pytest.raises(ValueError, match=r"width=True; allowed: an integer >= 1"):  # was a width-1 model
+        build_model("lenet", DIGITS16, width=True)
+    shapes = [p.shape for p in build_model("lenet", DIGITS16, width=torch.tensor(3).numpy()[()]).parameters()]
+    assert shapes == [p.shape for p in build_model("lenet", DIGITS16, width=3).parameters()]  # numpy integers
     with pytest.raises(ValueError, match="precode_dim"):
         build_model("mlp", DIGITS16, precode=True, precode_dim=0)
     with pytest.raises(ValueError, match="precode_beta"):

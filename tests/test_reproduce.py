@@ -212,3 +212,25 @@ def test_ctrl_c_in_reproduce_is_one_line_and_exit_130(tmp_path, monkeypatch, cap
                               no_progress=True, rerender=False)
     assert reproduce.main(args) == 130
     assert "interrupted during dcs2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--seeds", "4,5"], ["--size", "full"], ["--images", "2"], ["--no-utility"]])
+def test_rerender_refuses_the_options_of_a_run_it_does_not_make(tmp_path, monkeypatch, capsys, flags):
+    from leakgym import cli
+    from leakgym.reproduce import runner
+
+    # --rerender used to rewrite the recorded run silently, whatever --seeds/--size/--images said.
+    monkeypatch.setattr(runner, "rerender", lambda *a, **k: pytest.fail("rerender ran with run options"))
+    assert cli.main(["reproduce", "dcs2", "--rerender", "--out", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"{flags[0]} cannot change it" in err and "run without --rerender" in err
+
+
+def test_rerender_alone_rewrites_from_the_recorded_json(tmp_path, monkeypatch):
+    from leakgym import cli
+    from leakgym.reproduce import runner
+
+    calls = []
+    monkeypatch.setattr(runner, "rerender", lambda paper, path: calls.append(path))
+    assert cli.main(["reproduce", "dcs2", "--rerender", "--out", str(tmp_path)]) == 0
+    assert calls == [tmp_path / "reproduce_dcs2.json"]

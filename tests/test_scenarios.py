@@ -93,6 +93,12 @@ def test_invalid_actions_name_the_value_and_range():
         ({"attacker_menu": {"strategy": ["inverting-gradients"], "tv": [0.0]},
           "attack_defaults": {"restarts": 10**5}}, r"restarts=100000 exceeds the limit 64"),
         ({"rewards": {"fidelity": 1e308}}, r"rewards.fidelity=1e\+308"),
+        # the defenses' inner loops: accepted, then a round that never ends (or holds T + 1 model copies)
+        ({"defense_defaults": {"censor_trials": 10**12}}, r"censor_trials=1000000000000 exceeds the limit 1000"),
+        ({"defender_menu": {"censor_trials": [0, 5000]}}, r"censor_trials=5000 exceeds the limit 1000"),
+        ({"defense_defaults": {"dcs2_steps": 10**9}}, r"dcs2_steps=1000000000 exceeds the limit 30000"),
+        ({"defense_defaults": {"dcs2_num_concealed": 10**4}}, r"dcs2_num_concealed=10000 exceeds the limit 64"),
+        ({"defense_defaults": {"loda_steps": 10**9}}, r"loda_steps=1000000000 exceeds the limit 30000"),
         ({"strategies": ["imprint"]}, r"strategy \['imprint'\] modify the model .* threat_model='honest'"),
         ({"public_fraction": 1e-6}, r"public_fraction=1e-06 leaves no public image of the 1438 training images"),
         ({"public_fraction": 0.9999, "num_clients": 1}, r"num_clients=1 benign clients and the victim need 2 private"),
@@ -107,6 +113,8 @@ def test_strings_are_coerced_like_the_cli_and_limits_can_be_lifted():
     sc = load_scenario("digits", rounds="3", server_lr="0.5", known_labels="true", allow_large="1")
     assert (sc.rounds, sc.server_lr, sc.known_labels) == (3, 0.5, True)
     assert load_scenario("digits", iterations=[40_000], allow_large=True).iterations == [40_000]
+    assert load_scenario("digits", defense_defaults={"censor_trials": 2000}, allow_large=True).defense_defaults[
+        "censor_trials"] == 2000
 
 
 def test_scenario_files_only_from_the_package_or_an_explicit_path(tmp_path):

@@ -37,12 +37,22 @@ class AttackerKnowledge:
     public_y: Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"AttackerKnowledge.batch_size={self.batch_size}; must be >= 1")
-        if self.labels is not None and self.labels.shape[0] != self.batch_size:
-            raise ValueError(
-                f"AttackerKnowledge.labels has {self.labels.shape[0]} entries; batch_size is {self.batch_size}"
-            )
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) \
+                or self.batch_size < 1:
+            raise ValueError(f"AttackerKnowledge.batch_size={self.batch_size!r}; allowed: integers >= 1")
+        labels = self.labels
+        if labels is not None:
+            # Checked here, not in the engine's cross-entropy: on a GPU an out-of-range class is a
+            # device-side assert that ends the process's CUDA context.
+            if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+                raise ValueError(f"AttackerKnowledge.labels has dtype {labels.dtype}; allowed: integer class indices")
+            if tuple(labels.shape) != (self.batch_size,):
+                raise ValueError(f"AttackerKnowledge.labels has shape {tuple(labels.shape)}; batch_size is "
+                                 f"{self.batch_size}, so allowed: ({self.batch_size},)")
+            classes = self.spec.num_classes
+            if bool(((labels < 0) | (labels >= classes)).any()):
+                raise ValueError(f"AttackerKnowledge.labels={labels.tolist()}; allowed: class indices in "
+                                 f"[0, {classes - 1}] ({self.spec.name} has {classes} classes)")
 
 
 @dataclass

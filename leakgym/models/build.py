@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from leakgym.data.spec import DatasetSpec
@@ -19,6 +21,16 @@ MODEL_CLASSES: dict[str, type[LeakGymModel]] = {
     "resnet18": ResNet18,
 }
 MODEL_NAMES: tuple[str, ...] = tuple(MODEL_CLASSES)
+
+
+def _positive_integer(value, name: str) -> int | None:
+    """``value`` as an int when it is an integer >= 1 (numpy integers too), None for None; a bool
+    (``width=True`` built a one-channel model) or anything else is a ``ValueError`` naming it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}={value!r}; allowed: an integer >= 1, or None (the class default)")
+    return int(value)
 
 
 def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
@@ -42,10 +54,8 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
     """
     if name not in MODEL_CLASSES:
         raise ValueError(f"unknown model name {name!r}; allowed: {', '.join(MODEL_NAMES)}")
-    if width is not None and (not isinstance(width, int) or width < 1):
-        raise ValueError(f"width={width!r} must be a positive int or None")
-    if precode_dim is not None and (not isinstance(precode_dim, int) or precode_dim < 1):
-        raise ValueError(f"precode_dim={precode_dim!r} must be a positive int or None")
+    width = _positive_integer(width, "width")
+    precode_dim = _positive_integer(precode_dim, "precode_dim")
     cls = MODEL_CLASSES[name]
     kwargs = {"precode": precode, "precode_dim": precode_dim, "precode_beta": precode_beta}
     if width is not None:
