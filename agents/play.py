@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
+
+from leakgym.devices import canonical_device
 
 from .base import Agent
 from .cli_common import resolve_env
@@ -201,7 +202,7 @@ def evaluate(
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,
                     "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep,
                     # the device decides float rounding: a resume on another one would mix two runs' numbers
-                    "device": str(torch.device(device))}
+                    "device": str(canonical_device(device))}
         log = EpisodeLog.open(out, settings, resume=resume)
     finished = log.finished if log is not None else {}
     envs = [penv]

@@ -45,6 +45,17 @@ def check_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def canonical_device(device: str | torch.device) -> torch.device:
+    """``device`` in one spelling per device, for comparisons and records: ``"cuda"`` (the current CUDA
+    device) becomes ``cuda:<index>``, ``"cpu:0"`` becomes ``cpu``."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    elif d.type == "cpu":
+        d = torch.device("cpu")
+    return d
+
+
 def device_argument(text: str) -> str:
     """``argparse`` type of ``--device``: the name, checked by :func:`check_device`."""
     try:
@@ -54,4 +65,4 @@ def device_argument(text: str) -> str:
     return text
 
 
-__all__ = ["DEVICE_TYPES", "available_devices", "check_device", "device_argument"]
+__all__ = ["DEVICE_TYPES", "available_devices", "canonical_device", "check_device", "device_argument"]

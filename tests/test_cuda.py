@@ -121,6 +121,11 @@ def test_devices_this_machine_has_are_accepted_and_others_named():
     assert check_device(f"cuda:{torch.cuda.device_count() - 1}").type == "cuda"
     with pytest.raises(ValueError, match="is not available on this machine"):
         check_device(f"cuda:{torch.cuda.device_count()}")
+    from leakgym.devices import canonical_device
+
+    # one spelling per device: an eval log started with --device cuda resumes with --device cuda:<current>
+    assert canonical_device("cuda") == canonical_device(f"cuda:{torch.cuda.current_device()}")
+    assert str(canonical_device("cuda")) == f"cuda:{torch.cuda.current_device()}"
 
 
 def test_training_evaluations_in_lockstep_on_cuda():

@@ -82,9 +82,9 @@ def test_interrupted_eval_resumes_to_the_uninterrupted_table(tmp_path, monkeypat
 
     np.testing.assert_array_equal(imread(out / "gallery.png"), imread(reference / "gallery.png"))
 
-    # Resuming a finished run plays nothing and writes the same table again; a run without --resume
-    # starts over.
-    assert ev.main(_args(out, "--resume")) == 0 and len(calls) == 2
+    # Resuming a finished run plays nothing and writes the same table again (on the same device under
+    # another name too: "cpu:0" was refused as other than "cpu"); a run without --resume starts over.
+    assert ev.main(_args(out, "--resume", "--device", "cpu:0")) == 0 and len(calls) == 2
     assert (out / "payoff.csv").read_text() == (reference / "payoff.csv").read_text()
     _count_episodes(monkeypatch, interrupt_at=1)
     assert ev.main(_args(out)) == ev.INTERRUPTED
@@ -218,3 +218,13 @@ def test_resume_on_another_device_is_refused_and_old_logs_count_as_cpu(tmp_path)
     ev.evaluate("digits", ["random"], ["none"], episodes=1, out=tmp_path / "eval", progress=False,
                 overrides={"rounds": 1, "num_clients": 1, "iterations": [1], "eval_size": 32})
     assert json.loads((tmp_path / "eval" / "run.json").read_text())["settings"]["device"] == "cpu"
+
+
+@pytest.mark.cuda
+def test_a_log_recorded_as_cuda_resumes_under_the_index_of_the_current_device(tmp_path, cuda_device):
+    import torch
+
+    run = tmp_path / "run"
+    el.EpisodeLog.open(run, {**SETTINGS, "device": "cuda"}, resume=False)  # as versions before canonical names wrote
+    current = {**SETTINGS, "device": f"cuda:{torch.cuda.current_device()}"}
+    assert el.EpisodeLog.open(run, current, resume=True).finished == {}

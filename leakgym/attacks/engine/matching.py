@@ -50,7 +50,8 @@ from leakgym.attacks.engine.objective import (
     objective_terms,
 )
 from leakgym.attacks.engine.problems import ProblemSet, UpdateSimulator
-from leakgym.attacks.engine.randomness import BatchedGenerator, canonical_device
+from leakgym.attacks.engine.randomness import BatchedGenerator
+from leakgym.devices import canonical_device
 from leakgym.attacks.losses import (
     FLAT_MAX_ENTRIES,
     FlatWeights,

@@ -26,14 +26,7 @@ import torch
 from torch import Tensor
 
 from leakgym.attacks.base import seeded_generator
-
-
-def canonical_device(device: torch.device | str) -> torch.device:
-    """``device`` with its index made explicit (``"cuda"`` is the current CUDA device), for comparisons."""
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return d
+from leakgym.devices import canonical_device
 
 
 class BatchedGenerator:
@@ -103,4 +96,4 @@ class BatchedGenerator:
                           for g, c in zip(self.generators, self.counts)])
 
 
-__all__ = ["BatchedGenerator", "canonical_device"]
+__all__ = ["BatchedGenerator"]
