@@ -74,3 +74,27 @@ def digit_victims():
         return out
 
     return make
+
+
+@pytest.fixture
+def eval_bn_convnets():
+    """``make(spec, n)``: ``n`` ConvNets (BatchNorm) as the victims of a vector step hold them when they
+    train on a batch of one: in train mode with every BatchNorm layer in eval mode (``bn_eval_if_single``),
+    each model with its own parameters and its own random running statistics (so that a computation
+    using one model's statistics for another's rows is caught)."""
+    from leakgym.models import build_model
+
+    def make(spec, n: int) -> list[torch.nn.Module]:
+        models = []
+        for i in range(n):
+            model = build_model("convnet", spec, width=4, seed=i).train()
+            g = torch.Generator().manual_seed(100 + i)
+            for m in model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
+                    m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=g))
+                    m.eval()
+            models.append(model)
+        return models
+
+    return make

@@ -281,6 +281,28 @@ def test_censor_batches_plain_models_and_keeps_one_client_exact(monkeypatch):
             torch.testing.assert_close(upd.tensors[n], t, rtol=1e-6, atol=1e-7)
 
 
+
+def test_batchnorm_in_eval_mode_joins_the_batched_trials_with_each_clients_statistics(eval_bn_convnets):
+    """A victim with a batch of one evaluates its trials with BatchNorm in eval mode (running statistics):
+    its trials join the vmapped computation, each row with its client's statistics, and choose what
+    censor_gradient chooses alone; BatchNorm in train mode keeps the one-client path."""
+    from leakgym.defenses.censor import batchable, censor_gradients
+
+    models = eval_bn_convnets(SPEC, 3)
+    assert batchable(models[0], "layer") and not batchable(build_model("convnet", SPEC, width=4).train(), "layer")
+    gen = torch.Generator().manual_seed(4)
+    xs = [torch.randn(1, 1, 16, 16, generator=gen) for _ in models]
+    ys = [torch.randint(0, 10, (1,), generator=gen) for _ in models]
+    clients = [(m, x, y, compute_update(m, x, y).tensors, {"trials": 8, "step": 0.1, "fallback": "zeros"})
+               for m, x, y in zip(models, xs, ys)]
+    together = censor_gradients(*(list(t) for t in zip(*clients)), [torch.Generator().manual_seed(i) for i in range(3)])
+    for i, ((model, x, y, grad, settings), (update, info)) in enumerate(zip(clients, together)):
+        alone, ref = censor_gradient(model, x, y, grad, **settings, generator=torch.Generator().manual_seed(i))
+        assert info["chosen_trial"] == ref["chosen_trial"], i
+        assert info["trial_losses"] == pytest.approx(ref["trial_losses"], rel=1e-5)
+        assert all(torch.equal(update[n], t) for n, t in alone.items()), i
+
+
 @pytest.mark.cuda
 def test_batched_trials_on_cuda_choose_what_one_client_chooses():
     from leakgym.defenses.censor import censor_gradients

@@ -249,6 +249,35 @@ def test_the_defense_batches_plain_models_and_runs_the_others_one_by_one(digits,
             torch.testing.assert_close(together[i][0][n], t, rtol=1e-4, atol=1e-6)
 
 
+
+def test_batchnorm_in_eval_mode_is_batched_with_each_clients_running_statistics(digits, eval_bn_convnets):
+    """A victim with a batch of one trains with BatchNorm in eval mode (running statistics), where the
+    examples do not couple: its synthesis joins the batched computation, each client's concealed
+    samples normalised with that client's own statistics, and gives what dcs2_gradient gives it alone
+    (float32 rounding). BatchNorm in train mode still runs alone; no model's statistics change."""
+    from leakgym.defenses.dcs2 import batchable, dcs2_gradients
+
+    spec, _, _, px, py = digits
+    models = eval_bn_convnets(spec, 3)
+    assert batchable(models[0]) and not batchable(build_model("convnet", spec, width=4).train())
+    before = [{n: b.clone() for n, b in m.named_buffers()} for m in models]
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(1, *spec.shape, generator=gen) for _ in models]
+    ys = [torch.randint(0, 10, (1,), generator=gen) for _ in models]
+    grads = [_grad(m, x, y) for m, x, y in zip(models, xs, ys)]
+    settings = [{**PAPER, "num_concealed": 1 + i % 2, "steps": 12, "start": "mixup", "public_x": px, "public_y": py}
+                for i in range(len(models))]
+    together = dcs2_gradients(models, xs, ys, grads, settings, [torch.Generator().manual_seed(i) for i in range(3)])
+    for i, (model, (shared, det)) in enumerate(zip(models, together)):
+        alone, ref = dcs2_gradient(model, xs[i], ys[i], grads[i], **settings[i],
+                                   generator=torch.Generator().manual_seed(i))
+        torch.testing.assert_close(det["concealed_x"], ref["concealed_x"], rtol=1e-4, atol=1e-4)
+        for n, t in alone.items():
+            torch.testing.assert_close(shared[n], t, rtol=1e-4, atol=1e-6)
+        assert det["objective"] == pytest.approx(ref["objective"], rel=1e-4), i
+        assert all(torch.equal(b, before[i][n]) for n, b in model.named_buffers())
+
+
 @pytest.mark.cuda
 def test_batched_synthesis_on_cuda_matches_one_client_at_a_time(digits):
     """On CUDA: every tensor and generator on the device; the batched synthesis matches the one-client
@@ -265,6 +294,28 @@ def test_batched_synthesis_on_cuda_matches_one_client_at_a_time(digits):
                              [torch.Generator(dev).manual_seed(100 + i) for i in range(len(clients))])
     for i, ((model, x, y, g, settings), (shared, det)) in enumerate(zip(clients, batched)):
         alone, _ = dcs2_gradient(model, x, y, g, **settings, generator=torch.Generator(dev).manual_seed(100 + i))
+        for n, t in alone.items():
+            assert shared[n].device.type == "cuda"
+            torch.testing.assert_close(shared[n], t, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_eval_mode_batchnorm_synthesis_on_cuda_matches_one_client_at_a_time(digits, eval_bn_convnets):
+    """On CUDA, BatchNorm in eval mode: each client's running statistics stay on the device and the batched
+    synthesis matches the one-client path within 1e-3."""
+    from leakgym.defenses.dcs2 import dcs2_gradients
+
+    spec, _, _, px, py = digits
+    dev = torch.device("cuda")
+    models = [m.to(dev) for m in eval_bn_convnets(spec, 2)]
+    xs = [torch.randn(1, *spec.shape, device=dev) for _ in models]
+    ys = [torch.tensor([i], device=dev) for i in range(len(models))]
+    grads = [_grad(m, x, y) for m, x, y in zip(models, xs, ys)]
+    settings = [{**PAPER, "steps": 8, "start": "mixup", "public_x": px.to(dev), "public_y": py.to(dev)}] * 2
+    together = dcs2_gradients(models, xs, ys, grads, settings, [torch.Generator(dev).manual_seed(i) for i in range(2)])
+    for i, (shared, _) in enumerate(together):
+        alone, _ = dcs2_gradient(models[i], xs[i], ys[i], grads[i], **settings[i],
+                                 generator=torch.Generator(dev).manual_seed(i))
         for n, t in alone.items():
             assert shared[n].device.type == "cuda"
             torch.testing.assert_close(shared[n], t, rtol=1e-3, atol=1e-5)

@@ -291,3 +291,36 @@ def test_a_global_rng_stream_resumes_on_cuda():
             torch.randn(5, device=dev)
         assert torch.equal(torch.cuda.get_rng_state(dev), outside)
     assert torch.equal(torch.cat(parts), expected)
+
+
+def test_victims_with_a_batch_of_one_batch_their_batchnorm_models_step_defenses(monkeypatch):
+    """ConvNet (BatchNorm) victims with a batch of one (the CIFAR scenarios) train with BatchNorm in eval
+    mode: their DCS² syntheses and CENSOR trials are one batched computation each, with each game's
+    own running statistics, equal to the call-by-call pipeline to float32 rounding."""
+    import leakgym.defenses.censor as censor_module
+    import leakgym.defenses.dcs2 as dcs2_module
+
+    sizes = []
+    for module, name in ((dcs2_module, "dcs2_gradients"), (censor_module, "censor_gradients")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda m, *a, _f=original, _n=name: sizes.append((_n, len(m))) or _f(m, *a))
+    config = DefenseConfig(dcs2_lambda_g=0.5, dcs2_steps=4, censor_trials=3)
+    calls = []
+    for i in range(3):
+        model = build_model("convnet", SPEC, width=4, seed=i)
+        with torch.no_grad():  # each game's own statistics, as after some rounds of training
+            for m in model.modules():
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    m.running_mean.uniform_(-0.5, 0.5)
+                    m.running_var.uniform_(0.5, 1.5)
+        x, y = _batch(1, seed=i)
+        g = torch.Generator().manual_seed(70 + i)
+        calls.append(DefenseCall(model, x, y, config, seed=200 + i, public_x=torch.rand(8, 1, 16, 16, generator=g),
+                                 public_y=torch.randint(0, 10, (8,), generator=g)))
+    together = apply_defense_many(calls, batch_defenses=True)
+    assert sizes == [("dcs2_gradients", 3), ("censor_gradients", 3)]
+    alone = apply_defense_many(calls, batch_defenses=False)
+    for (upd, rep), (ref, ref_rep) in zip(together, alone):
+        assert rep.details["censor"][0]["chosen_trial"] == ref_rep.details["censor"][0]["chosen_trial"]
+        for name, t in ref.tensors.items():
+            torch.testing.assert_close(upd.tensors[name], t, rtol=1e-4, atol=1e-6)

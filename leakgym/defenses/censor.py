@@ -59,8 +59,10 @@ orthogonality holds to ~1e-7 relative after casting back.
 
 Several clients (the victims of a vector step's games, trained in lock-step) evaluate their trials
 together (:func:`censor_gradients`: every client's ``T + 1`` parameter sets as rows of one vmapped
-forward pass; the candidates are drawn per client, as above). Models with BatchNorm, dropout or a
-PRECODE bottleneck, the ``"samples"`` subspace and a client alone keep :func:`censor_gradient`.
+forward pass; the candidates are drawn per client, as above; BatchNorm in eval mode -- a client's batch
+of one, ``bn_eval_if_single`` -- with each client's running statistics). Models with BatchNorm in train
+mode, dropout or a PRECODE bottleneck, the ``"samples"`` subspace and a client alone keep
+:func:`censor_gradient`.
 
 The registered defense :data:`CENSOR` (fields ``censor_*``, switch ``censor_trials``) runs on every
 local step's gradient (step stage). Cost: one loss evaluation per trial, counted as half a gradient
@@ -78,7 +80,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev
 
 from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
-from leakgym.fl.batched import independent_rows, signature
+from leakgym.fl.batched import independent_rows, signature, stack_buffers
 from leakgym.models import task_loss
 
 Update = dict[str, Tensor]
@@ -307,7 +309,7 @@ ROW_ENTRIES = 2**25
 def batchable(model: nn.Module, subspace: str) -> bool:
     """Whether :func:`censor_gradients` takes ``model``: Algorithm 1's layer subspace, and a forward pass
     that draws nothing from torch's global RNG and does not couple the examples of a batch
-    (:func:`leakgym.fl.batched.independent_rows`)."""
+    (:func:`leakgym.fl.batched.independent_rows`: BatchNorm only in eval mode)."""
     return subspace == "layer" and independent_rows(model)
 
 
@@ -356,10 +358,15 @@ def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequ
     labels = torch.cat([y.repeat(c, *([1] * (y.dim() - 1))) for y, c in zip(ys, counts)])
     weight = torch.cat([torch.full((b * c,), 1.0 / b, dtype=xs[0].dtype, device=device) for b, c in zip(batch, counts)])
     base = models[0]
-    buffers = {n: b.detach() for n, b in base.named_buffers()}
+    # BatchNorm in eval mode (batchable) normalises with running statistics: each image row gets its
+    # client's, the other buffers (BN's step counters, unused in eval mode) are model 0's.
+    stacked_buffers = stack_buffers(models)
+    constants = {n: b.detach() for n, b in base.named_buffers() if n not in stacked_buffers}
+    client_of_row = torch.repeat_interleave(torch.arange(k, device=device), torch.tensor(
+        [b * c for b, c in zip(batch, counts)], device=device))
 
-    def loss(p: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        logits = functional_call(base, {**buffers, **p}, (x.unsqueeze(0),))
+    def loss(p: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        logits = functional_call(base, {**constants, **b, **p}, (x.unsqueeze(0),))
         return F.cross_entropy(logits, y.unsqueeze(0))  # one image: hard or soft label
 
     evaluate = torch.func.vmap(loss, randomness="error")
@@ -369,6 +376,7 @@ def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequ
         chunk = max(1, ROW_ENTRIES // sum(t[0].numel() for t in stacked.values()))
         per_image = torch.cat([
             evaluate({n: t.index_select(0, set_of_client[i:i + chunk]) for n, t in stacked.items()},
+                     {n: t.index_select(0, client_of_row[i:i + chunk]) for n, t in stacked_buffers.items()},
                      images[i:i + chunk], labels[i:i + chunk])
             for i in range(0, images.shape[0], chunk)])
         losses = torch.zeros(sum(counts), dtype=per_image.dtype, device=device).index_add(

@@ -40,8 +40,10 @@ Implementation notes and deviations (all deliberate):
 
 * Several clients (the victims of a vector step's games) synthesise together
   (:func:`dcs2_gradients`, one vmapped computation per Adam step over all their concealed samples;
-  each client's result equals its own :func:`dcs2_gradient` to float32 rounding).
-  Models with BatchNorm, dropout or a PRECODE bottleneck keep the one-client path (:func:`batchable`).
+  each client's result equals its own :func:`dcs2_gradient` to float32 rounding). BatchNorm in eval
+  mode (a client's batch of one normalises with the running statistics, ``bn_eval_if_single``) is
+  batched too, each client's concealed samples with its own running statistics; models with
+  BatchNorm in train mode, dropout or a PRECODE bottleneck keep the one-client path (:func:`batchable`).
 
 The model is not modified: parameters are used through :func:`torch.func.functional_call`-style
 copies, and any buffers (BatchNorm statistics) are restored after the call.
@@ -64,7 +66,7 @@ import torch
 from torch import Tensor, nn
 
 from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
-from leakgym.fl.batched import independent_rows, signature, stack_parameters
+from leakgym.fl.batched import independent_rows, signature, stack_buffers, stack_parameters
 from leakgym.models import has_batchnorm, task_loss
 
 #: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
@@ -372,8 +374,8 @@ def dcs2_gradient(
 def batchable(model: nn.Module) -> bool:
     """Whether :func:`dcs2_gradients` takes ``model``: a :class:`~leakgym.models.LeakGymModel`-style
     model with a ``head``, whose forward pass draws nothing from torch's global RNG and does not couple
-    the examples of a batch (:func:`leakgym.fl.batched.independent_rows`: no BatchNorm, dropout or PRECODE
-    bottleneck). The others keep :func:`dcs2_gradient`."""
+    the examples of a batch (:func:`leakgym.fl.batched.independent_rows`: no dropout or PRECODE
+    bottleneck, BatchNorm only in eval mode). The others keep :func:`dcs2_gradient`."""
     return isinstance(getattr(model, "head", None), nn.Module) and independent_rows(model)
 
 
@@ -437,13 +439,17 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     names = cs[0].names
     base = copy.deepcopy(models[0])
     leaves = {n: t.requires_grad_(True) for n, t in stack_parameters(models).items()}
-    buffers = {n: b.detach() for n, b in base.named_buffers()}  # not BatchNorm (batchable): constants
+    # BatchNorm in eval mode (batchable) normalises with running statistics: each row gets its client's,
+    # the other buffers (BN's step counters, unused in eval mode) are model 0's.
+    stacked = stack_buffers(models)
+    constants = {n: b.detach() for n, b in base.named_buffers() if n not in stacked}
+    row_buffers = {n: t.index_select(0, owner) for n, t in stacked.items()}
     seen: list[Tensor] = []
     hook = base.head.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
     convolutions = UnfoldedConvolutions(base)
 
-    def forward(p: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        logits = torch.func.functional_call(base, {**buffers, **p}, (xc.unsqueeze(0),))
+    def forward(p: dict[str, Tensor], b: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        logits = torch.func.functional_call(base, {**constants, **b, **p}, (xc.unsqueeze(0),))
         # one concealed sample's cross-entropy; f(x~_c) of Eq. 8 is the head's input in this same forward pass
         return torch.nn.functional.cross_entropy(logits, y.unsqueeze(0)), seen.pop().squeeze(0)
 
@@ -452,7 +458,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     def objective(xc: Tensor, create_graph: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Eq. 9 of every client ``(K,)`` and its ingredients (cosine, pixel and latent distances)."""
         rows = {n: leaf.index_select(0, owner) for n, leaf in leaves.items()}  # each row: its client's parameters
-        losses, z = forward_all(rows, xc, y_soft)
+        losses, z = forward_all(rows, row_buffers, xc, y_soft)
         # d/d(client k's parameters) of its mean loss: the rows' weighted losses, summed per client by autograd
         grads = torch.autograd.grad((losses * weight).sum(), [leaves[n] for n in names], create_graph=create_graph)
         gc = torch.cat([t.reshape(k, -1) for t in grads], dim=1)

@@ -73,10 +73,12 @@ def supports(model: nn.Module) -> bool:
 
 
 def independent_rows(model: nn.Module) -> bool:
-    """True when every example's forward pass through ``model`` stands alone: :func:`supports` and no
-    BatchNorm (whose train-mode statistics couple a batch), so per-example or per-client rows of any
-    grouping may be vmapped (the batched DCS² and CENSOR computations)."""
-    return supports(model) and not _bn_layers(model)
+    """True when every example's forward pass through ``model`` stands alone: :func:`supports`, and every
+    BatchNorm layer in eval mode (normalising with its running statistics, as a client's batch of one
+    does, :func:`leakgym.models.bn_eval_if_single`; train-mode statistics couple a batch), so per-example
+    rows of any grouping may be vmapped, each row with its model's parameters and running statistics
+    (the batched DCS² and CENSOR computations, :func:`stack_buffers`)."""
+    return supports(model) and all(not m.training for _, m in _bn_layers(model))
 
 
 def signature(model: nn.Module) -> tuple:
