@@ -51,7 +51,6 @@ from leakgym.attacks.engine.objective import (
 )
 from leakgym.attacks.engine.problems import ProblemSet, UpdateSimulator
 from leakgym.attacks.engine.randomness import BatchedGenerator
-from leakgym.devices import canonical_device
 from leakgym.attacks.losses import (
     FLAT_MAX_ENTRIES,
     FlatWeights,
@@ -61,6 +60,7 @@ from leakgym.attacks.losses import (
     matrix_distance,
     target_sq_norms,
 )
+from leakgym.devices import canonical_device
 
 
 @dataclass
