@@ -39,7 +39,10 @@ class Agent(ABC):
         """A copy of what ``reset``/``act``/``observe`` may change; the environments take it before a
         step and give it back (:meth:`set_state`) if the step fails, so a failed step changes nothing.
         Default: a deep copy of the agent's attributes; agents whose ``act`` changes nothing and that
-        hold large objects (a loaded policy) override it."""
+        hold large objects (a loaded policy) override it. The state is taken once the learner's action
+        is valid and restored only when the opponent's own action or the round fails; then attributes
+        come back as copies, so an agent sharing an object with the caller (a policy trained elsewhere)
+        overrides both methods to keep it."""
         return copy.deepcopy(vars(self))
 
     def set_state(self, state: Any) -> None:

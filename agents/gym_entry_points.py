@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from leakgym.envs.checks import is_integer
 from leakgym.envs.scenario import Scenario, load_scenario
 from leakgym.envs.single_agent import ROLES, LeakGymSingleAgentEnv
 from leakgym.envs.vector import LeakGymVectorEnv
@@ -39,7 +40,7 @@ def make_single_agent_env(
 
 
 #: keyword arguments of the views that are not scenario fields
-VIEW_ARGUMENTS = ("render_mode", "device", "flat_actions")
+VIEW_ARGUMENTS = ("render_mode", "render_dir", "device", "flat_actions")
 
 
 def _scenario(scenario: str | Scenario, kwargs: dict[str, Any]) -> tuple[Scenario, dict[str, Any]]:
@@ -65,7 +66,7 @@ def make_vector_env(
     batch_attacks = kwargs.pop("batch_attacks", True)
     batch_clients = kwargs.pop("batch_clients", False)
     sc, rest = _scenario(scenario, kwargs)
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+    if not is_integer(num_envs) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
     opponents = [_opponent(copy.deepcopy(opponent) if isinstance(opponent, Agent) else opponent, role, sc)
                  for _ in range(num_envs)]

@@ -21,6 +21,8 @@ round, and the completed rounds are kept in :attr:`history`.
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,10 +33,10 @@ from gymnasium.utils import EzPickle
 from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
-from .checks import check_seed
+from .checks import check_seed, is_integer
 from .game import LeakGame, RoundOutcome
 from .menus import FlatActions
-from .rendering import figure_to_rgb, placeholder_figure, round_figure, show_figure
+from .rendering import WINDOW_TITLE, figure_to_rgb, placeholder_figure, round_figure, show_figure
 from .round import Round, RoundError
 from .scenario import Scenario, load_scenario
 
@@ -47,12 +49,13 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             :class:`~leakgym.envs.scenario.Scenario`.
         render_mode: ``None``, ``"human"`` (a matplotlib window; a no-op without a display),
             ``"rgb_array"`` (fixed-size frames: originals above their reconstructions) or ``"png"``
-            (one file per round in ``render_dir``).
-        render_dir: folder of the ``"png"`` frames.
+            (one file per round in ``render_dir``, ``episode_<e>_round_<r>.png``: episodes counted from
+            1 by ``reset``, so a later episode does not overwrite an earlier one's frames).
+        render_dir: folder of the ``"png"`` frames (created on the first frame; an existing file is refused).
         device: torch device of every model, update and attack.
         flat_actions: ``Discrete(prod(nvec))`` action spaces instead of ``MultiDiscrete(nvec)``
             (for SuperSuit and value-based algorithms); index = C-order flattening of the menus.
-        max_cycles: PettingZoo's name for the episode length; sets ``rounds``.
+        max_cycles: PettingZoo's name for the episode length; sets ``rounds`` (give one of the two).
         **overrides: any :class:`~leakgym.envs.scenario.Scenario` field (``rounds=4``, ...).
     """
 
@@ -78,7 +81,16 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}; allowed: {self.metadata['render_modes']} or None")
         if max_cycles is not None:
-            overrides["rounds"] = max_cycles
+            if "rounds" in overrides:
+                raise ValueError(f"max_cycles={max_cycles!r} and rounds={overrides['rounds']!r} both set the episode "
+                                 "length; give one of them")
+            if not is_integer(max_cycles) or max_cycles < 1:
+                raise ValueError(f"max_cycles={max_cycles!r}; allowed: an integer >= 1 (the episode's rounds)")
+            overrides["rounds"] = int(max_cycles)
+        if not isinstance(render_dir, (str, os.PathLike)):
+            raise ValueError(f"render_dir={render_dir!r}; allowed: a folder path (str or os.PathLike)")  # noqa: TRY004
+        if Path(render_dir).exists() and not Path(render_dir).is_dir():
+            raise ValueError(f"render_dir={str(render_dir)!r} is a file; allowed: a folder (created on the first frame)")
         self.scenario = load_scenario(scenario, **overrides)
         if not isinstance(flat_actions, bool):
             raise ValueError(f"flat_actions={flat_actions!r}; allowed: True or False")  # noqa: TRY004
@@ -99,6 +111,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         self.agents: list[str] = []
         self.history: list[dict[str, Any]] = []
         self._seed_rng = np.random.default_rng()
+        self._episode = 0  # episodes started by reset (names the png frames)
 
     # PettingZoo wants the same object on every call.
     def observation_space(self, agent: str) -> spaces.Box:
@@ -124,6 +137,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             self._seed_rng = np.random.default_rng(seed)
         episode_seed = int(self._seed_rng.integers(2**31 - 1))
         obs = self.game.reset(episode_seed)
+        self._episode += 1
         self.agents = list(self.possible_agents)
         self.history = []
         infos = {a: {"round": 0} for a in self.agents}
@@ -164,7 +178,10 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             self.agents = []
         obs = {a: outcome.observations[a].copy() for a in agents}
         if self.render_mode in ("png", "human"):
-            self.render()
+            try:
+                self.render()
+            except OSError as exc:  # the round is played and recorded: a lost frame must not lose the step
+                warnings.warn(f"LeakGym: the frame of round {self.game.round} was not written ({exc})", stacklevel=3)
         return obs, dict(outcome.rewards), terminations, truncations, outcome.infos
 
     def step(self, actions: dict[str, Any]):
@@ -189,7 +206,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         fig = round_figure(last.originals, last.reconstructions, last.scores, title=title)
         if self.render_mode == "png":
             self.render_dir.mkdir(parents=True, exist_ok=True)
-            path = self.render_dir / f"round_{self.game.round:04d}.png"
+            path = self.render_dir / f"episode_{self._episode:04d}_round_{self.game.round:04d}.png"
             fig.savefig(path)
             return str(path)
         if self.render_mode == "human":
@@ -198,7 +215,12 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         return figure_to_rgb(fig)
 
     def close(self) -> None:
-        """Nothing external to release (figures are closed after each render)."""
+        """Close the ``"human"`` window (the other modes close their figures after each render)."""
+        if self.render_mode == "human":
+            import matplotlib.pyplot as plt
+
+            if WINDOW_TITLE in plt.get_figlabels():
+                plt.close(WINDOW_TITLE)
 
     def state(self) -> np.ndarray:
         obs = self.game.observations()

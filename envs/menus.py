@@ -275,10 +275,13 @@ def check_action(action: Any, nvec: np.ndarray, who: str, dims: list[str]) -> np
         raise ValueError(f"{who} action {action!r} is not an array of integers: {exc}") from None
     if arr.shape != nvec.shape:
         raise ValueError(f"{who} action has shape {arr.shape}; expected {tuple(nvec.shape)} ({dims})")
-    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise ValueError(f"{who} action {arr.tolist()!r} has dtype {arr.dtype}; expected integers")
-    if isinstance(action, (list, tuple)) and any(isinstance(v, (bool, np.bool_)) for v in action):
-        # numpy turns [True, 0, 1] into integers; a bool entry is a mistake all the same
+    # kinds i/u/f only: numpy files timedelta64 under the integers, and bool is its own kind
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"{who} action {action!r} has dtype {arr.dtype}; expected integers")
+    if np.ma.is_masked(action):
+        raise ValueError(f"{who} action {action!r} has masked entries; expected integers")
+    if isinstance(action, (list, tuple)) and any(np.asarray(v).dtype == bool for v in action):
+        # numpy turns [True, 0, 1] (or a 0-d bool tensor inside the list) into integers; a mistake all the same
         raise ValueError(f"{who} action {list(action)!r} has bool entries; expected integers")
     if np.issubdtype(arr.dtype, np.floating):
         if not np.all(np.isfinite(arr)):

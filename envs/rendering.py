@@ -16,6 +16,8 @@ def _to_hwc(img: Tensor) -> np.ndarray:
 #: every frame ``render()`` returns has this size (inches at ``FRAME_DPI``): video recorders need a fixed size
 FRAME_INCHES = (6.4, 3.8)
 FRAME_DPI = 80
+#: the matplotlib figure of render_mode="human" (closed by the env's close())
+WINDOW_TITLE = "LeakGym"
 
 
 def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str = "", max_images: int = 8):
@@ -66,7 +68,7 @@ def show_figure(fig) -> None:
 
     if matplotlib.get_backend().lower() in ("agg", "pdf", "svg", "ps", "cairo", "template"):
         return
-    window = plt.figure("LeakGym", figsize=FRAME_INCHES, dpi=FRAME_DPI)
+    window = plt.figure(WINDOW_TITLE, figsize=FRAME_INCHES, dpi=FRAME_DPI)
     window.clf()
     window.figimage(figure_to_rgb(fig), xo=0, yo=0)
     plt.pause(0.001)

@@ -29,7 +29,8 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
 
 Atomicity: every game is snapshotted before phase 2; if anything fails, every game of the round is
 restored to exactly its state before the round (model, generator, round counter, last record) and
-the failure is raised as :class:`RoundError`, naming the round, the actions and the cause.
+the failure is raised as :class:`RoundError`, naming the round, the actions and the cause (a
+``KeyboardInterrupt`` is raised as itself, after the same restore).
 """
 
 from __future__ import annotations
@@ -225,9 +226,11 @@ class Round:
             summaries = update_summaries([d.update for d in defended])
             outcomes = [g.conclude(p, d, r, s, f)
                         for g, p, d, r, s, f in zip(self.games, plans, defended, results, scored, summaries)]
-        except Exception as exc:
+        except BaseException as exc:  # Ctrl-C too: a half-played round is undone before it goes up
             for g, snap in zip(self.games, snapshots):
                 g.restore(snap)
+            if not isinstance(exc, Exception):
+                raise
             raise RoundError(self._describe_failure(plans, exc)) from exc
         return outcomes
 

@@ -60,10 +60,15 @@ class LeakGymSB3VecEnv(VecEnv):
     """
 
     def __init__(self, venv: LeakGymVectorEnv) -> None:
-        venv = getattr(venv, "unwrapped", venv)
-        if not isinstance(venv, LeakGymVectorEnv):
+        if not isinstance(getattr(venv, "unwrapped", venv), LeakGymVectorEnv):
             raise ValueError(  # noqa: TRY004 -- bad input is a ValueError (docs/architecture.md)
                 f"venv={venv!r}; expected a LeakGymVectorEnv (gym.make_vec('LeakGym-...', num_envs=N))")
+        if venv is not venv.unwrapped:
+            # The adapter resets finished games itself (SB3's convention), past any Gymnasium vector wrapper,
+            # which would then see only part of the steps: it used to be dropped silently.
+            raise ValueError(f"venv is wrapped ({type(venv).__name__}); LeakGymSB3VecEnv steps the games itself and "
+                             "would bypass it: pass the bare vector env and wrap the SB3 VecEnv instead (VecMonitor, "
+                             "VecNormalize, ...)")
         self.venv = venv
         self.envs = venv.envs
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)

@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .checks import check_seed
 from .game import RoundOutcome
 from .leakgym_env import LeakGymParallelEnv
 from .menus import FlatActions
@@ -36,7 +37,9 @@ ROLES = ("attacker", "defender")
 
 class CallableOpponent:
     """Adapts ``f(observation, action_space, rng) -> action`` to the opponent protocol (``act`` only:
-    the view calls ``reset``/``observe`` only on opponents that have them)."""
+    the view calls ``reset``/``observe`` only on opponents that have them). A plain callable is not
+    snapshotted before a step (:meth:`get_state` is None): the view cannot see state hidden inside it,
+    and a copy would cut it off from objects the caller shares with it (a policy trained elsewhere)."""
 
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -44,6 +47,12 @@ class CallableOpponent:
 
     def act(self, observation, action_space, rng):
         return self.fn(observation, action_space, rng)
+
+    def get_state(self) -> None:
+        return None
+
+    def set_state(self, state: None) -> None:
+        """Nothing to restore (see the class docstring)."""
 
 
 def as_opponent(opponent: Any) -> Any:
@@ -122,7 +131,9 @@ class LeakGymSingleAgentEnv(gym.Env):
         self._opponent_rng = np.random.default_rng(0)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
+        # The views share one seed contract (envs/checks.py): Gymnasium's own check took seed=True as 1
+        # and refused numpy integers.
+        super().reset(seed=check_seed(seed))
         # ``options`` is accepted for API compatibility (PettingZoo's checker passes some); LeakGym
         # has no reset options: a game is configured by its scenario.
         episode_seed, opponent_seed = (int(s) for s in self.np_random.integers(2**31 - 1, size=2))
@@ -170,11 +181,14 @@ class LeakGymSingleAgentEnv(gym.Env):
         return obs[self.role], rewards[self.role], terms[self.role], truncs[self.role], infos[self.role]
 
     def step(self, action: Any):
+        # A rejected learner action touches nothing, the opponent included: its state is taken (and, if the
+        # opponent's action or the round then fails, restored from copies) only once the learner's is valid.
+        self.to_multi(action)
         saved = self.opponent_state()
         try:
             defender, attacker = self.prepare_step(action)
             (outcome,) = Round([self.parallel.game]).play([(defender, attacker)])
-        except Exception:
+        except BaseException:  # Ctrl-C too: the opponent's draws and state are put back with the game
             self.undo_prepare(saved)
             raise
         return self.finish_step(outcome)

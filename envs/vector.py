@@ -47,7 +47,8 @@ class LeakGymVectorEnv(VectorEnv):
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["rgb_array"], "render_fps": 2,  # as the single-agent view
+                                          "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int = 1, opponents: list[Any] | None = None, render_mode: str | None = None,
                  batch_attacks: bool = True, batch_clients: bool = False, max_episode_steps: int | None = None,
@@ -119,7 +120,7 @@ class LeakGymVectorEnv(VectorEnv):
             pairs = [self.envs[i].prepare_step(actions[i]) for i in active]
             outcomes = Round([self.envs[i].parallel.game for i in active], batch_attacks=self.batch_attacks,
                              batch_clients=self.batch_clients).play(pairs) if active else []
-        except Exception:
+        except BaseException:  # Ctrl-C too: the opponents are put back with their games
             for i, state in saved.items():
                 self.envs[i].undo_prepare(state)
             raise

@@ -56,6 +56,11 @@ def test_ppo_trains_on_the_batched_env(cheap_overrides):
     venv.close()
 
 
-def test_rejects_other_environments():
+def test_rejects_other_environments_and_gymnasium_wrappers_it_would_bypass():
     with pytest.raises(ValueError, match="expected a LeakGymVectorEnv"):
         LeakGymSB3VecEnv(gym.make_vec("CartPole-v1", num_envs=2))
+    from gymnasium.wrappers.vector import TransformReward
+
+    wrapped = TransformReward(gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none"), lambda r: r * 1000)
+    with pytest.raises(ValueError, match=r"venv is wrapped \(TransformReward\).*wrap the SB3 VecEnv instead"):
+        LeakGymSB3VecEnv(wrapped)

@@ -1,5 +1,6 @@
 """The PettingZoo environment: official API/seed checkers, rendering, errors, history."""
 
+import gymnasium as gym
 import numpy as np
 import pytest
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
@@ -99,6 +100,58 @@ def test_render_rgb_array_and_png(cheap_overrides, tmp_path):
     p = parallel_env("digits", render_mode="png", render_dir=tmp_path, **cheap_overrides)
     p.reset(seed=0)
     p.step({a: p.action_space(a).sample() for a in p.agents})
-    assert (tmp_path / "round_0001.png").stat().st_size > 0
+    assert (tmp_path / "episode_0001_round_0001.png").stat().st_size > 0
     with pytest.raises(ValueError, match="render_mode='ansi'"):
         parallel_env("digits", render_mode="ansi", **cheap_overrides)
+
+
+def test_png_frames_of_each_episode_are_kept_and_gym_make_takes_the_folder(cheap_overrides, tmp_path):
+    """A second episode overwrote the first one's frames (round_0001.png), and gym.make refused render_dir."""
+    p = parallel_env("digits", render_mode="png", render_dir=tmp_path, **cheap_overrides)
+    for seed in (0, 1):
+        p.reset(seed=seed)
+        p.step({a: np.zeros(len(p.action_space(a).nvec), np.int64) for a in p.agents})
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["episode_0001_round_0001.png", "episode_0002_round_0001.png"]
+    env = gym.make("LeakGym-Digits-v0", opponent="none", render_mode="png", render_dir=tmp_path / "gym", **cheap_overrides)
+    env.reset(seed=0)
+    env.step(np.zeros(4, np.int64))
+    assert (tmp_path / "gym" / "episode_0001_round_0001.png").is_file()
+
+
+def test_a_lost_frame_does_not_lose_the_played_round(cheap_overrides, tmp_path, monkeypatch):
+    """Writing a png frame happens after the round is played and recorded: a disk error there warns and
+    the step still returns (it raised after the round had advanced, and the caller lost the step)."""
+    p = parallel_env("digits", render_mode="png", render_dir=tmp_path, **cheap_overrides)
+    p.reset(seed=0)
+    monkeypatch.setattr(type(p), "render", lambda self: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.warns(UserWarning, match="frame of round 1 was not written"):
+        _, rewards, *_ = p.step({a: np.zeros(len(p.action_space(a).nvec), np.int64) for a in p.agents})
+    assert p.game.round == 1 and len(p.history) == 1 and set(rewards) == {"attacker", "defender"}
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"render_dir": 123}, r"render_dir=123; allowed: a folder path"),
+    ({"render_dir": None}, r"render_dir=None; allowed: a folder path"),
+    ({"max_cycles": 3, "rounds": 2}, r"max_cycles=3 and rounds=2 both set the episode length"),
+    ({"max_cycles": 0}, r"max_cycles=0; allowed: an integer >= 1"),
+])
+def test_view_arguments_are_refused_by_name_when_built(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        parallel_env("digits", **kwargs)
+
+
+def test_a_render_dir_that_is_a_file_is_refused_when_built(tmp_path):
+    (tmp_path / "frames").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"render_dir='.*frames' is a file"):
+        parallel_env("digits", render_mode="png", render_dir=tmp_path / "frames")
+
+
+def test_close_closes_the_human_window(cheap_overrides, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from leakgym.envs.rendering import WINDOW_TITLE
+
+    e = parallel_env("digits", render_mode="human", **cheap_overrides)
+    plt.figure(WINDOW_TITLE)  # as show_figure opens it where there is a display
+    e.close()
+    assert WINDOW_TITLE not in plt.get_figlabels()

@@ -19,8 +19,10 @@ from leakgym.envs import leakgym_v0
 
 @pytest.fixture
 def cheap_module(cheap_overrides, tmp_path):
-    """``leakgym_v0`` with cheap scenario overrides (and a temporary png folder) bound."""
+    """``leakgym_v0`` with cheap scenario overrides (and a temporary png folder) bound; the episode length
+    as PettingZoo's ``max_cycles`` (which its max_cycles test passes again: one of the two is refused)."""
     bound = dict(cheap_overrides, render_dir=tmp_path / "renders")
+    bound["max_cycles"] = bound.pop("rounds")
     return types.SimpleNamespace(
         env=functools.partial(leakgym_v0.env, **bound),
         parallel_env=functools.partial(leakgym_v0.parallel_env, **bound),

@@ -197,6 +197,12 @@ BAD_ACTIONS = [
     np.array(["0", "0", "0", "0"]),  # strings
     np.array([1 + 0j, 0, 0, 0]),  # complex
     [0, True, 0, 0],  # a bool entry, which numpy would turn into an integer
+    # found in review: numpy files timedelta64 under the integers (accepted, or a TypeError), a 0-d bool
+    # tensor in a list became 1, and a masked array played the hidden value of its masked entry
+    np.array([0, 1, 0, 0], dtype="timedelta64[s]"),
+    np.array([0, 1, 0, 0], dtype="timedelta64"),
+    [0, 0, 0, torch.tensor(True)],
+    np.ma.masked_array([0, 0, 0, 1], mask=[0, 0, 0, 1]),
 ]
 
 
@@ -308,11 +314,14 @@ def test_a_failing_round_restores_the_divergence_flag(cheap_overrides, monkeypat
     assert e.game.diverged_at is None
 
 
+@pytest.mark.parametrize(("failure", "raised"), [(RuntimeError("disk on fire"), RoundError),
+                                                (KeyboardInterrupt(), KeyboardInterrupt)])
 @pytest.mark.parametrize("vector", [False, True])
-def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, monkeypatch, vector):
+def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, monkeypatch, vector, failure, raised):
     """The opponent acts before the round is played; when the round fails, the opponent's own state
     (here a round-robin position) is put back with its generator, so the retried step plays what a
-    fresh env plays."""
+    fresh env plays. Ctrl-C mid-round too (it left the round half played: model, round counter and
+    generators moved on)."""
     from leakgym.agents.scripted import RoundRobinAgent
     from leakgym.envs.game import LeakGame
 
@@ -327,8 +336,8 @@ def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, mo
     env.reset(seed=4)
     ref.reset(seed=4)
     original = LeakGame.conclude
-    monkeypatch.setattr(LeakGame, "conclude", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("disk on fire")))
-    with pytest.raises(RoundError):
+    monkeypatch.setattr(LeakGame, "conclude", lambda *a, **k: (_ for _ in ()).throw(failure))
+    with pytest.raises(raised):
         env.step(action)
     monkeypatch.setattr(LeakGame, "conclude", original)
     for _ in range(2):
@@ -362,3 +371,53 @@ def test_view_options_are_checked_when_built():
         gym.make("LeakGym-Digits-v0", device="bogus")
     with pytest.raises(ValueError, match=r"device='cuda:7' is not available on this machine"):
         parallel_env("digits", device="cuda:7")
+
+
+@pytest.mark.parametrize("kind", ["agent", "callable"])
+def test_a_rejected_action_leaves_the_opponent_holding_the_callers_objects(cheap_overrides, kind):
+    """A rejected learner action used to restore the opponent from deep copies: an opponent sharing a
+    policy with the caller stopped seeing the caller's updates after any rejected step."""
+    from leakgym.agents.base import Agent
+    from leakgym.envs.single_agent import LeakGymSingleAgentEnv
+
+    table = {"action": np.zeros(6, np.int64)}  # a policy the caller keeps training
+
+    class TableAgent(Agent):
+        name = "table"
+
+        def __init__(self, shared):
+            self.shared = shared
+
+        def act(self, observation, action_space, rng):
+            return self.shared["action"].copy()
+
+    class TablePolicy:
+        def __init__(self, shared):
+            self.shared = shared
+
+        def __call__(self, observation, action_space, rng):
+            return self.shared["action"].copy()
+
+    opponent = TableAgent(table) if kind == "agent" else TablePolicy(table)
+    env = LeakGymSingleAgentEnv("digits", role="attacker", opponent=opponent, **cheap_overrides)
+    env.reset(seed=0)
+    with pytest.raises(ValueError):
+        env.step(np.array([0, 0, 0, 7]))
+    table["action"][0] = 1  # the caller updates its policy
+    env.step(np.array([0, 0, 0, 0]))
+    assert env.parallel.game.last.defender_action.tolist() == [1, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(("seed", "message"), [(True, r"seed=True; allowed: None or an integer >= 0"),
+                                               (-1, r"seed=-1"), (1.0, r"seed=1.0")])
+def test_the_single_agent_view_checks_seeds_as_the_other_views_do(cheap_overrides, seed, message):
+    env = gym.make("LeakGym-Digits-v0", opponent="none", **cheap_overrides)
+    with pytest.raises(ValueError, match=message):
+        env.reset(seed=seed)
+    first = env.reset(seed=np.int64(3))[0]  # numpy integers are seeds (Gymnasium's own check refused them)
+    np.testing.assert_array_equal(first, env.reset(seed=3)[0])
+
+
+def test_make_vec_takes_numpy_integer_sizes_and_declares_a_frame_rate(cheap_overrides):
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=np.int64(2), opponent="none", **cheap_overrides)
+    assert vec.num_envs == 2 and vec.metadata["render_fps"] == 2  # HumanRendering/RecordVideo need it
