@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from leakgym.devices import check_device
+
 from .base import Agent
 from .scripted import ROLES
 
@@ -143,13 +145,24 @@ def save_policy(model, path: str | Path, metadata: dict[str, Any], *, flat_nvec:
     ``metadata`` must hold ``algo`` and ``role``; it is stored with the spaces and architecture
     (:func:`policy_spec`, which also takes ``flat_nvec``). Returns what was written to the JSON file.
     """
-    spec = policy_spec(model, flat_nvec)
-    payload = {"format": POLICY_FORMAT, **metadata, **spec}
-    _check_metadata(payload, metadata_path(path))
+    payload = savable_payload(model, metadata, metadata_path(path), flat_nvec=flat_nvec)
+    for name, tensor in model.policy.state_dict().items():
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            # load_policy refuses such weights: say so where they were made, not where they are read
+            raise ValueError(f"{path}: the policy's {name} holds non-finite values (the training diverged); not saved")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
     metadata_path(path).write_text(json.dumps(payload, indent=2, default=str))
+    return payload
+
+
+def savable_payload(model, metadata: dict[str, Any], where: Path, *, flat_nvec: Any = None) -> dict[str, Any]:
+    """The JSON payload :func:`save_policy` writes for ``model``, checked as :func:`load_policy` checks it
+    (``ValueError`` naming ``where``): training calls it before it starts, so a policy that could not be
+    saved (an architecture beyond the loader's limits) is refused before the run, not after it."""
+    payload = {"format": POLICY_FORMAT, **metadata, **policy_spec(model, flat_nvec)}
+    _check_metadata(payload, where)
     return payload
 
 
@@ -279,6 +292,10 @@ def _read_weights(path: Path, device: str) -> dict[str, Any]:
         ) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise ValueError(f"{path}: {WEIGHTS_ENTRY} must hold a dict of named tensors; got {type(state).__name__}")
+    for name, tensor in state.items():
+        # NaN weights made PPO fail at its first move mid-episode and DQN play action 0 for ever
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            raise ValueError(f"{path}: {WEIGHTS_ENTRY} tensor {name!r} holds non-finite values; refused to load it")
     return state
 
 
@@ -321,6 +338,7 @@ def load_policy(path: str | Path, device: str = "cpu"):
     import torch
     from gymnasium import spaces
 
+    check_device(device)  # before the weights: a bad device is not a bad file
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"policy file {str(path)!r} does not exist")

@@ -47,7 +47,7 @@ from .cli_common import (
 from .learned import ALGORITHMS
 from .play import evaluate
 from .reporting import json_safe
-from .training import TrainConfig, TrainingInterrupted, train
+from .training import MAX_TRAIN_SEED, TrainConfig, TrainingInterrupted, train
 
 
 class SelfPlayInterrupted(KeyboardInterrupt):
@@ -89,6 +89,10 @@ def selfplay(
         raise ValueError(f"iterations={iterations}; must be >= 1")
     if eval_episodes < 0:
         raise ValueError(f"eval_episodes={eval_episodes}; must be >= 0")
+    last = seed + 2 * iterations + 1 if isinstance(seed, int) and isinstance(iterations, int) else None
+    if last is not None and last > MAX_TRAIN_SEED:
+        raise ValueError(f"seed={seed} with iterations={iterations}: iteration k trains with seed + 2k + 1, up to {last}; "
+                         f"allowed: seed <= {MAX_TRAIN_SEED - 2 * iterations - 1} (training seeds are at most 2**32 - 1)")
     gym_id, _ = resolve_env(env_id)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,8 +131,11 @@ def selfplay(
             entry["attacker_opponent"] = defender
             stage = "evaluation"
             if eval_episodes:
+                # The scenario the policies trained in: the overrides of both the command line and the
+                # hyperparameter file's env_kwargs, without the view's settings (device, flat actions, ...).
+                trained = dfd.metadata["overrides"]
                 entry["attacker_vs_previous_defender"], entry["attacker_vs_new_defender"] = _eval_pairs(
-                    gym_id, attacker, [defender, str(dfd.policy_path)], eval_episodes, seed, overrides, device)
+                    gym_id, attacker, [defender, str(dfd.policy_path)], eval_episodes, seed, trained, device)
         except KeyboardInterrupt as stop:
             if isinstance(stop, TrainingInterrupted):  # the policy reached so far was saved
                 entry[stage] = str(stop.result.policy_path)
@@ -139,6 +146,12 @@ def selfplay(
             summary["interrupted"] = {"iteration": k, "stage": where}
             write_summary()
             raise SelfPlayInterrupted(summary) from None
+        except Exception as exc:
+            # what was reached is on disk: the summary says so and where it failed
+            entry["failed"] = f"{stage}: {type(exc).__name__}: {exc}"
+            summary["history"].append(entry)
+            write_summary()
+            raise
         summary["history"].append(entry)
         defender = entry["defender"]
         write_summary()  # after every iteration

@@ -39,6 +39,9 @@ A run writes, under ``OUT``::
     eval.csv            with ``eval_freq``: one row per evaluation (:class:`LeakGymEvalCallback`),
                         appended as it ends
 
+An earlier run's ``checkpoints/policy_*_steps.*`` and ``eval.csv`` in ``OUT`` are removed when a run
+starts (they would pass for its own); its ``policy.zip``/``policy.json`` are replaced when the run saves.
+
 Ctrl-C (``KeyboardInterrupt``) during learning saves the policy as it is then to ``policy.zip`` /
 ``policy.json`` (with ``"interrupted": true`` and the steps done) and raises
 :class:`TrainingInterrupted`, itself a ``KeyboardInterrupt`` carrying the :class:`TrainResult`;
@@ -78,7 +81,7 @@ from .cli_common import (
     split_hyperparams,
 )
 from .factory import make_agent
-from .learned import ACTIVATIONS, ALGORITHMS, algorithm_class, policy_spec, save_policy
+from .learned import ACTIVATIONS, ALGORITHMS, algorithm_class, metadata_path, savable_payload, save_policy
 from .payoff import METRIC_RANGES, t_interval
 from .scripted import ROLES, check_role
 
@@ -86,7 +89,11 @@ HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 #: keys of a hyperparameter entry that are not algorithm constructor arguments
 RUN_KEYS = ("n_timesteps", "n_envs", "policy", "env_kwargs")
 #: ``env_kwargs`` keys that are not scenario overrides
-ENV_KEYS = ("role", "opponent", "flat_actions", "render_mode", "device")
+ENV_KEYS = ("role", "opponent", "flat_actions", "render_mode", "device", "max_episode_steps", "batch_attacks")
+#: largest seed of a run: Stable-Baselines3 seeds numpy's legacy generator, which takes [0, 2**32 - 1]
+MAX_TRAIN_SEED = 2**32 - 1
+#: the policies LeakGym can save and load back (policy_spec): SB3's MLP policy
+POLICIES = ("MlpPolicy",)
 #: constructor arguments rl-zoo writes as ``lin_<initial value>`` (a linear schedule to 0)
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 #: the on-policy algorithms, which collect whole rollouts of n_steps x n_envs steps
@@ -145,6 +152,9 @@ UNIT_KEYS = ("gamma", "gae_lambda", "exploration_fraction", "exploration_initial
 POSITIVE_KEYS = ("clip_range", "max_grad_norm", "rms_prop_eps", "clip_range_vf", "target_kl")
 #: number hyperparameters that must be >= 0 (a learning rate of 0 keeps the policy as it is)
 NON_NEGATIVE_KEYS = ("learning_rate", "ent_coef", "vf_coef")
+#: true/false hyperparameters (a typo such as ``normalize_advantage: nope`` was accepted and acted as true)
+BOOL_KEYS = ("normalize_advantage", "use_sde", "use_rms_prop", "optimize_memory_usage",
+             "ortho_init", "squash_output", "share_features_extractor", "normalize_images", "full_std", "use_expln")
 #: ``policy_kwargs`` naming a class: only ``activation_fn`` may be given (by name, from :data:`ACTIVATIONS`)
 CLASS_KEYS = ("features_extractor_class", "optimizer_class", "rollout_buffer_class", "replay_buffer_class")
 
@@ -194,6 +204,9 @@ def _check_policy_kwargs(value: dict[str, Any], algo: str, policy: Any, bad: Cal
         if isinstance(value.get(key), str):
             raise bad(f"policy_kwargs.{key}={value[key]!r}",
                       "not settable from a hyperparameter file or the command line (a class, not a name)")
+    for key in BOOL_KEYS:
+        if key in value and not isinstance(value[key], bool):
+            raise bad(f"policy_kwargs.{key}={value[key]!r}", "true or false")
     arch = value.get("net_arch")
     if arch is not None:
         def layers(x: Any) -> bool:
@@ -219,6 +232,10 @@ def _check_value(key: str, value: Any, source: str | Path, algo: str = "ppo", po
                 "(LeakGym does not evaluate rl-zoo's \"dict(...)\" strings)"
             )
         _check_policy_kwargs(value, algo, policy, bad)
+    if key == "policy" and value not in POLICIES:
+        raise bad(f"policy={value!r}", f"{list(POLICIES)} (the policies LeakGym saves and loads back)")
+    if key in BOOL_KEYS and not isinstance(value, bool):
+        raise bad(f"{key}={value!r}", "true or false")
     if key == "env_kwargs" and not isinstance(value, dict):
         raise ValueError(f"{source}: env_kwargs must be a mapping (role, opponent, scenario overrides); got {value!r}")
     if key in CLASS_KEYS and value is not None:
@@ -365,13 +382,23 @@ def plan_steps(algo: str, requested: int, n_envs: int, kwargs: dict[str, Any]) -
     if algo not in ON_POLICY:
         freq = kwargs.get("train_freq", defaults["train_freq"].default)
         every, unit = (freq if isinstance(freq, (list, tuple)) else (freq, "step"))
+        starts = int(kwargs.get("learning_starts", defaults["learning_starts"].default))
         if unit != "step":
-            return StepPlan(requested, requested, 1, kwargs, [])
-        rollout = int(every) * n_envs
-        actual = math.ceil(requested / rollout) * rollout
-        note = (f"{algo.upper()} collects train_freq x n_envs = {int(every)} x {n_envs} steps between updates: "
-                f"training for {actual} steps, not the {requested} requested")
-        notes = [] if actual == requested else [note]
+            if n_envs > 1:  # SB3 asserts this once learning starts, after the run's folder and games were made
+                raise ValueError(f"train_freq={list(freq)!r} counts episodes, which Stable-Baselines3 trains on one "
+                                 f"env only; got n_envs={n_envs}: count train_freq in steps or set n_envs=1")
+            notes = [(f"{algo.upper()} with train_freq counted in episodes plays whole episodes: it may train for "
+                      f"more than the {requested} steps requested")]
+            actual, rollout = requested, 1
+        else:
+            rollout = int(every) * n_envs
+            actual = math.ceil(requested / rollout) * rollout
+            note = (f"{algo.upper()} collects train_freq x n_envs = {int(every)} x {n_envs} steps between updates: "
+                    f"training for {actual} steps, not the {requested} requested")
+            notes = [] if actual == requested else [note]
+        if actual <= starts:
+            notes.append(f"{algo.upper()} makes no gradient update in {actual} steps (learning_starts={starts}): the "
+                         "saved policy is the untrained network; train for more steps or lower learning_starts")
         return StepPlan(requested, actual, rollout, kwargs, notes)
     n_steps = int(kwargs.get("n_steps", defaults["n_steps"].default))
     notes = []
@@ -502,6 +529,19 @@ def _checkpoint_callback(save_freq: int, folder: Path, metadata: dict[str, Any],
             return True
 
     return PolicyCheckpoints()
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Remove what an earlier run in ``out`` left that this run writes as it goes (its checkpoints and
+    ``eval.csv``): they would pass for this run's beside its policy (an attacker's checkpoints beside a
+    defender's policy). ``policy.zip``/``policy.json`` are replaced when this run saves."""
+    folder = out / "checkpoints"
+    if folder.is_dir():
+        for path in folder.glob("policy_*_steps.*"):
+            if path.suffix in (".zip", ".json") and path.is_file():
+                path.unlink()
+    if (out / "eval.csv").is_file():
+        (out / "eval.csv").unlink()
 
 
 def _numeric(value: Any) -> bool:
@@ -727,7 +767,13 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
         kwargs["flat_actions"] = True  # DQN needs a Discrete action space
     if not kwargs.get("flat_actions", False):
         kwargs.pop("flat_actions", None)
-    kwargs.setdefault("device", config.device)  # the games run where the policy does
+    if "device" in file_kwargs and str(file_kwargs["device"]) != str(config.device):
+        raise ValueError(f"env_kwargs device={file_kwargs['device']!r} in the hyperparameter file differs from the run's "
+                         f"device {config.device!r} (--device): the games run where the policy does; set --device")
+    if "batch_clients" in kwargs:
+        raise ValueError("batch_clients is a setting of the run, not a scenario override; use --batch-clients "
+                         "(TrainConfig.batch_clients)")
+    kwargs["device"] = config.device  # the games run where the policy does
     overrides = {k: v for k, v in kwargs.items() if k not in ENV_KEYS}
     return kwargs, overrides
 
@@ -745,6 +791,10 @@ def train(config: TrainConfig) -> TrainResult:
 
     if config.algo not in ALGORITHMS:
         raise ValueError(f"algo={config.algo!r}; allowed: {ALGORITHMS}")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, (int, np.integer)) \
+            or not 0 <= config.seed <= MAX_TRAIN_SEED:
+        raise ValueError(f"seed={config.seed!r}; allowed: integers in [0, 2**32 - 1] (Stable-Baselines3 seeds "
+                         "numpy's legacy generator with it)")
     for name in ("eval_freq", "eval_episodes"):
         if getattr(config, name) < 0:
             raise ValueError(f"{name}={getattr(config, name)}; must be >= 0")
@@ -769,6 +819,7 @@ def train(config: TrainConfig) -> TrainResult:
     freq = max(plan.actual // 4, 1) if config.checkpoint_freq is None else config.checkpoint_freq
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
+    _clear_previous_run(out)
 
     env = make_training_env(gym_id, env_kwargs, n_envs, config.seed, batch_clients)
     try:
@@ -778,7 +829,9 @@ def train(config: TrainConfig) -> TrainResult:
             policy, env, seed=config.seed, tensorboard_log=str(out / "tb"), device=config.device, verbose=0,
             **plan.kwargs,
         )
-        policy_spec(model, flat_nvec)  # fails now, not after training, if the policy could not be saved safely
+        # fails now, not after training, if the policy could not be saved and loaded back
+        savable_payload(model, {"algo": config.algo, "role": role}, metadata_path(out / "policy.zip"),
+                        flat_nvec=flat_nvec)
     except BaseException:
         env.close()
         raise

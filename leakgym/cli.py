@@ -152,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"leakgym: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Commands that save their progress on Ctrl-C say what they kept and return 130 themselves; an
+        # interrupt anywhere else (building the games, loading data) ends the same way, without a traceback.
+        print(f"leakgym {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import io
 import json
 import os
@@ -304,3 +305,26 @@ def test_a_sampling_learned_agent_draws_from_the_environment_generator(saved):
     flat = gym.spaces.Discrete(int(np.prod(scenario.attacker_nvec)))
     a = agent.act(obs, flat, np.random.default_rng(0))
     assert a.shape == () and 0 <= int(a) < flat.n
+
+
+def test_non_finite_weights_are_refused_when_loaded_and_when_saved(saved, tmp_path):
+    """NaN weights loaded silently: PPO then failed at its first move mid-episode, DQN played action 0."""
+    _, model, _ = saved
+    state = {k: v.clone() for k, v in model.policy.state_dict().items()}
+    state["action_net.weight"][0, 0] = float("nan")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    broken = _copy_policy(saved, tmp_path, replace={"policy.pth": buffer.getvalue()})
+    with pytest.raises(ValueError, match=r"tensor 'action_net.weight' holds non-finite values; refused to load it"):
+        LearnedAgent(broken)
+    diverged = copy.deepcopy(model)
+    with torch.no_grad():
+        diverged.policy.action_net.weight.fill_(float("inf"))
+    with pytest.raises(ValueError, match=r"action_net.weight holds non-finite values \(the training diverged\)"):
+        learned.save_policy(diverged, tmp_path / "diverged.zip", {"algo": "ppo", "role": "attacker"})
+    assert not (tmp_path / "diverged.zip").exists()
+
+
+def test_a_device_this_machine_lacks_is_named_before_the_file_is_read(saved):
+    with pytest.raises(ValueError, match=r"device='cuda:99' is not available on this machine"):
+        learned.load_policy(saved[0], device="cuda:99")  # was blamed on the file: "not a plain tensor state_dict"

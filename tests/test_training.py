@@ -87,12 +87,19 @@ def test_plan_steps_plays_the_requested_steps_or_says_how_many():
     plan = tr.plan_steps("a2c", 10, 4, {"n_steps": 8})
     assert (plan.kwargs["n_steps"], plan.actual) == (3, 12)
     assert tr.plan_steps("a2c", 20, 1, {}).actual == 20  # A2C's default n_steps (5)
-    plan = tr.plan_steps("dqn", 37, 1, {"train_freq": 4})
+    plan = tr.plan_steps("dqn", 37, 1, {"train_freq": 4, "learning_starts": 0})
     assert plan.actual == 40 and plan.notes == [
         "DQN collects train_freq x n_envs = 4 x 1 steps between updates: training for 40 steps, not the 37 requested"]
     assert tr.plan_steps("dqn", 24, 8, {"train_freq": 1}).actual == 24
     assert tr.plan_steps("dqn", 24, 8, {"train_freq": [2, "step"]}).actual == 32
-    assert tr.plan_steps("dqn", 37, 8, {"train_freq": [1, "episode"]}).actual == 37  # whole episodes: not counted
+    plan = tr.plan_steps("dqn", 37, 1, {"train_freq": [1, "episode"], "learning_starts": 0})
+    assert plan.actual == 37 and "plays whole episodes" in plan.notes[0]  # whole episodes: not counted, but said
+    # found in review: SB3 asserts these once learning starts (after the run's folder and games were made) ...
+    with pytest.raises(ValueError, match=r"train_freq=\[1, 'episode'\] counts episodes.*got n_envs=8"):
+        tr.plan_steps("dqn", 37, 8, {"train_freq": [1, "episode"]})
+    # ... or says nothing while the saved policy is the untrained network
+    assert "makes no gradient update in 256 steps (learning_starts=256)" in tr.plan_steps(
+        "dqn", 256, 1, {"learning_starts": 256}).notes[-1]
     with pytest.raises(ValueError, match="timesteps=0; must be >= 1"):
         tr.plan_steps("ppo", 0, 1, ppo)
 
@@ -456,3 +463,58 @@ def test_train_on_the_batched_vector_env_with_batch_clients(tmp_path, capsys):
     assert main([*args, "--n-envs", "1", "--out", str(tmp_path / "one")]) != 0
     assert "batch_clients=True needs n_envs > 1 (got n_envs=1)" in capsys.readouterr().err
     assert not (tmp_path / "one").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    # Stable-Baselines3 refused it deep inside, after the run's folder and games were made, naming neither
+    ({"seed": 2**32}, r"seed=4294967296; allowed: integers in \[0, 2\*\*32 - 1\]"),
+    ({"seed": -1}, r"seed=-1; allowed: integers in \[0, 2\*\*32 - 1\]"),
+    # a policy beyond what policy.json can describe was refused only when saved, after the whole training
+    ({"hyperparams": {"policy_kwargs": {"net_arch": {"pi": [8]}}}}, r"'policy.net_arch'"),
+    ({"hyperparams": {"policy": "CnnPolicy"}}, r"policy='CnnPolicy'; allowed: \['MlpPolicy'\]"),
+    ({"hyperparams": {"normalize_advantage": "nope"}}, r"normalize_advantage='nope'; allowed: true or false"),
+    ({"hyperparams": {"policy_kwargs": {"ortho_init": "nah"}}}, r"policy_kwargs.ortho_init='nah'; allowed: true"),
+    # the file's device put the games on another device than the policy; batch_clients crashed make_vec
+    ({"hyperparams": {"env_kwargs": {"device": "meta"}}}, r"env_kwargs device='meta' .* differs from the run's device"),
+    ({"overrides": {**TINY, "batch_clients": True}}, r"batch_clients is a setting of the run.*--batch-clients"),
+])
+def test_a_run_that_cannot_finish_is_refused_before_it_learns(tmp_path, monkeypatch, config, message):
+    from stable_baselines3 import PPO
+
+    monkeypatch.setattr(PPO, "learn", lambda *a, **k: pytest.fail("learned before refusing"))
+    kwargs = {"timesteps": 8, "opponent": "none", "out": tmp_path / "run", "overrides": TINY, "progress": False,
+              **config}
+    with pytest.raises(ValueError, match=message):
+        tr.train(tr.TrainConfig(**kwargs))
+    assert not (tmp_path / "run" / "policy.zip").exists()
+
+
+def test_selfplay_refuses_seeds_its_later_iterations_could_not_use(tmp_path):
+    from leakgym.agents.selfplay import selfplay
+
+    with pytest.raises(ValueError, match=r"seed=4294967290 with iterations=3: .* up to 4294967297"):
+        selfplay("LeakGym-Digits-v0", iterations=3, timesteps=8, out=tmp_path / "sp", seed=2**32 - 6)
+    assert not (tmp_path / "sp").exists()
+
+
+def test_a_run_clears_an_earlier_runs_checkpoints_and_evaluations(tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    for name in ("policy_6_steps.zip", "policy_6_steps.json"):
+        (out / "checkpoints" / name).write_text("an earlier attacker's")
+    (out / "eval.csv").write_text("an earlier run's evaluations\n")
+    (out / "notes.txt").write_text("the user's")
+    tr.train(tr.TrainConfig(timesteps=4, opponent="none", out=out, overrides=TINY, progress=False, checkpoint_freq=0))
+    assert not list((out / "checkpoints").iterdir()) and not (out / "eval.csv").exists()
+    assert (out / "notes.txt").read_text() == "the user's" and (out / "policy.zip").is_file()
+
+
+def test_ctrl_c_outside_learning_is_one_line_and_exit_130(monkeypatch, capsys):
+    from leakgym import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tr, "make_training_env", interrupted)  # Ctrl-C while the games are being built
+    assert cli.main(["train", "--timesteps", "4", "--no-progress", "--overrides", *TINY_ARGS]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "leakgym train: interrupted"
