@@ -102,6 +102,7 @@ class EpisodeLog:
         run_path = out / RUN_FILE
         if resume and run_path.is_file():
             cls._check_settings(run_path, settings)
+            (out / LAST_ROUND_DIR).mkdir(exist_ok=True)  # a removed folder was fatal only after the replayed group
             log = cls(out, settings, {})
             log.finished = log._read_finished()
             # Keep only complete pairs, so the rows of replayed pairs are not there twice.

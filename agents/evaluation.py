@@ -94,11 +94,12 @@ def main(args: argparse.Namespace) -> int:
             lockstep=args.lockstep,
         )
     except KeyboardInterrupt:
-        print(
-            f"interrupted: every finished pair is in {Path(args.out) / EPISODES_FILE}; run the same command with "
-            "--resume to play the rest",
-            file=sys.stderr,
-        )
+        log = Path(args.out) / EPISODES_FILE
+        if log.is_file():
+            print(f"interrupted: every finished pair is in {log}; run the same command with --resume to play the rest",
+                  file=sys.stderr)
+        else:  # interrupted while the games were being built: no log to resume yet
+            print("interrupted before any pair was recorded; nothing was written", file=sys.stderr)
         return INTERRUPTED
     try:
         with readable_warnings():

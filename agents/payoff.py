@@ -140,6 +140,12 @@ class PayoffTable:
     pairs: list[PairResult]
     seed: int
     overrides: dict[str, Any]
+    episodes: int | None = None
+    """Episodes per pair (None: not recorded)."""
+    lockstep: int | None = None
+    """Games played together (their batched kernels decide the rounding; None: not recorded)."""
+    device: str | None = None
+    """The torch device of the games (None: not recorded)."""
 
     def rows(self) -> list[dict[str, Any]]:
         return [p.summary() for p in self.pairs]

@@ -117,8 +117,7 @@ class _Track:
 
 def _groups(tracks: list[_Track], lockstep: int) -> list[list[_Track]]:
     """``tracks`` in groups of at most ``lockstep``, in order; an agent object is in at most one track
-    of a group (an :class:`Agent` given as a spec that learns across episodes plays its pairs one after
-    another)."""
+    of a group (every pair plays its own copies, :func:`_tracks`, so this holds by construction)."""
     groups: list[list[_Track]] = []
     group: list[_Track] = []
     used: set[int] = set()
@@ -137,8 +136,10 @@ def _tracks(table: list[tuple], episodes: int, scenario: Any) -> list[_Track]:
     (both agents :attr:`~Agent.episodic`: each episode gets its own copies)."""
     tracks = []
     for p, (a_spec, _, d_spec, _) in enumerate(table):
-        attacker = make_agent(a_spec, role="attacker", scenario=scenario)
-        defender = make_agent(d_spec, role="defender", scenario=scenario)
+        # An Agent object given as a spec is a template: each pair plays its own copy, as a name builds a
+        # fresh agent per pair (the object itself carried what it learnt from one pair into the next).
+        attacker = copy.deepcopy(make_agent(a_spec, role="attacker", scenario=scenario))
+        defender = copy.deepcopy(make_agent(d_spec, role="defender", scenario=scenario))
         if attacker.episodic and defender.episodic:
             tracks += [_Track(p, [e], copy.deepcopy(attacker), copy.deepcopy(defender)) for e in range(episodes)]
         else:
@@ -253,6 +254,9 @@ def evaluate(
         pairs=pairs,
         seed=seed,
         overrides=overrides,
+        episodes=episodes,
+        lockstep=lockstep,
+        device=str(canonical_device(device)),
     )
 
 

@@ -57,6 +57,9 @@ def write_json(table: PayoffTable, path: Path) -> None:
         "scenario": table.scenario,
         "seed": table.seed,
         "overrides": table.overrides,
+        "episodes": table.episodes,
+        "lockstep": table.lockstep,
+        "device": table.device,
         "attackers": table.attackers,
         "defenders": table.defenders,
         "metrics": list(METRICS),
@@ -155,11 +158,13 @@ def heatmap_figure(table: PayoffTable):
     a_index = {a: i for i, a in enumerate(table.attackers)}
     d_index = {d: j for j, d in enumerate(table.defenders)}
     for d, r in br["against_defender"].items():
-        ax.plot(d_index[d] - 0.36, a_index[r["attacker"]] - 0.3, marker="^", color="tab:orange",
-                markeredgecolor="black", markersize=7)
+        for a in r["tied"]:  # every attacker tied at the best mean
+            ax.plot(d_index[d] - 0.36, a_index[a] - 0.3, marker="^", color="tab:orange",
+                    markeredgecolor="black", markersize=7)
     for a, r in br["against_attacker"].items():
-        ax.plot(d_index[r["defender"]] + 0.36, a_index[a] - 0.3, marker="s", color="tab:cyan",
-                markeredgecolor="black", markersize=6)
+        for d in r["tied"]:
+            ax.plot(d_index[d] + 0.36, a_index[a] - 0.3, marker="s", color="tab:cyan",
+                    markeredgecolor="black", markersize=6)
     for e in br["pure_equilibria"]:
         ax.add_patch(Rectangle((d_index[e["defender"]] - 0.5, a_index[e["attacker"]] - 0.5), 1, 1, fill=False,
                                edgecolor="tab:red", linewidth=3))

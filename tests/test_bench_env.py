@@ -169,3 +169,12 @@ def test_worker_ignores_ctrl_c(monkeypatch):
 
 def _strict(constant):
     raise ValueError(f"non-finite number {constant} in JSON")
+
+
+def test_autoreset_steps_are_not_counted_as_played_rounds():
+    """With more steps than rounds, a vector step that only resets finished games played no round but was
+    counted as N env steps (a 1.9x 'speed-up' from nothing)."""
+    row = bench_env._measure_row("LeakGym-Digits-v0", 2, 3, "fixed", 2, "cpu", True, "none",
+                                 {"rounds": 1, "iterations": [1], "num_clients": 1, "eval_size": 16})
+    assert row["rounds_played"] == 4  # steps 1 and 3 play both games; step 2 resets them
+    assert row["env_steps_per_s"] == pytest.approx(4 / row["seconds"]["batched"])

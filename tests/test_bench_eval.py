@@ -44,6 +44,8 @@ def bench_eval_args(tmp_path, *extra):
     (["--env", "Bogus-v0"], "--env: unknown environment 'Bogus-v0'"),
     (["--episodes", "0"], "--episodes=0"),
     (["--attackers", ","], "agent list"),
+    (["--attackers", "random,nosuchagent"], "nosuchagent"),  # was refused after the warm-up game
+    (["--overrides", "rounds=0"], "rounds=0"),
 ])
 def test_bench_eval_rejects_bad_inputs_before_playing(tmp_path, monkeypatch, extra, message):
     monkeypatch.setattr(bench_eval, "measure", lambda *a, **k: pytest.fail("played before the check"))

@@ -140,6 +140,29 @@ def test_bench_defenses_unwritable_output_is_refused_before_training(tmp_path, m
     args = _args(tmp_path, "--defenses", "none", "--markdown", str(tmp_path / "file" / "t.md"))
     with pytest.raises(ValueError, match="--markdown="):
         bench.main(args)
+    # the table replaced the JSON: both paths the same file, given or by --json ending in .md
+    args = _args(tmp_path, "--defenses", "none", "--markdown", str(tmp_path / "bench.json"))
+    with pytest.raises(ValueError, match=r"--markdown=.*is the --json file"):
+        bench.main(args)
+    args = _args(tmp_path, "--defenses", "none")
+    args.json = tmp_path / "bench.md"
+    with pytest.raises(ValueError, match=r"--json=.*bench.md'.*its markdown table goes to the same path"):
+        bench.main(args)
+
+
+def test_bench_defenses_records_the_machine_and_writes_atomically(tmp_path, monkeypatch):
+    """Its timings (wall_s, overhead_ms) said nothing of where they were measured, and a Ctrl-C while the
+    JSON was rewritten after a row left a truncated file (losing the rows before it too)."""
+    import leakgym.bench.defenses as module
+
+    written = []
+    monkeypatch.setattr(module, "write_atomically", lambda path, data: written.append(path))
+    assert bench.main(_args(tmp_path, "--defenses", "none", *TINY, "--attack-rounds", "0")) == 0
+    assert tmp_path / "bench.json" in written and tmp_path / "bench.md" in written
+    monkeypatch.undo()
+    bench.main(_args(tmp_path, "--defenses", "none", *TINY, "--attack-rounds", "0"))
+    machine = json.loads((tmp_path / "bench.json").read_text())["settings"]["machine"]
+    assert "cores" in machine and "torch thread(s)" in machine and machine.endswith("device cpu")
 
 
 TINY = ("--rounds", "2", "--clients", "2", "--batch-size", "4", "--victim-batch", "2", "--attack-iterations", "1",

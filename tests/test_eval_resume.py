@@ -228,3 +228,25 @@ def test_a_log_recorded_as_cuda_resumes_under_the_index_of_the_current_device(tm
     el.EpisodeLog.open(run, {**SETTINGS, "device": "cuda"}, resume=False)  # as versions before canonical names wrote
     current = {**SETTINGS, "device": f"cuda:{torch.cuda.current_device()}"}
     assert el.EpisodeLog.open(run, current, resume=True).finished == {}
+
+
+def test_resume_recreates_a_removed_last_round_folder(tmp_path, monkeypatch):
+    """A missing last_round/ was fatal only after the resumed group had been played, every time."""
+    import shutil
+
+    out = tmp_path / "run"
+    _count_episodes(monkeypatch, interrupt_at=3)
+    assert ev.main(_args(out)) == ev.INTERRUPTED
+    shutil.rmtree(out / "last_round")
+    monkeypatch.undo()
+    assert ev.main(_args(out, "--resume")) == 0 and (out / "payoff.csv").is_file()
+
+
+def test_ctrl_c_before_the_log_exists_says_nothing_was_written(tmp_path, monkeypatch, capsys):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ev, "evaluate", interrupt)  # while the games are being built
+    assert ev.main(_args(tmp_path / "never")) == ev.INTERRUPTED
+    err = capsys.readouterr().err
+    assert "nothing was written" in err and "--resume" not in err

@@ -56,6 +56,8 @@ def test_eval_cli_writes_the_four_files(tmp_path, capsys):
     payload = json.loads((tmp_path / "payoff.json").read_text())
     assert payload["attackers"] == ["random", "fixed:1,1,0,0"] and payload["defenders"] == ["none", "noise-0.1"]
     assert payload["overrides"] == {**TINY, "rounds": 1} and len(payload["pairs"]) == 4
+    # the settings that change the numbers (were only in run.json)
+    assert (payload["episodes"], payload["lockstep"], payload["device"]) == (2, 16, "cpu")
     assert set(payload["best_responses"]["against_defender"]) == {"none", "noise-0.1"}
     from matplotlib.image import imread
 
@@ -96,7 +98,33 @@ def test_best_responses_on_a_constructed_table():
     br = ev.best_responses(table)
     assert {d: r["attacker"] for d, r in br["against_defender"].items()} == {"D1": "A1", "D2": "A2"}
     assert {a: r["defender"] for a, r in br["against_attacker"].items()} == {"A1": "D2", "A2": "D2"}
-    assert br["pure_equilibria"] == [{"attacker": "A2", "defender": "D2"}]
+    assert br["pure_equilibria"] == [{"attacker": "A2", "defender": "D2", "clear": False}]  # one episode: no interval
+
+
+def test_ties_and_noise_are_said_not_decided_by_list_order():
+    """Two attackers with the same returns (the same action) were decided by their order in the list,
+    and a winner inside the runner-up's 95% interval was printed as the best response."""
+    def pair(a, d, ra, rd, spread=0.0):
+        eps = []
+        for k in range(4):  # four episodes: a t-interval of width ~spread
+            metrics = {m: 0.0 for m in ev.METRICS}
+            metrics.update(attacker_return=ra + spread * (k - 1.5), defender_return=rd, leakage_ssim=0.5)
+            eps.append(ev.EpisodeStats(metrics, 1))
+        return ev.PairResult(a, d, eps)
+
+    tied = ev.PayoffTable("x", "x", ["A1", "A2"], ["D1"], [pair("A1", "D1", 0.3, -0.3), pair("A2", "D1", 0.3, -0.3)],
+                          0, {})
+    br = ev.best_responses(tied)
+    assert br["against_defender"]["D1"]["tied"] == ["A1", "A2"] and not br["against_defender"]["D1"]["clear"]
+    assert [e["attacker"] for e in br["pure_equilibria"]] == ["A1", "A2"]  # both are equilibria
+    assert "(tie: A1, A2)" in ev.who_beats_whom(tied)
+    noisy = ev.PayoffTable("x", "x", ["A1", "A2"], ["D1"], [pair("A1", "D1", 0.31, -0.3, spread=0.2),
+                                                             pair("A2", "D1", 0.30, -0.3, spread=0.2)], 0, {})
+    assert not ev.best_responses(noisy)["against_defender"]["D1"]["clear"]
+    assert "(within noise: 95% intervals overlap)" in ev.who_beats_whom(noisy)
+    sure = ev.PayoffTable("x", "x", ["A1", "A2"], ["D1"], [pair("A1", "D1", 0.9, -0.3, spread=0.01),
+                                                            pair("A2", "D1", 0.1, -0.3, spread=0.01)], 0, {})
+    assert ev.best_responses(sure)["against_defender"]["D1"]["clear"]
 
 
 def test_eval_rejects_bad_input(tmp_path):
@@ -232,27 +260,33 @@ def test_lockstep_pairs_match_pair_by_pair_play():
         ev.evaluate("digits", attackers, defenders, lockstep=0, **kwargs)
 
 
-def test_episodic_pairs_play_their_episodes_at_once_and_learners_one_after_another():
+def test_episodic_pairs_play_their_episodes_at_once_and_each_pair_its_own_copy_of_a_learner():
+    """A learning agent given as an object plays each pair from the object as given, as a name builds a
+    fresh agent per pair: it used to play every pair itself, carrying what it learnt from one pair
+    into the next (and from one call of evaluate into the next, same seed, other numbers)."""
     from leakgym.agents.base import UniformRandomAgent
     from leakgym.agents.play import _groups, _tracks
     from leakgym.envs import load_scenario
 
     scenario = load_scenario("digits", **TINY)
     learner = EpsilonGreedyBandit(scenario=scenario, role="attacker")  # learns across episodes
+    before = learner.get_state()
     table = [(learner, "b", "none", "n"), (learner, "b", "random", "r"), ("random", "a", "none", "n")]
     tracks = _tracks(table, 3, scenario)
-    # The bandit's pairs: one track of three episodes each, with the very instance given; the episodic
-    # pair: three one-episode tracks, each with its own copies.
+    # The bandit's pairs: one track of three episodes each, each with its own copy; the episodic pair:
+    # three one-episode tracks, each with its own copies.
     assert [(t.pair, t.episodes) for t in tracks] == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, [0]), (2, [1]), (2, [2])]
-    assert tracks[0].attacker is learner and tracks[1].attacker is learner
+    assert len({id(learner), *(id(t.attacker) for t in tracks[:2])}) == 3
     assert len({id(t.attacker) for t in tracks[2:]}) == 3
     assert all(isinstance(t.attacker, UniformRandomAgent) for t in tracks[2:])
-    # One instance is in at most one track of a group, so it plays its pairs one after another.
-    assert [[(t.pair, t.episodes[0]) for t in g] for g in _groups(tracks, 16)] == [[(0, 0)], [(1, 0), (2, 0), (2, 1),
-                                                                                             (2, 2)]]
+    assert [[(t.pair, t.episodes[0]) for t in g] for g in _groups(tracks, 16)] == [[(0, 0), (1, 0), (2, 0), (2, 1),
+                                                                                    (2, 2)]]
     assert [len(g) for g in _groups(_tracks(table[2:], 6, scenario), 4)] == [4, 2]
-    result = ev.evaluate("digits", [learner, "random"], ["none", "random"], episodes=2, overrides=TINY, progress=False)
-    assert result.matrix("accuracy_mean").shape == (2, 2)
+    both = ev.evaluate("digits", [learner], ["none", "prune-0.9"], episodes=2, overrides=TINY, progress=False)
+    np.testing.assert_array_equal(learner.get_state()["counts"], before["counts"])  # the template never plays
+    alone = ev.evaluate("digits", [learner], ["prune-0.9"], episodes=2, overrides=TINY, progress=False)
+    assert both.matrix("attacker_return_mean")[0, 1] == pytest.approx(alone.matrix("attacker_return_mean")[0, 0],
+                                                                      rel=1e-5)
 
 
 def test_a_pair_split_across_groups_is_recorded_once_whole(tmp_path):

@@ -10,6 +10,8 @@ numbers are written as JSON ``null`` and ``-`` in the table.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +29,12 @@ def device_label(device: str | torch.device) -> str:
     if dev.type == "cuda" and torch.cuda.is_available():
         return f"{dev} ({torch.cuda.get_device_name(dev)})"
     return str(dev)
+
+
+def machine_label(threads: int, device: str | torch.device) -> str:
+    """Where a bench's timings come from: ``"x86_64, 2 cores, 1 torch thread(s), device cpu"``."""
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {threads} torch thread(s), "
+            f"device {device_label(device)}")
 
 
 def dumps(obj) -> str:
@@ -74,6 +82,9 @@ def check_output(path: str | Path, flag: str = "--json") -> Path:
     out = Path(path)
     if out.is_dir():
         raise ValueError(f"{flag}={str(path)!r} is a folder; allowed: a file path, e.g. runs/bench/result.json")
+    if flag == "--json" and out.suffix == ".md":  # the table is written beside it as <path>.md: the same file
+        raise ValueError(f"--json={str(path)!r}: its markdown table goes to the same path ({out.with_suffix('.md')}); "
+                         "allowed: a path not ending in .md, e.g. runs/bench/result.json")
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise ValueError(f"{flag}={str(path)!r}: {str(blocker)!r} is a file, not a folder; "

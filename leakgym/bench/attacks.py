@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 
@@ -33,6 +31,7 @@ from leakgym.bench import (
     check_output,
     device_label,
     interrupted,
+    machine_label,
     markdown_table,
     parse_counts,
     progress_bar,
@@ -170,8 +169,7 @@ def main(args: argparse.Namespace) -> int:
     out = check_output(args.json)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-               f"{torch.get_num_threads()} torch threads, device {device_label(args.device)}")
+    machine = machine_label(torch.get_num_threads(), args.device)
     rows: list[dict] = []
     total = len(models) * len(ns)
     try:

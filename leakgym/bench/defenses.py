@@ -62,7 +62,8 @@ from pathlib import Path
 
 import torch
 
-from leakgym.bench import check_output, dumps, interrupted, progress_bar
+from leakgym.bench import check_output, dumps, interrupted, machine_label, progress_bar
+from leakgym.files import write_atomically
 
 #: Rows of the default run, in table order.
 DEFAULT_DEFENSES = (
@@ -384,12 +385,12 @@ def write_results(records: list[dict], settings: dict, json_path: Path, md_path:
     rows = [r if "error" in r or "leakage" in r else {**r, "ssim": None, "psnr": None, "leakage": None}
             for r in records]
     result = {"benchmark": "defenses", "complete": complete, "settings": settings, "results": rows}
-    json_path.write_text(dumps(result) + "\n")
+    write_atomically(json_path, dumps(result) + "\n")  # Ctrl-C never leaves half a file (nor loses the rows)
     md = markdown_table(rows, settings)
     if not complete:
         md += (f"\nPartial results: {len(rows)} row(s) trained; leakage (SSIM/PSNR) is measured after the last "
                "row.\n")
-    md_path.write_text(md)
+    write_atomically(md_path, md)
     return md
 
 
@@ -402,6 +403,9 @@ def main(args: argparse.Namespace) -> int:
     json_path = check_output(args.json, "--json")
     md_path = check_output(args.markdown if args.markdown is not None else args.json.with_suffix(".md"),
                            "--markdown" if args.markdown is not None else "--json (its .md table)")
+    if md_path.resolve() == json_path.resolve():
+        raise ValueError(f"--markdown={str(md_path)!r} is the --json file; allowed: another path (the table would "
+                         "replace the JSON)")
     torch.manual_seed(args.seed)
     progress = not args.no_progress
     dataset = load_dataset("digits", image_size=args.image_size)
@@ -413,6 +417,7 @@ def main(args: argparse.Namespace) -> int:
         "precode_lr": args.precode_lr, "all_clients": bool(args.all_clients), "seed": args.seed,
         "attack": "inverting-gradients", "attack_iterations": args.attack_iterations,
         "attack_rounds": attack_rounds(args.rounds, args.attack_rounds), "bench_overrides": BENCH_OVERRIDES,
+        "machine": machine_label(torch.get_num_threads(), "cpu"),  # where wall_s and overhead_ms were timed
     }
     records, problems, failed = [], [], False
     rows_plan = plan(names, args)

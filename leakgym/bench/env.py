@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing as mp
-import platform
 import resource
 import signal
 import time
@@ -44,6 +43,7 @@ from leakgym.bench import (
     check_output,
     device_label,
     interrupted,
+    machine_label,
     markdown_table,
     parse_counts,
     progress_bar,
@@ -174,6 +174,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         if cuda:
             torch.cuda.synchronize(device)
 
+    played = 0  # rounds the vector env played: an autoreset step resets a finished game and plays none
     for t in range(steps):
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -189,11 +190,14 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         if cuda:
             device_peak["sequential"] = max(device_peak["sequential"], torch.cuda.max_memory_allocated(device) / 2**20)
             torch.cuda.reset_peak_memory_stats(device)
+        before = [g.round for g in vec_games]
         t0 = time.perf_counter()
-        vec.step(plan[t])  # the vector env resets finished games itself
+        vec.step(plan[t])  # the vector env resets finished games itself (that step plays no round for them)
         sync()
         wall["batched"] += time.perf_counter() - t0
-        add_timings(vec_games, "batched")
+        stepped = [g for g, r in zip(vec_games, before) if g.round == r + 1]  # the games that played a round
+        played += len(stepped)
+        add_timings(stepped, "batched")
         if cuda:
             device_peak["batched"] = max(device_peak["batched"], torch.cuda.max_memory_allocated(device) / 2**20)
     vec.close()
@@ -206,7 +210,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         total = sum(phases.values()) or 1.0
         return {k: v / total for k, v in phases.items()}
 
-    rate = steps * num_envs / wall["batched"]
+    rate = played / wall["batched"]
     baseline = steps * m / wall["sequential"]
     shares = split("batched")
     return {
@@ -217,6 +221,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         "defender": defender,
         "overrides": dict(overrides or {}),
         "steps": steps,
+        "rounds_played": played,  # the rate's numerator (steps x N less the autoreset steps)
         "data": data,
         "env_steps_per_s": rate,
         "baseline_games": m,
@@ -326,8 +331,7 @@ def main(args: argparse.Namespace) -> int:
     for gym_id in ids:  # a bad id or override fails here, before any worker starts
         load_scenario(gym.spec(gym_id).kwargs["scenario"], **overrides)
     out = check_output(args.json)
-    machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
-               f"thread(s), device {device_label(args.device)}")
+    machine = machine_label(args.threads, args.device)
 
     def save(rows: list[dict], echo: bool = False) -> None:
         write_results(out, machine, rows, to_markdown(rows, machine), echo=echo)

@@ -16,11 +16,16 @@ and Ctrl-C stops with exit status 130 (the row is unfinished: nothing is written
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import platform
 import time
 
-from leakgym.bench import check_output, device_label, interrupted, markdown_table, progress_bar, write_results
+from leakgym.bench import (
+    check_output,
+    interrupted,
+    machine_label,
+    markdown_table,
+    progress_bar,
+    write_results,
+)
 from leakgym.cli import DEMO_ATTACKERS, DEMO_DEFENDERS
 from leakgym.devices import device_argument
 
@@ -107,6 +112,14 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--env: {exc}") from None
     attackers, defenders = split_agent_list(args.attackers), split_agent_list(args.defenders)
     overrides = parse_overrides(args.overrides)
+    from leakgym.agents.factory import make_agent
+    from leakgym.envs import load_scenario
+
+    _, scenario_name = resolve_env(args.env)
+    scenario = load_scenario(scenario_name, **overrides)  # bad overrides and agent specs: refused before playing
+    for role, specs in (("attacker", attackers), ("defender", defenders)):
+        for spec in specs:
+            make_agent(spec, role=role, scenario=scenario)
     out = check_output(args.json)
     torch.set_num_threads(args.threads)
     try:
@@ -114,8 +127,7 @@ def main(args: argparse.Namespace) -> int:
                       overrides=overrides, device=args.device, progress=not getattr(args, "no_progress", False))
     except KeyboardInterrupt:
         return interrupted(0, 1)
-    machine = (f"{platform.processor() or platform.machine()}, {mp.cpu_count()} cores, {args.threads} torch "
-               f"thread(s), device {device_label(args.device)}")
+    machine = machine_label(args.threads, args.device)
     write_results(out, machine, [row], to_markdown([row], machine))
     return 0
 
