@@ -141,6 +141,8 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         self.agents = list(self.possible_agents)
         self.history = []
         infos = {a: {"round": 0} for a in self.agents}
+        if self.render_mode == "human":  # Gymnasium's convention: a human window shows the reset state too
+            self.render()
         return {a: obs[a].copy() for a in self.agents}, infos
 
     def check_actions(self, actions: dict[str, Any]) -> tuple[Any, Any]:

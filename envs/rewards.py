@@ -23,13 +23,17 @@ unlike wall time).
 
 from __future__ import annotations
 
+import math
+
 from leakgym.metrics import ReconstructionScores
 
 from .scenario import PSNR_FOR_FULL_LEAKAGE, RewardWeights
 
 
 def _clip01(v: float) -> float:
-    return float(min(max(v, 0.0), 1.0))
+    """``v`` clipped to [0, 1]; NaN (a score of a reconstruction with NaN pixels) is 0: nothing leaked, and
+    rewards stay finite (``max(nan, 0.0)`` is NaN)."""
+    return 0.0 if math.isnan(v) else float(min(max(v, 0.0), 1.0))
 
 
 def leakage_score(scores: ReconstructionScores, metric: str) -> float:

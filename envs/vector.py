@@ -144,7 +144,8 @@ class LeakGymVectorEnv(VectorEnv):
         return self._obs.copy(), rewards, terminations, truncations, infos
 
     def render(self):
-        return [env.render() for env in self.envs]
+        """Each game's frame, as a tuple (as Gymnasium's ``SyncVectorEnv.render``)."""
+        return tuple(env.render() for env in self.envs)
 
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:

@@ -119,3 +119,18 @@ def test_adaptive_decoders_play_against_any_defense():
             _, rewards, _, _, infos = env.step({"attacker": np.array([strategy, 0, 0, 0]),
                                                 "defender": np.array([defense])})
             assert math.isfinite(rewards["attacker"]) and _all_finite(infos)
+
+
+@pytest.mark.parametrize("metric", ["ssim", "psnr", "ssim+psnr"])
+def test_a_nan_score_is_no_leakage_not_a_nan_reward(metric):
+    """max(nan, 0.0) is NaN in Python: a NaN SSIM or PSNR (a reconstruction with NaN pixels) made NaN
+    rewards."""
+    from leakgym.envs.rewards import leakage_score
+    from leakgym.metrics import ReconstructionScores
+
+    nan = ReconstructionScores(per_image={}, mean={"ssim": math.nan, "psnr": math.nan, "mse": math.nan},
+                               assignment=np.zeros(1, np.int64), label_accuracy=None)
+    assert leakage_score(nan, metric) == 0.0
+    full = ReconstructionScores(per_image={}, mean={"ssim": 1.0, "psnr": math.inf, "mse": 0.0},
+                                assignment=np.zeros(1, np.int64), label_accuracy=None)
+    assert leakage_score(full, metric) == 1.0

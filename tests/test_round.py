@@ -421,3 +421,10 @@ def test_the_single_agent_view_checks_seeds_as_the_other_views_do(cheap_override
 def test_make_vec_takes_numpy_integer_sizes_and_declares_a_frame_rate(cheap_overrides):
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=np.int64(2), opponent="none", **cheap_overrides)
     assert vec.num_envs == 2 and vec.metadata["render_fps"] == 2  # HumanRendering/RecordVideo need it
+
+
+def test_vector_frames_are_a_tuple_as_gymnasiums_vector_envs_return_them(cheap_overrides):
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none", render_mode="rgb_array", **cheap_overrides)
+    vec.reset(seed=0)
+    frames = vec.render()
+    assert isinstance(frames, tuple) and len(frames) == 2 and frames[0].ndim == 3
