@@ -37,19 +37,37 @@ def paper_spec(name: str):
     return importlib.import_module(PAPERS[name]).PAPER_SPEC
 
 
+class _Given(argparse.Action):
+    """Stores the value and adds the flag to ``namespace.given``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = [*getattr(namespace, "given", []), option_string]
+
+
+class _GivenTrue(_Given):
+    """``store_true`` that adds the flag to ``namespace.given``."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):  # noqa: A002 - argparse's name
+        super().__init__(option_strings, dest, nargs=0, default=default, required=required, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, True, option_string)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``leakgym reproduce``."""
     parser.add_argument("paper", choices=[*PAPERS, "all"], help="which paper's table to reproduce ('all': every one)")
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce"),
                         help="output folder for reproduce_<paper>.{json,md,png} (default: %(default)s)")
-    # --size and --seeds default to None so that main() sees whether they were given (--rerender refuses them)
-    parser.add_argument("--size", choices=("small", "full"), default=None,
-                        help="small: minutes on 2 CPU cores; full: closer to the paper's sizes (default: small)")
-    parser.add_argument("--seeds", type=_seeds, default=None,
+    # The run options record that they were given (args.given): --rerender refuses them.
+    parser.add_argument("--size", choices=("small", "full"), default="small", action=_Given,
+                        help="small: minutes on 2 CPU cores; full: closer to the paper's sizes (default: %(default)s)")
+    parser.add_argument("--seeds", type=_seeds, default=(0, 1, 2), action=_Given,
                         help="comma-separated seeds, one run each; numbers are mean ± se over them (default: 0,1,2)")
-    parser.add_argument("--images", type=int, default=None,
+    parser.add_argument("--images", type=int, default=None, action=_Given,
                         help="victim images per cell (default: the size's; rounded up to a multiple of the batch)")
-    parser.add_argument("--no-utility", action="store_true", help="skip the FedSGD accuracy runs")
+    parser.add_argument("--no-utility", action=_GivenTrue, help="skip the FedSGD accuracy runs")
     parser.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bars")
     parser.add_argument("--rerender", action="store_true",
                         help="do not run: recompute the verdicts and rewrite the .md/.png from <out>/reproduce_<paper>.json")
@@ -76,14 +94,10 @@ def main(args: argparse.Namespace) -> int:
     names = list(PAPERS) if args.paper == "all" else [args.paper]
     if args.images is not None and args.images < 1:
         raise ValueError(f"--images={args.images}; allowed: integers >= 1")
-    if args.rerender:
-        given = [flag for flag, value in (("--size", args.size), ("--seeds", args.seeds), ("--images", args.images),
-                                          ("--no-utility", args.no_utility or None)) if value is not None]
-        if given:
-            raise ValueError(f"--rerender rewrites the tables of the run recorded in <out>/reproduce_<paper>.json; "
-                             f"{', '.join(given)} cannot change it (run without --rerender to run with them)")
-    size = args.size or "small"
-    seeds = args.seeds if args.seeds is not None else (0, 1, 2)
+    given = getattr(args, "given", [])
+    if args.rerender and given:
+        raise ValueError(f"--rerender rewrites the tables of the run recorded in <out>/reproduce_<paper>.json; "
+                         f"{', '.join(dict.fromkeys(given))} cannot change it (run without --rerender to run with them)")
     failed = False
     for done, name in enumerate(names):
         try:
@@ -91,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
                 rerender(paper_spec(name), args.out / f"reproduce_{name}.json")
                 print(f"reproduce {name}: re-rendered {args.out}/reproduce_{name}.md", file=sys.stderr)
                 continue
-            result = run_paper(paper_spec(name), size=size, seeds=seeds, images=args.images, out=args.out,
+            result = run_paper(paper_spec(name), size=args.size, seeds=args.seeds, images=args.images, out=args.out,
                                utility=not args.no_utility, progress=not args.no_progress)
         except KeyboardInterrupt:
             finished = ", ".join(names[:done]) or "none"
