@@ -48,7 +48,7 @@ class _Given(argparse.Action):
 class _GivenTrue(_Given):
     """``store_true`` that adds the flag to ``namespace.given``."""
 
-    def __init__(self, option_strings, dest, default=False, required=False, help=None):  # noqa: A002 - argparse's name
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):
         super().__init__(option_strings, dest, nargs=0, default=default, required=required, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
