@@ -176,6 +176,20 @@ def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, (float, np.floating))) and math.isfinite(value)
 
 
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """``(dotted key, value)`` of the first NaN or infinite number in ``value`` (mappings and lists
+    searched), or None."""
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return path, float(value)
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    return next((found for p, v in items if (found := _non_finite(v, p)) is not None), None)
+
+
 def _number_hint(value: Any) -> str:
     if isinstance(value, str):
         try:
@@ -321,6 +335,9 @@ def load_hyperparams(
             )
     for key, value in params.items():
         _check_value(key, value, source(key), algo, params.get("policy", "MlpPolicy"))
+        bad = _non_finite(value, key)
+        if bad is not None:  # nested ones too (optimizer_kwargs.eps=nan reached the optimiser)
+            raise ValueError(f"{source(key)}: {bad[0]}={bad[1]!r}; allowed: finite numbers")
     if algo == "ppo":
         n_steps = params.get("n_steps", inspect.signature(cls.__init__).parameters["n_steps"].default)
         n_envs = params.get("n_envs", 1)

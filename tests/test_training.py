@@ -474,6 +474,8 @@ def test_train_on_the_batched_vector_env_with_batch_clients(tmp_path, capsys):
     ({"hyperparams": {"policy": "CnnPolicy"}}, r"policy='CnnPolicy'; allowed: \['MlpPolicy'\]"),
     ({"hyperparams": {"normalize_advantage": "nope"}}, r"normalize_advantage='nope'; allowed: true or false"),
     ({"hyperparams": {"policy_kwargs": {"ortho_init": "nah"}}}, r"policy_kwargs.ortho_init='nah'; allowed: true"),
+    ({"hyperparams": {"policy_kwargs": {"optimizer_kwargs": {"eps": float("nan")}}}},
+     r"policy_kwargs.optimizer_kwargs.eps=nan; allowed: finite numbers"),
     # the file's device put the games on another device than the policy; batch_clients crashed make_vec
     ({"hyperparams": {"env_kwargs": {"device": "meta"}}}, r"env_kwargs device='meta' .* differs from the run's device"),
     ({"overrides": {**TINY, "batch_clients": True}}, r"batch_clients is a setting of the run.*--batch-clients"),
