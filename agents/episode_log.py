@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from leakgym.devices import canonical_device
+from leakgym.devices import device_name
 from leakgym.files import write_atomically
 
 from .payoff import METRICS, EpisodeStats, LastRound, PairResult
@@ -61,15 +61,6 @@ def _format(value: float) -> str:
 
 def _parse_float(text: str) -> float:
     return float("nan") if text == "" else float(text)
-
-
-def _device_name(name: Any) -> Any:
-    """A recorded device's name in :func:`~leakgym.devices.canonical_device`'s spelling where this
-    machine can tell (``"cuda"`` needs CUDA to know its index), else as recorded."""
-    try:
-        return str(canonical_device(name))
-    except (RuntimeError, AssertionError, TypeError, ValueError):
-        return name
 
 
 class EpisodeLog:
@@ -135,7 +126,7 @@ class EpisodeLog:
         # Logs written before the device was recorded ran on the CPU (CUDA games did not run then).
         if "device" in settings:
             old = {"device": "cpu", **old}
-            old["device"] = _device_name(old["device"])  # a log of an earlier version may say "cuda"
+            old["device"] = device_name(old["device"])  # a log of an earlier version may say "cuda"
         diffs = [
             f"{key}: saved {old.get(key)!r}, now {settings.get(key)!r}"
             for key in sorted(set(old) | set(settings))

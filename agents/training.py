@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from leakgym.devices import device_argument
+from leakgym.devices import device_argument, device_name
 
 from .base import Agent
 from .cli_common import (
@@ -784,7 +784,7 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
         kwargs["flat_actions"] = True  # DQN needs a Discrete action space
     if not kwargs.get("flat_actions", False):
         kwargs.pop("flat_actions", None)
-    if "device" in file_kwargs and str(file_kwargs["device"]) != str(config.device):
+    if "device" in file_kwargs and device_name(file_kwargs["device"]) != device_name(config.device):
         raise ValueError(f"env_kwargs device={file_kwargs['device']!r} in the hyperparameter file differs from the run's "
                          f"device {config.device!r} (--device): the games run where the policy does; set --device")
     if "batch_clients" in kwargs:

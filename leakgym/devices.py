@@ -56,6 +56,16 @@ def canonical_device(device: str | torch.device) -> torch.device:
     return d
 
 
+def device_name(device: object) -> object:
+    """A recorded or configured device in :func:`canonical_device`'s spelling (``"cuda"`` and ``"cuda:0"``
+    are one device) where this machine can read it, else as given (``"cuda"`` needs CUDA to know its
+    index; a name from a file may be anything)."""
+    try:
+        return str(canonical_device(device))  # type: ignore[arg-type]
+    except (RuntimeError, AssertionError, TypeError, ValueError):
+        return device
+
+
 def device_argument(text: str) -> str:
     """``argparse`` type of ``--device``: the name, checked by :func:`check_device`."""
     try:
@@ -65,4 +75,4 @@ def device_argument(text: str) -> str:
     return text
 
 
-__all__ = ["DEVICE_TYPES", "available_devices", "canonical_device", "check_device", "device_argument"]
+__all__ = ["DEVICE_TYPES", "available_devices", "canonical_device", "check_device", "device_argument", "device_name"]

@@ -520,3 +520,8 @@ def test_ctrl_c_outside_learning_is_one_line_and_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(tr, "make_training_env", interrupted)  # Ctrl-C while the games are being built
     assert cli.main(["train", "--timesteps", "4", "--no-progress", "--overrides", *TINY_ARGS]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "leakgym train: interrupted"
+
+
+def test_a_file_device_that_names_the_runs_device_otherwise_is_accepted():
+    kwargs, _ = tr._env_kwargs(tr.TrainConfig(device="cpu"), {"device": "cpu:0"})  # one device, two spellings
+    assert kwargs["device"] == "cpu"
