@@ -29,6 +29,7 @@ outside LeakGym can be re-saved with :func:`save_policy`.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from leakgym.devices import check_device
+from leakgym.files import replacing
 
 from .base import Agent
 from .scripted import ROLES
@@ -152,8 +154,12 @@ def save_policy(model, path: str | Path, metadata: dict[str, Any], *, flat_nvec:
             raise ValueError(f"{path}: the policy's {name} holds non-finite values (the training diverged); not saved")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model.save(path)
-    metadata_path(path).write_text(json.dumps(payload, indent=2, default=str))
+    # Both files written beside their names, then renamed together: an interruption leaves the earlier pair
+    # (or none), never a new policy.zip beside an older policy.json.
+    with contextlib.ExitStack() as stack:
+        weights, description = (stack.enter_context(replacing(p)) for p in (path, metadata_path(path)))
+        model.save(weights)
+        description.write_text(json.dumps(payload, indent=2, default=str))
     return payload
 
 

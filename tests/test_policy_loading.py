@@ -328,3 +328,23 @@ def test_non_finite_weights_are_refused_when_loaded_and_when_saved(saved, tmp_pa
 def test_a_device_this_machine_lacks_is_named_before_the_file_is_read(saved):
     with pytest.raises(ValueError, match=r"device='cuda:99' is not available on this machine"):
         learned.load_policy(saved[0], device="cuda:99")  # was blamed on the file: "not a plain tensor state_dict"
+
+
+def test_a_save_interrupted_between_its_two_files_leaves_the_earlier_pair(saved, tmp_path, monkeypatch):
+    """policy.zip was written, then policy.json: a Ctrl-C between them left a new zip beside an old JSON."""
+    _, model, _ = saved
+    path = tmp_path / "policy.zip"
+    learned.save_policy(model, path, {"algo": "ppo", "role": "attacker", "run": 1})
+    before = path.read_bytes(), learned.metadata_path(path).read_text()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    other = copy.deepcopy(model)  # other weights: a new zip would differ from the earlier one
+    with torch.no_grad():
+        other.policy.action_net.weight.add_(1.0)
+    monkeypatch.setattr(learned.json, "dumps", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        learned.save_policy(other, path, {"algo": "ppo", "role": "attacker", "run": 2})
+    assert (path.read_bytes(), learned.metadata_path(path).read_text()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.zip"]  # no partial files
