@@ -20,11 +20,12 @@ TIE_TOLERANCE = 1e-9
 
 
 def _best(mean: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[list[int], bool]:
-    """The indices tied at the best finite mean of ``mean`` (a 1-d array) and whether the best is clear
-    of every other agent at 95% (its interval's low end above their intervals' high ends)."""
+    """The indices tied at the best finite mean of ``mean`` (a 1-d array; none when no mean is finite) and
+    whether the best is clear of every other agent at 95% (its interval's low end above their intervals'
+    high ends)."""
     finite = np.isfinite(mean)
-    if not finite.any():
-        return [0], False
+    if not finite.any():  # nothing to compare: no best response (not the first agent by list order)
+        return [], False
     top = float(np.max(mean[finite]))
     tol = max(TIE_TOLERANCE * abs(top), 1e-12)
     tied = [i for i in range(len(mean)) if finite[i] and mean[i] >= top - tol]
@@ -50,13 +51,16 @@ def best_responses(table: PayoffTable) -> dict[str, Any]:
     ssim = table.matrix("leakage_ssim_mean")
     best_a = [_best(ra[:, j], ra_low[:, j], ra_high[:, j]) for j in range(len(table.defenders))]  # per defender
     best_d = [_best(rd[i], rd_low[i], rd_high[i]) for i in range(len(table.attackers))]  # per attacker
+    nan = float("nan")
     against_defender = {
-        d: {"attacker": table.attackers[tied[0]], "attacker_return": ra[tied[0], j], "leakage_ssim": ssim[tied[0], j],
+        d: {"attacker": table.attackers[tied[0]] if tied else None,
+            "attacker_return": ra[tied[0], j] if tied else nan, "leakage_ssim": ssim[tied[0], j] if tied else nan,
             "tied": [table.attackers[i] for i in tied], "clear": clear}
         for j, (d, (tied, clear)) in enumerate(zip(table.defenders, best_a))
     }
     against_attacker = {
-        a: {"defender": table.defenders[tied[0]], "defender_return": rd[i, tied[0]], "leakage_ssim": ssim[i, tied[0]],
+        a: {"defender": table.defenders[tied[0]] if tied else None,
+            "defender_return": rd[i, tied[0]] if tied else nan, "leakage_ssim": ssim[i, tied[0]] if tied else nan,
             "tied": [table.defenders[j] for j in tied], "clear": clear}
         for i, (a, (tied, clear)) in enumerate(zip(table.attackers, best_d))
     }
@@ -71,6 +75,8 @@ def best_responses(table: PayoffTable) -> dict[str, Any]:
 
 def _mark(response: dict[str, Any]) -> str:
     """``"(tie: a, b)"`` / ``"(within noise)"`` after a best response that is not a clear win."""
+    if not response["tied"]:
+        return "  (no finite return)"
     if len(response["tied"]) > 1:
         return f"  (tie: {', '.join(response['tied'])})"
     return "" if response["clear"] else "  (within noise: 95% intervals overlap)"
@@ -84,12 +90,12 @@ def who_beats_whom(table: PayoffTable) -> str:
     lines = ["best attacker against each defender (highest attacker return):",
              f"  {'defender':<{wd}}  {'best attacker':<{wa}}  {'return':>8}  {'SSIM':>6}"]
     for d, r in br["against_defender"].items():
-        lines.append(f"  {d:<{wd}}  {r['attacker']:<{wa}}  {r['attacker_return']:8.3f}  {r['leakage_ssim']:6.3f}"
+        lines.append(f"  {d:<{wd}}  {r['attacker'] or '-':<{wa}}  {r['attacker_return']:8.3f}  {r['leakage_ssim']:6.3f}"
                      + _mark(r))
     lines += ["best defender against each attacker (highest defender return):",
               f"  {'attacker':<{wa}}  {'best defender':<{wd}}  {'return':>8}  {'SSIM':>6}"]
     for a, r in br["against_attacker"].items():
-        lines.append(f"  {a:<{wa}}  {r['defender']:<{wd}}  {r['defender_return']:8.3f}  {r['leakage_ssim']:6.3f}"
+        lines.append(f"  {a:<{wa}}  {r['defender'] or '-':<{wd}}  {r['defender_return']:8.3f}  {r['leakage_ssim']:6.3f}"
                      + _mark(r))
     eq = ", ".join(f"({e['attacker']}, {e['defender']}){'' if e['clear'] else '*'}"
                    for e in br["pure_equilibria"]) or "none"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from leakgym.devices import device_argument
@@ -79,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Run ``leakgym eval``: play all pairs, write the payoff files, print the table and who beats whom."""
     apply_threads(args.threads)
+    started = time.time() - 2  # slack for file systems that keep modification times in whole seconds
     try:
         table = evaluate(
             args.env,
@@ -95,7 +97,8 @@ def main(args: argparse.Namespace) -> int:
         )
     except KeyboardInterrupt:
         log = Path(args.out) / EPISODES_FILE
-        if log.is_file():
+        # this run's log: opened (rewritten) by this call; an earlier run's file there cannot be resumed as this one
+        if log.is_file() and log.stat().st_mtime >= started:
             print(f"interrupted: every finished pair is in {log}; run the same command with --resume to play the rest",
                   file=sys.stderr)
         else:  # interrupted while the games were being built: no log to resume yet

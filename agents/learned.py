@@ -153,6 +153,8 @@ def save_policy(model, path: str | Path, metadata: dict[str, Any], *, flat_nvec:
             # load_policy refuses such weights: say so where they were made, not where they are read
             raise ValueError(f"{path}: the policy's {name} holds non-finite values (the training diverged); not saved")
     path = Path(path)
+    if not path.suffix:  # as SB3's save names it (it appends .zip to a name without a suffix)
+        path = path.with_suffix(".zip")
     path.parent.mkdir(parents=True, exist_ok=True)
     # Both files written beside their names, then renamed together: an interruption leaves the earlier pair
     # (or none), never a new policy.zip beside an older policy.json.

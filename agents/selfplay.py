@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from leakgym.devices import device_argument
+from leakgym.envs.checks import is_integer
 
 from .cli_common import (
     INTERRUPTED,
@@ -89,7 +90,7 @@ def selfplay(
         raise ValueError(f"iterations={iterations}; must be >= 1")
     if eval_episodes < 0:
         raise ValueError(f"eval_episodes={eval_episodes}; must be >= 0")
-    last = seed + 2 * iterations + 1 if isinstance(seed, int) and isinstance(iterations, int) else None
+    last = int(seed) + 2 * int(iterations) + 1 if is_integer(seed) and is_integer(iterations) else None
     if last is not None and last > MAX_TRAIN_SEED:
         raise ValueError(f"seed={seed} with iterations={iterations}: iteration k trains with seed + 2k + 1, up to {last}; "
                          f"allowed: seed <= {MAX_TRAIN_SEED - 2 * iterations - 1} (training seeds are at most 2**32 - 1)")

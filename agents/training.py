@@ -790,6 +790,9 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
     if "batch_clients" in kwargs:
         raise ValueError("batch_clients is a setting of the run, not a scenario override; use --batch-clients "
                          "(TrainConfig.batch_clients)")
+    if "device" in config.overrides:  # it was replaced by the run's device silently
+        raise ValueError(f"device={config.overrides['device']!r} is a setting of the run, not a scenario override; "
+                         "use --device (TrainConfig.device)")
     kwargs["device"] = config.device  # the games run where the policy does
     overrides = {k: v for k, v in kwargs.items() if k not in ENV_KEYS}
     return kwargs, overrides
@@ -836,7 +839,6 @@ def train(config: TrainConfig) -> TrainResult:
     freq = max(plan.actual // 4, 1) if config.checkpoint_freq is None else config.checkpoint_freq
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    _clear_previous_run(out)
 
     env = make_training_env(gym_id, env_kwargs, n_envs, config.seed, batch_clients)
     try:
@@ -852,6 +854,7 @@ def train(config: TrainConfig) -> TrainResult:
     except BaseException:
         env.close()
         raise
+    _clear_previous_run(out)  # only now: a run refused above leaves an earlier run's files as they were
     file_values = {k: v for k, v in params.items() if k not in ("env_kwargs", "n_timesteps")}
     metadata: dict[str, Any] = {
         "algo": config.algo,

@@ -247,10 +247,11 @@ class FlatActions:
     def to_multi(self, action: Any) -> np.ndarray:
         """A flat action -> the MultiDiscrete action; ``ValueError`` names the value and the range."""
         arr = np.asarray(action)
-        integer = arr.shape in ((), (1,)) and arr.dtype != bool and np.issubdtype(arr.dtype, np.integer)
-        whole = (arr.shape in ((), (1,)) and np.issubdtype(arr.dtype, np.floating) and bool(np.isfinite(arr).all())
+        # kinds i/u/f only (numpy files timedelta64 under the integers); a masked entry hides its value
+        integer = arr.shape in ((), (1,)) and arr.dtype.kind in "iu"
+        whole = (arr.shape in ((), (1,)) and arr.dtype.kind == "f" and bool(np.isfinite(arr).all())
                  and float(arr.reshape(-1)[0]).is_integer())
-        if not (integer or whole):
+        if not (integer or whole) or np.ma.is_masked(action):
             raise ValueError(
                 f"{self.menu.where}{self.menu.role} flat action {action!r}: expected one integer in 0..{self.n - 1}"
             )

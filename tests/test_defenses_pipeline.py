@@ -308,11 +308,12 @@ def test_victims_with_a_batch_of_one_batch_their_batchnorm_models_step_defenses(
     calls = []
     for i in range(3):
         model = build_model("convnet", SPEC, width=4, seed=i)
+        stats = torch.Generator().manual_seed(90 + i)
         with torch.no_grad():  # each game's own statistics, as after some rounds of training
             for m in model.modules():
                 if isinstance(m, torch.nn.BatchNorm2d):
-                    m.running_mean.uniform_(-0.5, 0.5)
-                    m.running_var.uniform_(0.5, 1.5)
+                    m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=stats) - 0.5)
+                    m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=stats))
         x, y = _batch(1, seed=i)
         g = torch.Generator().manual_seed(70 + i)
         calls.append(DefenseCall(model, x, y, config, seed=200 + i, public_x=torch.rand(8, 1, 16, 16, generator=g),
@@ -323,4 +324,4 @@ def test_victims_with_a_batch_of_one_batch_their_batchnorm_models_step_defenses(
     for (upd, rep), (ref, ref_rep) in zip(together, alone):
         assert rep.details["censor"][0]["chosen_trial"] == ref_rep.details["censor"][0]["chosen_trial"]
         for name, t in ref.tensors.items():
-            torch.testing.assert_close(upd.tensors[name], t, rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(upd.tensors[name], t, rtol=1e-4, atol=1e-5)

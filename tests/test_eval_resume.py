@@ -250,3 +250,12 @@ def test_ctrl_c_before_the_log_exists_says_nothing_was_written(tmp_path, monkeyp
     assert ev.main(_args(tmp_path / "never")) == ev.INTERRUPTED
     err = capsys.readouterr().err
     assert "nothing was written" in err and "--resume" not in err
+    # an earlier run's log in the folder is not this run's: --resume would be refused (other settings)
+    import os
+
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "episodes.csv").write_text("an earlier run's\n")
+    os.utime(tmp_path / "earlier" / "episodes.csv", (1e9, 1e9))
+    assert ev.main(_args(tmp_path / "earlier")) == ev.INTERRUPTED
+    err = capsys.readouterr().err
+    assert "nothing was written" in err and "--resume" not in err

@@ -122,6 +122,12 @@ def test_ties_and_noise_are_said_not_decided_by_list_order():
                                                              pair("A2", "D1", 0.30, -0.3, spread=0.2)], 0, {})
     assert not ev.best_responses(noisy)["against_defender"]["D1"]["clear"]
     assert "(within noise: 95% intervals overlap)" in ev.who_beats_whom(noisy)
+    # no finite return in a column: no best response (it was the first agent by list order) and no equilibrium
+    none = ev.PayoffTable("x", "x", ["A1", "A2"], ["D1"], [pair("A1", "D1", float("nan"), -0.3),
+                                                            pair("A2", "D1", float("nan"), -0.3)], 0, {})
+    br = ev.best_responses(none)
+    assert br["against_defender"]["D1"]["attacker"] is None and br["pure_equilibria"] == []
+    assert "(no finite return)" in ev.who_beats_whom(none)
     sure = ev.PayoffTable("x", "x", ["A1", "A2"], ["D1"], [pair("A1", "D1", 0.9, -0.3, spread=0.01),
                                                             pair("A2", "D1", 0.1, -0.3, spread=0.01)], 0, {})
     assert ev.best_responses(sure)["against_defender"]["D1"]["clear"]

@@ -330,6 +330,13 @@ def test_a_device_this_machine_lacks_is_named_before_the_file_is_read(saved):
         learned.load_policy(saved[0], device="cuda:99")  # was blamed on the file: "not a plain tensor state_dict"
 
 
+def test_a_path_without_a_suffix_saves_a_loadable_zip_as_sb3_names_it(saved, tmp_path):
+    _, model, _ = saved
+    learned.save_policy(model, tmp_path / "mine", {"algo": "ppo", "role": "attacker"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json", "mine.zip"]
+    learned.load_policy(tmp_path / "mine.zip")
+
+
 def test_a_save_interrupted_between_its_two_files_leaves_the_earlier_pair(saved, tmp_path, monkeypatch):
     """policy.zip was written, then policy.json: a Ctrl-C between them left a new zip beside an old JSON."""
     _, model, _ = saved

@@ -428,3 +428,11 @@ def test_vector_frames_are_a_tuple_as_gymnasiums_vector_envs_return_them(cheap_o
     vec.reset(seed=0)
     frames = vec.render()
     assert isinstance(frames, tuple) and len(frames) == 2 and frames[0].ndim == 3
+
+
+@pytest.mark.parametrize("bad", [np.ma.masked_array([1], mask=[1]), np.timedelta64(1, "s")], ids=["masked", "timedelta"])
+def test_flat_actions_refuse_what_multidiscrete_actions_refuse(cheap_overrides, bad):
+    env = gym.make("LeakGym-Digits-v0", opponent="none", flat_actions=True, **cheap_overrides)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="flat action"):  # a masked entry played its hidden value
+        env.step(bad)

@@ -479,6 +479,7 @@ def test_train_on_the_batched_vector_env_with_batch_clients(tmp_path, capsys):
     # the file's device put the games on another device than the policy; batch_clients crashed make_vec
     ({"hyperparams": {"env_kwargs": {"device": "meta"}}}, r"env_kwargs device='meta' .* differs from the run's device"),
     ({"overrides": {**TINY, "batch_clients": True}}, r"batch_clients is a setting of the run.*--batch-clients"),
+    ({"overrides": {**TINY, "device": "meta"}}, r"device='meta' is a setting of the run.*--device"),
 ])
 def test_a_run_that_cannot_finish_is_refused_before_it_learns(tmp_path, monkeypatch, config, message):
     from stable_baselines3 import PPO
@@ -496,6 +497,8 @@ def test_selfplay_refuses_seeds_its_later_iterations_could_not_use(tmp_path):
 
     with pytest.raises(ValueError, match=r"seed=4294967290 with iterations=3: .* up to 4294967297"):
         selfplay("LeakGym-Digits-v0", iterations=3, timesteps=8, out=tmp_path / "sp", seed=2**32 - 6)
+    with pytest.raises(ValueError, match=r"with iterations=3: .* up to 4294967297"):  # numpy integers too
+        selfplay("LeakGym-Digits-v0", iterations=3, timesteps=8, out=tmp_path / "sp", seed=np.int64(2**32 - 6))
     assert not (tmp_path / "sp").exists()
 
 
@@ -506,19 +509,23 @@ def test_a_run_clears_an_earlier_runs_checkpoints_and_evaluations(tmp_path):
         (out / "checkpoints" / name).write_text("an earlier attacker's")
     (out / "eval.csv").write_text("an earlier run's evaluations\n")
     (out / "notes.txt").write_text("the user's")
+    with pytest.raises(ValueError):  # a run refused before learning leaves the earlier run's files alone
+        tr.train(tr.TrainConfig(timesteps=4, opponent="nosuchagent", out=out, overrides=TINY, progress=False))
+    assert (out / "eval.csv").is_file() and len(list((out / "checkpoints").iterdir())) == 2
     tr.train(tr.TrainConfig(timesteps=4, opponent="none", out=out, overrides=TINY, progress=False, checkpoint_freq=0))
     assert not list((out / "checkpoints").iterdir()) and not (out / "eval.csv").exists()
     assert (out / "notes.txt").read_text() == "the user's" and (out / "policy.zip").is_file()
 
 
-def test_ctrl_c_outside_learning_is_one_line_and_exit_130(monkeypatch, capsys):
+def test_ctrl_c_outside_learning_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     from leakgym import cli
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(tr, "make_training_env", interrupted)  # Ctrl-C while the games are being built
-    assert cli.main(["train", "--timesteps", "4", "--no-progress", "--overrides", *TINY_ARGS]) == 130
+    assert cli.main(["train", "--timesteps", "4", "--no-progress", "--out", str(tmp_path / "run"), "--overrides",
+                     *TINY_ARGS]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "leakgym train: interrupted"
 
 
