@@ -187,7 +187,10 @@ def evaluate(
         raise ValueError(f"seed={seed!r}; allowed: integers >= 0")
     gym_id, scenario_name = resolve_env(env)
     overrides = dict(overrides or {})
-    penv = parallel_env(scenario_name, device=device, **overrides)
+    penv = parallel_env(scenario_name, device=device, **overrides)  # checks the device
+    # one spelling of it for the log and the table: the device decides float rounding, so a resume on
+    # another one would mix two runs' numbers
+    device_label = str(canonical_device(device))
     scenario = penv.scenario
     a_labels, d_labels = [_label(s) for s in attackers], [_label(s) for s in defenders]
     for names, role in ((a_labels, "attacker"), (d_labels, "defender")):
@@ -202,8 +205,7 @@ def evaluate(
     if out is not None:
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,
                     "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep,
-                    # the device decides float rounding: a resume on another one would mix two runs' numbers
-                    "device": str(canonical_device(device))}
+                    "device": device_label}
         log = EpisodeLog.open(out, settings, resume=resume)
     finished = log.finished if log is not None else {}
     envs = [penv]
@@ -256,7 +258,7 @@ def evaluate(
         overrides=overrides,
         episodes=episodes,
         lockstep=lockstep,
-        device=str(canonical_device(device)),
+        device=device_label,
     )
 
 

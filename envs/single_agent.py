@@ -151,15 +151,15 @@ class LeakGymSingleAgentEnv(gym.Env):
             return self._flat.to_multi(action)
         return self._menu.check(action)
 
-    def prepare_step(self, action: Any) -> tuple[Any, Any]:
-        """Validate the learner's action, let the opponent act; returns (defender, attacker) actions.
+    def prepare_step(self, mine: np.ndarray) -> tuple[Any, Any]:
+        """Let the opponent act against the learner's action ``mine``, already validated by :meth:`to_multi`
+        (before the opponent draws anything); returns (defender, attacker) actions.
 
-        The caller takes :meth:`opponent_state` first and gives it to :meth:`undo_prepare` if this or the
-        round fails (:meth:`step`, the vector env's step), so a rejected step changes nothing.
+        The caller validates, then takes :meth:`opponent_state` and gives it to :meth:`undo_prepare` if this
+        or the round fails (:meth:`step`, the vector env's step), so a rejected step changes nothing.
         """
         if self._other_obs is None:
             raise RuntimeError("step() called before reset()")
-        mine = self.to_multi(action)  # before the opponent draws anything
         other_action = self.opponent.act(self._other_obs, self._opponent_space, self._opponent_rng)
         return self.parallel.check_actions({self.role: mine, self.other: other_action})
 
@@ -183,10 +183,10 @@ class LeakGymSingleAgentEnv(gym.Env):
     def step(self, action: Any):
         # A rejected learner action touches nothing, the opponent included: its state is taken (and, if the
         # opponent's action or the round then fails, restored from copies) only once the learner's is valid.
-        self.to_multi(action)
+        mine = self.to_multi(action)
         saved = self.opponent_state()
         try:
-            defender, attacker = self.prepare_step(action)
+            defender, attacker = self.prepare_step(mine)
             (outcome,) = Round([self.parallel.game]).play([(defender, attacker)])
         except BaseException:  # Ctrl-C too: the opponent's draws and state are put back with the game
             self.undo_prepare(saved)

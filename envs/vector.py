@@ -110,14 +110,15 @@ class LeakGymVectorEnv(VectorEnv):
         if actions.shape != self.action_space.shape:
             raise ValueError(f"actions have shape {actions.shape}; expected {self.action_space.shape}")
         active = [i for i in range(self.num_envs) if not self._autoreset[i]]
+        mine = {}
         for i in active:  # validate every learner action before anything draws or changes
             try:
-                self.envs[i].to_multi(actions[i])
+                mine[i] = self.envs[i].to_multi(actions[i])
             except ValueError as exc:
                 raise ValueError(f"sub-environment {i}: {exc}") from None
         saved = {i: self.envs[i].opponent_state() for i in active}
         try:
-            pairs = [self.envs[i].prepare_step(actions[i]) for i in active]
+            pairs = [self.envs[i].prepare_step(mine[i]) for i in active]
             outcomes = Round([self.envs[i].parallel.game for i in active], batch_attacks=self.batch_attacks,
                              batch_clients=self.batch_clients).play(pairs) if active else []
         except BaseException:  # Ctrl-C too: the opponents are put back with their games
