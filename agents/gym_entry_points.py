@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from leakgym.envs.checks import is_integer
+from leakgym.checks import is_integer
 from leakgym.envs.scenario import Scenario, load_scenario
 from leakgym.envs.single_agent import ROLES, LeakGymSingleAgentEnv
 from leakgym.envs.vector import LeakGymVectorEnv

@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from leakgym.checks import is_integer
 from leakgym.devices import device_argument
-from leakgym.envs.checks import is_integer
 
 from .cli_common import (
     INTERRUPTED,

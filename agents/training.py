@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from leakgym.checks import is_integer
 from leakgym.devices import device_argument, device_name
 
 from .base import Agent
@@ -168,8 +169,7 @@ def _source(key: str, value: Any, path: Path, overrides: dict[str, Any]) -> str:
     return f"hyperparameter file {str(path)!r}"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+_is_int = is_integer
 
 
 def _is_number(value: Any) -> bool:
@@ -811,8 +811,7 @@ def train(config: TrainConfig) -> TrainResult:
 
     if config.algo not in ALGORITHMS:
         raise ValueError(f"algo={config.algo!r}; allowed: {ALGORITHMS}")
-    if isinstance(config.seed, bool) or not isinstance(config.seed, (int, np.integer)) \
-            or not 0 <= config.seed <= MAX_TRAIN_SEED:
+    if not _is_int(config.seed) or not 0 <= config.seed <= MAX_TRAIN_SEED:
         raise ValueError(f"seed={config.seed!r}; allowed: integers in [0, 2**32 - 1] (Stable-Baselines3 seeds "
                          "numpy's legacy generator with it)")
     for name in ("eval_freq", "eval_episodes"):

@@ -1,15 +1,11 @@
-"""Argument checks the views share: what counts as an integer and as a seed (bools are neither)."""
+"""Argument checks the views share: what counts as a seed (an integer, :func:`leakgym.checks.is_integer`,
+>= 0; bools are not)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-
-def is_integer(value: Any) -> bool:
-    """A Python or numpy integer, not a bool."""
-    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer))
+from leakgym.checks import is_integer
 
 
 def is_seed(value: Any) -> bool:
@@ -26,4 +22,4 @@ def check_seed(seed: Any, name: str = "seed") -> int | None:
     return int(seed)
 
 
-__all__ = ["check_seed", "is_integer", "is_seed"]
+__all__ = ["check_seed", "is_seed"]

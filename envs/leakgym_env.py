@@ -33,7 +33,9 @@ from gymnasium.utils import EzPickle
 from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
-from .checks import check_seed, is_integer
+from leakgym.checks import is_integer
+
+from .checks import check_seed
 from .game import LeakGame, RoundOutcome
 from .menus import FlatActions
 from .rendering import WINDOW_TITLE, figure_to_rgb, placeholder_figure, round_figure, show_figure

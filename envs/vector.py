@@ -18,7 +18,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from .checks import is_integer, is_seed
+from leakgym.checks import is_integer
+
+from .checks import is_seed
 from .round import Round
 from .single_agent import LeakGymSingleAgentEnv
 
@@ -58,7 +60,7 @@ class LeakGymVectorEnv(VectorEnv):
                 raise ValueError(f"{name}={flag!r}; allowed: True or False")  # noqa: TRY004
         self.batch_attacks = batch_attacks
         self.batch_clients = batch_clients
-        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        if not is_integer(num_envs) or num_envs < 1:
             raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
         if max_episode_steps is None or is_integer(max_episode_steps) and max_episode_steps == -1:
             self.max_episode_steps = None

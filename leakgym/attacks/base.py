@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from leakgym.checks import is_integer
 from leakgym.data import DatasetSpec
 from leakgym.fl.update import SharedUpdate
 
@@ -37,8 +38,7 @@ class AttackerKnowledge:
     public_y: Tensor | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) \
-                or self.batch_size < 1:
+        if not is_integer(self.batch_size) or self.batch_size < 1:
             raise ValueError(f"AttackerKnowledge.batch_size={self.batch_size!r}; allowed: integers >= 1")
         labels = self.labels
         if labels is not None:
@@ -228,7 +228,7 @@ MAX_SEED = 2**63 - 1
 def check_integer(value: Any, name: str, low: int = 0) -> int:
     """``value`` as a Python int, or ValueError naming it unless it is an integer >= ``low`` (a float or
     NaN passes ``value < low`` checks, and failed mid-run)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+    if not is_integer(value) or value < low:
         raise ValueError(f"{name}={value!r}; must be an integer >= {low}")
     return int(value)
 
@@ -243,8 +243,8 @@ def check_tolerance(value: Any, name: str) -> float:
 
 def check_seed(seed: int, name: str = "seed") -> int:
     """``seed`` as a Python int, or ValueError when it is not an integer in ``[0, MAX_SEED]``."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ValueError(f"{name}={seed!r}; must be an integer in [0, 2**63 - 1]")  # noqa: TRY004 -- bad input is a ValueError
+    if not is_integer(seed):
+        raise ValueError(f"{name}={seed!r}; must be an integer in [0, 2**63 - 1]")
     if not 0 <= int(seed) <= MAX_SEED:
         raise ValueError(f"{name}={seed}; allowed range [0, 2**63 - 1]")
     return int(seed)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from leakgym.checks import is_integer
 from leakgym.data.loading import Dataset
 from leakgym.data.spec import DatasetSpec
 
@@ -117,7 +118,7 @@ def split_indices(
     """The split of :func:`federated_split` (same arguments, same draws) as index sets, without
     copying an image: what many games that read one shared copy of a dataset need (each copy of
     CIFAR-10's training set is 614 MB)."""
-    if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or num_clients < 1:
+    if not is_integer(num_clients) or num_clients < 1:
         raise ValueError(f"num_clients={num_clients!r} must be an integer >= 1")
     if isinstance(public_fraction, bool) or not isinstance(public_fraction, numbers.Real) \
             or not 0.0 <= public_fraction < 1.0:
@@ -125,12 +126,12 @@ def split_indices(
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
                               or not (alpha > 0 and math.isfinite(alpha))):
         raise ValueError(f"alpha={alpha!r} must be None (IID) or a finite number > 0")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+    if not is_integer(seed) or seed < 0:
         raise ValueError(f"seed={seed!r} must be an integer >= 0")
     num_clients = int(num_clients)
     n_train, n_test = dataset.train_y.shape[0], dataset.test_y.shape[0]
     if test_size is not None and (
-        isinstance(test_size, bool) or not isinstance(test_size, numbers.Integral) or not 1 <= test_size <= n_test
+        not is_integer(test_size) or not 1 <= test_size <= n_test
     ):
         raise ValueError(f"test_size={test_size!r} must be None or an integer in [1, {n_test}]")
     n_public = math.floor(public_fraction * n_train)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
+from leakgym.checks import is_integer
 from leakgym.data.spec import DatasetSpec
 from leakgym.models.base import LeakGymModel
 from leakgym.models.convnet import ConvNet
@@ -28,7 +27,7 @@ def _positive_integer(value, name: str) -> int | None:
     (``width=True`` built a one-channel model) or anything else is a ``ValueError`` naming it."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if not is_integer(value) or value < 1:
         raise ValueError(f"{name}={value!r}; allowed: an integer >= 1, or None (the class default)")
     return int(value)
 
