@@ -161,6 +161,26 @@ def test_samples_subspace_through_the_pipeline_and_a_layer_spanned_by_the_exampl
     assert torch.equal(cand["b"], torch.zeros(3)) and cand["w"].norm() > 0
 
 
+def test_samples_bases_leave_out_rounding_so_candidates_do_not_depend_on_it():
+    """G0 is the mean of the examples' gradients (a deterministic model): the span has N directions, not
+    N + 1. A basis of all N + 1 vectors held a direction made of float32 rounding, so moving the gradient
+    by its rounding (1e-7, as a vmapped computation does) moved the candidate by 5%; now it stays put."""
+    model = build_model("lenet", SPEC, seed=0)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 1, 16, 16, generator=g), torch.tensor([3, 8, 1, 3])
+    grad = compute_update(model, x, y).tensors
+    per_example = example_gradients(model.train(), x, y)
+    bases = example_bases(grad, per_example)
+    assert bases["body.conv1.weight"].shape[1] == 4  # N = 4 examples, G0 in their span
+    assert bases["head.bias"].shape[1] == 4  # and in 10 entries (the softmax's bias gradients sum to 0)
+    jitter = torch.Generator().manual_seed(1)
+    moved = {n: t * (1 + 1e-7 * torch.randn(t.shape, generator=jitter)) for n, t in grad.items()}
+    a = orthogonal_candidate(grad, torch.Generator().manual_seed(2), bases)
+    b = orthogonal_candidate(moved, torch.Generator().manual_seed(2), example_bases(moved, per_example))
+    for n in grad:
+        torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=1e-6 * float(a[n].abs().max()))
+
+
 def test_per_example_gradients_with_batchnorm_in_train_mode_average_to_the_batch_gradient():
     model = build_model("convnet", SPEC, width=4, seed=0).train()
     g = torch.Generator().manual_seed(0)

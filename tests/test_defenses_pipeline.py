@@ -62,7 +62,8 @@ def test_update_side_defenses_compute_the_gradient_once_and_use_a_given_clean_up
     calls = []
     real, real_many = pipeline.compute_update, pipeline.compute_updates
     monkeypatch.setattr(pipeline, "compute_update", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(pipeline, "compute_updates", lambda jobs, *a: calls.extend([1] * len(jobs)) or real_many(jobs, *a))
+    monkeypatch.setattr(pipeline, "compute_updates",
+                        lambda jobs, *a, **k: calls.extend([1] * len(jobs)) or real_many(jobs, *a, **k))
     upd, rep = apply_defense(model, x, y, cfg, seed=3)
     assert len(calls) == 1 and rep.overhead_s >= 0.0
     clean = compute_update(model, x, y)

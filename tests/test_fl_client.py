@@ -101,3 +101,112 @@ def test_bad_arguments_raise_value_error_naming_the_value(kwargs, match):
     x, y = _batch(2)
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
         compute_update(model, x, y, **kwargs)
+
+
+# --- several clients: compute_updates, client by client or as one vmapped cohort ---------------------
+def _clients(arch: str, n: int, batch: int, *, soft: bool = False, device: str = "cpu") -> list:
+    from leakgym.fl.client import LocalTraining
+
+    jobs = []
+    for i in range(n):
+        model = build_model(arch, SPEC, seed=i, device=device, **({"width": 4} if arch == "convnet" else {}))
+        if arch == "convnet":  # each client's own running statistics, as after some rounds
+            stats = torch.Generator().manual_seed(90 + i)
+            with torch.no_grad():
+                for m in model.modules():
+                    if isinstance(m, torch.nn.BatchNorm2d):
+                        m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=stats) - 0.5)
+                        m.running_var.copy_(0.5 + torch.rand(m.running_var.shape, generator=stats))
+        model.eval()  # a server's model between rounds: the cohort must train it in train mode
+        x, y = _batch(batch, seed=10 + i)
+        if soft:
+            y = torch.softmax(torch.randn(batch, 10, generator=torch.Generator().manual_seed(i)), dim=-1)
+        jobs.append(LocalTraining(model, x.to(device), y.to(device)))
+    return jobs
+
+
+def _modes(model: torch.nn.Module) -> list[bool]:
+    return [m.training for m in model.modules()]
+
+
+@pytest.mark.parametrize("arch, batch, soft", [("lenet", 2, False), ("lenet", 3, True), ("convnet", 1, False)])
+@pytest.mark.parametrize("kind, steps", [("gradient", 1), ("model_delta", 3)])
+def test_a_cohort_of_clients_trains_as_one_vmapped_computation_equal_to_each_alone(monkeypatch, arch, batch, soft,
+                                                                                    kind, steps):
+    """Clients of one architecture (LeNet; the BatchNorm ConvNet with a batch of one, BN on each client's
+    running statistics; soft Mixup labels) train as one cohort: no per-client gradient or model copy, and
+    every update -- FedSGD, FedAvg with a per-step transform that reads the model it is given -- equals the
+    client-by-client computation to float32 rounding; the callers' models keep parameters and modes."""
+    import dataclasses
+
+    import leakgym.fl.client as client_module
+    from leakgym.fl.client import compute_updates
+
+    jobs = [dataclasses.replace(j, kind=kind, local_steps=steps, local_lr=0.05)
+            for j in _clients(arch, 4, batch, soft=soft)]
+    states, modes = [_state(j.model) for j in jobs], [_modes(j.model) for j in jobs]
+    seen = {True: [], False: []}
+
+    def transform(batched):
+        def shrink(clients, models, xs, ys, grads, *, step):
+            out = []
+            for i, m, g in zip(clients, models, grads):
+                bn_training = [b.training for b in m.modules() if isinstance(b, torch.nn.BatchNorm2d)]
+                seen[batched].append((i, step, m.training, bn_training))
+                scale = 1.0 / (1.0 + float(sum(p.detach().abs().sum() for p in m.parameters())))  # reads the model
+                out.append({k: v * (0.5 + scale) for k, v in g.items()})
+            return out
+        return shrink
+
+    alone = compute_updates(jobs, transform(False), batched=False)
+    per_client = []
+    real = client_module.batch_gradient
+    monkeypatch.setattr(client_module, "batch_gradient", lambda *a: per_client.append(1) or real(*a))
+    together = compute_updates(jobs, transform(True), batched=True)
+    assert per_client == []  # one vmapped computation per step, not a gradient per client
+    assert seen[True] == seen[False]  # the transform sees the same clients, steps and modes
+    for a, b in zip(together, alone):
+        assert (a.kind, a.batch_size, a.local_steps, a.local_lr) == (b.kind, b.batch_size, b.local_steps, b.local_lr)
+        for name, t in b.tensors.items():
+            torch.testing.assert_close(a.tensors[name], t, rtol=1e-4, atol=1e-6)
+        assert (a.buffers is None) == (b.buffers is None)
+        for name, t in (b.buffers or {}).items():
+            assert torch.equal(a.buffers[name], t), name
+    for j, state, mode in zip(jobs, states, modes):
+        assert all(torch.equal(v, state[k]) for k, v in _state(j.model).items()) and _modes(j.model) == mode
+
+
+def test_clients_a_cohort_cannot_take_train_on_their_own_copies(monkeypatch):
+    """BatchNorm in train mode (batches > 1 couple their examples), PRECODE (draws from each client's RNG
+    stream), different architectures and a lone client keep the exact client-by-client path."""
+    import leakgym.fl.client as client_module
+    from leakgym.fl.client import LocalTraining, compute_update, compute_updates
+
+    per_client = []
+    real = client_module.batch_gradient
+    monkeypatch.setattr(client_module, "batch_gradient", lambda *a: per_client.append(1) or real(*a))
+    bn = _clients("convnet", 2, 3)
+    precode = [LocalTraining(build_model("mlp", SPEC, precode=True, width=16, seed=i), *_batch(2, seed=i))
+               for i in range(2)]
+    mixed = [_clients("lenet", 1, 2)[0], LocalTraining(build_model("mlp", SPEC, width=16, seed=0), *_batch(2))]
+    for jobs in (bn, precode, mixed, _clients("lenet", 1, 2)):
+        per_client.clear()
+        out = compute_updates(jobs, batched=True)
+        assert len(per_client) == len(jobs)
+        if jobs is not precode:  # (PRECODE draws from the global RNG: its reference needs the same stream)
+            for job, update in zip(jobs, out):
+                ref = compute_update(job.model, job.x, job.y)
+                assert all(torch.equal(update.tensors[n], t) for n, t in ref.tensors.items())
+
+
+@pytest.mark.cuda
+def test_a_cohort_trains_on_cuda(cuda_device):
+    from leakgym.fl.client import compute_updates
+
+    jobs = _clients("convnet", 3, 1, device="cuda")
+    together = compute_updates(jobs, batched=True)
+    alone = compute_updates(jobs, batched=False)
+    for a, b in zip(together, alone):
+        for name, t in b.tensors.items():
+            assert a.tensors[name].device.type == "cuda"
+            torch.testing.assert_close(a.tensors[name], t, rtol=1e-3, atol=1e-5)

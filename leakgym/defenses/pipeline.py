@@ -11,7 +11,9 @@ registry order (:data:`~leakgym.defenses.registry.PIPELINE_ORDER`), and any subs
    gradient passes through the step-stage defenses (``dcs2`` (concealed samples, :mod:`.dcs2`) ->
    ``censor`` (orthogonal resampling, :mod:`.censor`)). Several calls (:func:`apply_defense_many`: the
    victims of a vector step's games) train in lock-step, so each step defense sees every call's
-   step-``s`` gradient at once (DCS² synthesises all its clients' concealed samples together).
+   step-``s`` gradient at once (DCS² synthesises all its clients' concealed samples together), and
+   with ``batch_defenses`` the calls of one architecture take each step's gradients as one vmapped
+   computation over their stacked parameters (``compute_updates(batched=True)``).
 3. **Update side** — transform the final shared update (``ppp`` (perturb the pre-bottleneck layers,
    :mod:`.ppp`) -> ``soteria`` (prune head-weight columns, :mod:`.soteria`) -> ``prune`` (per-layer
    magnitude pruning) -> ``topk`` (global top-k, :mod:`.sparsification`) -> ``clip`` (global L2
@@ -188,9 +190,12 @@ def apply_defense_many(calls: list[DefenseCall], *,
     :meth:`~leakgym.defenses.registry.UpdateDefense.apply_many` over every call that applies it (pipeline
     order is kept for each call). The clean updates not given are computed call by call. Each call's
     result equals its own :func:`apply_defense` (to the rounding of a defense's batched kernels); a
-    batched defense's wall time is shared equally by the calls in it. ``batch_defenses=False`` applies
-    the input and step defenses call by call instead (their ``apply``): each call's result is then
-    bit-identical to its own :func:`apply_defense` (the update-side batches are bit-identical anyway).
+    batched defense's wall time is shared equally by the calls in it; the calls that train and share an
+    architecture take their gradients as one vmapped computation (``compute_updates(batched=True)``;
+    the models' modes are set for training and restored, their parameters untouched).
+    ``batch_defenses=False`` applies the input and step defenses and trains call by call instead (their
+    ``apply``, a private copy of each model): each call's result is then bit-identical to its own
+    :func:`apply_defense` (the update-side batches are bit-identical anyway).
     """
     clients = [_begin(c) for c in calls]
     busy = [c for c in clients if c.done is None]
@@ -265,7 +270,9 @@ def _train(clients: list[_Client], batch_defenses: bool = True) -> None:
     input-side or step defense is on) trained in lock-step (:func:`~leakgym.fl.client.compute_updates`),
     each step's gradients passed through each step defense once for all calls that apply it
     (:meth:`~leakgym.defenses.registry.StepDefense.apply_many`); the others reuse their clean update.
-    ``batch_defenses=False``: every defense's ``apply`` call by call instead."""
+    ``batch_defenses``: the calls of one architecture train as one vmapped computation
+    (``compute_updates(batched=True)``); False: every defense's ``apply`` and every call's training call by
+    call instead."""
     # ---- 1. input side: each defense once for the calls that apply it, in pipeline order -------------
     for c in clients:
         c.x_in, c.y_in = c.call.x, c.call.y
@@ -326,7 +333,7 @@ def _train(clients: list[_Client], batch_defenses: bool = True) -> None:
                           local_lr=c.call.local_lr, batch_size=int(c.call.x.shape[0]), rng=stream)
             for c, stream in zip(training, streams)]
     t0 = time.perf_counter()
-    updates = compute_updates(jobs, transform if step_defenses else None)
+    updates = compute_updates(jobs, transform if step_defenses else None, batched=batch_defenses)
     # Each call's own step-defense time, plus an equal share of the rest (its gradients, the lock-step loop).
     rest = max(0.0, time.perf_counter() - t0 - sum(spent)) / len(training)
     for c, update, own in zip(training, updates, spent):

@@ -141,7 +141,8 @@ def benign_updates(
     Args:
         model: the architecture (any of the N models; evaluated functionally, never modified).
         params: each game's parameters, ``name -> (N, *shape)`` (:func:`stack_parameters`).
-        x: normalised client batches ``(N, K, b, C, H, W)``; ``y``: labels ``(N, K, b)``.
+        x: normalised client batches ``(N, K, b, C, H, W)``; ``y``: labels ``(N, K, b)``, or soft labels
+            ``(N, K, b, classes)`` (a Mixup or InstaHide client's).
         kind, local_steps, local_lr: the update protocol, as in :func:`leakgym.fl.client.compute_update`.
         buffers: each game's BN running statistics, ``name -> (N, *shape)`` (:func:`stack_buffers`);
             required for models with BatchNorm.
@@ -157,8 +158,9 @@ def benign_updates(
         raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
     if not (local_lr > 0 and math.isfinite(local_lr)):  # as compute_update checks it
         raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
-    if x.dim() != 6 or y.shape != x.shape[:3]:
-        raise ValueError(f"x must be (N, K, b, C, H, W) and y (N, K, b); got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.dim() != 6 or y.shape[:3] != x.shape[:3] or y.dim() not in (3, 4):
+        raise ValueError(f"x must be (N, K, b, C, H, W) and y (N, K, b), or (N, K, b, classes) soft labels; got "
+                         f"{tuple(x.shape)} and {tuple(y.shape)}")
     if not supports(model):
         raise ValueError(f"{type(model).__name__} has dropout, a PRECODE bottleneck or state other than BatchNorm "
                          "running statistics; compute its clients with leakgym.fl.client.compute_update")
@@ -192,7 +194,7 @@ def benign_updates(
 
     game_buffers = buffers if (bns and single) else {}
     per_game = vmap(client, in_dims=(None, None, 0, 0))
-    with _train_mode(net), bn_eval_if_single(net, b):
+    with train_mode(net), bn_eval_if_single(net, b):
         tensors, stats = vmap(per_game, in_dims=(0, 0, 0, 0))(params, game_buffers, x, y)
     if not bns:
         return ClientUpdates(tensors=tensors)
@@ -388,18 +390,20 @@ def evaluate_many(
 
 
 @contextlib.contextmanager
-def _train_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` in train mode inside (clients train), in its previous mode after."""
-    was_training = model.training
+def train_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in train mode inside (clients train), every submodule in its own previous mode after
+    (a caller may hold some layers in eval mode, as :func:`~leakgym.models.bn_eval_if_single` does)."""
+    saved = [(m, m.training) for m in model.modules()]
     model.train()
     try:
         yield model
     finally:
-        model.train(was_training)
+        for m, mode in saved:
+            m.training = mode
 
 
 __all__ = [
     "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates", "client_updates", "evaluate_many",
-    "signature", "stack_buffers", "stack_parameters", "supports",
+    "signature", "stack_buffers", "stack_parameters", "supports", "train_mode",
     "unpack",
 ]

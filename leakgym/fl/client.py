@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from leakgym.fl import batched as fl_batched
 from leakgym.fl.update import SharedUpdate, UpdateKind
 from leakgym.models import bn_eval_if_single, has_batchnorm, task_loss
 
@@ -135,8 +137,8 @@ def compute_update(
     return compute_updates([job], many)[0]
 
 
-def compute_updates(jobs: list[LocalTraining],
-                    gradient_transform: BatchedGradientTransform | None = None) -> list[SharedUpdate]:
+def compute_updates(jobs: list[LocalTraining], gradient_transform: BatchedGradientTransform | None = None, *,
+                    batched: bool = False) -> list[SharedUpdate]:
     """:func:`compute_update` of several clients in lock-step, so that a per-step defense can transform
     every client's step-``s`` gradient in one batched computation (DCS²'s synthesis over the victims of
     all games of a vector step, :meth:`~leakgym.defenses.registry.StepDefense.apply_many`).
@@ -145,49 +147,168 @@ def compute_updates(jobs: list[LocalTraining],
     own ``rng``), passes them all to ``gradient_transform``, then takes every such client's SGD step.
     Client ``i``'s update is what :func:`compute_update` computes for it alone when the transform
     treats clients independently. Every job is validated before any work starts.
+
+    ``batched=True``: clients that :func:`leakgym.fl.batched.supports` (no dropout, no PRECODE: nothing
+    drawn from ``rng``) with no BatchNorm layer in train mode (no BatchNorm, or a batch of one, which
+    normalises with the running statistics), and that share an architecture, batch and label shapes and
+    protocol, train as one cohort: their parameters stacked, each step's gradients one vmapped
+    computation (:func:`leakgym.fl.batched.benign_updates`), no private copy of each model (the
+    transform gets the clients' own models, in train mode while it runs, at step 0; FedAvg's later steps
+    give it copies at the current parameters). Equal to the client-by-client computation to float32
+    rounding (vectorised kernels), hence off by default; a lone client keeps the exact path.
     """
     for job in jobs:
         _check(job)
     if not jobs:
         return []
-    works = [copy.deepcopy(job.model).train() for job in jobs]
-    names = [[n for n, p in w.named_parameters() if p.requires_grad] for w in works]
-    # FedAvg's update is start - end: only model_delta clients keep a copy of their start.
-    start = [{n: p.detach().clone() for n, p in w.named_parameters() if p.requires_grad}
-             if job.kind == "model_delta" else {} for job, w in zip(jobs, works)]
-    params = [dict(w.named_parameters()) for w in works]
-    last: list[dict[str, Tensor]] = [{} for _ in jobs]
+    cohorts = _cohorts(jobs, batched)
     with contextlib.ExitStack() as stack:
-        for job, work in zip(jobs, works):
-            stack.enter_context(bn_eval_if_single(work, job.x.shape[0]))
+        for cohort in cohorts:
+            stack.enter_context(cohort.training())
         for step in range(max(job.local_steps for job in jobs)):
-            clients = [i for i, job in enumerate(jobs) if step < job.local_steps]
-            grads = []
-            for i in clients:
-                with jobs[i].rng or contextlib.nullcontext():
-                    grads.append(batch_gradient(works[i], jobs[i].x, jobs[i].y))
+            taking = [c for c in cohorts if step < c.local_steps]
+            # (client, cohort, position in the cohort) in client order, as the transform sees them
+            order = sorted(((i, c, k) for c in taking for k, i in enumerate(c.members)), key=lambda t: t[0])
+            computed = {id(c): c.gradients() for c in taking}
+            grads = [computed[id(c)][k] for _, c, k in order]
             if gradient_transform is not None:
-                grads = gradient_transform(clients, [works[i] for i in clients], [jobs[i].x for i in clients],
-                                           [jobs[i].y for i in clients], grads, step=step)
-            for i, grad in zip(clients, grads):
-                last[i] = grad
-                if jobs[i].kind == "model_delta":
-                    with torch.no_grad():
-                        for n in names[i]:
-                            params[i][n].sub_(jobs[i].local_lr * grad[n])
-    out = []
-    for i, (job, work) in enumerate(zip(jobs, works)):
-        if job.kind == "gradient":
-            tensors = {n: last[i][n] for n in names[i]}
+                models = {id(c): c.models(step) for c in taking}
+                clients = [i for i, _, _ in order]
+                grads = gradient_transform(clients, [models[id(c)][k] for _, c, k in order],
+                                           [jobs[i].x for i in clients], [jobs[i].y for i in clients], grads, step=step)
+            returned = {(id(c), k): g for (_, c, k), g in zip(order, grads)}
+            for c in taking:
+                c.take_step([returned[id(c), k] for k in range(len(c.members))])
+    out: list[SharedUpdate | None] = [None] * len(jobs)
+    for cohort in cohorts:
+        for i, update in zip(cohort.members, cohort.updates()):
+            out[i] = update
+    return out  # type: ignore[return-value]
+
+
+def _shared_update(job: LocalTraining, tensors: dict[str, Tensor], buffers: dict[str, Tensor] | None) -> SharedUpdate:
+    return SharedUpdate(
+        tensors=tensors,
+        kind=job.kind,
+        batch_size=int(job.x.shape[0] if job.batch_size is None else job.batch_size),
+        local_steps=job.local_steps,
+        local_lr=float(job.local_lr) if job.kind == "model_delta" else 0.0,
+        buffers=buffers,
+    )
+
+
+class _OnItsCopy:
+    """One client trained on a private copy of its model (any model; the reference computation)."""
+
+    def __init__(self, index: int, job: LocalTraining) -> None:
+        self.members, self.job, self.local_steps = [index], job, job.local_steps
+        self.work = copy.deepcopy(job.model).train()
+        self.names = [n for n, p in self.work.named_parameters() if p.requires_grad]
+        self.params = dict(self.work.named_parameters())
+        # FedAvg's update is start - end: only model_delta clients keep a copy of their start.
+        self.start = {n: self.params[n].detach().clone() for n in self.names} if job.kind == "model_delta" else {}
+        self.last: dict[str, Tensor] = {}
+
+    def training(self) -> AbstractContextManager:
+        return bn_eval_if_single(self.work, self.job.x.shape[0])
+
+    def gradients(self) -> list[dict[str, Tensor]]:
+        with self.job.rng or contextlib.nullcontext():
+            return [batch_gradient(self.work, self.job.x, self.job.y)]
+
+    def models(self, step: int) -> list[nn.Module]:
+        return [self.work]
+
+    def take_step(self, grads: list[dict[str, Tensor]]) -> None:
+        self.last = grads[0]
+        if self.job.kind == "model_delta":
+            with torch.no_grad():
+                for n in self.names:
+                    self.params[n].sub_(self.job.local_lr * self.last[n])
+
+    def updates(self) -> list[SharedUpdate]:
+        if self.job.kind == "gradient":
+            tensors = {n: self.last[n] for n in self.names}
         else:
-            tensors = {n: (start[i][n] - params[i][n].detach()).clone() for n in names[i]}
-        buffers = {n: b.detach().clone() for n, b in work.named_buffers()} if has_batchnorm(work) else None
-        out.append(SharedUpdate(
-            tensors=tensors,
-            kind=job.kind,
-            batch_size=int(job.x.shape[0] if job.batch_size is None else job.batch_size),
-            local_steps=job.local_steps,
-            local_lr=float(job.local_lr) if job.kind == "model_delta" else 0.0,
-            buffers=buffers,
-        ))
-    return out
+            tensors = {n: (self.start[n] - self.params[n].detach()).clone() for n in self.names}
+        buffers = {n: b.detach().clone() for n, b in self.work.named_buffers()} if has_batchnorm(self.work) else None
+        return [_shared_update(self.job, tensors, buffers)]
+
+
+class _Stacked:
+    """Clients of one architecture and protocol trained together: parameters stacked ``(K, ...)``, each
+    step's gradients one vmapped computation (:func:`leakgym.fl.batched.benign_updates` with one client
+    per row). Their models :func:`leakgym.fl.batched.supports` and none has BatchNorm in train mode, so
+    a model's forward pass draws nothing and changes no buffer (see :func:`compute_updates`)."""
+
+    def __init__(self, members: list[int], jobs: list[LocalTraining]) -> None:
+        self.members, self.jobs = members, [jobs[i] for i in members]
+        lead = self.jobs[0]
+        self.kind, self.local_steps, self.local_lr = lead.kind, lead.local_steps, lead.local_lr
+        self.architecture = lead.model
+        self.start = fl_batched.stack_parameters([j.model for j in self.jobs])
+        self.params = self.start
+        self.buffers = fl_batched.stack_buffers([j.model for j in self.jobs]) if has_batchnorm(lead.model) else None
+        self.x = torch.stack([j.x for j in self.jobs]).unsqueeze(1)
+        self.y = torch.stack([j.y for j in self.jobs]).unsqueeze(1)
+        self.copies: list[nn.Module] | None = None
+        self.last: list[dict[str, Tensor]] = []
+
+    @contextlib.contextmanager
+    def training(self) -> Iterator[None]:
+        """The clients' models in train mode while they train (BatchNorm in eval mode for a batch of one, as
+        on a private copy), every module in its own mode again after."""
+        with contextlib.ExitStack() as stack:
+            for model in {id(j.model): j.model for j in self.jobs}.values():
+                stack.enter_context(fl_batched.train_mode(model))
+                stack.enter_context(bn_eval_if_single(model, self.x.shape[2]))
+            yield
+
+    def gradients(self) -> list[dict[str, Tensor]]:
+        out = fl_batched.benign_updates(self.architecture, self.params, self.x, self.y, kind="gradient",
+                                        buffers=self.buffers)
+        return [{n: t[k, 0] for n, t in out.tensors.items()} for k in range(len(self.members))]
+
+    def models(self, step: int) -> list[nn.Module]:
+        """The clients' models at their current parameters, for the gradient transform."""
+        if step == 0:
+            return [j.model for j in self.jobs]
+        if self.copies is None:  # FedAvg's later steps: private copies, in the clients' training modes
+            self.copies = [copy.deepcopy(j.model) for j in self.jobs]
+        with torch.no_grad():
+            for k, model in enumerate(self.copies):
+                own = dict(model.named_parameters())
+                torch._foreach_copy_([own[n] for n in self.params], [t[k] for t in self.params.values()])
+        return self.copies
+
+    def take_step(self, grads: list[dict[str, Tensor]]) -> None:
+        self.last = grads
+        if self.kind == "model_delta":
+            self.params = {n: p - self.local_lr * torch.stack([g[n] for g in grads]) for n, p in self.params.items()}
+
+    def updates(self) -> list[SharedUpdate]:
+        out = []
+        for k, job in enumerate(self.jobs):
+            if self.kind == "gradient":
+                tensors = {n: self.last[k][n] for n in self.params}
+            else:
+                tensors = {n: (self.start[n][k] - self.params[n][k]).clone() for n in self.params}
+            # No BatchNorm layer trained (see the class docstring): the running statistics are the model's.
+            buffers = {n: b.detach().clone() for n, b in job.model.named_buffers()} if self.buffers is not None else None
+            out.append(_shared_update(job, tensors, buffers))
+        return out
+
+
+def _cohorts(jobs: list[LocalTraining], batched: bool) -> list[_OnItsCopy | _Stacked]:
+    """The clients grouped for training: with ``batched``, clients that :class:`_Stacked` takes and that
+    share a key form one stacked cohort (two or more); every other client trains on its own copy."""
+    groups: dict[tuple, list[int]] = {}
+    for i, job in enumerate(jobs):
+        model = job.model
+        if batched and fl_batched.supports(model) and (job.x.shape[0] == 1 or not has_batchnorm(model)):
+            key = (fl_batched.signature(model), tuple(job.x.shape), job.x.dtype, job.x.device, tuple(job.y.shape),
+                   job.y.dtype, job.kind, job.local_steps, job.local_lr)
+            groups.setdefault(key, []).append(i)
+    cohorts: list[_OnItsCopy | _Stacked] = [_Stacked(m, jobs) for m in groups.values() if len(m) > 1]
+    stacked = {i for c in cohorts for i in c.members}
+    return cohorts + [_OnItsCopy(i, job) for i, job in enumerate(jobs) if i not in stacked]
