@@ -238,9 +238,10 @@ class Round:
         """Phase 2 of every game, each with its own draws: the victims' defense pipelines as one
         :func:`~leakgym.defenses.apply_defense_many` (update-side defenses batched over the games); with
         ``batch_clients`` the victims' clean updates are one batched computation per architecture
-        (``LeakGame.clean_updates``) that the pipelines reuse, and the input and step defenses run batched over
-        the games (LODA's obscuring, DCS²'s synthesis, CENSOR's trials; to float32 rounding); without it
-        they run game by game (bit-identical)."""
+        (``LeakGame.clean_updates``) that the pipelines reuse, the input and step defenses run batched over
+        the games (LODA's obscuring, DCS²'s synthesis, CENSOR's trials; to float32 rounding), and the
+        victims that train under them take each local step's gradients as one vmapped computation
+        (``compute_updates(batched=True)``); without it they run game by game (bit-identical)."""
         if len(self.games) == 1:
             return [self.games[0].defend(plans[0])]
         drawn = [g.draw(p) for g, p in zip(self.games, plans)]

@@ -10,7 +10,9 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
   :func:`leakgym.models.task_loss`: FedSGD gradients, or FedAvg model differences ``w_0 - w_E`` after
   ``E`` local SGD steps unrolled functionally, and for BatchNorm models each client's running
   statistics after its training; :func:`client_updates` -- the same for one client per game (the
-  victims' clean updates), as ``SharedUpdate`` objects;
+  victims' clean updates), as ``SharedUpdate`` objects; the victims' defended training
+  (:func:`leakgym.fl.client.compute_updates` with ``batched=True``) takes one :func:`benign_updates`
+  gradient per local step, so that a step defense can transform it in between;
 * :func:`aggregate_many` -- every game's example-weighted mean of its clients' updates applied to its
   parameters, and :func:`average_buffers_many` -- of their BN running statistics, with the arithmetic
   of :meth:`Server.aggregate` (same operations in the same order);
