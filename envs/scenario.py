@@ -24,6 +24,7 @@ Every menu value is validated through the real config class when the scenario is
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import numbers
 import re
@@ -519,6 +520,14 @@ def _validate_menus(sc: Scenario) -> None:
                 base.replace(**{key: value})
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{where}: defender_menu {key}={values!r}: {exc}") from None
+    # Cross-field rules (Mixup with InstaHide, DCS² with either) are between two fields: every pair of
+    # values of every two menu dimensions is a configuration some defender action plays.
+    for (key_a, values_a), (key_b, values_b) in itertools.combinations(sc.defender_menu.items(), 2):
+        for a, b in itertools.product(values_a, values_b):
+            try:
+                base.replace(**{key_a: a, key_b: b})
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: defender_menu {key_a}={a!r} together with {key_b}={b!r}: {exc}") from None
     bad_bits = [b for b in sc.oasis_bits if b not in BIT_NAMES.values()]
     if bad_bits:
         raise ValueError(f"{where}: oasis_bits {bad_bits} unknown; allowed: {list(BIT_NAMES.values())}")

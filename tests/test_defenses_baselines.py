@@ -85,3 +85,32 @@ def test_soteria_works_with_batchnorm_in_train_mode():
     x = torch.randn(3, 1, 16, 16, generator=_gen(3))
     scores = representation_scores(model, x)
     assert scores.shape == (model.feature_dim,) and torch.isfinite(scores).all()
+
+
+def test_soteria_leaves_an_update_without_the_head_weight_as_it_is():
+    """A frozen head is not shared: Soteria has nothing of it to prune (it raised KeyError)."""
+    from leakgym.defenses import DefenseConfig, apply_defense
+    from leakgym.models import build_model
+
+    spec = dataset_spec("digits", image_size=16)
+    model = build_model("lenet", spec, seed=0)
+    model.head.weight.requires_grad_(False)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, 1, 16, 16, generator=g), torch.tensor([1, 7])
+    clean, _ = apply_defense(model, x, y, DefenseConfig(), seed=0)
+    upd, rep = apply_defense(model, x, y, DefenseConfig(soteria=0.5), seed=0)
+    assert "head.weight" not in upd.tensors and rep.details["soteria"]["pruned_units"] == 0
+    assert all(torch.equal(upd.tensors[n], t) for n, t in clean.tensors.items())
+
+
+def test_entry_counts_are_those_of_the_decimal_fraction():
+    """floor(0.29 * 100) on binary floats is 28 (0.29 * 100 = 28.999999999999996) and ceil(0.07 * 100) is 8:
+    pruning zeroed one entry too few, top-k kept one too many (helper review)."""
+    from leakgym.defenses.sparsification import entry_count
+
+    update = {"w": torch.arange(1.0, 101.0)}
+    assert int((prune_smallest(update, 0.29)["w"] == 0).sum()) == 29
+    assert int((top_k(update, 0.07)["w"] != 0).sum()) == 7
+    assert entry_count(0.29, 100) == 29 and entry_count(0.07, 100, round_up=True) == 7
+    assert entry_count(0.295, 100) == 29 and entry_count(0.295, 100, round_up=True) == 30  # not near an integer
+    assert entry_count(0.5, 3) == 1 and entry_count(0.5, 3, round_up=True) == 2

@@ -54,9 +54,13 @@ def test_mixup_and_instahide_are_exclusive_and_replace_rejects_unknown_fields():
 
 
 def test_active_follows_pipeline_order_regardless_of_field_order():
-    cfg = DefenseConfig(noise_sigma=0.1, clip=1.0, topk=0.5, prune=0.5, soteria=0.5, ppp="ng",
-                        censor_trials=2, dcs2_lambda_g=0.7, mixup_k=2, loda_c=1.0, oasis=1, clip_value=1.0)
-    assert cfg.active() == list(PIPELINE_ORDER[:3]) + list(PIPELINE_ORDER[4:])
+    every = {"noise_sigma": 0.1, "clip": 1.0, "topk": 0.5, "prune": 0.5, "soteria": 0.5, "ppp": "ng", "censor_trials": 2,
+             "loda_c": 1.0, "oasis": 1, "clip_value": 1.0}
+    # DCS² and Mixup (and Mixup and InstaHide) exclude each other: one of each pair at a time
+    cfg = DefenseConfig(**every, mixup_k=2)
+    assert cfg.active() == [n for n in PIPELINE_ORDER if n not in ("instahide", "dcs2")]
+    cfg = DefenseConfig(**every, dcs2_lambda_g=0.7)
+    assert cfg.active() == [n for n in PIPELINE_ORDER if n not in ("instahide", "mixup")]
     assert DefenseConfig(instahide_k=2).active() == ["instahide"]
 
 

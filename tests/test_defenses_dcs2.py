@@ -319,3 +319,60 @@ def test_eval_mode_batchnorm_synthesis_on_cuda_matches_one_client_at_a_time(digi
         for n, t in alone.items():
             assert shared[n].device.type == "cuda"
             torch.testing.assert_close(shared[n], t, rtol=1e-3, atol=1e-5)
+
+
+def test_frozen_parameters_are_not_shared_and_keep_each_clients_value(digits):
+    """A client shares its trainable parameters only (compute_update); DCS² raised on a model with a frozen
+    layer ("clean_grad lacks ..."), and the batched training (stacks of the trainable parameters) took
+    client 0's frozen values for every client. Now the frozen layer is left out of the shared update, and
+    models with one train client by client (fl.batched.supports), each with its own frozen values."""
+    from leakgym.defenses import DefenseCall, DefenseConfig, apply_defense, apply_defense_many
+
+    spec, x, y, px, py = digits
+    calls = []
+    for i in range(3):
+        model = build_model("lenet", spec, seed=i)  # different frozen values per client
+        model.body.conv1.weight.requires_grad_(False)
+        calls.append(DefenseCall(model, spec.normalize(x[i:i + 1]), y[i:i + 1],
+                                 DefenseConfig(dcs2_lambda_g=0.7, dcs2_steps=5), seed=20 + i, public_x=px, public_y=py))
+    together = apply_defense_many(calls, batch_defenses=True)
+    for c, (upd, _) in zip(calls, together):
+        assert "body.conv1.weight" not in upd.tensors
+        alone, _ = apply_defense(c.model, c.x, c.y, c.config, seed=c.seed, public_x=px, public_y=py)
+        assert set(alone.tensors) == set(upd.tensors)
+        for name, t in alone.tensors.items():
+            torch.testing.assert_close(upd.tensors[name], t, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("encoding", [{"mixup_k": 2}, {"instahide_k": 2}])
+def test_dcs2_with_a_mixup_encoding_is_refused_when_configured(encoding):
+    """DCS² needs the client's hard labels (Eq. 9); a Mixup/InstaHide client's are soft. The config was
+    accepted and every round then failed with an error about label shapes."""
+    from leakgym.defenses import DefenseConfig
+
+    with pytest.raises(ValueError, match=r"dcs2_lambda_g=0.5 with (mixup|instahide)_k=2: .*use one of them"):
+        DefenseConfig(dcs2_lambda_g=0.5, **encoding)
+    DefenseConfig(dcs2_lambda_g=0.0, **encoding)  # DCS² off: fine
+
+
+@pytest.mark.parametrize("field", ["dcs2_lr", "dcs2_lambda_x", "dcs2_lambda_z", "dcs2_epsilon"])
+def test_dcs2_settings_that_overflow_the_synthesis_are_refused(field):
+    """At 1e30-1e39 the synthesis overflowed and the client sent a NaN update without an error."""
+    from leakgym.defenses import DefenseConfig
+    from leakgym.defenses.dcs2 import DCS2_SETTING_MAX
+
+    with pytest.raises(ValueError, match=rf"{field}=1e\+30; allowed range .*1e\+06\]"):
+        DefenseConfig(**{field: 1e30})
+    DefenseConfig(**{field: DCS2_SETTING_MAX})
+
+
+def test_a_zero_gradient_gives_finite_dcs2_details(digits):
+    """A client whose clean gradient is exactly zero (a saturated softmax): the shared cosine was 0/0 = NaN."""
+    spec, x, y, px, py = digits
+    model = build_model("lenet", spec, seed=0)
+    xs, ys = spec.normalize(x[:1]), y[:1]
+    zero = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    shared, info = dcs2_gradient(model, xs, ys, zero, **{**PAPER, "lambda_g": 0.5}, steps=2, start="random",
+                                 public_x=px, public_y=py, generator=torch.Generator().manual_seed(0))
+    assert all(bool(torch.isfinite(t).all()) for t in shared.values())
+    assert all(np.isfinite(v) for v in info.values() if isinstance(v, float))

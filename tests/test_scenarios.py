@@ -83,6 +83,11 @@ def test_invalid_actions_name_the_value_and_range():
         ({"image_size": 10**5}, r"image_size=100000 exceeds the limit 256"),
         ({"local_steps": 3}, r"local_steps=3 needs update_kind='model_delta'"),
         ({"defender_menu": {"mixup_k": [0, 4]}}, r"mixup_k=\[4\].*needs k <= batch_size"),
+        # two dimensions whose values are fine alone and refused together (a defender action plays both)
+        ({"batch_size": 2, "defender_menu": {"dcs2_lambda_g": [0.0, 0.5], "mixup_k": [0, 2]}},
+         r"dcs2_lambda_g=0.5 together with mixup_k=2: .*use one of them"),
+        ({"batch_size": 2, "defender_menu": {"mixup_k": [0, 2], "instahide_k": [0, 2]}},
+         r"mixup_k=2 together with instahide_k=2: .*at most one"),
         ({"tv": [1e-4], "strategies": ["dlg"]}, r"attacker_menu 'tv' is a field of none of the strategies"),
         ({"attacker_menu": {"iterations": [1]}}, r"needs a 'strategy' entry"),
         # found in review: accepted, then failing (or overflowing) in every round

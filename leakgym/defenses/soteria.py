@@ -39,12 +39,12 @@ Free in the cost model (one Jacobian of the representation, small next to the de
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import Tensor, nn
 
 from leakgym.defenses.registry import DefenseContext, UpdateDefense, real_field
+from leakgym.defenses.sparsification import entry_count
 from leakgym.models import bn_eval_if_single
 
 Update = dict[str, Tensor]
@@ -87,7 +87,7 @@ def soteria_mask(model: nn.Module, x: Tensor, fraction: float) -> tuple[Tensor, 
     if not (0.0 <= fraction < 1.0):
         raise ValueError(f"Soteria fraction={fraction!r}; allowed range [0, 1)")
     scores = representation_scores(model, x)
-    n_prune = math.floor(fraction * scores.numel())
+    n_prune = entry_count(fraction, scores.numel())
     keep = torch.ones_like(scores, dtype=torch.bool)
     if n_prune:
         keep[torch.topk(scores, n_prune, largest=False).indices] = False
@@ -115,6 +115,8 @@ def soteria(update: Update, model: nn.Module, x: Tensor, fraction: float) -> tup
         ``(update', {"pruned_units": n, "units": D})``.
     """
     name = head_weight_name(model)
+    if name not in update:  # a frozen head is not shared: nothing of it to prune
+        return {k: v.clone() for k, v in update.items()}, {"pruned_units": 0, "units": int(model.head.weight.shape[1])}
     keep, _ = soteria_mask(model, x, fraction)
     out = {k: v.clone() for k, v in update.items()}
     out[name] = update[name] * keep.to(update[name].dtype)[None, :]

@@ -7,7 +7,8 @@
   *whole* update, only the ``k`` entries with the largest magnitude are kept, ``k = ceil(keep * N)``.
 
 Ties are broken by position (``torch.topk``/``argsort`` order), so exactly ``floor(p * n)`` entries
-per layer, resp. ``N - k`` entries overall, are zeroed. Pure functions; inputs are not modified.
+per layer, resp. ``N - k`` entries overall, are zeroed; ``p * n`` is the exact product of the decimal
+fraction and the count (:func:`entry_count`: ``0.29 * 100`` is 29, not the binary float's 28.999...). Pure functions; inputs are not modified.
 The registered defenses :data:`PRUNE` (``prune``) and :data:`TOPK` (``topk``) apply them to the
 shared update (update stage); both are free in the cost model.
 """
@@ -24,6 +25,17 @@ from leakgym.defenses.registry import DefenseContext, UpdateDefense, real_field
 Update = dict[str, Tensor]
 
 
+def entry_count(fraction: float, n: int, *, round_up: bool = False) -> int:
+    """``floor(fraction * n)`` (``ceil`` with ``round_up``) of the product as written in decimal: a binary
+    float product within 1e-9 (relative) of an integer is that integer (``0.29 * 100`` is
+    28.999999999999996 as floats, and flooring it zeroed 28 entries of 100 instead of 29)."""
+    product = fraction * n
+    nearest = round(product)
+    if abs(product - nearest) <= 1e-9 * max(1.0, abs(product)):
+        return int(nearest)
+    return math.ceil(product) if round_up else math.floor(product)
+
+
 def prune_smallest(update: Update, fraction: float, *, names: list[str] | None = None) -> Update:
     """Zero the ``floor(fraction * numel)`` smallest-magnitude entries of each tensor (of ``names``)."""
     if not (0.0 <= fraction < 1.0):
@@ -31,7 +43,7 @@ def prune_smallest(update: Update, fraction: float, *, names: list[str] | None =
     selected = set(update) if names is None else set(names)
     out: Update = {}
     for name, t in update.items():
-        n_zero = math.floor(fraction * t.numel())
+        n_zero = entry_count(fraction, t.numel())
         if name not in selected or n_zero == 0:
             out[name] = t.clone()
             continue
@@ -48,7 +60,7 @@ def top_k(update: Update, keep: float) -> Update:
         raise ValueError(f"top-k keep fraction={keep!r}; allowed range (0, 1]")
     names = list(update)
     flat = torch.cat([update[n].reshape(-1) for n in names])
-    k = max(1, math.ceil(keep * flat.numel()))
+    k = max(1, entry_count(keep, flat.numel(), round_up=True))
     mask = torch.zeros_like(flat, dtype=torch.bool)
     mask[torch.topk(flat.abs(), k, largest=True, sorted=False).indices] = True
     kept = torch.where(mask, flat, torch.zeros_like(flat))
@@ -93,7 +105,7 @@ class Prune(UpdateDefense):
             pruned: dict[str, Tensor] = {}
             for name, shape, _, _ in layout:
                 flat = torch.stack([updates[i][name].reshape(-1) for i in members])
-                n_zero = math.floor(fraction * flat.shape[1])
+                n_zero = entry_count(fraction, flat.shape[1])
                 if n_zero:
                     smallest = torch.topk(flat.abs(), n_zero, dim=1, largest=False, sorted=False).indices
                     flat = flat.scatter(1, smallest, 0.0)

@@ -35,7 +35,7 @@ most 2e-7 absolute in a gradient entry and 1e-6 relative in the test loss (``tes
 
 Scope: models whose forward is a deterministic function of parameters, BN statistics and input --
 no PRECODE bottleneck (it samples from torch's global RNG), no dropout, no state other than BN
-running statistics (with ``track_running_stats`` and a ``momentum``). :func:`supports` says whether a
+running statistics (with ``track_running_stats`` and a ``momentum``), no frozen parameter. :func:`supports` says whether a
 model qualifies; callers run the others game by game.
 """
 
@@ -63,9 +63,13 @@ def _bn_layers(model: nn.Module) -> list[tuple[str, nn.modules.batchnorm._BatchN
 
 
 def supports(model: nn.Module) -> bool:
-    """True when ``model``'s clients can be computed by :func:`benign_updates` (see the module docstring)."""
+    """True when ``model``'s clients can be computed by :func:`benign_updates` (see the module docstring).
+    Every parameter must be trainable: the stacks hold the trainable ones, and a frozen one would be taken
+    from the one model that gives the architecture, for every game."""
     random = (nn.modules.dropout._DropoutNd, VariationalBottleneck)
     if any(isinstance(m, random) for m in model.modules()):
+        return False
+    if not all(p.requires_grad for p in model.parameters()):
         return False
     bns = _bn_layers(model)
     if any(not m.track_running_stats or m.momentum is None for _, m in bns):
