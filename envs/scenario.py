@@ -511,9 +511,11 @@ def _validate_menus(sc: Scenario) -> None:
 
     where = f"scenario {sc.name!r}"
     try:
-        base = DefenseConfig(**sc.defense_defaults)
+        DefenseConfig(**sc.defense_defaults)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: defense_defaults={sc.defense_defaults!r}: {exc}") from None
+    # Every action sets every menu field: a default of a menu field is never played.
+    base = DefenseConfig(**{k: v for k, v in sc.defense_defaults.items() if k not in sc.defender_menu})
     for key, values in sc.defender_menu.items():
         for value in values:
             try:

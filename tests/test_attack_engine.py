@@ -513,3 +513,16 @@ def test_gradient_distance_equals_its_per_layer_formula(distance, scheme, flat_m
                      * sum(wk * t.pow(2).sum() for wk, _, t in terms).sqrt())
             want.append(1 - dot / norms)
     torch.testing.assert_close(got, torch.stack(want), rtol=1e-12, atol=1e-12)
+
+
+def test_the_cosine_distance_of_an_all_zero_dummy_gradient_has_a_finite_gradient():
+    """1 - <g, t> / (|g| |t|) at g = 0: the value was guarded (1) but sqrt's backward at 0 gave NaN, so a
+    problem reaching a zero dummy gradient was stuck (reset to its best iterate every step)."""
+    from leakgym.attacks.losses import gradient_distance
+
+    targets = {"w": torch.tensor([[1.0, 2.0, 3.0]]).repeat(2, 1)}
+    dummy = torch.tensor([[0.0, 0.0, 0.0], [0.5, -1.0, 2.0]], requires_grad=True)
+    loss = gradient_distance({"w": dummy}, targets, {"w": 1.0}, distance="cosine")
+    assert loss[0].item() == 1.0
+    (grad,) = torch.autograd.grad(loss.sum(), dummy)
+    assert torch.isfinite(grad).all()

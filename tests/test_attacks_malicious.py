@@ -235,3 +235,16 @@ def test_malicious_configs_are_checked_and_prepare_model_leaves_the_global_rng(a
     torch.manual_seed(0)
     attack().prepare_model(mlp, digits.spec)
     torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_a_threshold_equal_to_the_largest_public_measurement_moves_above_it():
+    """When the brightest public images share one brightness, a top quantile equals it: `searchsorted`
+    put it past the end and it stayed on the measurement, so equally bright victims (an image and its
+    flips: OASIS) fell on either side by float32 rounding (helper review)."""
+    from leakgym.attacks.imprint import GAP_FRACTION, _between_values
+
+    measured = torch.tensor([0.0, 1.0, 2.0, 3.0, 3.0, 3.0], dtype=torch.float64)
+    moved = _between_values(torch.tensor([0.5, 3.0, 3.0, 4.0], dtype=torch.float64), measured)
+    assert moved[0] == 0.0 + GAP_FRACTION  # inside a gap, as before
+    assert torch.all(moved[1:3] == 3.0 + GAP_FRACTION)  # on the largest value: just above it
+    assert moved[3] == 4.0  # beyond every measurement: unchanged

@@ -114,3 +114,7 @@ def test_entry_counts_are_those_of_the_decimal_fraction():
     assert entry_count(0.29, 100) == 29 and entry_count(0.07, 100, round_up=True) == 7
     assert entry_count(0.295, 100) == 29 and entry_count(0.295, 100, round_up=True) == 30  # not near an integer
     assert entry_count(0.5, 3) == 1 and entry_count(0.5, 3, round_up=True) == 2
+    # exact for large n too (a relative tolerance snapped real fractional parts of ResNet-sized updates)
+    assert entry_count(0.421, 11_173_962, round_up=True) == 4_704_239
+    assert entry_count(0.579, 11_173_962) == 6_469_723
+    assert entry_count(0.3333, 1_000_003) == 333_300 and entry_count(0.9999999999, 10**6) == 999_999

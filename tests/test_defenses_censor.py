@@ -181,6 +181,21 @@ def test_samples_bases_leave_out_rounding_so_candidates_do_not_depend_on_it():
         torch.testing.assert_close(b[n], a[n], rtol=1e-4, atol=1e-6 * float(a[n].abs().max()))
 
 
+def test_near_duplicate_examples_keep_their_directions_in_the_samples_basis():
+    """Eight near-duplicate images: their gradients are nearly parallel, the largest singular value of the
+    unit columns is sqrt(8). A tolerance scaled by it dropped genuine directions (candidate cosines 2.4e-5
+    with the examples' gradients); the absolute one keeps them."""
+    model = build_model("lenet", SPEC, seed=0)
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 1, 16, 16, generator=g)
+    x, y = base + 3e-4 * torch.randn(8, 1, 16, 16, generator=g), torch.full((8,), 3)
+    grad = compute_update(model, x, y).tensors
+    per_example = example_gradients(model.train(), x, y)
+    cand = orthogonal_candidate(grad, torch.Generator().manual_seed(1), example_bases(grad, per_example))
+    worst = max(abs(_cos(cand[n], per_example[n][j].double())) for n in grad for j in range(8))
+    assert worst < 5e-6  # measured 9e-7
+
+
 def test_per_example_gradients_with_batchnorm_in_train_mode_average_to_the_batch_gradient():
     model = build_model("convnet", SPEC, width=4, seed=0).train()
     g = torch.Generator().manual_seed(0)

@@ -220,3 +220,25 @@ def test_the_decoded_images_get_their_own_labels(scheme):
         assert labels.tolist() == y.tolist()
         wrong_before += int((soft.argmax(dim=1) != y).sum())
     assert wrong_before > 0  # the old rule is wrong on these batches
+
+
+def test_mixup_decoding_infers_labels_with_its_label_method():
+    """On an unencoded update MixupDecoding inferred labels with the default method whatever its
+    ``label_method`` (four images of one class: 'yin' and the count-based default disagree)."""
+    from leakgym.attacks.base import AttackerKnowledge
+    from leakgym.attacks.labels import infer_labels
+    from leakgym.attacks.mixup_decoding import MixupDecoding
+    from leakgym.data import load_dataset
+    from leakgym.fl.client import compute_update
+    from leakgym.models import build_model
+
+    data = load_dataset("digits", image_size=16)
+    spec = data.spec
+    model = build_model("lenet", spec, seed=0)
+    rows = (data.test_y == 3).nonzero().flatten()[:4]
+    update = compute_update(model, spec.normalize(data.test_x[rows]), data.test_y[rows])
+    knowledge = AttackerKnowledge(model=model, spec=spec, batch_size=4)
+    yin = infer_labels(update, knowledge, method="yin").tolist()
+    assert yin != infer_labels(update, knowledge).tolist()  # the case tells the methods apart
+    out = MixupDecoding(iterations=1, decode_steps=1, label_method="yin").reconstruct(update, knowledge)
+    assert sorted(out.labels.tolist()) == sorted(yin)

@@ -114,6 +114,14 @@ def test_bad_configurations_are_refused_when_built(overrides, message):
         load_scenario("digits", **overrides)
 
 
+def test_a_default_of_a_menu_field_is_never_played_so_never_refused():
+    """Every action sets every menu field: a default Mixup k that the menu overrides with 0 does not make
+    the menu's DCS² values 'refused together with Mixup' (helper review)."""
+    sc = load_scenario("digits", batch_size=4, defense_defaults={"mixup_k": 2},
+                       defender_menu={"dcs2_lambda_g": [0.0, 0.5], "mixup_k": [0]})
+    assert sc.defender_menu["mixup_k"] == [0]
+
+
 def test_strings_are_coerced_like_the_cli_and_limits_can_be_lifted():
     sc = load_scenario("digits", rounds="3", server_lr="0.5", known_labels="true", allow_large="1")
     assert (sc.rounds, sc.server_lr, sc.known_labels) == (3, 0.5, True)

@@ -157,8 +157,9 @@ def _between_values(thresholds: Tensor, measured: Tensor) -> Tensor:
     point, i.e. the brightness of some other image; so each threshold is put at the fraction
     ``1 - 1/sqrt(2)`` of its gap, which is no lattice point for any gap (irrational) and at least 5%
     of a step away from one for gaps of up to 10 steps. It splits the public data as the quantile
-    does, except that images tied with the quantile all count as below it. Thresholds beyond the
-    largest measurement stay where they are.
+    does, except that images tied with the quantile all count as below it. A threshold equal to the
+    largest measurement (the top public images share one brightness) moves above it by the same
+    fraction of the last gap; thresholds beyond it stay where they are.
     """
     values = torch.unique(measured)  # sorted
     # Images of equal brightness measure equal only up to float64 rounding (their pixels are summed in
@@ -169,7 +170,11 @@ def _between_values(thresholds: Tensor, measured: Tensor) -> Tensor:
     inside = (idx > 0) & (idx < values.numel())
     lo = values[(idx - 1).clamp(min=0)]
     hi = values[idx.clamp(max=values.numel() - 1)]
-    return torch.where(inside, lo + (hi - lo) * GAP_FRACTION, thresholds)
+    top = values[-1]
+    last_gap = top - values[-2] if values.numel() > 1 else top.abs().clamp_min(1.0)
+    on_top = (idx == values.numel()) & (thresholds <= top + tol)  # `right=True` puts t == max past the end
+    moved = torch.where(on_top, top + last_gap * GAP_FRACTION, thresholds)
+    return torch.where(inside, lo + (hi - lo) * GAP_FRACTION, moved)
 
 
 def imprint_thresholds(

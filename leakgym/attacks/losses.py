@@ -147,9 +147,10 @@ def _cosine(dot: Tensor, dummy_sq: Tensor, target_norm_sq: Tensor) -> Tensor:
     """``1 - dot / (sqrt(dummy_sq) * sqrt(target_norm_sq))``, targets broadcast over restarts."""
     p, n = dot.shape[0], target_norm_sq.shape[0]
     t_norm = target_norm_sq.to(dot.dtype).repeat_interleave(p // n).sqrt()
-    # The epsilon only guards the all-zero dummy gradient (e.g. a constant image); it is far below
-    # any gradient norm met in practice.
-    denom = (dummy_sq.sqrt() * t_norm).clamp_min(torch.finfo(dot.dtype).tiny)
+    # The epsilons only guard the all-zero dummy gradient (e.g. a constant image), far below any gradient
+    # norm met in practice: clamped before the root too, whose backward at 0 is 0 * inf = NaN.
+    tiny = torch.finfo(dot.dtype).tiny
+    denom = (dummy_sq.clamp_min(tiny).sqrt() * t_norm).clamp_min(tiny)
     return 1.0 - dot / denom
 
 

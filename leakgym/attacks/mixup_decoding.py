@@ -78,7 +78,8 @@ def _demixed_labels(encoding: tuple[str, Tensor, Tensor, Tensor]) -> Tensor:
     return torch.linalg.lstsq(mixing, soft * mixing.sum(dim=1, keepdim=True)).solution.argmax(dim=1)
 
 
-def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int) -> tuple[str, Tensor, Tensor, Tensor]:
+def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int,
+              label_method: str = "auto") -> tuple[str, Tensor, Tensor, Tensor]:
     """``(scheme, M, soft labels, public offset O)`` of one problem, validated.
 
     Returned on the CPU in float64: they are small, the optimal assignment needs them there, and
@@ -92,7 +93,7 @@ def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int) ->
         if knowledge.labels is not None:
             labels = knowledge.labels.detach().cpu().long()
         else:
-            labels = infer_labels(update, knowledge).cpu().long()
+            labels = infer_labels(update, knowledge, method=label_method).cpu().long()
         soft = torch.nn.functional.one_hot(labels, knowledge.spec.num_classes).double()
         enc = {"scheme": "mixup", "mixing_matrix": torch.eye(b, dtype=torch.float64), "labels": soft}
     if not isinstance(enc, dict) or "mixing_matrix" not in enc:
@@ -184,7 +185,7 @@ class MixupDecoding(InvertingGradients):
         for i, (u, k) in enumerate(zip(updates, knowledges)):
             if u.batch_size != k.batch_size:
                 raise ValueError(f"update {i}: batch_size={u.batch_size} but knowledge.batch_size={k.batch_size}")
-            encodings.append(_encoding(u, k, i))
+            encodings.append(_encoding(u, k, i, cfg.label_method))
         schemes = {e[0] for e in encodings}
         if cfg.joint and (len(schemes) > 1 or len({k.batch_size for k in knowledges}) > 1):
             raise ValueError("joint=True needs updates of one scheme and one batch size (one private batch)")

@@ -8,7 +8,8 @@
 
 Ties are broken by position (``torch.topk``/``argsort`` order), so exactly ``floor(p * n)`` entries
 per layer, resp. ``N - k`` entries overall, are zeroed; ``p * n`` is the exact product of the decimal
-fraction and the count (:func:`entry_count`: ``0.29 * 100`` is 29, not the binary float's 28.999...). Pure functions; inputs are not modified.
+fraction and the count, computed exactly (:func:`entry_count`: ``0.29 * 100`` is 29, not the binary float's
+28.999...). Pure functions; inputs are not modified.
 The registered defenses :data:`PRUNE` (``prune``) and :data:`TOPK` (``topk``) apply them to the
 shared update (update stage); both are free in the cost model.
 """
@@ -16,6 +17,7 @@ shared update (update stage); both are free in the cost model.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -26,13 +28,10 @@ Update = dict[str, Tensor]
 
 
 def entry_count(fraction: float, n: int, *, round_up: bool = False) -> int:
-    """``floor(fraction * n)`` (``ceil`` with ``round_up``) of the product as written in decimal: a binary
-    float product within 1e-9 (relative) of an integer is that integer (``0.29 * 100`` is
-    28.999999999999996 as floats, and flooring it zeroed 28 entries of 100 instead of 29)."""
-    product = fraction * n
-    nearest = round(product)
-    if abs(product - nearest) <= 1e-9 * max(1.0, abs(product)):
-        return int(nearest)
+    """``floor(fraction * n)`` (``ceil`` with ``round_up``) of the fraction as written in decimal, in exact
+    arithmetic (``Fraction(repr(fraction))``): as binary floats ``0.29 * 100`` is 28.999999999999996, and
+    flooring it zeroed 28 entries of 100 instead of 29."""
+    product = Fraction(repr(float(fraction))) * int(n)
     return math.ceil(product) if round_up else math.floor(product)
 
 
