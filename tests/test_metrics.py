@@ -348,3 +348,22 @@ def test_lpips_rejects_checkpoint_that_is_not_alexnet(torch_home, monkeypatch):
     monkeypatch.setitem(perceptual.LPIPS_SHA256_PREFIXES, "alex", hashlib.sha256(path.read_bytes()).hexdigest()[:8])
     with pytest.raises(ValueError, match="not a torchvision alex checkpoint"):
         lpips(unit_images(1), unit_images(1))
+
+
+def test_an_exact_reconstruction_is_scored_against_its_own_original():
+    """Minimum total MSE gave an exact pair away: originals 0.5 and 0.0, reconstructions 0.5 (exact) and 1.0
+    cost 0 + 1.0 matched as they are but 0.25 + 0.25 swapped, so the exact image scored 6 dB (an
+    analytic attack's exact recoveries were undercounted, 34 of 41, helper review). The MSE matching now
+    keeps every recovery (>= 60 dB) first; PSNR matching did already."""
+    from leakgym.metrics import score_reconstruction, score_reconstructions
+
+    o = torch.stack([torch.full((1, 8, 8), 0.5), torch.full((1, 8, 8), 0.0)])
+    r = torch.stack([torch.full((1, 8, 8), 0.5), torch.full((1, 8, 8), 1.0)])
+    assert match_reconstructions(r, o).tolist() == [0, 1]
+    assert match_reconstructions(r, o, cost="psnr").tolist() == [0, 1]
+    alone = score_reconstruction(r, o)
+    assert alone.per_image["psnr"][0] >= 60 and alone.assignment.tolist() == [0, 1]
+    together = score_reconstructions([r, r.flip(0)], [o, o])
+    assert [s.assignment.tolist() for s in together] == [[0, 1], [1, 0]]
+    # without a recovery the minimum total MSE still decides (test_hungarian_beats_greedy)
+    assert match_reconstructions(r.clamp(0.55, 1.0), o).tolist() == [1, 0]

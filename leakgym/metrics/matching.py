@@ -5,6 +5,8 @@ batch, so it carries no order). Before scoring, each original image is paired wi
 reconstruction by minimum-cost bipartite matching (the Hungarian algorithm,
 ``scipy.optimize.linear_sum_assignment``), as breaching and Inverting Gradients do. With more
 reconstructions than originals (e.g. an attack that over-generates), the surplus is left unmatched.
+The default cost, MSE, first keeps as many recoveries (pairs at >= 60 dB) as possible, then minimises
+the total (:func:`assign`): an exact reconstruction is always scored against its own original.
 """
 
 from __future__ import annotations
@@ -19,6 +21,30 @@ from torch import Tensor
 from leakgym.metrics.functional import DEFAULT_MAX_DB, DEFAULT_SSIM_WINDOW, mse, psnr, ssim
 
 MATCHING_COSTS = ("mse", "psnr", "ssim")
+#: A pair at this PSNR or above is a recovery: the MSE matching keeps as many recoveries as it can.
+RECOVERED_DB = 60.0
+
+
+def assign(costs: np.ndarray, *, recovered: np.ndarray | None = None, max_pair_cost: float = 1.0) -> np.ndarray:
+    """Minimum-cost assignment of the rows of ``costs`` ``(N, M)`` (originals) to distinct columns, ``(N,)``.
+
+    ``recovered`` ``(N, M)`` (bool): pairs that are recoveries. Minimum total MSE alone may give an exact
+    pair away when that lowers the sum over poor pairs (an analytic attack's exact image scored against
+    the wrong original, helper review: 34 of 41 exact recoveries scored at >= 60 dB); with ``recovered``
+    the assignment keeps the largest number of recoveries and, among those, has the minimum total cost
+    (lexicographic, in one Hungarian call: every other pair costs ``(N + 1) * max_pair_cost`` more).
+    """
+    if recovered is not None and recovered.any():
+        costs = costs + (~recovered) * ((costs.shape[0] + 1) * max_pair_cost)
+    rows, cols = linear_sum_assignment(costs)
+    assignment = np.empty(costs.shape[0], dtype=np.int64)
+    assignment[rows] = cols
+    return assignment
+
+
+def recovered_pairs(mse_costs: np.ndarray, data_range: float = 1.0) -> np.ndarray:
+    """The pairs of an MSE cost matrix at :data:`RECOVERED_DB` or above."""
+    return mse_costs <= data_range**2 * 10 ** (-RECOVERED_DB / 10)
 
 
 def _check_batches(recon: Tensor, orig: Tensor) -> None:
@@ -64,7 +90,8 @@ def match_reconstructions(recon: Tensor, orig: Tensor, cost: str = "mse", data_r
     Args:
         recon: reconstructions, unit images ``(M, C, H, W)`` with ``M >= N``.
         orig: originals, unit images ``(N, C, H, W)``.
-        cost: ``"mse"`` (default), ``"psnr"`` or ``"ssim"`` (the latter two are maximised).
+        cost: ``"mse"`` (default; the most recoveries first, :func:`assign`), ``"psnr"`` or ``"ssim"``
+            (the latter two are maximised).
         ssim_window, max_db: the SSIM window and PSNR cap of the cost (the ones the pairs are scored with).
 
     Returns:
@@ -72,10 +99,9 @@ def match_reconstructions(recon: Tensor, orig: Tensor, cost: str = "mse", data_r
         ``recon[assignment]`` is aligned with ``orig``.
     """
     costs = pairwise_cost(recon, orig, cost, data_range, ssim_window=ssim_window, max_db=max_db)
-    rows, cols = linear_sum_assignment(costs)
-    assignment = np.empty(orig.shape[0], dtype=np.int64)
-    assignment[rows] = cols
-    return assignment
+    if cost != "mse":
+        return assign(costs)
+    return assign(costs, recovered=recovered_pairs(costs, data_range), max_pair_cost=data_range**2)
 
 
 def _as_label_list(labels: Tensor | np.ndarray | Sequence[int], name: str) -> list[int]:
@@ -105,4 +131,5 @@ def label_accuracy(pred: Tensor | np.ndarray | Sequence[int], true: Tensor | np.
     return sum(overlap.values()) / len(t)
 
 
-__all__ = ["MATCHING_COSTS", "label_accuracy", "match_reconstructions", "pairwise_cost"]
+__all__ = ["MATCHING_COSTS", "RECOVERED_DB", "assign", "label_accuracy", "match_reconstructions", "pairwise_cost",
+           "recovered_pairs"]

@@ -19,7 +19,14 @@ import torch
 from torch import Tensor
 
 from leakgym.metrics.functional import DEFAULT_MAX_DB, DEFAULT_SSIM_WINDOW, mse, psnr, ssim
-from leakgym.metrics.matching import MATCHING_COSTS, _check_batches, label_accuracy, match_reconstructions
+from leakgym.metrics.matching import (
+    MATCHING_COSTS,
+    _check_batches,
+    assign,
+    label_accuracy,
+    match_reconstructions,
+    recovered_pairs,
+)
 from leakgym.metrics.perceptual import lpips as lpips_fn
 
 
@@ -51,8 +58,9 @@ def score_reconstruction(recon_unit: Tensor, orig_unit: Tensor, *,
     """Match ``recon_unit`` (M images) to ``orig_unit`` (N <= M images) and score the matched pairs.
 
     Images are unit images ``(.., C, H, W)``, clamped to ``[0, data_range]`` (see
-    :mod:`leakgym.metrics.functional`). Matching minimises the total ``match_cost`` (default MSE) with
-    the Hungarian algorithm; surplus reconstructions are ignored. Label accuracy compares the label
+    :mod:`leakgym.metrics.functional`). Matching minimises the total ``match_cost`` (default MSE, after
+    keeping as many recoveries, pairs at >= 60 dB, as it can: :func:`~leakgym.metrics.matching.assign`)
+    with the Hungarian algorithm; surplus reconstructions are ignored. Label accuracy compares the label
     multisets (order-free: inferred labels are not tied to particular images).
     """
     assignment = match_reconstructions(recon_unit, orig_unit, cost=match_cost, data_range=data_range,
@@ -91,8 +99,6 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
     Returns one :class:`ReconstructionScores` per pair, equal to :func:`score_reconstruction`'s up to
     the rounding of batched kernels.
     """
-    from scipy.optimize import linear_sum_assignment
-
     if len(recons) != len(origs):
         raise ValueError(f"got {len(recons)} reconstruction batches for {len(origs)} original batches")
     for name, labels in (("pred_labels", pred_labels), ("true_labels", true_labels)):
@@ -129,10 +135,9 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
             pairs_r = rec.repeat(1, n, 1, 1, 1).flatten(0, 1)
             sign = 1.0 if match_cost == "mse" else -1.0  # PSNR and SSIM are maximised
             costs = (sign * metric(match_cost, pairs_r, pairs_o)).reshape(big, n, m).double().cpu().numpy()
-            assignments = np.empty((big, n), dtype=np.int64)
-            for k in range(big):
-                rows, cols = linear_sum_assignment(costs[k])
-                assignments[k, rows] = cols
+            assignments = np.stack([assign(c) if match_cost != "mse" else
+                                    assign(c, recovered=recovered_pairs(c, data_range), max_pair_cost=data_range**2)
+                                    for c in costs])
         index = torch.as_tensor(assignments, device=device)
         matched = torch.gather(rec, 1, index.view(big, n, 1, 1, 1).expand(big, n, *r_shape[1:]))
         flat_r, flat_o = matched.flatten(0, 1), org.flatten(0, 1)
