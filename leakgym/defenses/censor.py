@@ -24,8 +24,9 @@ Subspace (``subspace``, config field ``censor_subspace``):
   orthogonality: for each layer an orthonormal basis ``Q_l`` of ``span{G0_l, g_1,l, ..., g_N,l}`` is
   built (in float64, by SVD rather than Gram-Schmidt: the same span, computed stably, and
   rank-revealing, so that directions made of rounding are left out, :func:`example_bases`), and
-  ``g_l^o = g_r - Q_l Q_l^T g_r`` (projected twice, "twice is enough"). The batch gradient ``G0_l`` is in the set explicitly: it is the mean of the per-example
-  gradients for deterministic models, but PRECODE's per-example forward draws its own noise.
+  ``g_l^o = g_r - Q_l Q_l^T g_r`` (projected twice, "twice is enough"). The batch gradient ``G0_l``
+  is in the set explicitly: it is the mean of the per-example gradients for deterministic models,
+  but PRECODE's per-example forward draws its own noise.
   Per-example gradients are the rows of the Jacobian of the per-example losses of *one* batch
   forward (``torch.func.jacrev``), so with BatchNorm in train mode they include the coupling through
   the batch statistics and still average to the batch gradient; for PRECODE every row carries the
@@ -121,8 +122,9 @@ def example_bases(grad: Update, per_example: Update) -> dict[str, Tensor]:
 
     The basis spans the *numerical* span: the vectors, each scaled to unit norm (zero ones left out), are
     decomposed by SVD, and the left singular vectors whose singular value exceeds
-    :data:`RANK_TOLERANCE_EPS` machine epsilons of the gradients' dtype form the basis. The set is rank-deficient by construction (for a deterministic model ``G0`` is the mean of the
-    ``g_j``; the softmax's bias gradients sum to zero): a basis of all ``N + 1`` vectors (reduced QR) adds
+    :data:`RANK_TOLERANCE_EPS` machine epsilons of the gradients' dtype form the basis. The set is
+    rank-deficient by construction (for a deterministic model ``G0`` is the mean of the ``g_j``; the
+    softmax's bias gradients sum to zero): a basis of all ``N + 1`` vectors (reduced QR) adds
     a direction made of float32 rounding, which projects a rounding-dependent random direction out of
     every candidate (the same client's candidate then changed by 5% when its gradient moved by 1e-7).
     Measured on LeNet/digits, batches of 2 to 32: rounding directions at most 3e-7, genuine ones at

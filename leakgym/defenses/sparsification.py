@@ -7,9 +7,9 @@
   *whole* update, only the ``k`` entries with the largest magnitude are kept, ``k = ceil(keep * N)``.
 
 Ties are broken by position (``torch.topk``/``argsort`` order), so exactly ``floor(p * n)`` entries
-per layer, resp. ``N - k`` entries overall, are zeroed; ``p * n`` is the exact product of the decimal
-fraction and the count, computed exactly (:func:`entry_count`: ``0.29 * 100`` is 29, not the binary float's
-28.999...). Pure functions; inputs are not modified.
+per layer, resp. ``N - k`` entries overall, are zeroed; ``p * n`` is the product of the decimal
+fraction and the count, in exact arithmetic (:func:`entry_count`: ``0.29 * 100`` is 29, not the binary
+float's 28.999...). Pure functions; inputs are not modified.
 The registered defenses :data:`PRUNE` (``prune``) and :data:`TOPK` (``topk``) apply them to the
 shared update (update stage); both are free in the cost model.
 """

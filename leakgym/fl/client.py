@@ -167,18 +167,15 @@ def compute_updates(jobs: list[LocalTraining], gradient_transform: BatchedGradie
             stack.enter_context(cohort.training())
         for step in range(max(job.local_steps for job in jobs)):
             taking = [c for c in cohorts if step < c.local_steps]
-            # (client, cohort, position in the cohort) in client order, as the transform sees them
-            order = sorted(((i, c, k) for c in taking for k, i in enumerate(c.members)), key=lambda t: t[0])
-            computed = {id(c): c.gradients() for c in taking}
-            grads = [computed[id(c)][k] for _, c, k in order]
+            grad_of = {i: g for c in taking for i, g in zip(c.members, c.gradients())}
+            clients = sorted(grad_of)  # the transform sees the clients in order
             if gradient_transform is not None:
-                models = {id(c): c.models(step) for c in taking}
-                clients = [i for i, _, _ in order]
-                grads = gradient_transform(clients, [models[id(c)][k] for _, c, k in order],
-                                           [jobs[i].x for i in clients], [jobs[i].y for i in clients], grads, step=step)
-            returned = {(id(c), k): g for (_, c, k), g in zip(order, grads)}
+                model_of = {i: m for c in taking for i, m in zip(c.members, c.models(step))}
+                grad_of = dict(zip(clients, gradient_transform(
+                    clients, [model_of[i] for i in clients], [jobs[i].x for i in clients], [jobs[i].y for i in clients],
+                    [grad_of[i] for i in clients], step=step)))
             for c in taking:
-                c.take_step([returned[id(c), k] for k in range(len(c.members))])
+                c.take_step([grad_of[i] for i in c.members])
     out: list[SharedUpdate | None] = [None] * len(jobs)
     for cohort in cohorts:
         for i, update in zip(cohort.members, cohort.updates()):

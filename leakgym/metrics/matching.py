@@ -25,26 +25,24 @@ MATCHING_COSTS = ("mse", "psnr", "ssim")
 RECOVERED_DB = 60.0
 
 
-def assign(costs: np.ndarray, *, recovered: np.ndarray | None = None, max_pair_cost: float = 1.0) -> np.ndarray:
+def assign(costs: np.ndarray, cost: str = "mse", data_range: float = 1.0) -> np.ndarray:
     """Minimum-cost assignment of the rows of ``costs`` ``(N, M)`` (originals) to distinct columns, ``(N,)``.
 
-    ``recovered`` ``(N, M)`` (bool): pairs that are recoveries. Minimum total MSE alone may give an exact
-    pair away when that lowers the sum over poor pairs (an analytic attack's exact image scored against
-    the wrong original, helper review: 34 of 41 exact recoveries scored at >= 60 dB); with ``recovered``
-    the assignment keeps the largest number of recoveries and, among those, has the minimum total cost
-    (lexicographic, in one Hungarian call: every other pair costs ``(N + 1) * max_pair_cost`` more).
+    For the ``"mse"`` cost, minimum total MSE alone may give an exact pair away when that lowers the sum
+    over poor pairs (an analytic attack's exact image scored against the wrong original, helper review:
+    34 of 41 exact recoveries scored at >= 60 dB). So the assignment keeps the largest number of
+    recoveries (pairs at :data:`RECOVERED_DB` or above) and, among those, has the minimum total MSE
+    (lexicographic, in one Hungarian call: every other pair costs ``(N + 1) * data_range**2`` more, more
+    than any total MSE of clamped images). PSNR costs keep recoveries by themselves.
     """
-    if recovered is not None and recovered.any():
-        costs = costs + (~recovered) * ((costs.shape[0] + 1) * max_pair_cost)
+    if cost == "mse":
+        recovered = costs <= data_range**2 * 10 ** (-RECOVERED_DB / 10)
+        if recovered.any():
+            costs = costs + (~recovered) * ((costs.shape[0] + 1) * data_range**2)
     rows, cols = linear_sum_assignment(costs)
     assignment = np.empty(costs.shape[0], dtype=np.int64)
     assignment[rows] = cols
     return assignment
-
-
-def recovered_pairs(mse_costs: np.ndarray, data_range: float = 1.0) -> np.ndarray:
-    """The pairs of an MSE cost matrix at :data:`RECOVERED_DB` or above."""
-    return mse_costs <= data_range**2 * 10 ** (-RECOVERED_DB / 10)
 
 
 def _check_batches(recon: Tensor, orig: Tensor) -> None:
@@ -98,10 +96,7 @@ def match_reconstructions(recon: Tensor, orig: Tensor, cost: str = "mse", data_r
         ``int64`` array ``(N,)``: ``assignment[i]`` is the index in ``recon`` matched to ``orig[i]``;
         ``recon[assignment]`` is aligned with ``orig``.
     """
-    costs = pairwise_cost(recon, orig, cost, data_range, ssim_window=ssim_window, max_db=max_db)
-    if cost != "mse":
-        return assign(costs)
-    return assign(costs, recovered=recovered_pairs(costs, data_range), max_pair_cost=data_range**2)
+    return assign(pairwise_cost(recon, orig, cost, data_range, ssim_window=ssim_window, max_db=max_db), cost, data_range)
 
 
 def _as_label_list(labels: Tensor | np.ndarray | Sequence[int], name: str) -> list[int]:
@@ -131,5 +126,4 @@ def label_accuracy(pred: Tensor | np.ndarray | Sequence[int], true: Tensor | np.
     return sum(overlap.values()) / len(t)
 
 
-__all__ = ["MATCHING_COSTS", "RECOVERED_DB", "assign", "label_accuracy", "match_reconstructions", "pairwise_cost",
-           "recovered_pairs"]
+__all__ = ["MATCHING_COSTS", "RECOVERED_DB", "assign", "label_accuracy", "match_reconstructions", "pairwise_cost"]

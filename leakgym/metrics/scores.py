@@ -25,7 +25,6 @@ from leakgym.metrics.matching import (
     assign,
     label_accuracy,
     match_reconstructions,
-    recovered_pairs,
 )
 from leakgym.metrics.perceptual import lpips as lpips_fn
 
@@ -135,9 +134,7 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
             pairs_r = rec.repeat(1, n, 1, 1, 1).flatten(0, 1)
             sign = 1.0 if match_cost == "mse" else -1.0  # PSNR and SSIM are maximised
             costs = (sign * metric(match_cost, pairs_r, pairs_o)).reshape(big, n, m).double().cpu().numpy()
-            assignments = np.stack([assign(c) if match_cost != "mse" else
-                                    assign(c, recovered=recovered_pairs(c, data_range), max_pair_cost=data_range**2)
-                                    for c in costs])
+            assignments = np.stack([assign(c, match_cost, data_range) for c in costs])
         index = torch.as_tensor(assignments, device=device)
         matched = torch.gather(rec, 1, index.view(big, n, 1, 1, 1).expand(big, n, *r_shape[1:]))
         flat_r, flat_o = matched.flatten(0, 1), org.flatten(0, 1)
