@@ -367,3 +367,25 @@ def test_an_exact_reconstruction_is_scored_against_its_own_original():
     assert [s.assignment.tolist() for s in together] == [[0, 1], [1, 0]]
     # without a recovery the minimum total MSE still decides (test_hungarian_beats_greedy)
     assert match_reconstructions(r.clamp(0.55, 1.0), o).tolist() == [1, 0]
+
+
+def test_ssim_matching_keeps_an_exact_reconstruction_with_its_original():
+    """Maximum total SSIM gave an exact pair away: originals 0.5 and 0.4, reconstructions 0.5 (exact) and
+    0.6 score 1 + 0.92 as they are but 0.98 + 0.98 swapped. The SSIM (and PSNR) matching keeps the
+    recoveries (>= 60 dB by MSE) first, as the MSE matching does."""
+    from leakgym.metrics import score_reconstruction, score_reconstructions
+    from leakgym.metrics.matching import assign, pairwise_cost
+
+    o = torch.stack([torch.full((1, 8, 8), 0.5), torch.full((1, 8, 8), 0.4)])
+    r = torch.stack([torch.full((1, 8, 8), 0.5), torch.full((1, 8, 8), 0.6)])
+    costs = pairwise_cost(r, o, "ssim", ssim_window=3)
+    assert costs[0, 1] + costs[1, 0] < costs[0, 0] + costs[1, 1]  # the swap has the larger total SSIM
+    for cost in ("ssim", "psnr", "mse"):
+        assert match_reconstructions(r, o, cost=cost, ssim_window=3).tolist() == [0, 1], cost
+    assert score_reconstruction(r, o, match_cost="ssim", ssim_window=3).per_image["psnr"][0] >= 60
+    together = score_reconstructions([r, r.flip(0)], [o, o], match_cost="ssim", ssim_window=3)
+    assert [s.assignment.tolist() for s in together] == [[0, 1], [1, 0]]
+    # without a recovery the total SSIM decides; the psnr and ssim costs must say which pairs are recoveries
+    assert match_reconstructions(r.clamp(0.51, 1.0), o, cost="ssim", ssim_window=3).tolist() == [1, 0]
+    with pytest.raises(ValueError, match="needs recovered="):
+        assign(costs, "ssim")

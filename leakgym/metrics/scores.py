@@ -25,6 +25,7 @@ from leakgym.metrics.matching import (
     assign,
     label_accuracy,
     match_reconstructions,
+    recovered_pairs,
 )
 from leakgym.metrics.perceptual import lpips as lpips_fn
 
@@ -57,9 +58,9 @@ def score_reconstruction(recon_unit: Tensor, orig_unit: Tensor, *,
     """Match ``recon_unit`` (M images) to ``orig_unit`` (N <= M images) and score the matched pairs.
 
     Images are unit images ``(.., C, H, W)``, clamped to ``[0, data_range]`` (see
-    :mod:`leakgym.metrics.functional`). Matching minimises the total ``match_cost`` (default MSE, after
-    keeping as many recoveries, pairs at >= 60 dB, as it can: :func:`~leakgym.metrics.matching.assign`)
-    with the Hungarian algorithm; surplus reconstructions are ignored. Label accuracy compares the label
+    :mod:`leakgym.metrics.functional`). Matching keeps as many recoveries (pairs at >= 60 dB) as it can,
+    then minimises the total ``match_cost`` (default MSE; :func:`~leakgym.metrics.matching.assign`) with
+    the Hungarian algorithm; surplus reconstructions are ignored. Label accuracy compares the label
     multisets (order-free: inferred labels are not tied to particular images).
     """
     assignment = match_reconstructions(recon_unit, orig_unit, cost=match_cost, data_range=data_range,
@@ -134,7 +135,10 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
             pairs_r = rec.repeat(1, n, 1, 1, 1).flatten(0, 1)
             sign = 1.0 if match_cost == "mse" else -1.0  # PSNR and SSIM are maximised
             costs = (sign * metric(match_cost, pairs_r, pairs_o)).reshape(big, n, m).double().cpu().numpy()
-            assignments = np.stack([assign(c, match_cost, data_range) for c in costs])
+            mses = costs if match_cost == "mse" else \
+                metric("mse", pairs_r, pairs_o).reshape(big, n, m).double().cpu().numpy()
+            assignments = np.stack([assign(c, match_cost, data_range, recovered=recovered_pairs(e, data_range))
+                                    for c, e in zip(costs, mses)])
         index = torch.as_tensor(assignments, device=device)
         matched = torch.gather(rec, 1, index.view(big, n, 1, 1, 1).expand(big, n, *r_shape[1:]))
         flat_r, flat_o = matched.flatten(0, 1), org.flatten(0, 1)
