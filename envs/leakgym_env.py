@@ -263,17 +263,30 @@ def parallel_env(scenario: str | Scenario = "digits", **overrides: Any) -> LeakG
     return LeakGymParallelEnv(scenario=scenario, **overrides)
 
 
+class ActionChecking(wrappers.BaseWrapper):
+    """Validates each agent's action as the AEC form receives it, with the parallel env's own check
+    (:meth:`LeakGymParallelEnv.to_multi`: a ``ValueError`` naming the value and the allowed range),
+    before PettingZoo's adapter stores it. Without it a bad action was stored and only the round at the
+    last agent's turn failed, with the turn already passed on: the agent could not act again until a
+    reset. PettingZoo's ``AssertOutOfBoundsWrapper`` does not help: an ``AssertionError`` without the
+    range, and no check at all under ``python -O``."""
+
+    def step(self, action: Any) -> None:
+        agent = self.agent_selection
+        if not (self.terminations.get(agent, False) or self.truncations.get(agent, False)):
+            self.unwrapped.to_multi(agent, action)
+        super().step(action)
+
+
 def raw_env(scenario: str | Scenario = "digits", **overrides: Any):
-    """The AEC form, through PettingZoo's standard conversion."""
-    return parallel_to_aec(parallel_env(scenario, **overrides))
+    """The AEC form, through PettingZoo's standard conversion; each action is validated as it is given
+    (:class:`ActionChecking`)."""
+    return ActionChecking(parallel_to_aec(parallel_env(scenario, **overrides)))
 
 
 def env(scenario: str | Scenario = "digits", **overrides: Any):
-    """The AEC form wrapped in PettingZoo's standard safety wrappers."""
-    aec = raw_env(scenario, **overrides)
-    aec = wrappers.AssertOutOfBoundsWrapper(aec)
-    aec = wrappers.OrderEnforcingWrapper(aec)
-    return aec
+    """The AEC form (:func:`raw_env`) wrapped in PettingZoo's order-enforcing wrapper."""
+    return wrappers.OrderEnforcingWrapper(raw_env(scenario, **overrides))
 
 
-__all__ = ["LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env", "step_together"]
+__all__ = ["ActionChecking", "LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env", "step_together"]

@@ -19,6 +19,26 @@ def test_aec_api(cheap_overrides):
     api_test(env("digits", **cheap_overrides), num_cycles=4)
 
 
+@pytest.mark.parametrize("form", ["env", "raw_env"])
+def test_aec_rejects_a_bad_action_when_it_is_given(cheap_overrides, form):
+    """The AEC adapter stored a bad attacker action (PettingZoo's bounds wrapper raised a bare
+    AssertionError, and nothing under python -O) and the round failed at the defender's turn, the
+    attacker's turn already passed: the AEC form now checks each action as it is given."""
+    from leakgym.envs import raw_env
+
+    e = (env if form == "env" else raw_env)("digits", **cheap_overrides)
+    e.reset(seed=0)
+    first = e.agent_selection
+    before = e.observe(first).copy()
+    with pytest.raises(ValueError, match=r"action\[1\] \(iterations\) = 9; allowed range 0..1"
+                       if first == "attacker" else r"allowed range"):
+        e.step(np.array([0, 9, 0, 0]) if first == "attacker" else np.full(len(e.action_space(first).nvec), 99))
+    assert e.agent_selection == first and np.array_equal(e.observe(first), before)
+    for _ in e.possible_agents:  # the round then plays normally
+        e.step(e.action_space(e.agent_selection).sample())
+    assert e.unwrapped.game.round == 1
+
+
 def test_parallel_seed(cheap_overrides):
     parallel_seed_test(lambda: parallel_env("digits", **cheap_overrides), num_cycles=3)
 
