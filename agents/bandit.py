@@ -105,6 +105,10 @@ class EpsilonGreedyBandit(Agent):
         self.means[:] = 0.0
         self._last = None
 
+    def check_spaces(self, observation_space, action_space) -> None:
+        for k, arm in enumerate(self.arms):
+            check_in_space(arm, action_space, f"bandit arm {k}")
+
     def act(self, observation, action_space, rng):
         untried = np.flatnonzero(self.counts == 0)
         if len(untried):

@@ -35,6 +35,12 @@ class Agent(ABC):
     def observe(self, reward: float, info: dict[str, Any]) -> None:
         """Feedback after the round (ignored by non-adaptive agents)."""
 
+    def check_spaces(self, observation_space: spaces.Box, action_space: spaces.Space) -> None:
+        """Raise ``ValueError`` when this agent cannot play a role with these spaces (a fixed action
+        outside the menu, a policy trained on other observations). The environments call it when they
+        are built with the agent as an opponent, so a misfit fails then rather than rounds into a
+        rollout. Default: nothing to check (agents that read the space at ``act`` time)."""
+
     def get_state(self) -> Any:
         """A copy of what ``reset``/``act``/``observe`` may change; the environments take it before a
         step and give it back (:meth:`set_state`) if the step fails, so a failed step changes nothing.

@@ -453,15 +453,18 @@ class LearnedAgent(Agent):
                 f"MultiDiscrete({nvec.tolist()}): it was trained on another scenario or role ({self._describe()})"
             )
 
-    def check_spaces(self, observation: np.ndarray, action_space) -> None:
+    def check_spaces(self, observation_space, action_space) -> None:
         """Raise ``ValueError`` when the policy was trained on different spaces than it is given."""
+        self._check(tuple(observation_space.shape), action_space)
+
+    def _check(self, observation_shape: tuple, action_space) -> None:
         from gymnasium import spaces
 
         want_obs = self.policy.observation_space.shape
-        if tuple(np.shape(observation)) != tuple(want_obs):
+        if observation_shape != tuple(want_obs):
             raise ValueError(
                 f"policy {str(self.path)!r} expects observations of shape {want_obs}, got "
-                f"{tuple(np.shape(observation))}: it was trained on another scenario or role ({self._describe()})"
+                f"{observation_shape}: it was trained on another scenario or role ({self._describe()})"
             )
         if isinstance(action_space, spaces.Discrete):
             n = int(action_space.n)
@@ -498,7 +501,7 @@ class LearnedAgent(Agent):
     def act(self, observation, action_space, rng):
         from gymnasium import spaces
 
-        self.check_spaces(observation, action_space)
+        self._check(tuple(np.shape(observation)), action_space)
         obs = np.asarray(observation, dtype=np.float32)
         if self.deterministic or not hasattr(self.policy, "get_distribution"):  # DQN: greedy
             action, _ = self.policy.predict(obs, deterministic=True)

@@ -131,15 +131,18 @@ def _groups(tracks: list[_Track], lockstep: int) -> list[list[_Track]]:
     return [*groups, group]
 
 
-def _tracks(table: list[tuple], episodes: int, scenario: Any) -> list[_Track]:
+def _tracks(table: list[tuple], episodes: int, penv: Any) -> list[_Track]:
     """Pair ``p``'s episodes as one track (an agent learns across episodes) or one track per episode
-    (both agents :attr:`~Agent.episodic`: each episode gets its own copies)."""
+    (both agents :attr:`~Agent.episodic`: each episode gets its own copies). Every agent is checked
+    against its role's spaces in ``penv`` (:meth:`~Agent.check_spaces`)."""
     tracks = []
     for p, (a_spec, _, d_spec, _) in enumerate(table):
         # An Agent object given as a spec is a template: each pair plays its own copy, as a name builds a
         # fresh agent per pair (the object itself carried what it learnt from one pair into the next).
-        attacker = copy.deepcopy(make_agent(a_spec, role="attacker", scenario=scenario))
-        defender = copy.deepcopy(make_agent(d_spec, role="defender", scenario=scenario))
+        attacker = copy.deepcopy(make_agent(a_spec, role="attacker", scenario=penv.scenario))
+        defender = copy.deepcopy(make_agent(d_spec, role="defender", scenario=penv.scenario))
+        for role, agent in (("attacker", attacker), ("defender", defender)):
+            agent.check_spaces(penv.observation_space(role), penv.action_space(role))
         if attacker.episodic and defender.episodic:
             tracks += [_Track(p, [e], copy.deepcopy(attacker), copy.deepcopy(defender)) for e in range(episodes)]
         else:
@@ -191,7 +194,6 @@ def evaluate(
     # one spelling of it for the log and the table: the device decides float rounding, so a resume on
     # another one would mix two runs' numbers
     device_label = str(canonical_device(device))
-    scenario = penv.scenario
     a_labels, d_labels = [_label(s) for s in attackers], [_label(s) for s in defenders]
     for names, role in ((a_labels, "attacker"), (d_labels, "defender")):
         if len(set(names)) != len(names):
@@ -200,7 +202,7 @@ def evaluate(
              for d_spec, d_label in zip(defenders, d_labels)]
     labels = [(a_label, d_label) for _, a_label, _, d_label in table]
     # Every pair's agents are built here, so a bad spec fails before the log is touched or anything runs.
-    groups = _groups(_tracks(table, episodes, scenario), lockstep)
+    groups = _groups(_tracks(table, episodes, penv), lockstep)
     log = None
     if out is not None:
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,

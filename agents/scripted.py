@@ -65,6 +65,9 @@ class FixedAgent(Agent):
     def act(self, observation, action_space, rng):
         return check_in_space(self.action, action_space, self.name).copy()
 
+    def check_spaces(self, observation_space, action_space) -> None:
+        check_in_space(self.action, action_space, self.name)
+
 
 class RoundRobinAgent(Agent):
     """Cycles deterministically through actions, one per round; restarts the cycle on ``reset``.
@@ -88,6 +91,10 @@ class RoundRobinAgent(Agent):
 
     def reset(self, seed: int | None = None) -> None:
         self.t = 0
+
+    def check_spaces(self, observation_space, action_space) -> None:
+        for k, action in enumerate(self.actions or []):
+            check_in_space(action, action_space, f"{self.name} action {k}")
 
     def act(self, observation, action_space, rng):
         if self.actions is not None:

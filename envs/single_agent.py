@@ -124,6 +124,8 @@ class LeakGymSingleAgentEnv(gym.Env):
         self.render_mode = render_mode
         self.observation_space = self.parallel.observation_space(role)
         self._opponent_space = self.parallel.action_space(self.other)
+        if hasattr(self.opponent, "check_spaces"):  # a misfit opponent fails here, not rounds into a rollout
+            self.opponent.check_spaces(self.parallel.observation_space(self.other), self._opponent_space)
         self._menu = self.parallel.game.menus[role]
         self._flat = FlatActions(self._menu)
         self.action_space = spaces.Discrete(self._flat.n) if self.flat_actions else self.parallel.action_space(role)

@@ -114,6 +114,36 @@ def test_fixed_and_round_robin_agents():
     assert [cycle.act(None, space, rng).tolist() for _ in range(3)] == [[1, 0, 0], [0, 1, 2], [1, 0, 0]]
 
 
+CHEAP = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "restarts": [1], "eval_size": 16}
+
+
+def _misfits(nvec: np.ndarray) -> dict[str, object]:
+    """Agents with an action outside ``nvec`` only after their first round, or from the start."""
+    ok, bad = [0] * len(nvec), [0] * (len(nvec) - 1) + [int(nvec[-1])]
+    return {"bandit arm": EpsilonGreedyBandit(arms=[ok, bad]), "round-robin action": RoundRobinAgent([ok, bad]),
+            "fixed action": FixedAgent(bad), "short fixed action": FixedAgent(ok[:-1])}
+
+
+@pytest.mark.parametrize("case", ["bandit arm", "round-robin action", "fixed action", "short fixed action"])
+def test_an_opponent_that_cannot_play_its_role_fails_when_the_env_is_built(digits, case, tmp_path):
+    """A bandit arm or round-robin action outside the menu failed only when first played (step 1, or
+    later), mid-rollout; the single-agent and vector envs and ``evaluate`` now check the opponent's
+    actions against its role's space when they are built, before anything runs or is written."""
+    import gymnasium as gym
+
+    from leakgym.agents.play import evaluate
+
+    agent = _misfits(np.asarray(digits.defender_nvec))[case]
+    with pytest.raises(ValueError, match=r"action\[\d\] = \d|entries; the space has"):
+        gym.make("LeakGym-Digits-v0", role="attacker", opponent=agent, **CHEAP)
+    with pytest.raises(ValueError, match=r"action\[\d\] = \d|entries; the space has"):
+        gym.make_vec("LeakGym-Digits-v0", num_envs=2, role="attacker", opponent=agent, **CHEAP)
+    with pytest.raises(ValueError, match=r"action\[\d\] = \d|entries; the space has"):
+        evaluate("LeakGym-Digits-v0", ["random"], [agent], episodes=1, overrides=CHEAP, progress=False,
+                 out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_uniform_random_agent_covers_the_space():
     space = spaces.MultiDiscrete([3, 2])
     rng = np.random.default_rng(1)

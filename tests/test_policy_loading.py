@@ -159,6 +159,9 @@ def test_policy_metadata_and_spaces_are_checked(saved, tmp_path, monkeypatch):
     agent = LearnedAgent(path)
     with pytest.raises(ValueError, match="expects observations of shape"):
         agent.act(np.zeros(3, np.float32), agent.policy.action_space, np.random.default_rng(0))
+    # As an opponent, a policy trained on observations of another shape fails when the env is built.
+    with pytest.raises(ValueError, match=r"expects observations of shape \(\d+,\), got \(3,\)"):
+        agent.check_spaces(gym.spaces.Box(0, 1, (3,)), agent.policy.action_space)
 
     def broken(field: str, value) -> dict:
         changed = json.loads(json.dumps(meta))
