@@ -144,10 +144,21 @@ class Scenario:
             if not cond:
                 raise ValueError(f"scenario {self.name!r}: {what}")
 
+        # the menus' shape first: the checks below read their levels
+        need(isinstance(self.attacker_menu, dict) and "strategy" in self.attacker_menu,
+             f"attacker_menu={self.attacker_menu!r} needs a 'strategy' entry")
+        need(next(iter(self.attacker_menu)) == "strategy", "attacker_menu must list 'strategy' first")
+        for key, values in self.attacker_menu.items():
+            need(isinstance(values, list) and len(values) >= 1,
+                 f"attacker menu {key!r} = {values!r}; needs a non-empty list of levels")
+        for key, values in self.defender_menu.items():
+            need(isinstance(values, list) and len(values) >= 1,
+                 f"defender menu {key!r} = {values!r}; needs a non-empty list of levels")
         need(self.update_kind != "gradient" or self.local_steps == 1,
              f"local_steps={self.local_steps} needs update_kind='model_delta' (FedSGD shares one gradient)")
         _check_limits(self)
         _check_split(self)
+        _check_model(self)
         mixup = [v for v in self.defender_menu.get("mixup_k", []) + [self.defense_defaults.get("mixup_k", 0)] if v]
         need(all(k <= self.batch_size for k in mixup),
              f"defender_menu mixup_k={mixup} mixes up to k images of the private batch; needs k <= batch_size "
@@ -166,13 +177,6 @@ class Scenario:
             f"leakage_metric={self.leakage_metric!r}; allowed {LEAKAGE_METRICS}",
         )
         need(self.audit_iterations >= 0, f"audit_iterations={self.audit_iterations}; must be >= 0")
-        need(isinstance(self.attacker_menu, dict) and "strategy" in self.attacker_menu,
-             f"attacker_menu={self.attacker_menu!r} needs a 'strategy' entry")
-        need(next(iter(self.attacker_menu)) == "strategy", "attacker_menu must list 'strategy' first")
-        for key, values in self.attacker_menu.items():
-            need(isinstance(values, list) and len(values) >= 1, f"attacker menu {key!r} is empty")
-        for key, values in self.defender_menu.items():
-            need(isinstance(values, list) and len(values) >= 1, f"defender menu {key!r} is empty")
         _validate_menus(self)
 
     # -- menus and spaces ------------------------------------------------------------------------
@@ -350,6 +354,21 @@ def _as_bool(sc_name: Any, key: str, value: Any) -> bool:
     return bool(value)
 
 
+def _python_scalar(value: Any) -> Any:
+    """A NumPy scalar as the Python scalar it holds; anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _menu_levels(values: Any) -> Any:
+    """A menu entry's levels as a list of Python scalars (a tuple or array too); anything else as it is,
+    for :meth:`Scenario.validate` to refuse."""
+    if isinstance(values, np.ndarray):
+        values = values.tolist()
+    if isinstance(values, tuple):
+        values = list(values)
+    return [_python_scalar(v) for v in values] if isinstance(values, list) else values
+
+
 def _coerce_fields(sc: Scenario) -> None:
     """Types and ranges of the scalar fields; strings from the CLI or RLlib are coerced like TOML values."""
     from leakgym.data import DATASET_NAMES
@@ -374,6 +393,13 @@ def _coerce_fields(sc: Scenario) -> None:
     for key in _DICTS:
         if not isinstance(getattr(sc, key), dict):
             raise _bad(name, key, getattr(sc, key), "a table {name: value}")
+    # Menus and defaults given from Python may hold NumPy scalars, tuples or arrays: as the Python lists
+    # and scalars TOML gives, so that limits and types are checked on them (np.int64(10**6) iterations
+    # passed the limit check, which looked at int and float only).
+    for key in ("attacker_menu", "defender_menu"):
+        setattr(sc, key, {k: _menu_levels(v) for k, v in getattr(sc, key).items()})
+    for key in ("attack_defaults", "defense_defaults"):
+        setattr(sc, key, {k: _python_scalar(v) for k, v in getattr(sc, key).items()})
     if not isinstance(sc.oasis_bits, list) or not all(isinstance(b, str) for b in sc.oasis_bits):
         raise _bad(name, "oasis_bits", sc.oasis_bits, "a list of OASIS augmentation names")
     choices = {"dataset": DATASET_NAMES, "model": MODEL_NAMES, "update_kind": UPDATE_KINDS,
@@ -414,6 +440,21 @@ def estimated_round_bytes(sc: Scenario) -> int:
     attack = 4 * 64 * restarts * sc.batch_size * pixels
     clients = 4 * 64 * (sc.num_clients + 1) * max(sc.batch_size, 8) * pixels
     return int(attack + clients)
+
+
+def _check_model(sc: Scenario) -> None:
+    """The model must take the scenario's images (ConvNet needs 9x9 or more): checked when the scenario
+    is built, not when the first game resets and builds its model."""
+    from leakgym.data import dataset_spec
+    from leakgym.models import MODEL_CLASSES
+    from leakgym.models.base import check_spec_for
+
+    spec = dataset_spec(sc.dataset, sc.image_size)
+    try:
+        check_spec_for(MODEL_CLASSES[sc.model], spec)
+    except ValueError as exc:
+        raise ValueError(f"scenario {sc.name!r}: model={sc.model!r} with image_size={spec.image_size}: {exc}; "
+                         "choose a larger image_size or another model") from None
 
 
 def _check_split(sc: Scenario) -> None:
@@ -460,7 +501,7 @@ def _check_limits(sc: Scenario) -> None:
             values = (_attack_values if _MENU_LIMITS[key] == "attack" else _defense_values)(sc, key)
         else:
             values = [getattr(sc, key)] if getattr(sc, key) is not None else []
-        too_big = [v for v in values if isinstance(v, (int, float)) and v > cap]
+        too_big = [v for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > cap]
         if too_big:
             raise ValueError(f"scenario {sc.name!r}: {key}={too_big[0]!r} exceeds the limit {cap}{hint}")
     need = estimated_round_bytes(sc)

@@ -108,14 +108,18 @@ class LeakGymVectorEnv(VectorEnv):
         return self._obs.copy(), infos
 
     def step(self, actions):
+        given = actions
         actions = np.asarray(actions)
         if actions.shape != self.action_space.shape:
             raise ValueError(f"actions have shape {actions.shape}; expected {self.action_space.shape}")
+        # Each game's action is checked as given (a list row keeps its Python bools, which np.asarray
+        # turned into integers the single-agent view would have refused).
+        rows = given if isinstance(given, (list, tuple)) else actions
         active = [i for i in range(self.num_envs) if not self._autoreset[i]]
         mine = {}
         for i in active:  # validate every learner action before anything draws or changes
             try:
-                mine[i] = self.envs[i].to_multi(actions[i])
+                mine[i] = self.envs[i].to_multi(rows[i])
             except ValueError as exc:
                 raise ValueError(f"sub-environment {i}: {exc}") from None
         saved = {i: self.envs[i].opponent_state() for i in active}

@@ -145,6 +145,22 @@ def test_vector_env_rejects_a_bad_max_episode_steps(bad, cheap_overrides):
         gym.make_vec("LeakGym-Digits-v0", num_envs=1, max_episode_steps=bad, **cheap_overrides)
 
 
+def test_vector_env_refuses_bool_actions_as_the_single_agent_view_does(cheap_overrides):
+    """np.asarray turned a list row [True, 0, ...] into integers and game 0 played it; each row is
+    now checked as given (and a bool array by its dtype), and nothing changes."""
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
+    vec.reset(seed=0)
+    zero = [0] * len(vec.single_action_space.nvec)
+    rounds = [e.parallel.game.round for e in vec.unwrapped.envs]
+    with pytest.raises(ValueError, match=r"sub-environment 0: attacker action \[True, .*has bool entries"):
+        vec.step([[True, *zero[1:]], zero])
+    with pytest.raises(ValueError, match="sub-environment 0: .*has dtype bool"):
+        vec.step(np.zeros((2, len(zero)), dtype=bool))
+    assert [e.parallel.game.round for e in vec.unwrapped.envs] == rounds
+    vec.step([zero, np.array(zero)])
+    assert [e.parallel.game.round for e in vec.unwrapped.envs] == [r + 1 for r in rounds]
+
+
 def test_vector_env_rejects_render_modes_it_does_not_have(cheap_overrides):
     with pytest.raises(ValueError, match=r"render_mode='human'; allowed: None or \['rgb_array'\]"):
         gym.make_vec("LeakGym-Digits-v0", num_envs=1, render_mode="human", **cheap_overrides)

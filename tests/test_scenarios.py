@@ -130,6 +130,30 @@ def test_strings_are_coerced_like_the_cli_and_limits_can_be_lifted():
         "censor_trials"] == 2000
 
 
+def test_numpy_levels_tuples_and_arrays_are_checked_as_python_values():
+    """np.int64(10**6) iterations passed the limit check (it looked at int and float only) and a menu
+    given as a tuple was called empty; menus and defaults are now the Python lists and scalars TOML
+    gives, and a level that is not a list says what it needs."""
+    with pytest.raises(ValueError, match="iterations=1000000 exceeds the limit 30000"):
+        load_scenario("digits", iterations=[np.int64(1_000_000)])
+    with pytest.raises(ValueError, match="censor_trials=5000 exceeds the limit"):
+        load_scenario("digits", defense_defaults={"censor_trials": np.int32(5000)})
+    sc = load_scenario("digits", iterations=(2, 3), defender_menu={"noise_sigma": np.array([0.0, 0.1])},
+                       attack_defaults={"lr": np.float32(0.25)})
+    assert sc.attacker_menu["iterations"] == [2, 3] and sc.defender_menu["noise_sigma"] == [0.0, 0.1]
+    assert type(sc.defender_menu["noise_sigma"][1]) is float and type(sc.attack_defaults["lr"]) is float
+    for bad in (5, "abc", []):
+        with pytest.raises(ValueError, match=r"attacker menu 'iterations' = .*; needs a non-empty list of levels"):
+            load_scenario("digits", iterations=bad)
+
+
+def test_a_model_that_cannot_take_the_images_is_refused_when_the_scenario_is_built():
+    """ConvNet needs 9x9 images: with image_size=8 the scenario was built and the first reset failed."""
+    with pytest.raises(ValueError, match=r"model='convnet' with image_size=8: ConvNet needs images of at least 9x9"):
+        load_scenario("digits", model="convnet", image_size=8)
+    assert load_scenario("digits", model="convnet", image_size=9).model == "convnet"
+
+
 def test_scenario_files_only_from_the_package_or_an_explicit_path(tmp_path):
     with pytest.raises(ValueError, match="unknown scenario '../digits'"):
         load_scenario("../digits")
