@@ -143,13 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from leakgym.data.loading import DatasetUnavailableError
 
-    #: what the CLI reports as a user error: one line, exit status 2, no traceback
-    user_errors = (ValueError, OSError, DatasetUnavailableError)  # OSError: an --out that is a file, ...
+    #: what the CLI reports as a user error: its whole message, exit status 2, no traceback
+    #: (OSError: an --out that is a file, ...; MemoryError: a setting too large to allocate, e.g. DQN's
+    #: buffer_size=10**11, refused before an earlier run's files are touched)
+    user_errors = (ValueError, OSError, DatasetUnavailableError, MemoryError)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except user_errors as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # the whole message: a missing dataset's says where it looked and how to provide the files
+        message = str(exc) or type(exc).__name__
+        if isinstance(exc, MemoryError):
+            message = f"not enough memory: {message}"
         print(f"leakgym: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

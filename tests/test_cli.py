@@ -59,3 +59,26 @@ def test_an_out_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
     assert main(["describe", "--write-docs", str(a_file)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("leakgym: error:") and "Traceback" not in err
+
+
+def test_user_errors_print_their_whole_message(capsys, monkeypatch):
+    """The CLI printed the first line only: a missing dataset's message lost where it looked and how to
+    provide the files; a setting too large to allocate (DQN buffer_size=10**11) printed a traceback."""
+    from pathlib import Path
+
+    import leakgym.cli
+    from leakgym.data.loading import DatasetUnavailableError
+
+    def unavailable(args):
+        raise DatasetUnavailableError("cifar10", [(Path("/nowhere/cifar-10-batches-py"), ["data_batch_1"])],
+                                      "Download disabled.", "put the files into /nowhere")
+
+    def too_big(args):
+        raise MemoryError("Unable to allocate 5.82 TiB for an array with shape (99999999999, 16)")
+
+    for fail, expected in ((unavailable, ["/nowhere/cifar-10-batches-py", "put the files into /nowhere"]),
+                           (too_big, ["leakgym: error: not enough memory: Unable to allocate 5.82 TiB"])):
+        monkeypatch.setattr(leakgym.cli, "_describe", fail)
+        assert main(["describe"]) == 2
+        err = capsys.readouterr().err
+        assert all(text in err for text in expected) and "Traceback" not in err, err

@@ -70,6 +70,15 @@ def test_mnist_idx_loads_raw_and_gzip(tmp_path: Path, gz: bool) -> None:
     assert dataset.spec.shape == (1, 28, 28)
 
 
+def test_mnist_labels_of_a_float_type_are_refused(tmp_path: Path) -> None:
+    """IDX labels stored as float32 (type byte 0x0D) loaded as [0.9, 1.7, 9.99] -> classes [0, 1, 9]."""
+    _mnist_like(tmp_path / "mnist", gz=False)
+    labels = tmp_path / "mnist" / "train-labels-idx1-ubyte"
+    labels.write_bytes(_idx_bytes(np.array([0.9, 1.7, 2.2, 9.99, 3.5]), 0x0D, ">f4"))
+    with pytest.raises(ValueError, match=rf"{labels}: labels must be integers, got dtype (>)?float32"):
+        load_dataset("mnist", root=tmp_path, download=False)
+
+
 def test_fashion_mnist_debian_layout(tmp_path: Path, monkeypatch) -> None:
     # Debian's dataset-fashion-mnist installs /usr/share/datasets/fashion-mnist/<stem>.gz (checked with
     # `apt-get download dataset-fashion-mnist && dpkg -c`).
@@ -204,6 +213,24 @@ def test_cifar_reader_names_the_file_for_broken_batches(tmp_path: Path) -> None:
         read_cifar_batch(path, "labels")
     path.write_bytes(b"PK\x03\x04" + whole)
     with pytest.raises(ValueError, match=f"{path}: truncated or not a CIFAR python batch"):
+        read_cifar_batch(path, "labels")
+
+
+class _HugeArray:
+    """Pickles as numpy's ``_reconstruct`` of an array of 10**14 entries (a damaged batch)."""
+
+    def __reduce__(self):
+        core = getattr(np, "_core", None) or np.core
+        return core.multiarray._reconstruct, (np.ndarray, (10**14,), b"b")
+
+
+def test_cifar_reader_refuses_an_array_larger_than_the_file(tmp_path: Path) -> None:
+    """A ~100-byte batch asking numpy for 10**14 entries ended in a 91 TiB MemoryError traceback."""
+    path = tmp_path / "data_batch_1"
+    with open(path, "wb") as f:
+        pickle.dump({"data": _HugeArray(), "labels": [0]}, f, protocol=2)
+    with pytest.raises(ValueError, match=rf"{path}: truncated or not a CIFAR python batch .*shape \(100000000000000,\) "
+                                         r"cannot come from a file of \d+ bytes"):
         read_cifar_batch(path, "labels")
 
 

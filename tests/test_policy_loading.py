@@ -141,6 +141,13 @@ def test_hostile_weights_are_refused(saved, tmp_path, marker):
         LearnedAgent(hostile)
     assert not marker.exists()
 
+    # A damaged pickle: torch's weights-only reader raised KeyError (a memo entry it never stored)
+    # and AssertionError (a persistent id that is not a tuple), a traceback from `leakgym eval`.
+    for damaged in (b"\x80\x02h\x80.", b"\x80\x02K\x01Q."):
+        broken = _copy_policy(saved, tmp_path, replace={"policy.pth": damaged})
+        with pytest.raises(ValueError, match="policy.pth is not a plain tensor state_dict; refused"):
+            LearnedAgent(broken)
+
     # A plain pickle (not torch's format) naming os.system is refused the same way.
     hostile = _copy_policy(saved, tmp_path, replace={"policy.pth": pickle.dumps(_hostile(marker), protocol=2)})
     with pytest.raises(ValueError, match="refused"):

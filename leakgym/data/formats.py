@@ -153,16 +153,31 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
     _ALLOWED = _numpy_globals()
 
+    def __init__(self, file: BinaryIO, *, size: int, **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
+        self.size = size  # bytes in the file: no array it holds can have more entries
+
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return self._ALLOWED[(module, name)]
+            found = self._ALLOWED[(module, name)]
         except KeyError:
             raise _ForbiddenGlobal(f"{module}.{name}") from None
+        return self._bounded(found) if name == "_reconstruct" else found
+
+    def _bounded(self, reconstruct: Any) -> Any:
+        """numpy's ``_reconstruct``, refusing a shape with more entries than the file has bytes: a damaged
+        100-byte batch asked for 10**14 entries and ended in a 91 TiB ``MemoryError``."""
+        def bounded(cls: Any, shape: Any, dtype: Any) -> Any:
+            dims = shape if isinstance(shape, tuple) else (shape,)
+            if not all(isinstance(d, int) and d >= 0 for d in dims) or math.prod(dims) > self.size:
+                raise ValueError(f"an array of shape {shape!r} cannot come from a file of {self.size} bytes")
+            return reconstruct(cls, shape, dtype)
+        return bounded
 
 
 #: what un-pickling a truncated or malformed (but not hostile) file raises
 _PICKLE_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
-                  struct.error, UnicodeDecodeError, OverflowError)
+                  struct.error, UnicodeDecodeError, OverflowError, MemoryError)
 
 
 def read_cifar_batch(path: str | os.PathLike[str], label_key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +203,7 @@ def read_cifar_batch(path: str | os.PathLike[str], label_key: str) -> tuple[np.n
             )
         f.seek(0)
         try:
-            entry = _NumpyOnlyUnpickler(f, encoding="latin1").load()
+            entry = _NumpyOnlyUnpickler(f, size=os.fstat(f.fileno()).st_size, encoding="latin1").load()
         except _ForbiddenGlobal as exc:
             raise ValueError(
                 f"{path}: refused: the pickle names {exc}, which a CIFAR batch does not contain (only numpy "

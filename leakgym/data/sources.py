@@ -107,20 +107,23 @@ class IdxSource(DiskSource):
         return [f"{stem}[.gz]" for stem in _IDX_STEMS if self._find(directory, stem) is None]
 
     def read(self, directory: Path) -> RawSplits:
-        arrays = []
+        arrays, paths = [], []
         for stem in _IDX_STEMS:
             path = self._find(directory, stem)
             if path is None:
                 raise FileNotFoundError(f"{directory / stem}[.gz] not found")
             arrays.append(read_idx(path))
+            paths.append(path)
         train_x, train_y, test_x, test_y = arrays
-        for split, x, y in (("train", train_x, train_y), ("t10k", test_x, test_y)):
+        for split, x, y, y_path in (("train", train_x, train_y, paths[1]), ("t10k", test_x, test_y, paths[3])):
             if x.dtype != np.uint8 or x.ndim != 3:
                 raise ValueError(
                     f"{directory}: {split} images must be uint8 (N, H, W), got {x.dtype} {x.shape}"
                 )
             if y.ndim != 1 or y.shape[0] != x.shape[0]:
                 raise ValueError(f"{directory}: {split} labels {y.shape} do not match {x.shape[0]} images")
+            if not np.issubdtype(y.dtype, np.integer):  # float labels would be truncated (0.9 -> class 0)
+                raise ValueError(f"{y_path}: labels must be integers, got dtype {y.dtype}")
         return train_x, train_y.astype(np.int64), test_x, test_y.astype(np.int64)
 
     def download(self, root: Path) -> Path:
