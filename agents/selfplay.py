@@ -48,7 +48,7 @@ from .cli_common import (
 from .learned import ALGORITHMS
 from .play import evaluate
 from .reporting import json_safe
-from .training import MAX_TRAIN_SEED, TrainConfig, TrainingInterrupted, train
+from .training import MAX_TRAIN_SEED, TrainConfig, TrainingInterrupted, check_config, train
 
 
 class SelfPlayInterrupted(KeyboardInterrupt):
@@ -95,9 +95,14 @@ def selfplay(
         raise ValueError(f"seed={seed} with iterations={iterations}: iteration k trains with seed + 2k + 1, up to {last}; "
                          f"allowed: seed <= {MAX_TRAIN_SEED - 2 * iterations - 1} (training seeds are at most 2**32 - 1)")
     gym_id, _ = resolve_env(env_id)
+    overrides = dict(overrides or {})
+    # The first training run's settings (hyperparameters, scenario, the initial defender, steps) are checked
+    # before the folder or its summary.json is touched; a later run's opponent is a policy trained here.
+    check_config(TrainConfig(env_id=gym_id, role="attacker", algo=algo, timesteps=timesteps, opponent=initial_defender,
+                             out=Path(out), seed=seed + 2, overrides=overrides, hyperparams=dict(hyperparams or {}),
+                             hyperparams_file=hyperparams_file, device=device))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    overrides = dict(overrides or {})
     summary: dict[str, Any] = {
         "env_id": gym_id,
         "algo": algo,

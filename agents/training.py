@@ -798,16 +798,28 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
     return kwargs, overrides
 
 
-def train(config: TrainConfig) -> TrainResult:
-    """Train one policy; see the module docstring for what is written to ``config.out``.
+@dataclass
+class CheckedConfig:
+    """What :func:`check_config` derived from a :class:`TrainConfig`; nothing was written or built."""
 
-    Emits :class:`TrainingBudgetWarning` when the steps played differ from those requested. Raises
-    :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) after saving the current policy when
-    learning is interrupted.
-    """
-    import gymnasium as gym
-    import stable_baselines3
-    from stable_baselines3.common.callbacks import CallbackList
+    gym_id: str
+    scenario_name: str
+    params: dict[str, Any]
+    env_kwargs: dict[str, Any]
+    overrides: dict[str, Any]
+    role: str
+    n_envs: int
+    batch_clients: bool
+    policy: Any
+    plan: StepPlan
+
+
+def check_config(config: TrainConfig) -> CheckedConfig:
+    """Every check of a training run that needs no environment: the algorithm, seed and frequencies, the
+    hyperparameters (file and overrides), the scenario with its overrides, the opponent spec (built once
+    against the scenario) and the step plan. ``ValueError`` for anything wrong; writes nothing, so
+    :func:`train` and self-play refuse a bad run before they touch an output folder."""
+    from leakgym.envs.scenario import load_scenario
 
     if config.algo not in ALGORITHMS:
         raise ValueError(f"algo={config.algo!r}; allowed: {ALGORITHMS}")
@@ -830,9 +842,31 @@ def train(config: TrainConfig) -> TrainResult:
         raise ValueError(f"batch_clients=True needs n_envs > 1 (got n_envs={n_envs}): it batches the games of a "
                          "vector env; pass --n-envs N")
     batch_clients = n_envs > 1 if config.batch_clients is None else config.batch_clients
-    policy = params.get("policy", "MlpPolicy")
+    opponent = env_kwargs["opponent"]
+    if not isinstance(opponent, Agent):  # a name, preset or policy path: resolved now, not after the folder is made
+        make_agent(opponent, role="defender" if role == "attacker" else "attacker",
+                   scenario=load_scenario(scenario_name, **overrides))
     requested = int(config.timesteps if config.timesteps is not None else params.get("n_timesteps", 10_000))
     plan = plan_steps(config.algo, requested, n_envs, constructor_kwargs(params))
+    return CheckedConfig(gym_id, scenario_name, params, env_kwargs, overrides, role, n_envs, batch_clients,
+                         params.get("policy", "MlpPolicy"), plan)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Train one policy; see the module docstring for what is written to ``config.out``.
+
+    Emits :class:`TrainingBudgetWarning` when the steps played differ from those requested. Raises
+    :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) after saving the current policy when
+    learning is interrupted.
+    """
+    import gymnasium as gym
+    import stable_baselines3
+    from stable_baselines3.common.callbacks import CallbackList
+
+    checked = check_config(config)
+    gym_id, scenario_name, params = checked.gym_id, checked.scenario_name, checked.params
+    env_kwargs, overrides, role = checked.env_kwargs, checked.overrides, checked.role
+    n_envs, batch_clients, policy, plan = checked.n_envs, checked.batch_clients, checked.policy, checked.plan
     for note in plan.notes:
         warnings.warn(note, TrainingBudgetWarning, stacklevel=2)
     freq = max(plan.actual // 4, 1) if config.checkpoint_freq is None else config.checkpoint_freq

@@ -502,6 +502,26 @@ def test_selfplay_refuses_seeds_its_later_iterations_could_not_use(tmp_path):
     assert not (tmp_path / "sp").exists()
 
 
+@pytest.mark.parametrize("bad", [{"initial_defender": "nosuch"}, {"timesteps": 0},
+                                 {"hyperparams": {"learning_rate": -1.0}}, {"overrides": {"rounds": 0}}])
+def test_selfplay_checks_its_first_run_before_touching_the_folder(tmp_path, bad):
+    """A bad initial defender or setting failed inside iteration 1 after the folder, iter_01/attacker and
+    a summary.json saying "failed" were written (over an earlier run's summary)."""
+    from leakgym.agents.selfplay import selfplay
+
+    out = tmp_path / "sp"
+    out.mkdir()
+    (out / "summary.json").write_text('{"previous": "run"}')
+    kwargs = {"iterations": 1, "timesteps": 8, "overrides": TINY, **bad}
+    with pytest.raises(ValueError):
+        selfplay("LeakGym-Digits-v0", out=out, progress=False, **kwargs)
+    assert (out / "summary.json").read_text() == '{"previous": "run"}' and sorted(p.name for p in out.iterdir()) == [
+        "summary.json"]
+    with pytest.raises(ValueError, match="unknown agent 'nosuch'"):  # train refuses it before making its folder
+        tr.train(tr.TrainConfig(timesteps=4, opponent="nosuch", out=tmp_path / "t", overrides=TINY, progress=False))
+    assert not (tmp_path / "t").exists()
+
+
 def test_a_run_clears_an_earlier_runs_checkpoints_and_evaluations(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
