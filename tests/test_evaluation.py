@@ -272,13 +272,13 @@ def test_episodic_pairs_play_their_episodes_at_once_and_each_pair_its_own_copy_o
     into the next (and from one call of evaluate into the next, same seed, other numbers)."""
     from leakgym.agents.base import UniformRandomAgent
     from leakgym.agents.play import _groups, _tracks
-    from leakgym.envs import load_scenario
+    from leakgym.envs import parallel_env
 
-    scenario = load_scenario("digits", **TINY)
-    learner = EpsilonGreedyBandit(scenario=scenario, role="attacker")  # learns across episodes
+    penv = parallel_env("digits", **TINY)
+    learner = EpsilonGreedyBandit(scenario=penv.scenario, role="attacker")  # learns across episodes
     before = learner.get_state()
     table = [(learner, "b", "none", "n"), (learner, "b", "random", "r"), ("random", "a", "none", "n")]
-    tracks = _tracks(table, 3, scenario)
+    tracks = _tracks(table, 3, penv)
     # The bandit's pairs: one track of three episodes each, each with its own copy; the episodic pair:
     # three one-episode tracks, each with its own copies.
     assert [(t.pair, t.episodes) for t in tracks] == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, [0]), (2, [1]), (2, [2])]
@@ -287,7 +287,7 @@ def test_episodic_pairs_play_their_episodes_at_once_and_each_pair_its_own_copy_o
     assert all(isinstance(t.attacker, UniformRandomAgent) for t in tracks[2:])
     assert [[(t.pair, t.episodes[0]) for t in g] for g in _groups(tracks, 16)] == [[(0, 0), (1, 0), (2, 0), (2, 1),
                                                                                     (2, 2)]]
-    assert [len(g) for g in _groups(_tracks(table[2:], 6, scenario), 4)] == [4, 2]
+    assert [len(g) for g in _groups(_tracks(table[2:], 6, penv), 4)] == [4, 2]
     both = ev.evaluate("digits", [learner], ["none", "prune-0.9"], episodes=2, overrides=TINY, progress=False)
     np.testing.assert_array_equal(learner.get_state()["counts"], before["counts"])  # the template never plays
     alone = ev.evaluate("digits", [learner], ["prune-0.9"], episodes=2, overrides=TINY, progress=False)
