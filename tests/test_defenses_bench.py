@@ -196,3 +196,177 @@ def test_bench_defenses_ctrl_c_keeps_the_trained_rows(tmp_path, monkeypatch, cap
     md = (tmp_path / "bench.md").read_text()
     assert "| none | lenet | - |" in md and "gaussian" not in md and "Partial results" in md
     assert "interrupted: 1 of 3 rows" in capsys.readouterr().err
+
+
+# --- --device / --threads, --image-size against the models' minimum, --seed range -----------------------------
+
+def _no_training(monkeypatch):
+    """Fail the test if anything is trained or loaded: the argument checks must come first."""
+    import leakgym.data
+
+    monkeypatch.setattr(bench, "run_defense", lambda *a, **k: pytest.fail("trained before the check"))
+    monkeypatch.setattr(leakgym.data, "load_dataset", lambda *a, **k: pytest.fail("loaded data before the check"))
+
+
+def _bad_parse(tmp_path, capsys, *extra: str) -> str:
+    """The argparse error of ``extra`` (exit status 2), as printed."""
+    with pytest.raises(SystemExit) as exc:
+        _args(tmp_path, *extra)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def _tiny_run_on(tmp_path, monkeypatch, device: str) -> dict:
+    """A tiny run on ``device``; checks that the batches' generator, the data, the models, the defenses' and
+    the attacks' tensors were all on it, and that the JSON and the table name it."""
+    import torch
+
+    import leakgym.defenses
+    from leakgym.bench import device_label
+    from leakgym.devices import canonical_device
+
+    where = canonical_device(device)
+    seen: list = []
+    real_apply, real_attack, real_randperm = leakgym.defenses.apply_defense, bench.attack_all, torch.randperm
+
+    def apply_spy(model, x, y, config, **kwargs):
+        seen.extend([("defense input", t) for t in (x, y, kwargs["public_x"], kwargs["public_y"])])
+        seen.extend(("model", p) for p in model.parameters())
+        upd, rep = real_apply(model, x, y, config, **kwargs)
+        seen.extend(("shared update", t) for t in upd.tensors.values())
+        return upd, rep
+
+    def attack_spy(problems, args, spec):
+        for _, _, upd, knowledge, orig in problems:
+            seen.extend([("victim images", orig), ("known labels", knowledge.labels)])
+            seen.extend(("attacked model", p) for p in knowledge.model.parameters())
+        return real_attack(problems, args, spec)
+
+    def randperm_spy(*args, generator=None, **kwargs):
+        out = real_randperm(*args, generator=generator, **kwargs)
+        seen.append(("batch indices", out))
+        assert generator is not None and generator.device == where, f"batch generator on {generator.device}"
+        return out
+
+    monkeypatch.setattr(leakgym.defenses, "apply_defense", apply_spy)
+    monkeypatch.setattr(bench, "attack_all", attack_spy)
+    monkeypatch.setattr(torch, "randperm", randperm_spy)
+    args = _args(tmp_path, "--device", device, "--defenses", "none,gaussian,mixup,PPP-NG1", *TINY,
+                 "--victim-batch", "4", "--attack-rounds", "1")  # (Mixup mixes k=4 images of the batch)
+    assert bench.main(args) == 0
+    monkeypatch.undo()
+    kinds = {kind for kind, _ in seen}
+    assert {"defense input", "model", "shared update", "victim images", "known labels", "batch indices"} <= kinds
+    assert [(kind, t.device) for kind, t in seen if t.device != where] == []
+    result = json.loads((tmp_path / "bench.json").read_text())
+    label = device_label(where)
+    assert result["settings"]["device"] == label and label.startswith(str(where))
+    assert result["settings"]["machine"].endswith(f"device {label}")
+    assert all("error" not in r and math.isfinite(r["ssim"]) for r in result["results"])
+    assert f"Device: {label}." in (tmp_path / "bench.md").read_text()
+    return result
+
+
+def test_bench_defenses_takes_device_and_threads_like_the_other_benches(tmp_path, monkeypatch):
+    """`leakgym bench defenses --device cpu` was refused ("unrecognized arguments"); the device was fixed to
+    the CPU. Now the run is on --device, every tensor and generator there, and the device is recorded."""
+    from leakgym.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "defenses", "--device", "cpu", "--threads", "2"])
+    assert (args.device, args.threads) == ("cpu", 2)
+    assert build_parser().parse_args(["bench", "defenses"]).device == "cpu"
+    _tiny_run_on(tmp_path, monkeypatch, "cpu")
+
+
+@pytest.mark.cuda
+def test_bench_defenses_runs_on_cuda(tmp_path, monkeypatch, cuda_device):
+    result = _tiny_run_on(tmp_path, monkeypatch, "cuda")
+    assert result["settings"]["device"].startswith("cuda:")
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("tpu", "device='tpu' is not a torch device name"),
+    ("cuda:99", "device='cuda:99' is not available on this machine"),
+])
+def test_bench_defenses_refuses_a_bad_device_when_parsed(tmp_path, capsys, monkeypatch, device, message):
+    assert message in _bad_parse(tmp_path, capsys, "--device", device)
+    _no_training(monkeypatch)
+    args = _args(tmp_path)
+    args.device = device  # a namespace built in code: refused by main, before anything runs
+    with pytest.raises(ValueError, match=f"--device: {message}"):
+        bench.main(args)
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_bench_defenses_threads(tmp_path, monkeypatch, one_torch_thread):
+    import torch
+
+    torch.set_num_threads(2)
+    assert bench.main(_args(tmp_path, "--defenses", "none", *TINY, "--attack-rounds", "0", "--threads", "1")) == 0
+    assert torch.get_num_threads() == 1
+    assert ", 1 torch thread(s), device cpu" in json.loads((tmp_path / "bench.json").read_text())["settings"]["machine"]
+    _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=r"--threads=0; allowed: integers >= 1"):
+        bench.main(_args(tmp_path, "--threads", "0"))
+
+
+@pytest.mark.parametrize(("extra", "smallest"), [
+    (["--image-size", "2"], 7),  # the default run: LeNet 4x4, the PRECODE rows' MLP, leakage scores (SSIM window 7)
+    (["--image-size", "6", "--defenses", "gaussian"], 7),
+    (["--image-size", "3", "--defenses", "gaussian", "--attack-rounds", "0"], 4),  # no leakage scores: LeNet's 4
+    (["--image-size", "8", "--model", "convnet", "--defenses", "none"], 9),
+    # PRECODE rows only: no --model row, so no LeNet
+    (["--image-size", "7", "--defenses", "precode", "--precode-model", "resnet18", "--attack-rounds", "0"], 8),
+    (["--image-size", "1", "--model", "mlp", "--defenses", "none", "--attack-rounds", "0"], 2),  # the dataset's
+    (["--image-size", "-5"], 7),
+])
+def test_bench_defenses_refuses_images_too_small_for_its_models(tmp_path, monkeypatch, extra, smallest):
+    """`--image-size 2` passed the old check (>= 1) and every LeNet row then failed mid-run, writing files
+    of error rows (and 4..6 failed after all rows were trained, in the leakage scores). The size is checked
+    against the models and scores of the run before anything runs or is written."""
+    _no_training(monkeypatch)
+    with pytest.raises(ValueError, match=rf"--image-size={extra[1]}; allowed: integers >= {smallest} \(") as exc:
+        bench.main(_args(tmp_path, *extra))
+    message = str(exc.value)
+    assert ("LeNet 4" in message) == ("precode" not in extra and "--model" not in extra)
+    assert ("SSIM window" in message) == ("--attack-rounds" not in extra)
+    if "precode" in extra:
+        assert "ResNet18 8" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("extra", [["--image-size", "7"], ["--image-size", "4", "--attack-rounds", "0"],
+                                   ["--image-size", "2", "--model", "mlp", "--attack-rounds", "0"]])
+def test_bench_defenses_runs_at_the_smallest_image_size(tmp_path, extra):
+    assert bench.main(_args(tmp_path, "--defenses", "none", *TINY, *extra)) == 0
+    (row,) = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert "error" not in row and 0 <= row["accuracy"] <= 1
+
+
+@pytest.mark.parametrize("seed", [str(2**64 - 1), str(2**70), str(2**40 + 1), "-1", "1.5"])
+def test_bench_defenses_refuses_a_seed_out_of_range_when_parsed(tmp_path, capsys, seed):
+    """`--seed 18446744073709551615` (and 2**70) failed in every row with "Overflow when unpacking long
+    long": the clients' seeds are seed * 100_003 + ..."""
+    err = _bad_parse(tmp_path, capsys, "--seed", seed)
+    assert f"argument --seed: {seed if seed != '1.5' else repr(seed)} is " in err
+    assert f"allowed: integers in [0, 2**40 = {2**40}]" in err
+
+
+def test_bench_defenses_seed_range_and_derived_seeds(tmp_path, monkeypatch):
+    # The largest seed runs: every derived seed (defenses, PRECODE's sampling, attacks) fits.
+    args = _args(tmp_path, "--defenses", "gaussian,PPP-NG1", *TINY, "--attack-rounds", "1", "--seed", str(2**40))
+    assert bench.main(args) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert all("error" not in r and math.isfinite(r["ssim"]) for r in rows)
+    assert bench.client_seed(2**40, 1, 1) <= bench.MAX_DERIVED_SEED
+    # A namespace built in code is checked by main too, before anything runs or is written.
+    _no_training(monkeypatch)
+    args = _args(tmp_path / "out")
+    args.seed = 2**64 - 1
+    with pytest.raises(ValueError, match=r"--seed=18446744073709551615; allowed: integers in \[0, 2\*\*40"):
+        bench.main(args)
+    args = _args(tmp_path / "out", "--seed", str(2**40))
+    args.rounds = 10**17  # (seed * 100_003 + round * 101 + client) past 2**63 - 1
+    with pytest.raises(ValueError, match=r"--seed=1099511627776 with --rounds=100000000000000000 .* exceeds 2\*\*63 - 1"):
+        bench.main(args)
+    assert not (tmp_path / "out").exists()

@@ -37,14 +37,26 @@ is against the ``none`` row of its own model and learning rate; ``baseline`` in 
 With ``--precode-model lenet --precode-width 0 --precode-lr 0.5`` (width 0: the class default) the
 PRECODE rows share the main LeNet setting and its ``none`` row again.
 
+The whole run -- data, models, batch sampling (a ``torch.Generator`` on the device), defenses and
+attacks -- runs on ``--device`` (default ``cpu``; checked when the arguments are parsed), with
+``--threads`` torch CPU threads (default: torch's choice). Arguments are checked before anything runs
+or is written: ``--image-size`` must be at least the smallest image side every model of the run accepts
+(its class's ``min_image_size``, e.g. 4 for LeNet), 2 (the digits dataset's smallest) and, when leakage is
+measured (``--attack-rounds`` > 0), the SSIM window of the scores
+(:data:`leakgym.metrics.DEFAULT_SSIM_WINDOW`, 7); and
+``--seed`` must be in ``[0, 2**40]`` (:data:`MAX_SEED`), so that every seed derived from it (the
+victim's and clients' ``seed * 100_003 + round * 101 + client``, the attacks' ``seed + i``) fits in
+``[0, 2**63 - 1]``.
+
 The defense settings are the named presets of
 :data:`leakgym.defenses.config.PRESETS`, except for DCS² and LODA whose per-update optimisation (1000
 resp. 500 steps) is too slow to run every round on a CPU: the bench uses ``BENCH_OVERRIDES`` (fewer
 steps) and says so in the table. With 20 steps each, the DCS² and LODA rows are the slowest of the
 default run (about 0.3 s resp. 0.2 s per round, under 30 s per row, on the 2-core CI machine).
 
-Output: a JSON file (``--json``) with the settings and one record per defense, and a markdown table
-next to it (``--markdown``, default: the JSON path with ``.md``). Both are rewritten after every trained
+Output: a JSON file (``--json``) with the settings (the device in ``device`` and, with cores and threads,
+in ``machine``) and one record per defense, and a markdown table next to it (``--markdown``, default: the
+JSON path with ``.md``; its header names the device). Both are rewritten after every trained
 row (``"complete": false`` and SSIM/PSNR ``null`` until the attacks at the end have run); Ctrl-C keeps
 what is written and exits with status 130. A missing number (e.g. no leakage with ``--attack-rounds 0``)
 is ``null`` in the JSON and ``-`` in the table.
@@ -62,7 +74,8 @@ from pathlib import Path
 
 import torch
 
-from leakgym.bench import check_output, dumps, interrupted, machine_label, progress_bar
+from leakgym.bench import check_output, device_label, dumps, interrupted, machine_label, progress_bar
+from leakgym.devices import canonical_device, check_device, device_argument
 from leakgym.files import write_atomically
 
 #: Rows of the default run, in table order.
@@ -83,6 +96,31 @@ PRECODE_ROWS = ("precode", "PPP-NG3", "PPP-NG2", "PPP-NG1", "PPP-NG05", "PPP-GC9
 PRECODE_MODEL = "mlp"
 PRECODE_WIDTH = 128
 PRECODE_LR = 0.1
+#: Largest ``--seed`` (as ``leakgym reproduce``'s): the clients' seeds are spread as ``seed * 100_003 +
+#: round * 101 + client`` (:func:`client_seed`) and every derived seed must stay within ``2**63 - 1``.
+MAX_SEED = 2**40
+#: Largest derived seed: torch generators and the attacks' seeds take ``[0, 2**63 - 1]``.
+MAX_DERIVED_SEED = 2**63 - 1
+#: Smallest image side of the digits dataset (:func:`leakgym.data.catalog.check_image_size`).
+DATASET_MIN_IMAGE_SIZE = 2
+
+
+def client_seed(seed: int, rnd: int, client: int) -> int:
+    """The seed of client ``client``'s defended update in round ``rnd`` of a run with ``--seed seed``."""
+    return seed * 100_003 + rnd * 101 + client
+
+
+def seed_argument(text: str) -> int:
+    """``argparse`` type of ``--seed``: an integer in ``[0, MAX_SEED]``."""
+    allowed = (f"allowed: integers in [0, 2**40 = {MAX_SEED}] (every derived seed, seed * 100_003 + round * 101 + "
+               "client, must fit in 2**63 - 1)")
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; {allowed}") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{seed} is out of range; {allowed}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -109,6 +147,9 @@ class Setup:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``leakgym bench defenses``."""
+    from leakgym.models import MODEL_CLASSES
+
+    smallest = ", ".join(f"{name} {cls.min_image_size}" for name, cls in MODEL_CLASSES.items())
     parser.add_argument("--json", type=Path, default=Path("runs/bench/bench_defenses.json"),
                         help="where to write the JSON results (default: %(default)s; the committed "
                         "docs/results/bench_defenses.json is rewritten only when named here)")
@@ -131,14 +172,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precode-lr", type=float, default=PRECODE_LR,
                         help="server learning rate of the PRECODE/PPP rows and their baseline "
                         "(default: %(default)s)")
-    parser.add_argument("--image-size", type=int, default=16, help="digits image size (default: %(default)s)")
+    parser.add_argument("--image-size", type=int, default=16,
+                        help=f"digits image size: at least {DATASET_MIN_IMAGE_SIZE}, the smallest image side of "
+                        f"every model of the run ({smallest}) and, with --attack-rounds > 0, the SSIM window of the "
+                        "leakage scores (leakgym.metrics.DEFAULT_SSIM_WINDOW) (default: %(default)s)")
     parser.add_argument("--attack-rounds", type=int, default=3,
                         help="number of evenly spaced rounds at which the victim is attacked")
     parser.add_argument("--attack-iterations", type=int, default=200, help="Inverting Gradients iterations")
     parser.add_argument("--eval-every", type=int, default=10, help="rounds between accuracy evaluations")
     parser.add_argument("--eval-size", type=int, default=None, help="test images used (default: all)")
     parser.add_argument("--all-clients", action="store_true", help="every client applies the defense")
-    parser.add_argument("--seed", type=int, default=0, help="seed of split, model, batches and defenses")
+    parser.add_argument("--seed", type=seed_argument, default=0,
+                        help="seed of split, model, batches, defenses and attacks; an integer in [0, 2**40] "
+                        "(default: %(default)s)")
+    parser.add_argument("--device", default="cpu", type=device_argument,
+                        help="torch device of the whole run: data, models, defenses and attacks (default: cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bars")
 
 
@@ -146,12 +195,12 @@ def _check(args: argparse.Namespace) -> list[str]:
     from leakgym.defenses import PRESETS
 
     for name in ("rounds", "clients", "batch_size", "victim_batch", "attack_rounds", "attack_iterations",
-                 "eval_every", "image_size"):
+                 "eval_every"):
         value = getattr(args, name)
         if not isinstance(value, int) or value < (0 if name == "attack_rounds" else 1):
             raise ValueError(f"--{name.replace('_', '-')}={value!r}; allowed: integers >= "
                              f"{0 if name == 'attack_rounds' else 1}")
-    from leakgym.models import MODEL_NAMES
+    from leakgym.models import MODEL_CLASSES, MODEL_NAMES
 
     for flag in ("lr", "precode_lr"):
         value = getattr(args, flag)
@@ -164,12 +213,42 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--eval-size={args.eval_size!r}; allowed: integers >= 1 (default: all test images)")
     if not isinstance(args.precode_width, int) or args.precode_width < 0:
         raise ValueError(f"--precode-width={args.precode_width!r}; allowed: integers >= 0 (0: class default)")
+    if args.threads is not None and (not isinstance(args.threads, int) or args.threads < 1):
+        raise ValueError(f"--threads={args.threads!r}; allowed: integers >= 1 (default: torch's choice)")
+    try:
+        check_device(args.device)
+    except ValueError as exc:
+        raise ValueError(f"--device: {exc}") from None
+    seed = args.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed={seed!r}; allowed: integers in [0, 2**40 = {MAX_SEED}]")
+    largest = client_seed(seed, args.rounds - 1, args.clients - 1)
+    if largest > MAX_DERIVED_SEED:
+        raise ValueError(f"--seed={seed} with --rounds={args.rounds} and --clients={args.clients}: the last client "
+                         f"seed {largest} exceeds 2**63 - 1; allowed: --seed * 100_003 + (--rounds - 1) * 101 + "
+                         "--clients - 1 <= 2**63 - 1")
     names = [n.strip() for n in args.defenses.split(",") if n.strip()]
     known = {k.lower(): k for k in PRESETS} | {"precode": "precode"}
     unknown = [n for n in names if n.lower() not in known]
     if unknown or not names:
         raise ValueError(f"--defenses: unknown name(s) {unknown}; allowed: {sorted(known.values())}")
-    return [known[n.lower()] for n in names]
+    names = [known[n.lower()] for n in names]
+    # The smallest image every model of the run accepts (a PRECODE model only with a PRECODE row), the
+    # dataset and, when leakage is measured, the SSIM window of the scores (else the run fails after training).
+    sizes = {MODEL_CLASSES[setup.model].__name__: MODEL_CLASSES[setup.model].min_image_size
+             for _, setup in plan(names, args)}
+    needs = [f"the digits dataset {DATASET_MIN_IMAGE_SIZE}"] + [f"{m} {n}" for m, n in sizes.items()]
+    smallest = max(DATASET_MIN_IMAGE_SIZE, *sizes.values())
+    if args.attack_rounds > 0:
+        from leakgym.metrics import DEFAULT_SSIM_WINDOW
+
+        needs.append(f"the SSIM window of the leakage scores (--attack-rounds > 0) {DEFAULT_SSIM_WINDOW}")
+        smallest = max(smallest, DEFAULT_SSIM_WINDOW)
+    size = args.image_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < smallest:
+        raise ValueError(f"--image-size={size!r}; allowed: integers >= {smallest} (smallest image side of "
+                         f"{', '.join(needs)})")
+    return names
 
 
 def plan(names: list[str], args: argparse.Namespace) -> list[tuple[str, Setup]]:
@@ -227,10 +306,21 @@ def attack_rounds(rounds: int, count: int) -> list[int]:
     return sorted({round(i * (rounds - 1) / (count - 1)) for i in range(count)})
 
 
+def split_on(split, device: str | torch.device):
+    """``split`` (a :class:`~leakgym.data.FederatedSplit`) with every image and label on ``device`` (the
+    same tensors where they already are there)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        split, public_x=split.public_x.to(device), public_y=split.public_y.to(device),
+        clients=[(cx.to(device), cy.to(device)) for cx, cy in split.clients],
+        test_x=split.test_x.to(device), test_y=split.test_y.to(device))
+
+
 def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
                 setup: Setup | None = None) -> tuple[dict, list]:
-    """Train under one defense on ``setup`` (default: the row's setup in :func:`plan`); returns (record
-    without leakage, attack problems)."""
+    """Train under one defense on ``setup`` (default: the row's setup in :func:`plan`) on ``args.device``;
+    returns (record without leakage, attack problems)."""
     from tqdm import tqdm
 
     from leakgym.attacks.base import AttackerKnowledge
@@ -239,16 +329,18 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
     from leakgym.fl.server import Server
     from leakgym.models import build_model
 
+    device = canonical_device(args.device)
+    split = split_on(split, device)
     spec = split.spec
     cfg = _row_config(name)
     if setup is None:
         setup = dict(plan([name], args))[name]
-    model = build_model(setup.model, spec, precode=setup.precode, width=setup.width, seed=args.seed)
+    model = build_model(setup.model, spec, precode=setup.precode, width=setup.width, seed=args.seed, device=device)
     test_x, test_y = split.test_x, split.test_y
     if args.eval_size is not None:
         test_x, test_y = test_x[: args.eval_size], test_y[: args.eval_size]
     server = Server(model, lr=setup.lr, eval_x=spec.normalize(test_x), eval_y=test_y)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
     probe_rounds = set(attack_rounds(args.rounds, args.attack_rounds))
     overheads, fidelities, curve, problems = [], [], [], []
     start = time.perf_counter()
@@ -257,9 +349,9 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
         updates = []
         for k, (cx, cy) in enumerate(split.clients):
             size = args.victim_batch if k == 0 else args.batch_size
-            idx = torch.randperm(len(cx), generator=gen)[: min(size, len(cx))]
+            idx = torch.randperm(len(cx), generator=gen, device=device)[: min(size, len(cx))]
             x, y = spec.normalize(cx[idx]), cy[idx]
-            seed = args.seed * 100_003 + rnd * 101 + k
+            seed = client_seed(args.seed, rnd, k)
             if k == 0 or args.all_clients:
                 upd, rep = apply_defense(model, x, y, cfg, seed=seed, public_x=split.public_x,
                                          public_y=split.public_y)
@@ -300,13 +392,14 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
 
 
 def attack_all(problems: list, args: argparse.Namespace, spec) -> list[dict]:
-    """Inverting Gradients on every collected victim update (one batched call); per-problem scores."""
+    """Inverting Gradients on every collected victim update (one batched call, on ``args.device``);
+    per-problem scores."""
     from leakgym.attacks.inverting_gradients import InvertingGradients
     from leakgym.metrics import score_reconstruction
 
     if not problems:
         return []
-    attack = InvertingGradients(iterations=args.attack_iterations)
+    attack = InvertingGradients(iterations=args.attack_iterations, device=str(canonical_device(args.device)))
     results = attack.reconstruct_batch([p[2] for p in problems], [p[3] for p in problems], seed=args.seed)
     scores = []
     for (_, rnd, _, _, orig), res in zip(problems, results):
@@ -357,6 +450,8 @@ def markdown_table(records: list[dict], settings: dict) -> str:
                f"Leakage: Inverting Gradients on all layers ({settings['attack_iterations']} iterations, labels "
                f"known) on the victim's update at rounds {settings['attack_rounds']}; SSIM/PSNR lower = less "
                "leakage.")
+    if settings.get("device") is not None:  # (results written before the device was recorded have none)
+        header += f" Device: {settings['device']}."
     lines = [
         header,
         "",
@@ -406,10 +501,13 @@ def main(args: argparse.Namespace) -> int:
     if md_path.resolve() == json_path.resolve():
         raise ValueError(f"--markdown={str(md_path)!r} is the --json file; allowed: another path (the table would "
                          "replace the JSON)")
-    torch.manual_seed(args.seed)
+    device = canonical_device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)  # (every device's generator)
     progress = not args.no_progress
     dataset = load_dataset("digits", image_size=args.image_size)
-    split = federated_split(dataset, num_clients=args.clients, seed=args.seed)
+    split = split_on(federated_split(dataset, num_clients=args.clients, seed=args.seed), device)
     settings = {
         "dataset": "digits", "image_size": args.image_size, "model": args.model, "rounds": args.rounds,
         "clients": args.clients, "batch_size": args.batch_size, "victim_batch": args.victim_batch,
@@ -417,7 +515,8 @@ def main(args: argparse.Namespace) -> int:
         "precode_lr": args.precode_lr, "all_clients": bool(args.all_clients), "seed": args.seed,
         "attack": "inverting-gradients", "attack_iterations": args.attack_iterations,
         "attack_rounds": attack_rounds(args.rounds, args.attack_rounds), "bench_overrides": BENCH_OVERRIDES,
-        "machine": machine_label(torch.get_num_threads(), "cpu"),  # where wall_s and overhead_ms were timed
+        "device": device_label(device),
+        "machine": machine_label(torch.get_num_threads(), device),  # where wall_s and overhead_ms were timed
     }
     records, problems, failed = [], [], False
     rows_plan = plan(names, args)
