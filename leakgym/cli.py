@@ -6,7 +6,7 @@
     leakgym eval ...                  play every attacker against every defender, write payoff files
     leakgym train ...                 train a learned attacker or defender with Stable-Baselines3
     leakgym selfplay ...              alternating best responses
-    leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--rerender]   re-run each paper's main table (docs/results/)
+    leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--resume|--rerender]   re-run each paper's main table (docs/results/)
     leakgym bench attacks|defenses|env|eval --json PATH
 """
 

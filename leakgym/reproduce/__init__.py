@@ -1,7 +1,7 @@
 """``leakgym reproduce <paper>``: scaled-down, faithful re-runs of each paper's main table.
 
     leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--out runs/reproduce] [--size small|full]
-                      [--seeds 0,1,2] [--images N] [--no-utility] [--no-progress]
+                      [--seeds 0,1,2] [--images N] [--no-utility] [--no-progress] [--resume | --rerender]
 
 Each paper module (:mod:`.dcs2`, :mod:`.ppp`, :mod:`.oasis`, :mod:`.censor`, :mod:`.loda`) is data --
 the table's defenses and attacks, the scaled-down sizes and the paper's own numbers (one cited
@@ -10,7 +10,9 @@ Each writes ``reproduce_<paper>.json`` (every number, per image and seed), ``.md
 standard error next to the paper, and computed verdicts: "holds" only beyond two standard errors,
 :mod:`.stats`) and ``.png`` (the paper's panels and the accuracy curves of every row), to
 ``runs/reproduce`` unless ``--out`` names another folder (the committed results in ``docs/results``
-are rewritten only with ``--out docs/results``).
+are rewritten only with ``--out docs/results``). The JSON is written as the work goes (marked
+``"complete": false`` until the end), so Ctrl-C keeps the finished seeds; ``--resume`` continues such a
+run with the same options, running only what is missing.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``leakgym reproduce``."""
     parser.add_argument("paper", choices=[*PAPERS, "all"], help="which paper's table to reproduce ('all': every one)")
     parser.add_argument("--out", type=Path, default=Path("runs/reproduce"),
-                        help="output folder for reproduce_<paper>.{json,md,png} (default: %(default)s)")
+                        help="output folder for reproduce_<paper>.{json,md,png}; the .json is written as the run goes "
+                             "(\"complete\": false until it ends) (default: %(default)s)")
     # The run options record that they were given (args.given): --rerender refuses them.
     parser.add_argument("--size", choices=("small", "full"), default="small", action=_Given,
                         help="small: minutes on 2 CPU cores; full: closer to the paper's sizes (default: %(default)s)")
@@ -69,6 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="victim images per cell (default: the size's; rounded up to a multiple of the batch)")
     parser.add_argument("--no-utility", action=_GivenTrue, help="skip the FedSGD accuracy runs")
     parser.add_argument("--no-progress", action="store_true", help="disable the tqdm progress bars")
+    parser.add_argument("--resume", action=_GivenTrue,
+                        help="continue the run recorded in <out>/reproduce_<paper>.json (an interrupted one, "
+                             "written as it went): only what it lacks is run; refused if it records other options; "
+                             "a complete one is left as it is")
     parser.add_argument("--rerender", action="store_true",
                         help="do not run: recompute the verdicts and rewrite the .md/.png from <out>/reproduce_<paper>.json")
 
@@ -98,6 +105,7 @@ def main(args: argparse.Namespace) -> int:
     if args.rerender and given:
         raise ValueError(f"--rerender rewrites the tables of the run recorded in <out>/reproduce_<paper>.json; "
                          f"{', '.join(dict.fromkeys(given))} cannot change it (run without --rerender to run with them)")
+    resume = getattr(args, "resume", False)
     failed = False
     for done, name in enumerate(names):
         try:
@@ -105,16 +113,24 @@ def main(args: argparse.Namespace) -> int:
                 rerender(paper_spec(name), args.out / f"reproduce_{name}.json")
                 print(f"reproduce {name}: re-rendered {args.out}/reproduce_{name}.md", file=sys.stderr)
                 continue
+            path = args.out / f"reproduce_{name}.json"
+            before = path.stat().st_mtime_ns if path.exists() else None
             result = run_paper(paper_spec(name), size=args.size, seeds=args.seeds, images=args.images, out=args.out,
-                               utility=not args.no_utility, progress=not args.no_progress)
-        except KeyboardInterrupt:
+                               utility=not args.no_utility, progress=not args.no_progress, resume=resume)
+        except KeyboardInterrupt as err:
             finished = ", ".join(names[:done]) or "none"
-            print(f"reproduce: interrupted during {name} (nothing of it was written); finished papers: {finished}, "
-                  f"in {args.out}", file=sys.stderr)
+            kept, at = getattr(err, "kept", ""), getattr(err, "path", None)
+            what = (f"kept its finished part in {at} (incomplete: {kept}; run the same command with --resume to "
+                    "finish it)" if kept and at is not None else "nothing of it was written")
+            print(f"reproduce: interrupted during {name}; {what}; finished papers: {finished}, in {args.out}",
+                  file=sys.stderr)
             return 130
         except Exception as err:  # noqa: BLE001 - report, continue with the other papers, exit 1
             failed = True
             print(f"reproduce {name}: failed: {type(err).__name__}: {err}", file=sys.stderr)
+            continue
+        if resume and before is not None and path.stat().st_mtime_ns == before:
+            print(f"reproduce {name}: already complete in {path} (--resume: nothing run)", file=sys.stderr)
             continue
         print(f"reproduce {name}: {result['wall_s']:.0f} s -> {args.out}/reproduce_{name}.md", file=sys.stderr)
         for v in result["verdicts"]:

@@ -166,8 +166,10 @@ PAPER_SPEC = Paper(
         ("The Prune ratio is not in our copy of the paper; we use p=0.9 (the PPP paper's GC90). Soteria prunes "
          "80% of the representation units (the DCS² text says Soteria perturbs ~90% on TinyImageNet; the MNIST "
          "ratio is not in our copy)."),
-        ("Acc_S/Acc_T come from a FedSGD run from scratch (only the victim defends, as in DCS²) stopped once the "
-         "undefended model has plateaued (see the plateau line), not the paper's full FL training."),
+        (f"Acc_S/Acc_T come from a FedSGD run from scratch (only the victim defends, as in DCS²) of a fixed number of "
+         f"rounds (small: {SCALES['small']['B=1'].utility_rounds}, full: {SCALES['full']['B=1'].utility_rounds}) "
+         "chosen for the undefended model to plateau (the plateau line says whether it did), not the paper's full "
+         "FL training."),
         (f"\"Minimal drop in accuracy\" is not a number in the paper; we accept a drop below {MAX_DROP:g} point "
          "(beyond two standard errors)."),
     ],

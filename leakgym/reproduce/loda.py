@@ -575,11 +575,14 @@ PAPER_SPEC = Paper(
         ("Without the adaptive attack, Mixup/InstaHide are attacked by IG with inferred labels (the attacker does "
          "not know the encoding) and its reconstructions are matched to private images by optimal assignment, "
          "not to their largest-weight component."),
-        ("Utility: FedSGD (4 clients x batch 16, server lr 0.5, no momentum or weight decay; 200 rounds, about 10 "
-         "passes over the training shards) instead of training a ResNet-18 for 200 epochs. The calibrated LODA row "
+        (f"Utility: FedSGD ({_BASE.utility_clients} clients x batch {_BASE.utility_batch}, server lr "
+         f"{_BASE.utility_lr:g}, no momentum or weight decay; small: {SCALES['small']['B=6'].utility_rounds} rounds, "
+         f"about 10 passes over the training shards; full: {SCALES['full']['B=6'].utility_rounds}) instead of "
+         "training a ResNet-18 for 200 epochs. The calibrated LODA row "
          "obscures every client's shard once and then trains on it, every seed; the paper's c rows are not trained "
          "(obscuring ~1,300 images takes ~70 s per setting and seed on one core). The LODA diagnosis trains "
-         "longer (small: 1,000 rounds) on the plain and the obscured shards."),
+         f"longer (small: {LONG_ROUNDS['small']:,} rounds, full: {LONG_ROUNDS['full']:,}) on the plain and the obscured "
+         "shards."),
         ("LODA start images come from the public split of the same digits (the paper: CIFAR-100 images for "
          "CIFAR-10), so a start image carries a digit class of its own; the LODA diagnosis measures how often the "
          "obscured image keeps it."),

@@ -31,6 +31,7 @@ from leakgym.reproduce.runner import (
     listing,
     quote,
     unmeasured,
+    utility_measured,
     utility_table,
     verdict,
 )
@@ -212,8 +213,10 @@ def tables(result: dict) -> str:
             + markdown_table(header, body)
             + f"\n\nPSNR capped at 100 dB (exact recovery). The paper's box plots are images; its text states "
               f"({PAPER['fig5_rtf_text']['cite']}; {PAPER['fig6_cah_text']['cite']}):\n\n"
-            + paper_lines + "\n\nAccuracy: ours from FedSGD on digits (every client augments); the paper's "
-            f"{t1['cite']}.\n\n" + utility_table(result, ROWS))
+            + paper_lines + "\n\nAccuracy: "
+            + ("ours from FedSGD on digits (every client augments)" if utility_measured(result)
+               else "ours not measured (--no-utility)")
+            + f"; the paper's {t1['cite']}.\n\n" + utility_table(result, ROWS))
 
 
 def draw(result: dict, axes) -> None:
@@ -246,10 +249,12 @@ PAPER_SPEC = Paper(
     draw_axes=2,
     printed=("table1_accuracy",),
     deviations=[
-        "Digits 16x16 instead of ImageNet/CIFAR100; an untrained MLP (width 256) behind the malicious layer.",
+        (f"Digits 16x16 instead of ImageNet/CIFAR100; an untrained MLP (small: width {SCALES['small']['B=8'].model_width}, "
+         f"full: {SCALES['full']['B=8'].model_width}) behind the malicious layer."),
         "Neuron counts not tuned per batch size (paper: best of a sweep); 256 bins and 500 trap neurons throughout.",
         "PSNR capped at 100 dB by leakgym.metrics (the paper reports up to ~148 dB for exact recoveries).",
         "The paper's per-box values are not in our copy; the verdicts check the claims its text states.",
-        "Accuracy from a FedSGD run (server lr 0.1, batch 16) instead of ResNet-18 training to convergence.",
+        (f"Accuracy from a FedSGD run (server lr {_BASE.utility_lr:g}, batch {_BASE.utility_batch}, "
+         f"{_BASE.utility_rounds} rounds) instead of ResNet-18 training to convergence."),
     ],
 )

@@ -240,10 +240,13 @@ PAPER_SPEC = Paper(
     printed=("MNIST", "CIFAR10"),
     deviations=[
         "Digits 16x16 instead of MNIST 28x28; MLP width 128 in the small run (1024 in full).",
-        ("Attack iterations capped (small: 300; the paper runs up to 24k with early stopping); 4 victim images per "
-         "seed in the small run (time budget on a contended 2-core machine)."),
-        ("Accuracy from a 100-round FedSGD run (SGD, server lr 0.1, batch 16) instead of FL training with Adam to "
-         "convergence. With the server lr 0.5 of the other papers' runs the PRECODE model diverged (loss NaN after "
+        (f"Attack iterations capped (small: {SCALES['small']['B=1'].iterations}, full: "
+         f"{SCALES['full']['B=1'].iterations}; the paper runs up to 24k with early stopping); victim images per seed "
+         f"reduced for time (small: {SCALES['small']['B=1'].images}, full: {SCALES['full']['B=1'].images})."),
+        (f"Accuracy from a FedSGD run (SGD, server lr {SCALES['small']['B=1'].utility_lr:g}; small: "
+         f"{SCALES['small']['B=1'].utility_rounds} rounds x batch {SCALES['small']['B=1'].utility_batch}, full: "
+         f"{SCALES['full']['B=1'].utility_rounds} rounds x batch {SCALES['full']['B=1'].utility_batch}) instead of "
+         "FL training with Adam to convergence. With the server lr 0.5 of the other papers' runs the PRECODE model diverged (loss NaN after "
          "~50 rounds) under PPP-NG2/NG1/NG05/GC99 while the plain MLP did not; lr 0.1 is stable for every row."),
         ("The layer-skipping attack matches the pre-bottleneck layers even when PPP-GC zeroes most of them "
          "(skip_zeros=False), as in PPP Eq. 4."),

@@ -5,7 +5,9 @@ table's rows and columns, the scaled-down sizes, the paper's own numbers (one ``
 sections carry their table/figure citation, :func:`quote`) -- plus the function that turns our
 numbers into verdicts and the panels of its figure. :func:`run_paper` runs the grid
 (:func:`leakgym.reproduce.harness.run_grid`) for every setting and every seed, measures utility
-(:func:`leakgym.reproduce.harness.measure_utility`) for every seed, and writes the three files.
+(:func:`leakgym.reproduce.harness.measure_utility`) for every seed, and writes the three files. The
+JSON is written as the work goes (``"complete": false`` with every finished seed's grid and utility
+run), so a Ctrl-C keeps them and ``resume=True`` (``--resume``) runs only what is missing.
 
 Every number of ours is an :class:`~leakgym.reproduce.stats.Estimate` -- the mean over the images of
 all seeds (privacy) or over the seeds (utility) with its standard error. Verdicts are computed, never
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leakgym.files import replacing
+from leakgym.files import replacing, write_atomically
 from leakgym.reproduce.harness import (
     AttackColumn,
     DefenseRow,
@@ -183,6 +185,78 @@ def merge_utility(runs: list[dict], seeds: Sequence[int]) -> dict:
 MAX_SEED = 2**40
 """Largest seed of a run: seeds are spread as ``seed * 100_003 + ...`` and must stay below ``2**63``."""
 
+#: The utility note of every row when the utility runs were skipped (``utility=False``, ``--no-utility``).
+NO_UTILITY = "not measured (--no-utility)"
+#: The fields of a results file that must match for ``resume=True`` to continue it.
+RUN_FIELDS = ("paper", "size", "seeds", "settings", "rows", "columns", "utility_measured", "scale_overrides")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_paper`. ``path``: the results file holding the finished part (``None``:
+    nothing was written); ``kept``: what it holds, in words ("" when nothing)."""
+
+    def __init__(self, path: Path | None, kept: str) -> None:
+        super().__init__(f"interrupted; kept: {kept or 'nothing'}")
+        self.path, self.kept = path, kept
+
+
+def _plain(obj):
+    """``obj`` as the results file holds it (tuples become lists): a finished part and a resumed one merge alike."""
+    return json.loads(json.dumps(obj, allow_nan=True))
+
+
+def machine() -> dict:
+    """The CPU the run had: ``os.cpu_count()``, the cores this process may run on, a cgroup CPU quota if
+    one is set (``None`` otherwise or where unknown), and torch's intra-op threads."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    quota = None
+    with contextlib.suppress(OSError, ValueError):  # cgroup v2: "max 100000" or "200000 100000"
+        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if limit != "max":
+            quota = round(int(limit) / int(period), 2)
+    return {"cpu_count": os.cpu_count(), "usable_cores": usable, "cpu_quota": quota,
+            "torch_threads": torch.get_num_threads()}
+
+
+def _done_line(progress: dict, settings: Sequence[str], seeds: Sequence[int], utility_total: int) -> str:
+    """What a partial results file holds, in words (``""`` when nothing)."""
+    by_setting = {label: [g["seed"] for g in progress["grids"] if g["setting"] == label] for label in settings}
+    if not any(by_setting.values()) and not progress["utility_runs"] and progress.get("extras") is None:
+        return ""
+    of = ",".join(map(str, seeds))
+    parts = [(f"attack grid of seed(s) {','.join(map(str, done)) or 'none'} of {of}" if len(settings) == 1 else
+              f"{label} attack grid of seed(s) {','.join(map(str, done)) or 'none'} of {of}")
+             for label, done in by_setting.items()]
+    if utility_total:
+        parts.append(f"{len(progress['utility_runs'])} of {utility_total} utility runs")
+    if progress.get("extras") is not None:
+        parts.append("the extra measurements")
+    return "; ".join(parts)
+
+
+def _recorded(paper: Paper, path: Path, run: dict) -> dict | None:
+    """The results file ``path`` if it records the run ``run`` (``None`` if there is none); raises if it
+    records another run or is not a results file."""
+    if not path.exists():
+        return None
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"resume: {path} is not a results file ({type(err).__name__}: {err}); move it away or run "
+                         "without --resume") from None
+    if not isinstance(recorded, dict) or recorded.get("paper") != paper.key:
+        got = recorded.get("paper") if isinstance(recorded, dict) else None
+        raise ValueError(f"resume: {path} holds the results of {got!r}, not {paper.key!r}")
+    if "utility_measured" not in recorded:  # written before the field existed
+        recorded["utility_measured"] = utility_measured(recorded)
+    differ = [k for k in RUN_FIELDS if _plain(recorded.get(k)) != _plain(run[k])]
+    if differ:
+        raise ValueError(f"resume: {path} records a run with other settings ({', '.join(differ)} differ); run with "
+                         "the options it was started with, or without --resume to start afresh")
+    if not recorded.get("complete", True) and not isinstance(recorded.get("progress"), dict):
+        raise ValueError(f"resume: {path} is marked incomplete but holds no progress; run without --resume")
+    return recorded
+
 
 def run_paper(
     paper: Paper,
@@ -194,8 +268,17 @@ def run_paper(
     scale_overrides: dict | None = None,
     utility: bool = True,
     progress: bool = True,
+    resume: bool = False,
 ) -> dict:
     """Run ``paper`` at ``size`` for every seed and (if ``out``) write ``reproduce_<key>.{json,md,png}``.
+
+    The JSON is written as the work goes: after each seed's attack grid, each utility run and the extra
+    measurements, ``reproduce_<key>.json`` is replaced (atomically) by one marked ``"complete": false``
+    that holds every finished part under ``"progress"`` (the ``.md``/``.png`` of an earlier run beside it
+    are removed then: they no longer describe it). A Ctrl-C raises :class:`Interrupted` (a
+    ``KeyboardInterrupt``) saying what was kept; ``resume=True`` continues from that file. The complete
+    run replaces it with the results (``"complete": true``, no ``"progress"``) and writes the table and
+    figure.
 
     Args:
         paper: a :class:`Paper`.
@@ -209,6 +292,11 @@ def run_paper(
             (e.g. ``{"iterations": 20}`` for a smoke run); recorded in the results.
         utility: measure the utility columns (``False``: recorded as not measured).
         progress: tqdm bars.
+        resume: continue the run recorded in ``out``: the finished seeds' grids, utility runs and extras are
+            read back (JSON) and not run again, so the results equal an uninterrupted run's. The file must
+            record a run with the same settings (paper, size, seeds, the settings after ``images`` and
+            ``scale_overrides``, rows, columns, utility), else ``ValueError``; a complete one is returned
+            as it is, with nothing run or written; without a file the run starts afresh.
 
     Returns:
         The results dict (also the JSON file's content).
@@ -222,6 +310,8 @@ def run_paper(
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds) or not all(0 <= s <= MAX_SEED for s in seeds):
         raise ValueError(f"seeds={seeds!r}; allowed: one or more distinct integers in [0, {MAX_SEED}]")
+    if resume and out is None:
+        raise ValueError("resume=True needs out (the folder whose results file it continues)")
     if out is not None:  # checked before the work, not after it
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -238,31 +328,8 @@ def run_paper(
             scale = scale.replace(images=b * math.ceil(images / b))
         settings[label] = scale
     rows, columns = paper.rows(size), paper.columns(size)
-    splits = {}
-    per_cell: dict[tuple, list[dict]] = {}
-    for label, scale in settings.items():
-        if scale.image_size not in splits:
-            dataset = load_dataset("digits", image_size=scale.image_size)
-            splits[scale.image_size] = federated_split(dataset, num_clients=max(4, scale.utility_clients), seed=0)
-        for seed in seeds:
-            grid = run_grid(rows, columns, scale, split=splits[scale.image_size], seed=seed, progress=progress)
-            for key, c in grid.items():
-                per_cell.setdefault((label, *key), []).append({"setting": label, **c.summary()})
-    cells = [_merge_cells(v) for v in per_cell.values()]
     first_label, first = next(iter(settings.items()))
-    utility_rows = {}
-    for row in rows:
-        if not utility:
-            utility_rows[row.name] = {"accuracy": None, "note": "not measured (--no-utility)"}
-            continue
-        use = seeds[: row.utility_seeds] if row.utility_seeds else seeds
-        runs = [measure_utility(row, first, split=splits[first.image_size], seed=s, progress=progress) for s in use]
-        utility_rows[row.name] = merge_utility(runs, use)
-    extras: dict = {}
-    if paper.extra is not None and utility:
-        extras = dict(paper.extra(splits[first.image_size], first, seeds, size=size, progress=progress))
-        utility_rows.update(extras.pop("utility", {}))
-    result = {
+    head = {
         "paper": paper.key,
         "title": paper.title,
         "source": paper.source,
@@ -270,28 +337,114 @@ def run_paper(
         "size": size,
         "seeds": seeds,
         "dataset": "digits",
-        "cifar10": dataset_status("cifar10"),
         "settings": {k: v.to_dict() for k, v in settings.items()},
         "utility_setting": first_label,
         "rows": [{"name": r.name, "config": r.config.to_dict(), "active": r.config.active(), "precode": r.precode,
                   "attacks": list(r.attacks) if r.attacks else None, "note": r.note} for r in rows],
         "columns": [{"name": c.name, "attack": c.attack, "config": c.config, "labels_known": c.labels_known,
                      "note": c.note} for c in columns],
-        "cells": cells,
-        "utility": utility_rows,
         "paper_numbers": paper.paper_numbers,
         "deviations": paper.deviations,
         "scale_overrides": scale_overrides or {},
-        "extras": extras,
+        "images_requested": images,
+        "utility_measured": bool(utility),
     }
-    result["plateau"] = plateau(result)
-    result["verdicts"] = paper.verdicts(result)
-    result["wall_s"] = time.perf_counter() - start
-    # CPU time of this process (one torch thread): the run's cost without the other jobs sharing the cores.
-    result["cpu_s"] = time.process_time() - cpu_start
-    result["load_avg"] = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    if out is not None:
-        write_outputs(paper, result, Path(out))
+    path = out / f"reproduce_{paper.key}.json" if out is not None else None
+    recorded = _recorded(paper, path, head) if resume else None
+    if recorded is not None and recorded.get("complete", True):
+        return recorded
+    state = (recorded or {}).get("progress") or {"grids": [], "utility_runs": [], "extras": None, "wall_s": 0.0,
+                                                  "cpu_s": 0.0, "invocations": 0}
+    earlier_wall, earlier_cpu = float(state["wall_s"]), float(state["cpu_s"])
+    state["invocations"] = int(state["invocations"]) + 1
+    grids = {(g["setting"], g["seed"]): g["cells"] for g in state["grids"]}
+    runs = {(u["row"], u["seed"]): u["run"] for u in state["utility_runs"]}
+    use_seeds = {r.name: (seeds[: r.utility_seeds] if r.utility_seeds else seeds) for r in rows}
+    utility_total = sum(len(use_seeds[r.name]) for r in rows) if utility else 0
+    kept = _done_line(state, list(settings), seeds, utility_total) if recorded is not None else ""
+    splits: dict = {}
+    cleared: list[bool] = []
+
+    def split_for(scale: Scale):
+        if scale.image_size not in splits:
+            dataset = load_dataset("digits", image_size=scale.image_size)
+            splits[scale.image_size] = federated_split(dataset, num_clients=max(4, scale.utility_clients), seed=0)
+        return splits[scale.image_size]
+
+    def save() -> None:
+        """Replace the JSON by the finished part (``"complete": false``)."""
+        nonlocal kept
+        if path is None:
+            return
+        state["wall_s"] = earlier_wall + time.perf_counter() - start
+        state["cpu_s"] = earlier_cpu + time.process_time() - cpu_start
+        partial = {**head, "complete": False,
+                   "done": {"grids": {label: [s for s in seeds if (label, s) in grids] for label in settings},
+                            "utility_runs": {r.name: [s for s in use_seeds[r.name] if (r.name, s) in runs]
+                                             for r in rows if utility},
+                            "extras": state["extras"] is not None},
+                   "progress": state}
+        write_atomically(path, json.dumps(partial, indent=1, allow_nan=True) + "\n")
+        if not cleared:  # a table and figure beside it describe an earlier run
+            for ext in ("md", "png"):
+                path.with_suffix(f".{ext}").unlink(missing_ok=True)
+            cleared.append(True)
+        kept = _done_line(state, list(settings), seeds, utility_total)
+
+    try:
+        for label, scale in settings.items():
+            for seed in seeds:
+                if (label, seed) in grids:
+                    continue
+                grid = run_grid(rows, columns, scale, split=split_for(scale), seed=seed, progress=progress)
+                grids[(label, seed)] = _plain([{"setting": label, **c.summary()} for c in grid.values()])
+                state["grids"].append({"setting": label, "seed": seed, "cells": grids[(label, seed)]})
+                save()
+        per_cell: dict[tuple, list[dict]] = {}
+        for label in settings:
+            for seed in seeds:
+                for c in grids[(label, seed)]:
+                    per_cell.setdefault((label, c["defense"], c["attack"]), []).append(c)
+        cells = [_merge_cells(v) for v in per_cell.values()]
+        utility_rows = {}
+        for row in rows:
+            if not utility:
+                utility_rows[row.name] = {"accuracy": None, "note": NO_UTILITY}
+                continue
+            for s in use_seeds[row.name]:
+                if (row.name, s) not in runs:
+                    runs[(row.name, s)] = _plain(measure_utility(row, first, split=split_for(first), seed=s,
+                                                                 progress=progress))
+                    state["utility_runs"].append({"row": row.name, "seed": s, "run": runs[(row.name, s)]})
+                    save()
+            utility_rows[row.name] = merge_utility([runs[(row.name, s)] for s in use_seeds[row.name]],
+                                                   use_seeds[row.name])
+        extras: dict = {}
+        if paper.extra is not None and utility:
+            if state["extras"] is None:
+                state["extras"] = _plain(dict(paper.extra(split_for(first), first, seeds, size=size,
+                                                          progress=progress)))
+                save()
+            extras = _plain(state["extras"])
+            utility_rows.update(extras.pop("utility", {}))
+        result = {k: head[k] for k in ("paper", "title", "source", "paper_setting", "size", "seeds", "dataset")}
+        result["cifar10"] = dataset_status("cifar10")
+        result |= {k: head[k] for k in ("settings", "utility_setting", "rows", "columns")}
+        result |= {"cells": cells, "utility": utility_rows}
+        result |= {k: head[k] for k in ("paper_numbers", "deviations", "scale_overrides")}
+        result["extras"] = extras
+        result["plateau"] = plateau(result)
+        result["verdicts"] = paper.verdicts(result)
+        result["wall_s"] = earlier_wall + time.perf_counter() - start
+        # CPU time of this process (one torch thread): the run's cost apart from whatever else shares the cores.
+        result["cpu_s"] = earlier_cpu + time.process_time() - cpu_start
+        result["load_avg"] = [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+        result |= {"complete": True, "images_requested": images, "utility_measured": bool(utility),
+                   "machine": machine(), "invocations": state["invocations"]}
+        if out is not None:
+            write_outputs(paper, result, out)
+    except KeyboardInterrupt as err:
+        raise Interrupted(path if kept else None, kept) from err
     return result
 
 
@@ -299,12 +452,16 @@ def rerender(paper: Paper, path: Path | str, out: Path | str | None = None) -> d
     """Recompute the verdicts and rewrite the markdown and figure of a saved results JSON (no run).
 
     For a presentation change after a long run; the measured numbers (cells, utility, extras, wall
-    time) are kept as they are. Writes next to the JSON unless ``out`` is given.
+    time) are kept as they are. Writes next to the JSON unless ``out`` is given. An unfinished run's
+    file (``"complete": false``) is refused: ``run_paper(..., resume=True)`` finishes it.
     """
     path = Path(path)
     result = json.loads(path.read_text())
     if result.get("paper") != paper.key:
         raise ValueError(f"{path} holds the results of {result.get('paper')!r}, not {paper.key!r}")
+    if result.get("complete") is False:
+        raise ValueError(f"{path} holds an unfinished run (\"complete\": false); `leakgym reproduce {paper.key} "
+                         "--resume` with the options it was started with finishes it")
     result["plateau"] = plateau(result)
     result["verdicts"] = paper.verdicts(result)
     write_outputs(paper, result, Path(out) if out is not None else path.parent)
@@ -459,24 +616,33 @@ def markdown(paper: Paper, result: dict) -> str:
         for label, s in result["settings"].items()
     )
     u = result["settings"][result["utility_setting"]]
+    split_clients = {}  # the split of each image size is cut for its first setting (run_paper)
+    for s in result["settings"].values():
+        split_clients.setdefault(s["image_size"], max(4, s["utility_clients"]))
+    if utility_measured(result):
+        utility_line = (
+            f"* Utility: FedSGD, {u['utility_rounds']} rounds, {u['utility_clients']} clients x batch "
+            f"{u['utility_batch']}, server lr {u['utility_lr']}, "
+            f"{'every client applies' if u['utility_defended'] == 'all' else 'only the victim (client 0) applies'} "
+            f"the defense; accuracy on {u['eval_size'] or 'all'} test images (Acc_T), evaluated every "
+            f"{u['utility_eval_every']} rounds (curves in the figure).")
+    else:
+        utility_line = ("* Utility: not run (`--no-utility`): no accuracy is measured, the accuracy columns and "
+                        "verdicts say so, and the figure has no accuracy curves.")
     lines = [
         f"# Reproduction: {paper.title}",
         "",
-        (f"Generated by `leakgym reproduce {paper.key} --size {result['size']} --seeds {seeds}` "
-         f"in {result['wall_s']:.0f} s (2 CPU cores shared with other jobs, one torch thread{_load(result)}). "
+        (f"Generated by {command_line(paper, result)} in {_wall(result)} ({_machine(result)}{_load(result)}). "
          f"Reproduces {paper.source}."),
         "",
         f"* Paper: {paper.paper_setting}",
-        (f"* Ours: {settings}. Victim = client 0 of a 4-client digits split; the attacker knows the labels "
-         "(unless a column says otherwise) and the public split."),
+        (f"* Ours: {settings}. Victim = client 0 of a {'/'.join(map(str, sorted(set(split_clients.values()))))}-"
+         "client digits split; the attacker knows the labels (unless a column says otherwise) and the public "
+         "split."),
         (f"* Statistics: seeds {seeds}; every privacy number is the mean ± standard error over the images of all "
          "seeds, every accuracy the mean ± standard error over the seeds. A verdict \"holds\" only when the "
          "difference exceeds two standard errors; \"tie (within noise)\" otherwise."),
-        (f"* Utility: FedSGD, {u['utility_rounds']} rounds, {u['utility_clients']} clients x batch "
-         f"{u['utility_batch']}, server lr {u['utility_lr']}, "
-         f"{'every client applies' if u['utility_defended'] == 'all' else 'only the victim (client 0) applies'} "
-         f"the defense; accuracy on {u['eval_size'] or 'all'} test images (Acc_T), evaluated every "
-         f"{u['utility_eval_every']} rounds (curves in the figure)."),
+        utility_line,
         f"* {plateau_line(result)}",
         f"* CIFAR-10: {result['cifar10']}; all our numbers are on digits.",
         "",
@@ -497,6 +663,90 @@ def markdown(paper: Paper, result: dict) -> str:
     if paper.deviations:
         lines += ["", "## Deviations from the paper", ""] + [f"* {d}" for d in paper.deviations]
     return "\n".join(lines) + "\n"
+
+
+def utility_measured(result: dict) -> bool:
+    """Were the utility runs made (``False``: ``--no-utility``)? Results written before the run recorded it
+    tell by their rows' notes."""
+    if "utility_measured" in result:
+        return bool(result["utility_measured"])
+    entries = list((result.get("utility") or {}).values())
+    return bool(entries) and not all((e or {}).get("note") == NO_UTILITY for e in entries)
+
+
+_UNRECORDED = object()
+
+
+def _images_option(paper: Paper, result: dict):
+    """The ``--images`` of the run (``None``: the size's default); for results written before it was
+    recorded, the value that gives the recorded settings, or ``_UNRECORDED`` if none does."""
+    if "images_requested" in result:
+        return result["images_requested"]
+    recorded = {k: s["images"] for k, s in result["settings"].items()}
+    try:
+        scales = {k: s.replace(**(result.get("scale_overrides") or {})) for k, s in paper.scales[result["size"]].items()}
+    except (KeyError, ValueError):
+        return _UNRECORDED
+    if set(scales) != set(recorded):
+        return _UNRECORDED
+    if all(scales[k].images == n for k, n in recorded.items()):
+        return None
+    n = min(recorded.values())
+    if all(scales[k].batch_size * math.ceil(n / scales[k].batch_size) == recorded[k] for k in recorded):
+        return n
+    return _UNRECORDED
+
+
+def command_line(paper: Paper, result: dict) -> str:
+    """How to make this run again (markdown): every option that changes the numbers. ``scale_overrides``
+    have no command-line flag, so a run with them is given as the Python call."""
+    seeds = ",".join(map(str, result["seeds"]))
+    images = _images_option(paper, result)
+    utility = utility_measured(result)
+    overrides = result.get("scale_overrides") or {}
+    if overrides:
+        args = [f"paper_spec({paper.key!r})", f"size={result['size']!r}", f"seeds={tuple(result['seeds'])!r}"]
+        if images is not None and images is not _UNRECORDED:
+            args.append(f"images={images}")
+        if not utility:
+            args.append("utility=False")
+        args.append(f"scale_overrides={overrides!r}")
+        text = (f"the Python call `leakgym.reproduce.runner.run_paper({', '.join(args)})` (its scale overrides "
+                "have no command-line flag)")
+    else:
+        flags = f"--size {result['size']} --seeds {seeds}"
+        if images is not None and images is not _UNRECORDED:
+            flags += f" --images {images}"
+        if not utility:
+            flags += " --no-utility"
+        text = f"`leakgym reproduce {paper.key} {flags}`"
+    if images is _UNRECORDED:
+        text += " with the victim images per seed of the Ours line (the option that set them was not recorded)"
+    return text
+
+
+def _wall(result: dict) -> str:
+    """``"731 s"``; a resumed run: the time of all its invocations."""
+    n = result.get("invocations", 1)
+    return f"{result['wall_s']:.0f} s" + (f" over {n} invocations" if n > 1 else "")
+
+
+def _machine(result: dict) -> str:
+    """The CPU the run had, as recorded (``machine()``); results written before it was recorded say so."""
+    m = result.get("machine")
+    if not m:
+        return "CPU cores not recorded, one torch thread"
+    cores = m.get("usable_cores") or m.get("cpu_count")
+    text = f"{cores} CPU core{'s' if cores != 1 else ''} available to the process" if cores else "CPU cores unknown"
+    if m.get("usable_cores") and m.get("cpu_count") and m["cpu_count"] != m["usable_cores"]:
+        text += f" (of {m['cpu_count']})"
+    if m.get("cpu_quota"):
+        text += f", CPU quota {m['cpu_quota']:g} cores"
+    threads = m.get("torch_threads")
+    text += f", {'one torch thread' if threads == 1 else f'{threads} torch threads'}"
+    if result.get("invocations", 1) > 1:
+        text = f"resumed with --resume; last invocation: {text}"
+    return text
 
 
 def _load(result: dict) -> str:
