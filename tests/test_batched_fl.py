@@ -313,3 +313,95 @@ def test_server_and_benign_updates_check_their_numbers(digits):
     with pytest.raises(ValueError, match=r"local_lr=-0.1; allowed range \(0, inf\)"):
         batched.benign_updates(models[0], batched.stack_parameters(models), xs, ys, kind="model_delta",
                                local_steps=1, local_lr=-0.1)
+
+
+def test_batchnorm_settings_are_part_of_the_signature(digits):
+    """The stateless copy behind benign_updates was cached by class and parameter shapes only: a ConvNet
+    whose BatchNorm eps differs from the cached one's was computed with the cached eps (gradients off by
+    up to 3.6, helper review). Its submodules' settings are part of the signature now."""
+    models, x, y = games_and_batches(digits, n=2, k=1, b=3, arch="convnet")
+    batched.benign_updates(models[0], batched.stack_parameters(models), x, y,
+                           buffers=batched.stack_buffers(models))  # fills the cache
+    other = [copy.deepcopy(m) for m in models]
+    for m in other:
+        for layer in m.modules():
+            if isinstance(layer, torch.nn.BatchNorm2d):
+                layer.eps = 0.5
+    assert batched.signature(other[0]) != batched.signature(models[0])
+    out = batched.benign_updates(other[0], batched.stack_parameters(other), x, y, buffers=batched.stack_buffers(other))
+    for n, m in enumerate(other):
+        ref = compute_update(m, x[n, 0], y[n, 0])
+        for name, t in ref.tensors.items():
+            torch.testing.assert_close(out.tensors[name][n, 0], t, **BN_TOL)
+
+
+def test_aggregation_weights_are_checked_and_a_zero_weight_leaves_its_update_out(digits):
+    """Server.aggregate summed 0 * NaN into the mean and took negative weights; aggregate_many dropped a
+    negative weight silently. Both refuse weights that are not finite and >= 0, and leave a 0 out."""
+    from leakgym.fl.update import SharedUpdate
+
+    models, _, _ = games_and_batches(digits, n=1)
+    model = models[0]
+    ex, ey = digits.spec.normalize(digits.test_x[:8]), digits.test_y[:8]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    good = {n: torch.full_like(p, 0.5) for n, p in model.named_parameters()}
+    poisoned = {n: torch.full_like(p, float("nan")) for n, p in model.named_parameters()}
+    updates = [SharedUpdate(tensors=good, batch_size=2), SharedUpdate(tensors=poisoned, batch_size=3)]
+    server = Server(model, lr=0.1, eval_x=ex, eval_y=ey)
+    server.aggregate(updates, weights=[2.0, 0.0])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(torch.equal(p, before[n] - 0.1 * 0.5) for n, p in model.named_parameters())
+    for bad in ([1.0, -1.0], [1.0, float("nan")], [float("inf"), 1.0]):
+        with pytest.raises(ValueError, match=r"aggregation weights .*; allowed: finite numbers >= 0"):
+            server.aggregate(updates, weights=bad)
+        stacked = {n: p.detach().unsqueeze(0) for n, p in model.named_parameters()}
+        slots = [{n: t.unsqueeze(0) for n, t in u.tensors.items()} for u in updates]
+        with pytest.raises(ValueError, match=r"aggregation weights .*; allowed: finite numbers >= 0"):
+            batched.aggregate_many(stacked, slots, torch.tensor([bad], dtype=torch.float64), step=0.1)
+
+
+def test_evaluation_keeps_every_submodules_mode_and_takes_sets_of_any_size(digits):
+    """Server.evaluate and evaluate_many restored the top-level mode only (a BatchNorm layer held in eval
+    mode came back in train mode, also after an exception); the vectorised evaluate_many stacked the
+    per-game held-out sets and failed when their sizes differed; an empty set divided by zero."""
+    models, _, _ = games_and_batches(digits, n=2, arch="convnet")
+    model = models[0]
+    ex, ey = digits.spec.normalize(digits.test_x[:20]), digits.test_y[:20]
+    model.train()
+    held = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    held.eval()
+    modes = [m.training for m in model.modules()]
+    Server(model, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
+    assert [m.training for m in model.modules()] == modes
+    with pytest.raises(IndexError):
+        Server(model, lr=0.1, eval_x=ex, eval_y=ey.clone().fill_(99)).evaluate()
+    assert [m.training for m in model.modules()] == modes
+    params, buffers = batched.stack_parameters(models), batched.stack_buffers(models)
+    for vectorise in (False, True):
+        acc, loss = batched.evaluate_many(model, params, [ex, ex[:5]], [ey, ey[:5]], buffers=buffers,
+                                          vectorise=vectorise)
+        assert [m.training for m in model.modules()] == modes
+        for i, (xs, ys) in enumerate(((ex, ey), (ex[:5], ey[:5]))):
+            a, lo = Server(models[i], lr=0.1, eval_x=xs, eval_y=ys).evaluate()
+            assert acc[i] == pytest.approx(a) and loss[i] == pytest.approx(lo, rel=1e-5)
+        with pytest.raises(ValueError, match="every held-out set needs >= 1 image"):
+            batched.evaluate_many(model, params, [ex, ex[:0]], [ey, ey[:0]], buffers=buffers, vectorise=vectorise)
+    with pytest.raises(ValueError, match="batch_size=0; allowed: integers >= 1"):
+        Server(model, lr=0.1, eval_x=ex, eval_y=ey).evaluate(batch_size=0)
+
+
+def test_client_arguments_and_labels_are_checked_before_training(digits):
+    """compute_update took local_lr=inf (a non-finite update), local_steps=True and batch_size=2.7 (recorded
+    as 2), and labels outside the classes reached cross-entropy (an IndexError; on a GPU a device-side
+    assert that ends the CUDA context)."""
+    model = build_model("lenet", digits.spec)
+    x, y = digits.spec.normalize(digits.train_x[:2]), digits.train_y[:2]
+    for kwargs, message in (({"kind": "model_delta", "local_lr": float("inf")}, r"local_lr=inf; allowed range"),
+                            ({"kind": "model_delta", "local_steps": True}, "local_steps=True; allowed"),
+                            ({"batch_size": 2.7}, "batch_size=2.7; allowed: integers >= 1"),
+                            ({"batch_size": 0}, "batch_size=0; allowed")):
+        with pytest.raises(ValueError, match=message):
+            compute_update(model, x, y, **kwargs)
+    for labels, span in (([3, 10], "3..10"), ([3, -1], "-1..3")):
+        with pytest.raises(ValueError, match=rf"client 0: labels span {span}; allowed: 0..9"):
+            compute_update(model, x, torch.tensor(labels))

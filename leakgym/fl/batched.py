@@ -52,9 +52,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from leakgym.fl.server import correct_predictions
+from leakgym.fl.server import check_weights, correct_predictions
 from leakgym.fl.update import SharedUpdate
-from leakgym.models import BatchNormInputStatistics, bn_eval_if_single, task_loss
+from leakgym.models import BatchNormInputStatistics, bn_eval_if_single, in_mode, task_loss
 from leakgym.models.precode import VariationalBottleneck
 
 
@@ -88,8 +88,12 @@ def independent_rows(model: nn.Module) -> bool:
 
 
 def signature(model: nn.Module) -> tuple:
-    """Models with equal signatures share an architecture and can be stacked."""
-    return (type(model), tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in model.named_parameters()))
+    """Models with equal signatures share an architecture and can be stacked: the class, every parameter's
+    name, shape, dtype and device, and every submodule's type and settings (``extra_repr``: strides,
+    padding, BatchNorm's eps and momentum, ...; the parameters alone did not tell two BatchNorm eps apart,
+    and the first model's was used for both)."""
+    return (type(model), tuple((n, tuple(p.shape), p.dtype, p.device) for n, p in model.named_parameters()),
+            tuple((n, type(m), m.extra_repr()) for n, m in model.named_modules()))
 
 
 def stack_parameters(models: Sequence[nn.Module]) -> dict[str, Tensor]:
@@ -311,8 +315,10 @@ def _weighted_means(current: dict[str, Tensor], updates: Sequence[dict[str, Tens
     j = weights.shape[1]
     if len(updates) != j:
         raise ValueError(f"got {len(updates)} update slots for weights of shape {tuple(weights.shape)}")
+    table = weights.tolist()
+    check_weights([w for row in table for w in row])  # a negative weight was dropped silently
     rows: dict[tuple[float, ...], list[int]] = {}
-    for i, w in enumerate(weights.tolist()):
+    for i, w in enumerate(table):
         rows.setdefault(tuple(w), []).append(i)
     out = {name: p.clone() for name, p in current.items()}
     for w, members in rows.items():
@@ -362,13 +368,26 @@ def evaluate_many(
     def forward(p: dict[str, Tensor], xb: Tensor) -> Tensor:
         return functional_call(model, p, (xb,))
 
-    accuracy: list[float] = []
-    losses: list[float] = []
-    was_training = model.training
-    model.eval()
-    try:
-        if vectorise is None:
-            vectorise = next(iter(params.values())).device.type != "cpu"
+    if any(t.shape[0] == 0 for t in ([x] if shared else list(x))):
+        raise ValueError("every held-out set needs >= 1 image")
+    if vectorise is None:
+        vectorise = next(iter(params.values())).device.type != "cpu"
+    if vectorise and not shared and len({tuple(t.shape) for t in x}) > 1:
+        # held-out sets of different sizes: one vectorised pass per size, results in game order
+        by_shape: dict[tuple, list[int]] = {}
+        for i, t in enumerate(x):
+            by_shape.setdefault(tuple(t.shape), []).append(i)
+        accuracy, losses = [0.0] * n_games, [0.0] * n_games
+        for members in by_shape.values():
+            index = torch.tensor(members, device=next(iter(params.values())).device)
+            acc, loss = evaluate_many(model, {k: v.index_select(0, index) for k, v in params.items()},
+                                      [x[i] for i in members], [y[i] for i in members], chunk=chunk, vectorise=True)
+            for i, a, lo in zip(members, acc, loss):
+                accuracy[i], losses[i] = a, lo
+        return accuracy, losses
+    accuracy = []
+    losses = []
+    with in_mode(model, False):
         if not vectorise:
             for i in range(n_games):
                 xi, yi = (x, y) if shared else (x[i], y[i])
@@ -390,8 +409,6 @@ def evaluate_many(
             # As Server.evaluate: Python division of the correct count and of the float32 loss sum.
             accuracy.extend(c / count for c in correct_predictions(logits, labels).sum(dim=1).tolist())
             losses.extend(s / count for s in ce.sum(dim=1).tolist())
-    finally:
-        model.train(was_training)
     return accuracy, losses
 
 
@@ -399,13 +416,8 @@ def evaluate_many(
 def train_mode(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` in train mode inside (clients train), every submodule in its own previous mode after
     (a caller may hold some layers in eval mode, as :func:`~leakgym.models.bn_eval_if_single` does)."""
-    saved = [(m, m.training) for m in model.modules()]
-    model.train()
-    try:
+    with in_mode(model, True):
         yield model
-    finally:
-        for m, mode in saved:
-            m.training = mode
 
 
 __all__ = [

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leakgym.fl.update import SharedUpdate
+from leakgym.models import in_mode
 
 
 def correct_predictions(logits: Tensor, labels: Tensor) -> Tensor:
@@ -16,6 +17,14 @@ def correct_predictions(logits: Tensor, labels: Tensor) -> Tensor:
     are finite. ``argmax`` over NaN logits returns an index (the first NaN), so a diverged model
     would otherwise score the share of one class (~10% on ten classes) instead of nothing."""
     return (logits.argmax(dim=-1) == labels) & torch.isfinite(logits).all(dim=-1)
+
+
+def check_weights(weights) -> None:
+    """Aggregation weights (example counts) must be finite and >= 0: ``ValueError`` naming them. A weight
+    of 0 leaves its update out; when every weight is 0 the model does not change."""
+    values = [float(w) for w in weights]
+    if not all(math.isfinite(w) and w >= 0 for w in values):
+        raise ValueError(f"aggregation weights {values}; allowed: finite numbers >= 0 (example counts)")
 
 
 class Server:
@@ -48,7 +57,9 @@ class Server:
             weights = [float(u.batch_size) for u in updates]
         if len(weights) != len(updates):
             raise ValueError(f"{len(weights)} weights for {len(updates)} updates")
-        sent = [(w, u) for w, u in zip(weights, updates) if not u.metadata.get("skipped", False)]
+        check_weights(weights)
+        # a weight of 0 leaves its update out (0 * NaN would poison the mean), as aggregate_many does
+        sent = [(w, u) for w, u in zip(weights, updates) if not u.metadata.get("skipped", False) and w > 0]
         if not sent:
             return
         weights, updates = [w for w, _ in sent], [u for _, u in sent]
@@ -71,16 +82,17 @@ class Server:
     @torch.no_grad()
     def evaluate(self, batch_size: int = 512) -> tuple[float, float]:
         """Test accuracy and mean cross-entropy of the global model on the held-out split (an example
-        with non-finite logits counts as wrong, :func:`correct_predictions`)."""
-        was_training = self.model.training
-        self.model.eval()
+        with non-finite logits counts as wrong, :func:`correct_predictions`); every submodule keeps its
+        mode (:func:`~leakgym.models.in_mode`)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}; allowed: integers >= 1")
         correct, loss_sum = 0, 0.0
-        for start in range(0, len(self.eval_x), batch_size):
-            xb = self.eval_x[start : start + batch_size]
-            yb = self.eval_y[start : start + batch_size]
-            logits = self.model(xb)
-            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-            correct += int(correct_predictions(logits, yb).sum())
-        self.model.train(was_training)
+        with in_mode(self.model, False):
+            for start in range(0, len(self.eval_x), batch_size):
+                xb = self.eval_x[start : start + batch_size]
+                yb = self.eval_y[start : start + batch_size]
+                logits = self.model(xb)
+                loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+                correct += int(correct_predictions(logits, yb).sum())
         n = len(self.eval_x)
         return correct / n, loss_sum / n

@@ -19,6 +19,7 @@ from leakgym.models.base import (
     LeakGymModel,
     bn_eval_if_single,
     has_batchnorm,
+    in_mode,
     task_loss,
 )
 from leakgym.models.build import MODEL_CLASSES, MODEL_NAMES, build_model
@@ -48,6 +49,7 @@ __all__ = [
     "bn_eval_if_single",
     "build_model",
     "has_batchnorm",
+    "in_mode",
     "precode_layer_split",
     "task_loss",
 ]

@@ -222,6 +222,21 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
+def in_mode(model: nn.Module, training: bool) -> Iterator[nn.Module]:
+    """``model`` in train (``training=True``) or eval mode inside, every submodule back in its own
+    previous mode after, also on an exception (``model.train(was_training)`` reset all submodules to the
+    top-level mode: a layer a caller held in eval mode, e.g. by :func:`bn_eval_if_single`, came back in
+    train mode)."""
+    saved = [(m, m.training) for m in model.modules()]
+    model.train(training)
+    try:
+        yield model
+    finally:
+        for m, mode in saved:
+            m.training = mode
+
+
+@contextlib.contextmanager
 def bn_eval_if_single(model: nn.Module, batch_size: int) -> Iterator[nn.Module]:
     """Context manager: put BatchNorm layers in eval mode while ``batch_size == 1``.
 
