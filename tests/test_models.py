@@ -75,7 +75,8 @@ def test_default_widths_build_and_run(name):
 
 
 def test_lenet_matches_dlg_structure_and_parameter_count():
-    """DLG LeNet: 4 conv5x5 (12 ch, strides 2,2,1,1, pad 2) + sigmoid, one linear layer."""
+    """LeakGym's LeNet: 4 conv5x5 (12 ch, strides 2,2,1,1, pad 2) + sigmoid, one linear layer (DLG's has 3
+    convolutions, strides 2,2,1: the deviation stated in leakgym/models/lenet.py)."""
     for spec, flat in ((CIFAR32, 12 * 8 * 8), (DIGITS16, 12 * 4 * 4)):
         model = build_model("lenet", spec, seed=0)
         convs = [m for m in model.body if isinstance(m, nn.Conv2d)]

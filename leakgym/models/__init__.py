@@ -7,7 +7,7 @@ mode, see :func:`bn_eval_if_single`).
 ========== ===================================================== ===============
 name       architecture                                          default width
 ========== ===================================================== ===============
-lenet      DLG LeNet: 4 x conv5x5 + sigmoid, 1 linear layer       12 channels
+lenet      DLG LeNet + 1 conv: 4 x conv5x5 + sigmoid, 1 linear    12 channels
 convnet    Inverting Gradients ConvNet: 8 conv-BN-ReLU, 2 pools   16 (IG: 64)
 mlp        PRECODE MLP: 4 x Linear-BN-ReLU                        1024
 resnet18   ResNet-18, CIFAR stem, BasicBlocks [2, 2, 2, 2]        64
