@@ -405,3 +405,19 @@ def test_client_arguments_and_labels_are_checked_before_training(digits):
     for labels, span in (([3, 10], "3..10"), ([3, -1], "-1..3")):
         with pytest.raises(ValueError, match=rf"client 0: labels span {span}; allowed: 0..9"):
             compute_update(model, x, torch.tensor(labels))
+
+
+def test_one_protocol_per_aggregation_and_detached_updates_own_their_buffers(digits):
+    """Server.aggregate took the server step from the first update's kind, whatever the others' were;
+    SharedUpdate.detached() shared its BN buffers with the original."""
+    from leakgym.fl.update import SharedUpdate
+
+    model = build_model("lenet", digits.spec)
+    zeros = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    server = Server(model, lr=0.1, eval_x=digits.spec.normalize(digits.test_x[:4]), eval_y=digits.test_y[:4])
+    with pytest.raises(ValueError, match=r"updates of kinds \['gradient', 'model_delta'\] in one aggregation"):
+        server.aggregate([SharedUpdate(tensors=zeros), SharedUpdate(tensors=zeros, kind="model_delta", local_lr=0.1)])
+    update = SharedUpdate(tensors=zeros, buffers={"bn.running_mean": torch.zeros(3)})
+    copy_ = update.detached()
+    update.buffers["bn.running_mean"].add_(1.0)
+    assert torch.equal(copy_.buffers["bn.running_mean"], torch.zeros(3))

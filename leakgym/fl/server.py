@@ -63,6 +63,9 @@ class Server:
         if not sent:
             return
         weights, updates = [w for w, _ in sent], [u for _, u in sent]
+        kinds = sorted({u.kind for u in updates})
+        if len(kinds) > 1:  # the server step (lr for gradients, 1 for model differences) is one per round
+            raise ValueError(f"updates of kinds {kinds} in one aggregation; allowed: one protocol per round")
         params = dict(self.model.named_parameters())
         step = self.lr if updates[0].kind == "gradient" else 1.0
         for name, param in params.items():

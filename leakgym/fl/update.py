@@ -60,7 +60,7 @@ class SharedUpdate:
             batch_size=self.batch_size,
             local_steps=self.local_steps,
             local_lr=self.local_lr,
-            buffers=self.buffers,
+            buffers=None if self.buffers is None else {k: v.detach().clone() for k, v in self.buffers.items()},
             metadata=dict(self.metadata),
         )
 
