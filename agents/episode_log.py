@@ -127,6 +127,10 @@ class EpisodeLog:
         if "device" in settings:
             old = {"device": "cpu", **old}
             old["device"] = device_name(old["device"])  # a log of an earlier version may say "cuda"
+        # The torch threads decide the rounding of CPU reductions too; a log written before they were
+        # recorded does not say, so it is not held to them.
+        if "threads" in settings and "threads" not in old:
+            old = {**old, "threads": settings["threads"]}
         diffs = [
             f"{key}: saved {old.get(key)!r}, now {settings.get(key)!r}"
             for key in sorted(set(old) | set(settings))

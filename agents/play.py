@@ -205,9 +205,13 @@ def evaluate(
     groups = _groups(_tracks(table, episodes, penv), lockstep)
     log = None
     if out is not None:
+        import torch
+
+        # the device and the torch threads decide the float rounding: a resume on others would mix two
+        # runs' numbers
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,
                     "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep,
-                    "device": device_label}
+                    "device": device_label, "threads": torch.get_num_threads()}
         log = EpisodeLog.open(out, settings, resume=resume)
     finished = log.finished if log is not None else {}
     envs = [penv]

@@ -259,3 +259,24 @@ def test_ctrl_c_before_the_log_exists_says_nothing_was_written(tmp_path, monkeyp
     assert ev.main(_args(tmp_path / "earlier")) == ev.INTERRUPTED
     err = capsys.readouterr().err
     assert "nothing was written" in err and "--resume" not in err
+
+
+def test_resume_with_other_torch_threads_is_refused(tmp_path, one_torch_thread):
+    """The torch threads decide the rounding of CPU reductions, but `leakgym eval --threads` was not
+    recorded: a resume with other threads mixed two runs' numbers silently. A log written before the
+    threads were recorded is not held to them."""
+    import torch
+
+    overrides = {"rounds": 1, "num_clients": 1, "iterations": [1], "eval_size": 32}
+    ev.evaluate("digits", ["random"], ["none"], episodes=1, out=tmp_path / "eval", progress=False, overrides=overrides)
+    run = tmp_path / "eval" / "run.json"
+    assert json.loads(run.read_text())["settings"]["threads"] == 1
+    torch.set_num_threads(2)
+    with pytest.raises(ValueError, match="threads: saved 1, now 2"):
+        ev.evaluate("digits", ["random"], ["none"], episodes=1, out=tmp_path / "eval", progress=False,
+                    overrides=overrides, resume=True)
+    saved = json.loads(run.read_text())
+    del saved["settings"]["threads"]
+    run.write_text(json.dumps(saved))
+    ev.evaluate("digits", ["random"], ["none"], episodes=1, out=tmp_path / "eval", progress=False,
+                overrides=overrides, resume=True)
