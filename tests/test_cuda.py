@@ -20,6 +20,24 @@ pytestmark = pytest.mark.cuda
 MALICIOUS_CHEAP = {"rounds": 3, "num_clients": 1, "eval_size": 32, "attack_defaults": {"num_neurons": 64}}
 
 
+@pytest.fixture
+def game_model_devices(monkeypatch):
+    """The device of every game model built while the test runs (a run that silently stayed on the CPU
+    would still pass a test that only compares two paths or checks an exit status)."""
+    import leakgym.envs.game as game_module
+
+    devices = []
+    real = game_module.build_model
+
+    def recording(*args, **kwargs):
+        model = real(*args, **kwargs)
+        devices.append(next(model.parameters()).device.type)
+        return model
+
+    monkeypatch.setattr(game_module, "build_model", recording)
+    return devices
+
+
 def _scenarios(cheap):
     full_menu = dict(cheap, strategies=["inverting-gradients", "dlg", "prior-init", "gradinversion"],
                      defender_menu={"noise_sigma": [0.0, 0.1], "prune": [0.0, 0.9], "dcs2_lambda_g": [0.0, 0.5],
@@ -41,7 +59,8 @@ def test_every_offline_scenario_plays_on_cuda_in_both_roles(role, cheap_override
 
 
 @pytest.mark.parametrize("batch_clients", [False, True])
-def test_vector_env_on_cuda_matches_the_single_view_within_tolerance(cheap_overrides, batch_clients):
+def test_vector_env_on_cuda_matches_the_single_view_within_tolerance(cheap_overrides, batch_clients,
+                                                                    game_model_devices):
     """On CUDA, batched kernels (TF32, shape-dependent algorithms) change the attack's rounding:
     game 0 of a vector matches the single-agent view within 1e-2 in every attack-derived number, also
     with the victims' clean updates and the FL round batched over games (``batch_clients``)."""
@@ -60,6 +79,9 @@ def test_vector_env_on_cuda_matches_the_single_view_within_tolerance(cheap_overr
         s_obs, s_rew, *_ = single.step(mine)
         np.testing.assert_allclose(obs[0], s_obs, atol=1e-2)
         assert rew[0] == pytest.approx(s_rew, abs=1e-2)
+    assert len(game_model_devices) >= 9 and set(game_model_devices) == {"cuda"}
+    for game in [e.parallel.game for e in vec.unwrapped.envs]:
+        assert {t.device.type for t in game.last.update.tensors.values()} == {"cuda"}
 
 
 def test_a_short_training_run_on_cuda(tmp_path, cheap_overrides):
@@ -69,10 +91,12 @@ def test_a_short_training_run_on_cuda(tmp_path, cheap_overrides):
     model = PPO("MlpPolicy", env, n_steps=16, batch_size=8, n_epochs=1, device="cuda", seed=0)
     model.learn(total_timesteps=32)
     assert all(torch.isfinite(p).all() for p in model.policy.parameters())
+    assert model.policy.device.type == "cuda"
+    assert next(env.unwrapped.parallel.game.server.model.parameters()).device.type == "cuda"
     model.save(tmp_path / "policy.zip")
 
 
-def test_leakgym_train_on_the_batched_vector_env_on_cuda(tmp_path):
+def test_leakgym_train_on_the_batched_vector_env_on_cuda(tmp_path, game_model_devices):
     """`leakgym train --n-envs 4 --device cuda --batch-clients`: the batched games (defenses included: the
     random defender plays DCS² and CENSOR) and the policy on the GPU."""
     from leakgym.cli import main
@@ -82,9 +106,10 @@ def test_leakgym_train_on_the_batched_vector_env_on_cuda(tmp_path):
                "--checkpoint-freq", "0", "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]",
                "restarts=[1]"])
     assert rc == 0 and (tmp_path / "run" / "policy.zip").is_file()
+    assert len(game_model_devices) >= 4 and set(game_model_devices) == {"cuda"}
 
 
-def test_leakgym_train_with_the_default_hyperparameters_on_cuda(tmp_path):
+def test_leakgym_train_with_the_default_hyperparameters_on_cuda(tmp_path, game_model_devices):
     """The files' defaults (8 games per step, batch_clients on) with `--device cuda`; DQN too (flat actions,
     train_freq x n_envs collections)."""
     import json
@@ -98,9 +123,10 @@ def test_leakgym_train_with_the_default_hyperparameters_on_cuda(tmp_path):
                    else "n_epochs=1", "--overrides", "rounds=2", "num_clients=1", "eval_size=16", "iterations=[2]"])
         meta = json.loads((out / "policy.json").read_text())
         assert rc == 0 and meta["hyperparams"]["n_envs"] == 8 and meta["batch_clients"] is True
+    assert len(game_model_devices) >= 16 and set(game_model_devices) == {"cuda"}
 
 
-def test_eval_in_lockstep_on_cuda_matches_pair_by_pair(cheap_overrides):
+def test_eval_in_lockstep_on_cuda_matches_pair_by_pair(cheap_overrides, game_model_devices):
     """`leakgym eval`'s lockstep groups (several games, one Round per round: step_together) on CUDA;
     the games' shared normalised dataset lives on the device."""
     from leakgym.agents.play import evaluate
@@ -112,6 +138,7 @@ def test_eval_in_lockstep_on_cuda_matches_pair_by_pair(cheap_overrides):
     for metric in ("leakage_ssim_mean", "accuracy_mean"):
         assert np.isfinite(together.matrix(metric)).all()
         np.testing.assert_allclose(together.matrix(metric), alone.matrix(metric), rtol=0, atol=2e-2)
+    assert game_model_devices and set(game_model_devices) == {"cuda"}
 
 
 def test_devices_this_machine_has_are_accepted_and_others_named():
@@ -128,7 +155,7 @@ def test_devices_this_machine_has_are_accepted_and_others_named():
     assert str(canonical_device("cuda")) == f"cuda:{torch.cuda.current_device()}"
 
 
-def test_training_evaluations_in_lockstep_on_cuda():
+def test_training_evaluations_in_lockstep_on_cuda(game_model_devices):
     from leakgym.agents import training as tr
 
     kwargs = {"rounds": 1, "num_clients": 1, "iterations": [1], "restarts": [1], "eval_size": 32,
@@ -142,3 +169,4 @@ def test_training_evaluations_in_lockstep_on_cuda():
     for a, b in zip(alone, together):
         assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
         assert math.isfinite(b["leakage_ssim"]) and b["leakage_ssim"] == pytest.approx(a["leakage_ssim"], abs=1e-3)
+    assert len(game_model_devices) >= 3 and set(game_model_devices) == {"cuda"}

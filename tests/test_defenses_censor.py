@@ -357,8 +357,16 @@ def test_batched_trials_on_cuda_choose_what_one_client_chooses():
         alone, ref = censor_gradient(model, x, y, grad, **settings, generator=torch.Generator(dev).manual_seed(i))
         assert info["trial_losses"] == pytest.approx(ref["trial_losses"], rel=1e-4)
         assert next(iter(update.values())).device.type == "cuda"
-        if info["chosen_trial"] == ref["chosen_trial"]:
-            assert all(torch.equal(update[n], t) for n, t in alone.items())
+        if info["chosen_trial"] != ref["chosen_trial"]:
+            # a different choice only where the two best trials tie within the losses' tolerance
+            # (trial -1: no trial beat the initial loss, the fallback was sent)
+            def loss_of(chosen, details=ref):
+                return details["initial_loss"] if chosen < 0 else details["trial_losses"][chosen]
+
+            a, b = loss_of(info["chosen_trial"]), loss_of(ref["chosen_trial"])
+            assert a == pytest.approx(b, rel=1e-4), (i, info["chosen_trial"], ref["chosen_trial"], ref["trial_losses"])
+        else:
+            torch.testing.assert_close(update, alone, rtol=1e-4, atol=1e-6)
 
 
 def test_batched_trials_in_chunks_equal_one_chunk(monkeypatch):
