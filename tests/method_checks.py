@@ -459,7 +459,8 @@ ATTACK_CASES: dict[str, AttackCase] = {
         baselines=("noise",), margin=0.1,
         why="on LODA-obscured updates. Only the noise baseline: LODA's paper (Table 2) reports that this "
             "adaptive attack does not recover LODA's images, and here it scores no higher than its start, "
-            "a random public image, below the mean image"),
+            "a random public image, below the mean image (so returning its start would pass this check: its "
+            "two stages are checked in test_defenses_loda.py::test_loda_inversion_runs_both_of_its_stages)"),
     "mixup-decoding": AttackCase(
         {"iterations": 200, "decode_steps": 200}, LENET_PAIRS_DECODING, DefenseConfig(mixup_k=2), margin=0.1,
         versus=Versus(("inverting-gradients", {"iterations": 100}), config={"iterations": 100, "decode_steps": 200},
