@@ -205,10 +205,14 @@ def test_eot_averaging_changes_the_objective(digits, lenet):
 
 
 def test_eot_attack_runs_with_both_simulators(digits, lenet):
+    """Both simulators run, and the name picks one: same seed, different reconstructions."""
     _xs, updates, knowledges = victims(digits, lenet, 1)
+    images = {}
     for simulator in ("gaussian", "orthogonal"):
-        r = EOT(iterations=3, eot_samples=2, simulator=simulator).reconstruct(updates[0], knowledges[0])
+        r = EOT(iterations=3, eot_samples=2, simulator=simulator).reconstruct(updates[0], knowledges[0], seed=0)
         assert r.images.shape == (1, *digits.spec.shape) and torch.isfinite(r.images).all()
+        images[simulator] = r.images
+    assert not torch.equal(images["gaussian"], images["orthogonal"])
 
 
 def test_orthogonal_simulator_is_orthogonal_and_norm_preserving():
@@ -254,19 +258,21 @@ def test_bn_statistics_prior_vanishes_at_the_true_batch(digits):
 
 
 def test_gradinversion_with_bn_stats_and_group_consistency(digits):
-    """ConvNet, batch 2, known BN statistics, 2 restarts (group prior): runs, reports its budget, and
-    lowers its matching loss."""
+    """ConvNet, batch 2, known BN statistics, 2 restarts (group prior): runs, reports its budget, lowers its
+    matching loss, and its priors act (the same run without them, bn = group = 0, ends elsewhere)."""
     spec = digits.spec
     torch.manual_seed(0)
     model = build_model("convnet", spec).train()
     x, y = spec.normalize(digits.train_x[:2]), digits.train_y[:2]
     update = gradient_update(model, x, y)
     k = AttackerKnowledge(model=model, spec=spec, batch_size=2, bn_stats=bn_input_stats(model, x))
-    r = GradInversion(iterations=8, restarts=2).reconstruct(update, k)
+    r = GradInversion(iterations=8, restarts=2).reconstruct(update, k, seed=0)
     assert r.images.shape == (2, *spec.shape)
     assert sorted(r.labels.tolist()) == sorted(y.tolist())
     assert r.cost.iterations == 8 and r.cost.restarts == 2
     assert r.final_loss < r.history["matching_loss"][0]
+    bare = GradInversion(iterations=8, restarts=2, bn=0.0, group=0.0).reconstruct(update, k, seed=0)
+    assert not torch.equal(r.images, bare.images)
 
 
 # -- layer selection and configs --------------------------------------------------------------------

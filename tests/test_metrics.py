@@ -98,6 +98,7 @@ def test_ssim_decreases_with_noise_and_metric_directions():
 def test_ssim_window_choice():
     x, y = unit_images(2), noisy(unit_images(2), 0.1)
     assert ssim(x, y, window_size=11).shape == (2,)
+    assert not torch.allclose(ssim(x, y, window_size=11), ssim(x, y, window_size=7))  # the window is used
     with pytest.raises(ValueError, match="odd"):
         ssim(x, y, window_size=6)
     with pytest.raises(ValueError, match="exceeds the image size"):
