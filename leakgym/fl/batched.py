@@ -41,10 +41,9 @@ model qualifies; callers run the others game by game.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -204,7 +203,7 @@ def benign_updates(
 
     game_buffers = buffers if (bns and single) else {}
     per_game = vmap(client, in_dims=(None, None, 0, 0))
-    with train_mode(net), bn_eval_if_single(net, b):
+    with in_mode(net, True), bn_eval_if_single(net, b):
         tensors, stats = vmap(per_game, in_dims=(0, 0, 0, 0))(params, game_buffers, x, y)
     if not bns:
         return ClientUpdates(tensors=tensors)
@@ -412,16 +411,8 @@ def evaluate_many(
     return accuracy, losses
 
 
-@contextlib.contextmanager
-def train_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` in train mode inside (clients train), every submodule in its own previous mode after
-    (a caller may hold some layers in eval mode, as :func:`~leakgym.models.bn_eval_if_single` does)."""
-    with in_mode(model, True):
-        yield model
-
-
 __all__ = [
     "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates", "client_updates", "evaluate_many",
-    "signature", "stack_buffers", "stack_parameters", "supports", "train_mode",
+    "signature", "stack_buffers", "stack_parameters", "supports",
     "unpack",
 ]

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.update import SharedUpdate, UpdateKind
-from leakgym.models import bn_eval_if_single, has_batchnorm, task_loss
+from leakgym.models import bn_eval_if_single, has_batchnorm, in_mode, task_loss
 
 
 class GradientTransform(Protocol):
@@ -278,7 +278,7 @@ class _Stacked:
         on a private copy), every module in its own mode again after."""
         with contextlib.ExitStack() as stack:
             for model in {id(j.model): j.model for j in self.jobs}.values():
-                stack.enter_context(fl_batched.train_mode(model))
+                stack.enter_context(in_mode(model, True))
                 stack.enter_context(bn_eval_if_single(model, self.x.shape[2]))
             yield
 
