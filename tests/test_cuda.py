@@ -170,3 +170,24 @@ def test_training_evaluations_in_lockstep_on_cuda(game_model_devices):
         assert a["accuracy"] == pytest.approx(b["accuracy"], abs=1e-6)
         assert math.isfinite(b["leakage_ssim"]) and b["leakage_ssim"] == pytest.approx(a["leakage_ssim"], abs=1e-3)
     assert len(game_model_devices) >= 3 and set(game_model_devices) == {"cuda"}
+
+
+def test_seeding_for_the_cpu_leaves_the_gpu_generators_alone():
+    """build_model(seed=...) and seeded_global_rng(seed, cpu) re-seeded every GPU for good (torch.manual_seed
+    inside fork_rng(devices=[])); a CUDA block re-seeds only the generator it forks, and restores it."""
+    from leakgym.defenses.registry import seeded_global_rng
+    from leakgym.data.spec import DatasetSpec
+    from leakgym.models import build_model
+
+    torch.cuda.manual_seed_all(123)
+    before = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    build_model("lenet", DatasetSpec("digits", 1, 16, 10, (0.5,), (0.5,)), seed=7)
+    with seeded_global_rng(7, torch.device("cpu")):
+        torch.rand(2)
+    with seeded_global_rng(7, torch.device("cuda")):
+        drawn = torch.rand(2, device="cuda")
+    after = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    with torch.random.fork_rng(devices=[torch.device("cuda")]):
+        torch.manual_seed(7)
+        assert torch.equal(drawn, torch.rand(2, device="cuda"))  # the state torch.manual_seed gives

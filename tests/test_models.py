@@ -290,6 +290,28 @@ def test_batchnorm_helpers():
 # ---------------------------------------------------------------- construction and validation
 
 
+def test_seeded_build_leaves_every_gpu_generator_alone(monkeypatch):
+    """build_model(seed=...) used torch.manual_seed inside fork_rng(devices=[]): the CPU state came back,
+    but every GPU's generator was re-seeded for good (torch.manual_seed calls torch.cuda.manual_seed_all,
+    lazily where CUDA is not initialised). The init must still be the one torch.manual_seed(seed) gives."""
+    reseeded = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
+    model = build_model("lenet", DIGITS16, width=4, seed=5)
+    from leakgym.defenses.registry import seeded_global_rng
+
+    with seeded_global_rng(5, torch.device("cpu")):
+        drawn = torch.rand(3)
+    assert reseeded == []
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(5)
+        expected = torch.rand(3)
+        torch.manual_seed(5)
+        reference = type(model)(DIGITS16, width=4)
+    assert torch.equal(drawn, expected)
+    for (ka, va), (kb, vb) in zip(model.state_dict().items(), reference.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+
+
 def test_seed_makes_init_reproducible_without_touching_global_rng():
     state = torch.random.get_rng_state()
     a = build_model("convnet", DIGITS16, width=4, seed=11, precode=True)

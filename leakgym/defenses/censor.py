@@ -80,6 +80,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev
 
+from leakgym.devices import seed_generators
 from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
 from leakgym.fl.batched import independent_rows, signature, stack_buffers
 from leakgym.models import task_loss
@@ -225,18 +226,6 @@ def _layer_candidates(stats: _Stats, generator: torch.Generator, trials: int) ->
     return out
 
 
-def _reseed(seed: int, device: torch.device) -> None:
-    """Seed the global RNG a forward on ``device`` draws from (inside ``torch.random.fork_rng``).
-
-    On CPU only the CPU generator is seeded: ``torch.manual_seed`` would also queue a CUDA/XPU
-    re-seed with a formatted stack trace, which cost more than LeNet's forward pass.
-    """
-    if device.type == "cpu":
-        torch.default_generator.manual_seed(seed)
-    else:
-        torch.manual_seed(seed)
-
-
 @torch.no_grad()
 def _loss_at(model: nn.Module, x: Tensor, y: Tensor, params: dict[str, Tensor]) -> float:
     return float(task_loss(model, x, y, params=params))
@@ -279,13 +268,13 @@ def censor_gradient(
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=generator.device))
 
     def evaluate(params: dict[str, Tensor]) -> float:
-        _reseed(seed, x.device)
+        seed_generators(seed, x.device)
         return _loss_at(model, x, y, params)
 
     with torch.random.fork_rng(devices=[] if x.device.type == "cpu" else [x.device]):
         bases = None
         if subspace == "samples":
-            _reseed(seed, x.device)
+            seed_generators(seed, x.device)
             bases = example_bases(grad, example_gradients(model, x, y))
         initial = evaluate(theta)
         losses: list[float] = []

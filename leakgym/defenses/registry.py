@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from leakgym.devices import seed_generators
+
 if TYPE_CHECKING:
     from leakgym.data.spec import DatasetSpec
     from leakgym.defenses.config import DefenseConfig
@@ -170,7 +172,7 @@ def seeded_global_rng(seed: int, device: torch.device) -> Iterator[None]:
     """
     devices = [] if device.type == "cpu" else [device]
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(seed))
+        seed_generators(seed, device)  # only what the block forks (torch.manual_seed re-seeded every GPU)
         yield
 
 
@@ -206,12 +208,8 @@ class GlobalRngStream:
             return
         self._outer = self._get()
         if self._state is None:
-            # The CPU generator's state torch.manual_seed(seed) gives; torch.manual_seed itself also queues a
-            # (lazy) CUDA re-seed with a formatted stack trace, which costs more than a LeNet forward pass.
-            torch.default_generator.manual_seed(self.seed)
-            if self._cuda:
-                with torch.cuda.device(self.device):  # this device's generator (the one restored after)
-                    torch.cuda.manual_seed(self.seed)
+            # The states torch.manual_seed(seed) gives, of the generators restored after (seed_generators).
+            seed_generators(self.seed, self.device if self._cuda else "cpu")
         else:
             self._set(self._state)
 

@@ -6,6 +6,7 @@ import torch
 
 from leakgym.checks import is_integer
 from leakgym.data.spec import DatasetSpec
+from leakgym.devices import seed_generators
 from leakgym.models.base import LeakGymModel
 from leakgym.models.convnet import ConvNet
 from leakgym.models.lenet import LeNet
@@ -46,9 +47,9 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
         precode_dim: bottleneck size ``K`` (default 256, the official PRECODE value).
         width: architecture width (LeNet channels, ConvNet base width, MLP hidden width, ResNet first
             stage width); ``None`` takes the class default (12, 16, 1024, 64).
-        seed: if given, parameters are initialised from ``torch.manual_seed(seed)`` inside
-            ``torch.random.fork_rng`` (the global RNG state is left untouched); ``None`` draws from
-            the global RNG.
+        seed: if given, parameters are initialised on the CPU generator seeded as ``torch.manual_seed(seed)``
+            seeds it, inside ``torch.random.fork_rng`` (every global RNG state is left untouched,
+            :func:`~leakgym.devices.seed_generators`); ``None`` draws from the global RNG.
         device, dtype: where and in which floating dtype to place the parameters.
     """
     if name not in MODEL_CLASSES:
@@ -62,7 +63,7 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
     if seed is None:
         model = cls(spec, **kwargs)
     else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with torch.random.fork_rng(devices=[]):  # built on the CPU, moved below
+            seed_generators(seed)
             model = cls(spec, **kwargs)
     return model.to(device=device, dtype=dtype)
