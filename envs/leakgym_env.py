@@ -161,7 +161,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if missing or extra:
             raise ValueError(f"actions need exactly the agents {self.agents}; missing {missing}, unknown {extra}")
         defender, attacker = self.to_multi("defender", actions["defender"]), self.to_multi("attacker", actions["attacker"])
-        self.game.plan(defender, attacker)
+        self.game.plan(defender, attacker, keep=True)  # decoded once: the Round takes the kept plan
         return defender, attacker
 
     def record(self, outcome: RoundOutcome) -> tuple:

@@ -436,3 +436,34 @@ def test_flat_actions_refuse_what_multidiscrete_actions_refuse(cheap_overrides, 
     env.reset(seed=0)
     with pytest.raises(ValueError, match="flat action"):  # a masked entry played its hidden value
         env.step(bad)
+
+
+def test_a_step_decodes_each_games_actions_once(cheap_overrides, monkeypatch):
+    """The step validated its actions by decoding them (LeakGame.plan) and the Round decoded them again;
+    the Round now takes the validated plan. A plan kept by validation serves one Round only."""
+    import leakgym.envs.game as game_module
+
+    decoded = []
+    real = game_module.attack_for
+
+    def counting(*args, **kwargs):
+        decoded.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(game_module, "attack_for", counting)
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
+    vec.reset(seed=0)
+    action = np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64)
+    vec.step(action)
+    assert len(decoded) == 2
+    env = parallel_env("digits", **cheap_overrides)
+    env.reset(seed=0)
+    game = env.game
+    d, a = np.zeros(len(game.menus["defender"].dims), np.int64), np.zeros(len(game.menus["attacker"].dims), np.int64)
+    kept = game.plan(d, a, keep=True)
+    assert game.plan(d, a) is kept  # the Round's call takes the validated plan ...
+    assert game.plan(d, a) is not kept  # ... once
+    other = a.copy()
+    other[0] = 1
+    game.plan(d, a, keep=True)
+    assert game.plan(d, other).attacker_action.tolist() == other.tolist()  # other actions: decoded anew
