@@ -80,8 +80,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev
 
-from leakgym.devices import seed_generators
 from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
+from leakgym.devices import seed_generators
 from leakgym.fl.batched import independent_rows, signature, stack_buffers
 from leakgym.models import task_loss
 
