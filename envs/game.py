@@ -39,6 +39,7 @@ from leakgym.defenses import (
 from leakgym.defenses.registry import seeded_global_rng
 from leakgym.devices import check_device
 from leakgym.fl import batched as fl_batched
+from leakgym.fl.bank import ModelBank
 from leakgym.fl.client import compute_update
 from leakgym.fl.server import Server
 from leakgym.fl.update import SharedUpdate
@@ -169,6 +170,8 @@ class GameSnapshot:
     """Everything a round may change, copied (see :meth:`LeakGame.snapshot`)."""
 
     model_state: dict[str, Tensor]
+    """The model's state dict; without the parameters when :attr:`banked` (the bank's copy holds them)."""
+    banked: bool
     rng_state: dict[str, Any]
     round: int
     accuracy: float
@@ -212,6 +215,8 @@ class LeakGame:
         self.diverged_at: int | None = None
         self._signed: tuple[nn.Module, tuple | None] | None = None  # (server model, its batch signature)
         self._kept_plan: RoundPlan | None = None  # a validated step's plan, for the Round (plan)
+        self.bank: ModelBank | None = None  # the vector's stacked parameters (use_bank), None alone
+        self.bank_row = 0
 
     def batch_signature(self, model: nn.Module) -> tuple | None:
         """:func:`leakgym.fl.batched.signature` of ``model`` when :func:`leakgym.fl.batched.supports` it,
@@ -248,6 +253,9 @@ class LeakGame:
         self.victim_rows, self.benign_rows = split.clients[0], split.clients[1:]
         eval_x, eval_y = self.images.evaluation(min(sc.eval_size, len(split.test)))
         model = build_model(sc.model, self.spec, precode=sc.precode, width=sc.model_width, seed=seed, device=dev)
+        if self.bank is not None:
+            self.bank.bind(self.bank_row, model)  # the previous episode's model is released
+        self._has_buffers = any(True for _ in model.buffers())
         self.server = Server(model, lr=sc.server_lr, eval_x=eval_x, eval_y=eval_y)
         self.accuracy, self.test_loss = self.server.evaluate()
         self.last = None
@@ -256,8 +264,19 @@ class LeakGame:
 
     # ------------------------------------------------------------------ snapshot / restore
     def snapshot(self) -> GameSnapshot:
+        """Everything a round may change, copied. A game whose model is held by a :class:`ModelBank`
+        (:meth:`use_bank`) leaves its parameters out: the :class:`~leakgym.envs.round.Round` copies the
+        bank's rows of all its games at once (one copy per parameter name, not per game and name)."""
+        model, banked = self.server.model, self.banked
+        if not banked:
+            state = model.state_dict()  # detached
+        elif self._has_buffers:
+            state = {k: v for k, v in model.state_dict().items() if k not in self.bank.stacks}
+        else:
+            state = {}  # the bank holds all of it (a model without buffers: no walk over its modules)
         return GameSnapshot(
-            model_state={k: v.clone() for k, v in self.server.model.state_dict().items()},  # state_dict detaches
+            model_state={k: v.clone() for k, v in state.items()},
+            banked=banked,
             rng_state=copy.deepcopy(self.rng.bit_generator.state),
             round=self.round,
             accuracy=self.accuracy,
@@ -268,11 +287,25 @@ class LeakGame:
         )
 
     def restore(self, snap: GameSnapshot) -> None:
-        self.server.model.load_state_dict(snap.model_state)
+        """Back to ``snap``; a banked game's parameters are restored by the Round, from the bank's copy."""
+        self.server.model.load_state_dict(snap.model_state, strict=not snap.banked)
         self.rng.bit_generator.state = snap.rng_state
         self.round, self.accuracy, self.test_loss = snap.round, snap.accuracy, snap.test_loss
         self.last, self.timings = snap.last, snap.timings
         self.diverged_at = snap.diverged_at
+
+    # ------------------------------------------------------------------ the vector's model bank
+    def use_bank(self, bank: ModelBank, row: int) -> None:
+        """Hold the global model's parameters in row ``row`` of ``bank`` (a vector env's games share one,
+        :mod:`leakgym.fl.bank`): from the next :meth:`reset` on (now, if the game has a model)."""
+        self.bank, self.bank_row = bank, row
+        if hasattr(self, "server"):
+            bank.bind(row, self.server.model)
+
+    @property
+    def banked(self) -> bool:
+        """Whether the global model's parameters are rows of :attr:`bank` (and still its views)."""
+        return self.bank is not None and ModelBank.of([self.server.model]) is not None
 
     # ------------------------------------------------------------------ observations
     def observations(self) -> dict[str, np.ndarray]:
@@ -562,18 +595,25 @@ class LeakGame:
                     {n: t[index.to(t.device)] for n, t in buffers.items()},
                     [victim_buffers] + [{n: t[index.to(t.device), j] for n, t in benign.buffers.items()}
                                         for j in range(k)], buffer_weights))
-            # Every game's new state into its model: one multi-tensor copy (a fused kernel on a GPU)
-            # rather than a copy per game and tensor.
-            rows = {name: value.unbind(0) for name, value in new.items()}
-            destinations, sources = [], []
-            for row, i in enumerate(keep):
-                state = dict(models[i].named_parameters())
-                state.update(models[i].named_buffers())
-                for name in new:
-                    destinations.append(state[name])
-                    sources.append(rows[name][row])
-            with torch.no_grad():
-                torch._foreach_copy_(destinations, sources)
+            # Every game's new state into its model. The parameters of a vector's games are rows of one
+            # ModelBank: one copy per name. The rest (BN statistics, or models without a bank): one
+            # multi-tensor copy (a fused kernel on a GPU) rather than a copy per game and tensor.
+            banked = ModelBank.of([models[i] for i in keep])
+            if banked is not None:
+                bank, bank_rows = banked
+                bank.scatter(bank_rows, {n: new[n] for n in params})
+            rest = [n for n in new if banked is None or n not in params]
+            if rest:
+                rows = {name: new[name].unbind(0) for name in rest}
+                destinations, sources = [], []
+                for row, i in enumerate(keep):
+                    state = dict(models[i].named_parameters())
+                    state.update(models[i].named_buffers())
+                    for name in rest:
+                        destinations.append(state[name])
+                        sources.append(rows[name][row])
+                with torch.no_grad():
+                    torch._foreach_copy_(destinations, sources)
         due = [i for i, g in enumerate(games) if g.evaluates_next()]
         results: dict[int, tuple[float, float]] = {}
         if due:

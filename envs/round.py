@@ -27,7 +27,8 @@ functions (:func:`share_update`, :func:`reconstruct_all`, :func:`score_all`). Re
 6. **reward** — rewards, infos and observations (:meth:`LeakGame.conclude`; the attacker's summaries of
    the shared updates for all games at once, :func:`~leakgym.envs.observations.update_summaries`).
 
-Atomicity: every game is snapshotted before phase 2; if anything fails, every game of the round is
+Atomicity: every game is snapshotted before phase 2 (the parameters of a vector's games as one copy
+of their :class:`~leakgym.fl.bank.ModelBank` rows); if anything fails, every game of the round is
 restored to exactly its state before the round (model, generator, round counter, last record) and
 the failure is raised as :class:`RoundError`, naming the round, the actions and the cause (a
 ``KeyboardInterrupt`` is raised as itself, after the same restore).
@@ -47,6 +48,7 @@ from torch import Tensor, nn
 from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult
 from leakgym.attacks.engine.optimization import OptimizationAttack, reconstruct_jointly
 from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense, apply_defense_many
+from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstructions
 
@@ -213,6 +215,7 @@ class Round:
         for any other failure (every game restored to its state before the round)."""
         plans = self.plan(actions)
         snapshots = [g.snapshot() for g in self.games]
+        banked = self._bank_snapshots(snapshots)
         try:
             defended = self._defend(plans)
             t0 = time.perf_counter()
@@ -229,10 +232,21 @@ class Round:
         except BaseException as exc:  # Ctrl-C too: a half-played round is undone before it goes up
             for g, snap in zip(self.games, snapshots):
                 g.restore(snap)
+            for bank, rows, saved in banked:
+                bank.scatter(rows, saved)
             if not isinstance(exc, Exception):
                 raise
             raise RoundError(self._describe_failure(plans, exc)) from exc
         return outcomes
+
+    def _bank_snapshots(self, snapshots) -> list[tuple[ModelBank, list[int], dict[str, Tensor]]]:
+        """The parameters of the games whose snapshots left them to their :class:`ModelBank` (a vector's
+        games): one copy of their rows per bank and parameter name."""
+        rows: dict[int, tuple[ModelBank, list[int]]] = {}
+        for g, snap in zip(self.games, snapshots):
+            if snap.banked:
+                rows.setdefault(id(g.bank), (g.bank, []))[1].append(g.bank_row)
+        return [(bank, members, bank.gather(members)) for bank, members in rows.values()]
 
     def _defend(self, plans) -> list:
         """Phase 2 of every game, each with its own draws: the victims' defense pipelines as one

@@ -5,7 +5,9 @@ A step validates every learner action first (a bad one raises ``ValueError`` and
 any sub-environment), lets every opponent act, then plays one Round over all active games: the
 attacks of one strategy become one batched ``Attack.reconstruct_batch`` call whatever their budgets
 (per-problem iterations, restarts, TV weight and learning rate), and every game
-keeps its own seed, so game ``i`` plays the same trajectory alone or beside any neighbours.
+keeps its own seed, so game ``i`` plays the same trajectory alone or beside any neighbours. The games'
+global models are the rows of one :class:`~leakgym.fl.bank.ModelBank` (their parameters stacked per
+name; each game's module holds views of its row).
 Sub-environments reset automatically on the step after their episode ends (Gymnasium's
 ``NEXT_STEP`` autoreset mode).
 """
@@ -19,6 +21,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from leakgym.checks import is_integer
+from leakgym.fl.bank import ModelBank
 
 from .checks import is_seed
 from .round import Round
@@ -75,6 +78,11 @@ class LeakGymVectorEnv(VectorEnv):
             raise ValueError(f"need one opponent per game: got {None if opponents is None else len(opponents)} "
                              f"for num_envs={num_envs}")
         self.envs = [LeakGymSingleAgentEnv(render_mode=render_mode, opponent=o, **kwargs) for o in opponents]
+        # The games' global models as stacked tensors, one row per game (leakgym/fl/bank.py): the batched
+        # phases and the round's snapshot read and write all games with one operation per parameter name.
+        self.bank = ModelBank(int(num_envs))
+        for i, env in enumerate(self.envs):
+            env.parallel.game.use_bank(self.bank, i)
         self.num_envs = int(num_envs)
         self.render_mode = render_mode
         self.single_observation_space = self.envs[0].observation_space

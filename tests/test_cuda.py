@@ -175,8 +175,8 @@ def test_training_evaluations_in_lockstep_on_cuda(game_model_devices):
 def test_seeding_for_the_cpu_leaves_the_gpu_generators_alone():
     """build_model(seed=...) and seeded_global_rng(seed, cpu) re-seeded every GPU for good (torch.manual_seed
     inside fork_rng(devices=[])); a CUDA block re-seeds only the generator it forks, and restores it."""
-    from leakgym.defenses.registry import seeded_global_rng
     from leakgym.data.spec import DatasetSpec
+    from leakgym.defenses.registry import seeded_global_rng
     from leakgym.models import build_model
 
     torch.cuda.manual_seed_all(123)
@@ -191,3 +191,18 @@ def test_seeding_for_the_cpu_leaves_the_gpu_generators_alone():
     with torch.random.fork_rng(devices=[torch.device("cuda")]):
         torch.manual_seed(7)
         assert torch.equal(drawn, torch.rand(2, device="cuda"))  # the state torch.manual_seed gives
+
+
+def test_a_vectors_model_bank_lives_on_cuda(cheap_overrides):
+    from leakgym.fl.bank import ModelBank
+
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, device="cuda", batch_clients=True, **cheap_overrides)
+    vec.reset(seed=0)
+    vec.step(np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64))
+    games = [e.parallel.game for e in vec.unwrapped.envs]
+    bank = vec.unwrapped.bank
+    assert ModelBank.of([g.server.model for g in games]) == (bank, [0, 1])
+    assert {t.device.type for t in bank.stacks.values()} == {"cuda"}
+    for i, g in enumerate(games):
+        for name, p in g.server.model.named_parameters():
+            assert torch.equal(bank.stacks[name][i], p)

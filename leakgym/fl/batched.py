@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from leakgym.fl.bank import ModelBank
 from leakgym.fl.server import check_weights, correct_predictions
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, bn_eval_if_single, in_mode, task_loss
@@ -96,8 +97,14 @@ def signature(model: nn.Module) -> tuple:
 
 
 def stack_parameters(models: Sequence[nn.Module]) -> dict[str, Tensor]:
-    """``name -> (N, *shape)``: the trainable parameters of N models of one signature, stacked (detached)."""
+    """``name -> (N, *shape)``: the trainable parameters of N models of one signature, stacked (detached
+    copies). Models of one :class:`~leakgym.fl.bank.ModelBank` (a vector env's games) are read from its
+    stacks: one ``index_select`` per name instead of a stack of N parameters."""
     names = [n for n, p in models[0].named_parameters() if p.requires_grad]
+    banked = ModelBank.of(models)
+    if banked is not None:
+        bank, rows = banked
+        return bank.gather(rows, names)
     each = [dict(m.named_parameters()) for m in models]
     return {n: torch.stack([p[n].detach() for p in each]) for n in names}
 

@@ -45,6 +45,7 @@ from torch.func import grad, vmap
 
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.engine.convolution import UNFOLD_MAX_ENTRIES, UnfoldedConvolutions, unfolded_entries
+from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, task_loss
 from leakgym.models.precode import VariationalBottleneck
@@ -52,6 +53,22 @@ from leakgym.models.precode import VariationalBottleneck
 
 def _bn_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _stacked_states(models: Sequence[nn.Module], param_names: list[str], state_names: list[str]) -> dict[str, Tensor]:
+    """``name -> (N, *shape)``: the models' parameters and buffers (``state_names``), stacked and detached; the
+    parameters of a vector's games are read from their :class:`~leakgym.fl.bank.ModelBank` (one copy per
+    name, not a stack of N)."""
+    banked = ModelBank.of(models)
+    out = {} if banked is None else banked[0].gather(banked[1], param_names)
+    rest = [n for n in state_names if n not in out]
+    if rest:
+        states = [{**dict(m.named_parameters()), **dict(m.named_buffers())} for m in models]
+        for n in rest:
+            if len({tuple(s[n].shape) for s in states}) != 1:
+                raise ValueError("problems of one ProblemSet must share the architecture")
+            out[n] = torch.stack([s[n].detach() for s in states])
+    return out
 
 
 @dataclass
@@ -168,21 +185,17 @@ class ProblemSet:
 
         s0 = state(models[0])
         batched = False
-        for m in models[1:]:
-            if m is models[0]:
-                continue
-            sm = state(m)
-            if any(sm[n].shape != s0[n].shape for n in state_names):
-                raise ValueError("problems of one ProblemSet must share the architecture")
-            if not all(torch.equal(sm[n], s0[n]) for n in state_names):
-                batched = True
-                break
+        if any(m is not models[0] for m in models[1:]):
+            stacked = _stacked_states(models, param_names, state_names)
+            # Per-problem parameters unless every model holds the same values (one comparison per name,
+            # one host sync in all).
+            batched = not bool(torch.stack([(t == t[:1]).all() for t in stacked.values()]).all())
+
         def cast(t: Tensor) -> Tensor:
             return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
 
         if batched:
-            states = [state(m) for m in models]
-            full = {n: cast(torch.stack([s[n] for s in states])) for n in state_names}
+            full = {n: cast(stacked[n]) for n in state_names}
         else:
             full = {n: cast(s0[n]) for n in state_names}
         if u0.kind == "gradient":
