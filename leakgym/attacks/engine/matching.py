@@ -89,21 +89,45 @@ class MatchingOutput:
     """Restarts problem ``i`` ran."""
 
 
-def _rows(init: Tensor | Sequence[Tensor], counts: list[int], tail: tuple[int, ...], what: str) -> Tensor:
-    """``(N, R, *tail)`` or N tensors ``(R_i, *tail)`` -> rows ``(sum R_i, *tail)``, checked against ``counts``."""
+def _check_rows(init: Tensor | Sequence[Tensor], counts: list[int], tail: tuple[int, ...], what: str) -> None:
+    """ValueError naming ``what`` unless ``init`` is ``(N, R, *tail)`` or N tensors ``(R_i, *tail)`` with the
+    restart counts ``counts``."""
     n = len(counts)
     if isinstance(init, Tensor):
         expected = (n, counts[0], *tail)
         if len(set(counts)) != 1 or tuple(init.shape) != expected:
             want = expected if len(set(counts)) == 1 else f"a list of {n} tensors (R_i, {', '.join(map(str, tail))})"
             raise ValueError(f"{what} has shape {tuple(init.shape)}; expected (N, R, ...) = {want}")
-        return init.reshape(-1, *tail)
-    parts = list(init)
-    shapes = [tuple(t.shape) for t in parts]
-    if len(parts) != n or any(sh != (c, *tail) for sh, c in zip(shapes, counts)):
+        return
+    shapes = [tuple(t.shape) for t in init]
+    if len(shapes) != n or any(sh != (c, *tail) for sh, c in zip(shapes, counts)):
         raise ValueError(f"{what} has shapes {shapes}; expected one (R_i, {', '.join(map(str, tail))}) per problem "
                          f"with R_i = {counts}")
-    return torch.cat(parts)
+
+
+def _rows(init: Tensor | Sequence[Tensor], counts: list[int], tail: tuple[int, ...], what: str) -> Tensor:
+    """``(N, R, *tail)`` or N tensors ``(R_i, *tail)`` -> rows ``(sum R_i, *tail)``, checked against ``counts``."""
+    _check_rows(init, counts, tail, what)
+    return init.reshape(-1, *tail) if isinstance(init, Tensor) else torch.cat(list(init))
+
+
+def _check_parts(problems: ProblemSet, parts: Sequence[Part]) -> None:
+    """Every part's settings, start images and label logits, checked before any part draws from the
+    problems' generators (a DLG part's default label logits) or computes anything; the error names the part."""
+    b = problems.batch_size
+    for k, part in enumerate(parts):
+        head, where = (f"parts[{k}]: ", f"parts[{k}].") if len(parts) > 1 else ("", "")
+        try:
+            s = (part.per_problem or PerProblem()).resolve(part.problems, part.schedule, part.objective)
+        except ValueError as e:
+            raise ValueError(f"{head}{e}") from None
+        if not _optimises_labels(problems, part) and problems.labels is None:
+            raise ValueError(f"{head}a part with known labels needs a ProblemSet built with labels")
+        if part.objective.bn > 0 and problems.bn_targets is None:
+            raise ValueError(f"{head}objective.bn > 0 needs a ProblemSet built with use_bn_stats=True")
+        _check_rows(part.init, s.restarts, (b, *problems.image_shape), f"{where}init")
+        if _optimises_labels(problems, part) and part.label_init is not None:
+            _check_rows(part.label_init, s.restarts, (b, problems.num_classes), f"{where}label_init")
 
 
 @dataclass(frozen=True)
@@ -447,8 +471,16 @@ class _Run:
             if self.boxed is not False:
                 boxed = torch.maximum(torch.minimum(x, self.ps.upper), self.ps.lower)
                 x.copy_(boxed if self.boxed is True else torch.where(self.boxed.view(view), boxed, x))
-            # A diverged problem restarts from its best iterate; others are unaffected.
+            # A diverged row restarts from its best iterate -- images and, for DLG, label logits: a row whose
+            # logits stayed NaN evaluated NaN for the rest of its budget -- others are unaffected. L-BFGS
+            # rejects the pair spanning a NaN gradient and goes on; Adam's moments stay NaN after one, so
+            # such an Adam row stays at its best iterate for the rest of its budget.
             bad = ~torch.isfinite(x).flatten(1).all(dim=1)
+            logits = self.logits
+            if logits is not None:
+                bad = bad | ~torch.isfinite(logits).flatten(1).all(dim=1)
+                best = self.best_logits if self.all else self.best_logits.index_select(0, self.active)
+                logits.copy_(torch.where(bad.view(-1, 1, 1), best, logits))
             x.copy_(torch.where(bad.view(view), self.best_x if self.all else self.best_x.index_select(0, self.active), x))
 
     def outputs(self) -> list[MatchingOutput]:
@@ -503,14 +535,16 @@ def run_joint_matching(
     an engine call of their own (:func:`run_gradient_matching`), up to floating-point rounding of the
     vectorised kernels; labels of parts with known labels are fed as one-hot distributions when
     another part optimises its labels (the same cross-entropy). ``generator`` holds one generator
-    per problem (``seed`` seeds problem ``i`` with ``seed + i`` when it is None). Returns one
-    :class:`MatchingOutput` per part.
+    per problem (``seed`` seeds problem ``i`` with ``seed + i`` when it is None). Every part's settings,
+    start images and label logits are checked before anything is drawn from the generators or computed
+    (a ValueError naming the part). Returns one :class:`MatchingOutput` per part.
     """
     n = problems.n
     device, dtype = problems.device, problems.dtype
     if not parts or any(p.problems < 1 for p in parts) or sum(p.problems for p in parts) != n:
         raise ValueError(f"parts own {[p.problems for p in parts]} problems; they must be >= 1 each and add up to "
                          f"the ProblemSet's {n}")
+    _check_parts(problems, parts)
     if generator is None:
         generator = BatchedGenerator.from_seeds(problem_seeds(n, seed=seed), device)
     if generator.n != n or generator.device != canonical_device(device):

@@ -17,6 +17,7 @@ budgets of one attack still make one engine call.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -139,11 +140,23 @@ class PerProblem:
             given = getattr(self, name)
             if given is None:
                 return [default] * n
-            out = given.tolist() if isinstance(given, Tensor) else list(given)
+            # A scalar, a 0-d tensor or a string used to fail with a TypeError (or a ValueError of
+            # float() naming a character), a nested or non-numeric entry likewise: name the field.
+            scalar = isinstance(given, (str, bytes)) or (isinstance(given, Tensor) and given.dim() != 1)
+            try:
+                out = None if scalar else given.tolist() if isinstance(given, Tensor) else list(given)
+            except TypeError:
+                out = None
+            if out is None:
+                raise ValueError(f"PerProblem.{name}={given!r}; must be one value per problem (a sequence or an "
+                                 f"(N,) tensor)")
             if len(out) != n:
                 raise ValueError(f"PerProblem.{name} has {len(out)} values for {n} problems")
             if kind is int:  # 2.7 used to become 2 silently, NaN an int() error
                 return [check_integer(v, f"PerProblem.{name}[{i}]", 1) for i, v in enumerate(out)]
+            for i, v in enumerate(out):
+                if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                    raise ValueError(f"PerProblem.{name}[{i}]={v!r}; must be a real number")  # noqa: TRY004 (contract)
             return [kind(v) for v in out]
 
         iterations = values("iterations", schedule.iterations, int)
