@@ -297,15 +297,20 @@ class LeakGame:
     # ------------------------------------------------------------------ the vector's model bank
     def use_bank(self, bank: ModelBank, row: int) -> None:
         """Hold the global model's parameters in row ``row`` of ``bank`` (a vector env's games share one,
-        :mod:`leakgym.fl.bank`): from the next :meth:`reset` on (now, if the game has a model)."""
-        self.bank, self.bank_row = bank, row
+        :mod:`leakgym.fl.bank`): from the next :meth:`reset` on (now, if the game has a model). The bind
+        comes first: a refused one (``ValueError``: the model is in another bank) leaves the game as it was."""
         if hasattr(self, "server"):
             bank.bind(row, self.server.model)
+        self.bank, self.bank_row = bank, row
 
     @property
     def banked(self) -> bool:
-        """Whether the global model's parameters are rows of :attr:`bank` (and still its views)."""
-        return self.bank is not None and ModelBank.of([self.server.model]) is not None
+        """Whether the global model's parameters are row :attr:`bank_row` of :attr:`bank` (and still its
+        views): the Round restores a banked game's parameters from that row's copy."""
+        if self.bank is None:
+            return False
+        found = ModelBank.of([self.server.model])
+        return found is not None and found[0] is self.bank and found[1] == [self.bank_row]
 
     # ------------------------------------------------------------------ observations
     def observations(self) -> dict[str, np.ndarray]:

@@ -92,6 +92,20 @@ class LeakGymVectorEnv(VectorEnv):
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
         self._obs = create_empty_array(self.single_observation_space, self.num_envs)
 
+    def __getstate__(self) -> dict:
+        """Pickling and ``copy.deepcopy`` rebuild the sub-environments' games from their arguments (the
+        parallel env is an ``EzPickle``: fresh games, before their first reset), so the bank of this
+        vector's games does not travel; :meth:`__setstate__` gives the copy's games a bank of their own."""
+        state = dict(self.__dict__)
+        del state["bank"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.bank = ModelBank(self.num_envs)
+        for i, env in enumerate(self.envs):
+            env.parallel.game.use_bank(self.bank, i)
+
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
         # Every seed is checked before any game resets: a rejected reset changes nothing.
         if seed is None or is_seed(seed):

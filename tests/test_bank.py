@@ -132,3 +132,98 @@ def test_a_failed_vector_round_restores_the_banked_parameters(cheap_overrides, m
             assert torch.equal(p, b[n])
     monkeypatch.setattr(game_module.LeakGame, "conclude", original)
     vec.step(action)  # and it plays on
+
+
+class _Tied(nn.Module):
+    """Two layers sharing one weight (tied weights): ``named_parameters`` lists it once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_tied_parameters_stay_tied_when_bound_and_released():
+    """Found in review: bind replaced a parameter shared by two modules in the first module only (the one
+    ``named_parameters`` names), so the second kept the old tensor: the tie was broken, and an update of
+    the bank row no longer reached the second layer. Release did the same."""
+    torch.manual_seed(0)
+    model = _Tied()
+    bank = ModelBank(2)
+    bank.bind(1, model)
+    assert model.b.weight is model.a.weight
+    with torch.no_grad():
+        model.a.weight.add_(1.0)
+    assert torch.equal(model.b.weight, bank.stacks["a.weight"][1])
+    bank.bind(1, _Tied())  # releases the model: its copies are tied too
+    assert ModelBank.of([model]) is None and model.b.weight is model.a.weight
+
+
+def test_a_row_does_not_release_a_model_bound_elsewhere_since():
+    """Found in review: a model that left its row (its data replaced) may be bound again at another row;
+    the old row still named it, and binding a new model there released it from its new row."""
+    bank, models, _ = _bank()
+    models[0][0].weight.data = models[0][0].weight.data.clone()  # out of the bank: of() no longer sees it
+    assert ModelBank.of([models[0]]) is None
+    spare = ModelBank(1)
+    spare.bind(0, models[0])
+    bank.bind(0, _net(7))  # row 0 of `bank` gets a new model; models[0] lives in `spare` now
+    assert ModelBank.of([models[0]]) == (spare, [0])
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_of_a_vectors_games_bank_apart_from_the_original(cheap_overrides, how):
+    """Found in review: a copy of a bank kept its rows' weak references to the original's models, so
+    resetting a deep copy of a game released the original game's model from the vector's bank (it then
+    fell back to the unbanked paths); and weak references do not pickle, so ``pickle.dumps`` of a vector
+    env (which worked before the bank: its games are rebuilt from their arguments) raised TypeError."""
+    import pickle
+
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
+    vec.reset(seed=0)
+    games = [e.parallel.game for e in vec.unwrapped.envs]
+    action = np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64)
+    duplicate = copy.deepcopy if how == "deepcopy" else lambda x: pickle.loads(pickle.dumps(x))
+    twin = duplicate(games[0])
+    twin.reset(5)
+    assert ModelBank.of([g.server.model for g in games]) == (vec.unwrapped.bank, [0, 1])
+    other = duplicate(vec.unwrapped)
+    other.reset(seed=0)
+    other.step(action)
+    copied = [e.parallel.game for e in other.envs]
+    assert other.bank is not vec.unwrapped.bank
+    assert ModelBank.of([g.server.model for g in copied]) == (other.bank, [0, 1])
+    vec.step(action)
+    assert ModelBank.of([g.server.model for g in games]) == (vec.unwrapped.bank, [0, 1])
+    for g, c in zip(games, copied):  # the same seeds and actions: the same models
+        for (name, p), q in zip(g.server.model.named_parameters(), c.server.model.parameters()):
+            assert torch.equal(p, q), name
+
+
+def test_a_refused_use_bank_changes_nothing(cheap_overrides, monkeypatch):
+    """Found in review: ``use_bank`` set the game's bank and row before binding, so a refused bind (the
+    model is in another bank) left the game naming a bank that does not hold its model; ``banked`` did not
+    check which bank holds it, so the next failed round restored the game's parameters from the wrong
+    bank's row (here: left them as the failed round changed them)."""
+    import leakgym.envs.game as game_module
+
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
+    vec.reset(seed=0)
+    game = vec.unwrapped.envs[1].parallel.game
+    elsewhere = ModelBank(1)
+    with pytest.raises(ValueError, match="bound to another bank or row"):
+        game.use_bank(elsewhere, 0)
+    assert game.bank is vec.unwrapped.bank and game.bank_row == 1 and game.banked
+    before = {n: p.detach().clone() for n, p in game.server.model.named_parameters()}
+
+    def fails(self, *args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(game_module.LeakGame, "conclude", fails)
+    with pytest.raises(RoundError, match="disk on fire"):
+        vec.step(np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64))
+    for n, p in game.server.model.named_parameters():
+        assert torch.equal(p, before[n]), n

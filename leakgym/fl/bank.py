@@ -25,7 +25,11 @@ parameter's data (``.data = ...``, ``.to()`` another dtype or device) takes it o
 model as unbound. Replacing the ``nn.Parameter`` object on its module (``module.weight = nn.Parameter(...)``)
 is not seen -- checking it would walk every module of every model, the cost the bank exists to remove --
 so code that does it must :meth:`ModelBank.bind` the model again (LeakGym's game code never does; a game
-binds the model it builds at every reset).
+binds the model it builds at every reset). Two more consequences of views: a bound model's ``state_dict()``
+values are views too, so ``torch.save`` or ``copy.deepcopy`` of it writes or copies every row of the bank
+(``{k: v.clone() ...}`` copies one model's); and the rows of a name share one autograd version counter, so an
+in-place write to any row (an aggregation) invalidates a graph that saved another bound model's parameters
+for its backward pass (LeakGym differentiates copies, or finishes each backward pass before the next write).
 
 Measured (LeNet, digits, one CPU thread, N = 256, iterations=[1] num_clients=1 eval_size=16, GC off, median
 of 10 vector steps): 790 -> 755 ms per step; snapshot of all games 18 -> 3 ms, ``stack_parameters`` 10 ->
@@ -87,32 +91,41 @@ class ModelBank:
         if found is not None and (found[0] is not self or found[1] != [row]):
             raise ValueError("the model is bound to another bank or row; bind a model to one row only")
         self.release(row)
-        modules = dict(model.named_modules())
-        bound = []
+
+        def view(name: str, p: Tensor) -> nn.Parameter:
+            self.stacks[name][row].copy_(p)
+            return nn.Parameter(self.stacks[name][row], requires_grad=p.requires_grad)
+
         with torch.no_grad():
-            for name, p in list(model.named_parameters()):
-                self.stacks[name][row].copy_(p)
-                owner, _, attr = name.rpartition(".")
-                view = nn.Parameter(self.stacks[name][row], requires_grad=p.requires_grad)
-                modules[owner]._parameters[attr] = view
-                bound.append(view)
+            bound = _replace_parameters(model, view)
         self._models[row] = weakref.ref(model)
-        self._params[row] = tuple(bound)
+        self._params[row] = bound
         self._addresses[row] = tuple(p.data_ptr() for p in bound)
         _BOUND[model] = (weakref.ref(self), row)
 
     def release(self, row: int) -> None:
-        """Unbind the model bound at ``row`` (if any): its parameters become copies of their values."""
+        """Unbind the model bound at ``row`` (if any, and still bound there): its parameters become copies
+        of their values."""
         ref = self._models[row]
         model = None if ref is None else ref()
         self._models[row], self._params[row], self._addresses[row] = None, (), ()
-        if model is None:
+        entry = None if model is None else _BOUND.get(model)
+        if entry is None or entry[0]() is not self or entry[1] != row:
+            # Gone, or bound elsewhere since (a model whose data left this row may be bound again at
+            # another row or bank): releasing it here would take it out of its new row.
             return
-        _BOUND.pop(model, None)
-        modules = dict(model.named_modules())
-        for name, p in list(model.named_parameters()):
-            owner, _, attr = name.rpartition(".")
-            modules[owner]._parameters[attr] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+        _BOUND.pop(model)
+        _replace_parameters(model, lambda _, p: nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, pickle) holds the stacks' values but binds no model. Its rows must not
+        name the original's models: binding a model at a row of the copy (a copied game's reset) would
+        release the original game's model from *its* bank. The models copied along are not bound to the
+        copy either (:meth:`of` finds no entry for them; a deep copy's parameters are clones anyway) until a
+        reset binds new ones. Weak references do not pickle."""
+        state = dict(self.__dict__)
+        state.update(_models=[None] * self.size, _params=[()] * self.size, _addresses=[()] * self.size)
+        return state
 
     def _intact(self, row: int) -> bool:
         """Whether the parameters bound at ``row`` still share the row's storage (nobody replaced their data)."""
@@ -153,6 +166,21 @@ class ModelBank:
         index = self._index(rows)
         for n, v in values.items():
             self.stacks[n].index_copy_(0, index, v.to(self.stacks[n]))
+
+
+def _replace_parameters(model: nn.Module, make) -> tuple[nn.Parameter, ...]:
+    """Put ``make(name, p)`` in place of every parameter ``p`` of ``model``, once per parameter object:
+    a parameter that several modules share (tied weights) is listed once by ``named_parameters``, and
+    every module holding it must get the same replacement, or the tie breaks. Returns the replacements,
+    in ``named_parameters`` order."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    made: dict[int, nn.Parameter] = {}
+    for name, p in list(model.named_parameters(remove_duplicate=False)):
+        if id(p) not in made:  # the list holds every old parameter: ids are not reused meanwhile
+            made[id(p)] = make(name, p)
+        owner, _, attr = name.rpartition(".")
+        modules[owner]._parameters[attr] = made[id(p)]
+    return tuple(made.values())
 
 
 __all__ = ["ModelBank"]
