@@ -50,6 +50,14 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def digits():
+    """The embedded digits dataset at 16x16 (one load per test module)."""
+    from leakgym.data import load_dataset
+
+    return load_dataset("digits", image_size=16)
+
+
 @pytest.fixture(scope="session")
 def digit_victims():
     """``make(n, known=lambda i: True)``: n single-image digits victims, victim i with its own LeNet (seed i),

@@ -24,14 +24,8 @@ from leakgym.attacks.engine.objective import ragged_group_consistency
 from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.inverting_gradients import InvertingGradients
 from leakgym.attacks.losses import group_consistency
-from leakgym.data import load_dataset
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits", image_size=16)
 
 
 def gradient_update(model, x, y) -> SharedUpdate:

@@ -14,16 +14,10 @@ from leakgym.attacks.analytic import (
     select_candidates,
 )
 from leakgym.attacks.base import AttackerKnowledge
-from leakgym.data import load_dataset
 from leakgym.fl.client import compute_update
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import score_reconstruction
 from leakgym.models import build_model
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits", image_size=16)
 
 
 def _batch(digits, size, start=0):

@@ -16,16 +16,10 @@ import torch
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.imprint import ImprintAttack, ImprintBlock, imprint_thresholds, insert_input_block
 from leakgym.attacks.trap_weights import TrapWeightsAttack, trap_weights
-from leakgym.data import load_dataset
 from leakgym.fl.client import compute_update
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import score_reconstruction
 from leakgym.models import build_model, task_loss
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits", image_size=16)
 
 
 @pytest.fixture(scope="module")

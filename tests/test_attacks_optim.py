@@ -32,15 +32,9 @@ from leakgym.attacks.engine import (
 from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.inverting_gradients import InvertingGradients
 from leakgym.attacks.labels import infer_labels
-from leakgym.data import load_dataset
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ssim
 from leakgym.models import bn_eval_if_single, build_model, task_loss
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits", image_size=16)
 
 
 @pytest.fixture(scope="module")

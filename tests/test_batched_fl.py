@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from leakgym.data import load_dataset
 from leakgym.envs import parallel_env
 from leakgym.fl import batched
 from leakgym.fl.client import compute_update
@@ -30,11 +29,6 @@ CUDA_TOL = {"rtol": 1e-3, "atol": 1e-3}  # TF32 convolutions
 # float64 (F64_TOL); the three-round game test in float32 allows that rounding (BN_TOL, measured <= 9e-5).
 F64_TOL = {"rtol": 1e-9, "atol": 1e-9}
 BN_TOL = {"rtol": 1e-3, "atol": 5e-4}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits", image_size=16)
 
 
 def games_and_batches(digits, n=3, k=2, b=4, device="cpu", arch="lenet"):

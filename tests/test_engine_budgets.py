@@ -16,10 +16,10 @@ import math
 
 import pytest
 import torch
+from engine_problems import VECTORISED_TOL, single_image_problems
 
 from leakgym.attacks import build_attack
 from leakgym.attacks.adaptive import gaussian_noise_simulator
-from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.engine import (
     BatchedGenerator,
     MatchingObjective,
@@ -31,32 +31,6 @@ from leakgym.attacks.engine import (
     run_gradient_matching,
     run_joint_matching,
 )
-from leakgym.data import load_dataset
-from leakgym.fl.update import SharedUpdate
-from leakgym.models import build_model, task_loss
-
-#: Vectorised rows vs the same problem alone (as tests/test_attacks_seeds.py: rounding of batched kernels).
-VECTORISED_TOL = {"rtol": 1e-4, "atol": 1e-4}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits", image_size=16)
-
-
-def _problem_set(digits, n: int, *, labels: bool = True) -> ProblemSet:
-    """n single-image problems, problem i on its own LeNet (seed i)."""
-    spec = digits.spec
-    updates, knowledges = [], []
-    for i in range(n):
-        model = build_model("lenet", spec, seed=i)
-        x, y = spec.normalize(digits.train_x[i:i + 1]), digits.train_y[i:i + 1]
-        grads = torch.autograd.grad(task_loss(model, x, y), list(model.parameters()))
-        updates.append(SharedUpdate({k: g.detach() for (k, _), g in zip(model.named_parameters(), grads)},
-                                    batch_size=1))
-        knowledges.append(AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y))
-    return ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors),
-                                   labels=torch.stack([k.labels for k in knowledges]) if labels else None)
 
 
 def _one(ps: ProblemSet, i: int, *, labels: bool) -> ProblemSet:
@@ -103,7 +77,7 @@ def test_each_problem_of_a_mixed_four_strategy_call_equals_itself_alone(digits, 
     (no PerProblem); its history holds exactly ``budget_i`` finite entries, then NaN."""
     parts = _mixed_parts(digits)
     n = sum(p.problems for p in parts)
-    ps = _problem_set(digits, n)
+    ps = single_image_problems(digits, n)[0]
     seeds = list(range(20, 20 + n))
     joint = run_joint_matching(ps, parts, generator=_generator(seeds), vectorize=vectorize)
     i = 0
@@ -196,7 +170,7 @@ def test_a_diverged_row_leaves_the_others_alone_and_goes_on_from_its_best_iterat
     iterate -- for DLG the label logits too, not only the images) and DLG improves on it afterwards."""
     iterations, poisoned = 8, 3
     optimise = strategy == "lbfgs"
-    ps = _problem_set(digits, 3, labels=not optimise)
+    ps = single_image_problems(digits, 3, labels=not optimise)[0]
     g = torch.Generator().manual_seed(1)
     init = torch.randn(3, 1, 1, *digits.spec.shape, generator=g)
     label_init = torch.randn(3, 1, 1, digits.spec.num_classes, generator=g) if optimise else None
@@ -254,7 +228,7 @@ def test_per_problem_values_are_refused_with_a_value_error_naming_them(field, va
 def test_a_bad_part_is_refused_before_any_part_draws_from_the_generators(digits):
     """A DLG part without label_init draws its logits from the problems' generators; a later part with
     a bad init (or label_init) must be refused before that draw, naming the part."""
-    ps = _problem_set(digits, 2)
+    ps = single_image_problems(digits, 2)[0]
     shape, classes = digits.spec.shape, digits.spec.num_classes
     dlg = Part(1, *DLG, torch.zeros(1, 1, 1, *shape), optimise_labels=True)
     bad_init = Part(1, *IG, torch.zeros(1, 2, 1, *shape))  # 2 restarts, the schedule says 1
@@ -285,7 +259,7 @@ def test_each_problems_generator_ends_where_its_own_call_leaves_it(digits, vecto
     dlg = Part(2, *DLG, [torch.randn(r, 1, *shape, generator=g) for r in (1, 3)],
                per_problem=PerProblem(iterations=[5, 2], restarts=[1, 3]), optimise_labels=True)
     parts = [eot, dlg]
-    ps = _problem_set(digits, 4)
+    ps = single_image_problems(digits, 4)[0]
     seeds = [5, 6, 7, 8]
     gen = _generator(seeds)
     joint = run_joint_matching(ps, parts, generator=gen, vectorize=vectorize)

@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 import torch
+from engine_problems import VECTORISED_TOL, single_image_problems
 
 from leakgym.attacks import AttackerKnowledge, build_attack
 from leakgym.attacks.engine import (
@@ -27,31 +28,8 @@ from leakgym.attacks.engine import (
     run_joint_matching,
 )
 from leakgym.attacks.engine.randomness import BatchedGenerator
-from leakgym.data import load_dataset
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
-
-VECTORISED_TOL = {"rtol": 1e-4, "atol": 1e-4}
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_dataset("digits", image_size=16)
-
-
-def _problems(digits, n: int, *, labels: bool = True) -> tuple[ProblemSet, list[SharedUpdate], list[AttackerKnowledge]]:
-    spec = digits.spec
-    updates, knowledges = [], []
-    for i in range(n):
-        model = build_model("lenet", spec, seed=i)  # every problem has its own parameters
-        x, y = spec.normalize(digits.train_x[i:i + 1]), digits.train_y[i:i + 1]
-        grads = torch.autograd.grad(task_loss(model, x, y), list(model.parameters()))
-        updates.append(SharedUpdate({k: g.detach() for (k, _), g in zip(model.named_parameters(), grads)},
-                                    batch_size=1))
-        knowledges.append(AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y))
-    ps = ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors),
-                                 labels=torch.stack([k.labels for k in knowledges]) if labels else None)
-    return ps, updates, knowledges
 
 
 def _parts(digits, counts):
@@ -84,7 +62,7 @@ def _subset(ps: ProblemSet, lo: int, hi: int, *, labels: bool) -> ProblemSet:
 @pytest.mark.parametrize("vectorize", [False, True])
 def test_each_part_computes_what_it_computes_alone(digits, vectorize):
     counts = [2, 1, 2]
-    ps, _, _ = _problems(digits, sum(counts))
+    ps, _, _ = single_image_problems(digits, sum(counts))
     parts = _parts(digits, counts)
     seeds = [10, 11, 12, 13, 14]
     joint = run_joint_matching(ps, parts, generator=BatchedGenerator.from_seeds(seeds, "cpu"), vectorize=vectorize)
@@ -113,7 +91,7 @@ def test_each_part_computes_what_it_computes_alone(digits, vectorize):
 def test_parts_do_not_borrow_each_others_objective(digits):
     """Sabotage check: swapping the first two parts' objectives changes their results."""
     counts = [2, 1, 2]
-    ps, _, _ = _problems(digits, sum(counts))
+    ps, _, _ = single_image_problems(digits, sum(counts))
     parts = _parts(digits, counts)
     seeds = [10, 11, 12, 13, 14]
     right = run_joint_matching(ps, parts, generator=BatchedGenerator.from_seeds(seeds, "cpu"))
@@ -138,7 +116,7 @@ def test_parts_sharing_an_optimiser_run_as_one(digits, monkeypatch):
 
     monkeypatch.setattr(matching, "_Run", Counting)
     counts = [2, 1, 2]
-    ps, _, _ = _problems(digits, sum(counts) + 1)
+    ps, _, _ = single_image_problems(digits, sum(counts) + 1)
     ig, gi, dlg = _parts(digits, counts)
     eot = dataclasses.replace(
         ig, problems=1, init=ig.init[:1], per_problem=None,
@@ -150,13 +128,13 @@ def test_parts_sharing_an_optimiser_run_as_one(digits, monkeypatch):
 
 
 def test_parts_are_validated(digits):
-    ps, _, _ = _problems(digits, 3)
+    ps, _, _ = single_image_problems(digits, 3)
     parts = _parts(digits, [1, 1, 1])
     with pytest.raises(ValueError, match="add up to the ProblemSet's 3"):
         run_joint_matching(ps, parts[:2])
     with pytest.raises(ValueError, match="add up"):
         run_joint_matching(ps, [])
-    unlabelled, _, _ = _problems(digits, 3, labels=False)
+    unlabelled, _, _ = single_image_problems(digits, 3, labels=False)
     with pytest.raises(ValueError, match="known labels needs a ProblemSet built with labels"):
         run_joint_matching(unlabelled, [dataclasses.replace(parts[0], optimise_labels=False), *parts[1:]])
 
