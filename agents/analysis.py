@@ -73,30 +73,34 @@ def best_responses(table: PayoffTable) -> dict[str, Any]:
     return {"against_defender": against_defender, "against_attacker": against_attacker, "pure_equilibria": equilibria}
 
 
-def _mark(response: dict[str, Any]) -> str:
-    """``"(tie: a, b)"`` / ``"(within noise)"`` after a best response that is not a clear win."""
+def _mark(response: dict[str, Any], one_episode: bool = False) -> str:
+    """``"(tie: a, b)"`` / ``"(within noise)"`` after a best response that is not a clear win
+    (``one_episode``: the pairs have one episode each, so no interval at all)."""
     if not response["tied"]:
         return "  (no finite return)"
     if len(response["tied"]) > 1:
         return f"  (tie: {', '.join(response['tied'])})"
-    return "" if response["clear"] else "  (within noise: 95% intervals overlap)"
+    if response["clear"]:
+        return ""
+    return "  (within noise: no 95% interval from 1 episode)" if one_episode else "  (within noise: 95% intervals overlap)"
 
 
 def who_beats_whom(table: PayoffTable) -> str:
     """A plain-text table of the best responses (printed by ``leakgym eval``)."""
     br = best_responses(table)
+    one_episode = min(len(p.episodes) for p in table.pairs) < 2
     wa = max(12, *(len(a) for a in table.attackers))
     wd = max(12, *(len(d) for d in table.defenders))
     lines = ["best attacker against each defender (highest attacker return):",
              f"  {'defender':<{wd}}  {'best attacker':<{wa}}  {'return':>8}  {'SSIM':>6}"]
     for d, r in br["against_defender"].items():
         lines.append(f"  {d:<{wd}}  {r['attacker'] or '-':<{wa}}  {r['attacker_return']:8.3f}  {r['leakage_ssim']:6.3f}"
-                     + _mark(r))
+                     + _mark(r, one_episode))
     lines += ["best defender against each attacker (highest defender return):",
               f"  {'attacker':<{wa}}  {'best defender':<{wd}}  {'return':>8}  {'SSIM':>6}"]
     for a, r in br["against_attacker"].items():
         lines.append(f"  {a:<{wa}}  {r['defender'] or '-':<{wd}}  {r['defender_return']:8.3f}  {r['leakage_ssim']:6.3f}"
-                     + _mark(r))
+                     + _mark(r, one_episode))
     eq = ", ".join(f"({e['attacker']}, {e['defender']}){'' if e['clear'] else '*'}"
                    for e in br["pure_equilibria"]) or "none"
     lines.append(f"pure-strategy equilibria of this table: {eq}")

@@ -18,9 +18,12 @@ Files under the run's output folder ``OUT``:
 Resuming (:meth:`EpisodeLog.open` with ``resume=True``) refuses a folder whose ``run.json`` holds
 other settings, keeps every pair whose episodes are all in ``episodes.csv`` and replays the others
 from their first episode (agents that adapt learn across a pair's episodes, so a pair is never
-resumed mid-way), each with its whole lockstep group so that its numbers are the uninterrupted run's. A line cut off by a crash is dropped; any other malformed row is an error naming
-the file and line. Files are read as text and ``numpy.load(allow_pickle=False)``; nothing is
-un-pickled.
+resumed mid-way), each with its whole lockstep group so that its numbers are the uninterrupted run's.
+A line cut off by a crash is dropped; any other malformed row (a value outside its metric's range, or a
+non-finite one spelled out, included: the log writes an undefined value as an empty field) is an error
+naming the file and line. A last round that cannot be read or does not hold float images is ignored
+(the gallery leaves its pair out). Files are read as text and ``numpy.load(allow_pickle=False)``;
+nothing is un-pickled.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 from leakgym.devices import device_name
 from leakgym.files import write_atomically
 
-from .payoff import METRICS, EpisodeStats, LastRound, PairResult
+from .payoff import METRIC_RANGES, METRICS, EpisodeStats, LastRound, PairResult
 from .reporting import OUTPUT_FILES, json_safe
 
 RUN_FILE = "run.json"
@@ -61,6 +64,20 @@ def _format(value: float) -> str:
 
 def _parse_float(text: str) -> float:
     return float("nan") if text == "" else float(text)
+
+
+def _check_value(metric: str, text: str, value: float) -> str | None:
+    """Why ``value`` (read from ``text``) is not a value of ``metric`` that :meth:`EpisodeLog.append`
+    writes, or ``None``: undefined values are written as an empty field, others are finite and in
+    :data:`~leakgym.agents.payoff.METRIC_RANGES`."""
+    if text == "":
+        return None
+    if not math.isfinite(value):
+        return "is not a finite number (an undefined value is written as an empty field)"
+    low, high = METRIC_RANGES[metric]
+    if not low <= value <= high:
+        return f"is outside its range [{low}, {high}]"
+    return None
 
 
 class EpisodeLog:
@@ -184,7 +201,10 @@ class EpisodeLog:
         path = self.episodes_path
         if not path.is_file():
             return {}
-        text = path.read_text()
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not a text file ({exc}); run without --resume to start over") from None
         if text and not text.endswith("\n"):
             text = text[: text.rfind("\n") + 1]  # a line cut off by a crash
         try:
@@ -211,6 +231,10 @@ class EpisodeLog:
                 values = [_parse_float(v) for v in row[5:]]
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
+            for metric, text, value in zip(METRICS, row[5:], values):
+                why = _check_value(metric, text, value)
+                if why is not None:
+                    raise ValueError(f"{where}: {metric} = {text} {why}; run without --resume to start over")
             if not 0 <= e < episodes or row_seed != seed + e or rounds < 0:
                 raise ValueError(
                     f"{where}: episode {e} (allowed 0..{episodes - 1}), seed {row_seed} (expected {seed + e}), "
@@ -227,7 +251,8 @@ class EpisodeLog:
         }
 
     def _read_last_round(self, attacker: str, defender: str) -> LastRound | None:
-        """The saved last round of a pair, or ``None`` when it is missing or does not belong to it."""
+        """The saved last round of a pair, or ``None`` when it is missing, does not belong to it or is not
+        a last round (other shapes or types, pickled objects: never un-pickled)."""
         path = self._last_round_path(attacker, defender)
         try:
             with np.load(path, allow_pickle=False) as data:
@@ -238,7 +263,8 @@ class EpisodeLog:
         except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
             return None
         per_image = (len(last.originals),)
-        ok = (last.originals.ndim == 4 and last.matched.shape == last.originals.shape
+        ok = (all(a.dtype.kind == "f" for a in (last.originals, last.matched, last.ssim, last.psnr))
+              and last.originals.ndim == 4 and last.matched.shape == last.originals.shape
               and last.ssim.shape == per_image and last.psnr.shape == per_image
               and (last.labels is None or (last.labels.shape == per_image and last.labels.dtype.kind in "iu")))
         return last if ok else None

@@ -21,7 +21,9 @@ Files written to ``OUT``:
     pairs have fewer than 5 episodes.
 ``gallery.png``
     the last round's private images, each once with its label, beside every attacker's matched
-    reconstruction against every defender, with SSIM and PSNR (see :func:`gallery_figure`).
+    reconstruction against every defender, with SSIM and PSNR (see :func:`gallery_figure`); not
+    written, with a warning, when no pair's last round could be read back (a resumed run whose
+    ``last_round/`` files are gone or damaged).
 ``episodes.csv``, ``run.json``, ``last_round/``
     written while the run goes: every finished pair's per-episode values, the run's settings and
     each pair's last round (see :mod:`leakgym.agents.episode_log`). After an interrupt (Ctrl-C),

@@ -265,10 +265,19 @@ def write_gallery(table: PayoffTable, path: Path, max_images: int = 4) -> None:
 
 def write_outputs(table: PayoffTable, out: Path) -> dict[str, Path]:
     """Write payoff.csv, payoff.json, payoff.png and gallery.png to ``out``, each atomically (written
-    beside its name, then renamed), so an interrupted write leaves no half-written file."""
+    beside its name, then renamed), so an interrupted write leaves no half-written file.
+
+    Without any pair's last round (a resumed run whose ``last_round/`` files are gone or damaged) there
+    is no gallery: ``gallery.png`` is not written (an earlier one there is removed) and a ``UserWarning``
+    says why; the returned paths hold only the files written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in OUTPUT_FILES}
+    if all(p.last_round is None for p in table.pairs):
+        del paths["gallery.png"]
+        (out / "gallery.png").unlink(missing_ok=True)  # an earlier write's would pass for this table's
+        warnings.warn("no pair has a readable last round (last_round/ files missing or damaged): gallery.png "
+                      "not written", UserWarning, stacklevel=2)
     writers = {"payoff.csv": write_csv, "payoff.json": write_json, "payoff.png": write_heatmap,
                "gallery.png": write_gallery}
     for name, path in paths.items():
