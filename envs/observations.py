@@ -132,8 +132,9 @@ def _summary_rows(rows: Tensor, sizes: list[int]) -> np.ndarray:
         stats = [zero, zero]
     else:
         centred = rows - rows.mean(dim=1, keepdim=True)
-        var = (centred**2).mean(dim=1)
-        kurt = torch.where(var > 0, (centred**4).mean(dim=1) / var**2 - 3, zero)
+        squares = centred * centred  # (and their squares below): pow(4) is 3x slower on a CPU (256 x 12k: 25 vs 8 ms)
+        var = squares.mean(dim=1)
+        kurt = torch.where(var > 0, (squares * squares).mean(dim=1) / var**2 - 3, zero)
         rms = (rows**2).mean(dim=1).sqrt()
         mean_abs_ratio = torch.where(rms > 0, rows.abs().mean(dim=1) / rms, zero)
         stats = [(torch.tanh(kurt / 10) + 1) / 2, mean_abs_ratio]
