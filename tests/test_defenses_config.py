@@ -24,7 +24,7 @@ def test_default_is_no_defense():
         ("clip", float("nan"), "DefenseConfig.clip=nan; allowed range [0, inf)"),
         ("oasis", 32, "DefenseConfig.oasis=32; allowed: integers in [0, 31]"),
         ("censor_trials", -1, "DefenseConfig.censor_trials=-1; allowed: integers >= 0"),
-        ("censor_step", 0.0, "DefenseConfig.censor_step=0.0; allowed range (0, inf)"),
+        ("censor_step", 0.0, "DefenseConfig.censor_step=0.0; allowed range (0, 1e+06]"),
         ("ppp", "noise", "DefenseConfig.ppp='noise'; allowed: 'off', 'ng', 'gc'"),
         ("noise_kind", "uniform", "DefenseConfig.noise_kind='uniform'; allowed: 'gaussian', 'laplace'"),
         ("dcs2_lambda_g", 1.2, "DefenseConfig.dcs2_lambda_g=1.2; allowed range [0, 1]"),

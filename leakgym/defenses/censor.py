@@ -406,6 +406,12 @@ def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequ
     return out
 
 
+#: Upper bound of CENSOR's trial step (the paper's is 0.1): far beyond any useful value and still finite in
+#: float32. From about 1e20 (ConvNet) or 1e38 (LeNet) the trial parameters overflowed: the update was the
+#: (finite) fallback, but the reported trial losses were NaN.
+CENSOR_STEP_MAX = 1e6
+
+
 class Censor(GroupedStepDefense):
     """CENSOR on every local step's gradient; ``fallback="skip"`` withholds the round's update."""
 
@@ -414,7 +420,7 @@ class Censor(GroupedStepDefense):
     fields = (
         int_field("censor_trials", 0, "CENSOR number of trials T of Algorithm 1; 0 off (paper: 20)."),
         real_field("censor_step", 0.1, "CENSOR trial step size eta of Algorithm 1 line 15 (paper's FL learning "
-                   "rate: 0.1).", low_open=True),
+                   "rate: 0.1).", low_open=True, high=CENSOR_STEP_MAX),
         choice_field("censor_fallback", "zeros", "CENSOR when no trial lowers the loss: send 'zeros', the "
                      "'original' gradient (Algorithm 1 line 11, paper) or 'skip' the round.", FALLBACKS),
         choice_field("censor_subspace", "layer", "CENSOR candidates orthogonal to each 'layer' of the batch gradient "

@@ -432,13 +432,20 @@ def loda_obscure_many(
     return out
 
 
+#: Upper bound of ``loda_c`` (the paper's is 20, the calibrated 9): far beyond any useful value (at ``c = 20``
+#: the pixel term already wins everywhere, see the table above) and still finite in float32. At ``c`` near
+#: 1e38 (accepted before) the objective overflowed, every obscured image became NaN and the client sent a NaN
+#: update without an error (helper review; ``tests/test_defenses_many.py``).
+LODA_C_MAX = 1e6
+
+
 class Loda(InputDefense):
     """LODA1-style obscuring of every private image (Eq. 4, Algorithm 1); labels are kept."""
 
     name = "loda"
     fields = (
         real_field("loda_c", 0.0, "LODA pixel-distance weight c of Eq. (4); 0 off (paper: 20 for its ResNet-18; "
-                   f"calibrated for LeakGym's extractor: {CALIBRATED_C:g})."),
+                   f"calibrated for LeakGym's extractor: {CALIBRATED_C:g}).", high=LODA_C_MAX),
         int_field("loda_steps", 500, "LODA normalised-gradient-descent steps T (paper: 500).", low=1),
         real_field("loda_lr", 0.1, "LODA step size tau: L2 step of the [0, 1] image (paper: 0.1).", low_open=True),
         int_field("loda_layers", 5, "LODA feature extractor g: output of the first ``loda_layers`` convolutional "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from leakgym.defenses.registry import DefenseContext, UpdateDefense, real_field
@@ -23,10 +24,20 @@ Update = dict[str, Tensor]
 
 
 def clip_values(update: Update, bound: float) -> Update:
-    """Every entry clamped to ``[-bound, bound]`` (a new dict; the input is not modified)."""
+    """Every entry clamped to ``[-bound, bound]`` (a new dict; the input is not modified).
+
+    A bound beyond the largest value of a tensor's dtype (``clip_value=1e300`` on float32) clamps nothing;
+    ``Tensor.clamp`` raised "value cannot be converted to type float without overflow" for it, in the
+    middle of a round whose configuration had been accepted, so the bound is capped at the dtype's largest
+    finite value (the same no-op clamp)."""
     if not (bound > 0) or not math.isfinite(bound):
         raise ValueError(f"clip_value bound={bound!r}; allowed range (0, inf)")
-    return {k: t.clamp(-bound, bound) for k, t in update.items()}
+    return {k: t.clamp(-_capped(bound, t), _capped(bound, t)) for k, t in update.items()}
+
+
+def _capped(bound: float, t: Tensor) -> float:
+    """``bound``, or the largest finite value of ``t``'s dtype when ``bound`` exceeds it."""
+    return min(bound, float(torch.finfo(t.dtype).max)) if t.is_floating_point() else bound
 
 
 class ClipValue(UpdateDefense):
