@@ -39,8 +39,9 @@ def problems_for(model_or_models, digits, n: int, b: int):
     models = model_or_models if isinstance(model_or_models, list) else [model_or_models] * n
     updates, knowledges = [], []
     for i in range(n):
-        x = spec.normalize(digits.train_x[i * b:(i + 1) * b])
-        y = digits.train_y[i * b:(i + 1) * b]
+        device = next(models[i].parameters()).device  # the data follows the model (CPU or CUDA)
+        x = spec.normalize(digits.train_x[i * b:(i + 1) * b]).to(device)
+        y = digits.train_y[i * b:(i + 1) * b].to(device)
         updates.append(gradient_update(models[i], x, y))
         knowledges.append(AttackerKnowledge(model=models[i], spec=spec, batch_size=b, labels=y))
     return updates, knowledges

@@ -221,6 +221,7 @@ def _tiny_run_on(tmp_path, monkeypatch, device: str) -> dict:
     the attacks' tensors were all on it, and that the JSON and the table name it."""
     import torch
 
+    import leakgym.data
     import leakgym.defenses
     from leakgym.bench import device_label
     from leakgym.devices import canonical_device
@@ -228,6 +229,7 @@ def _tiny_run_on(tmp_path, monkeypatch, device: str) -> dict:
     where = canonical_device(device)
     seen: list = []
     real_apply, real_attack, real_randperm = leakgym.defenses.apply_defense, bench.attack_all, torch.randperm
+    real_load = leakgym.data.load_dataset
 
     def apply_spy(model, x, y, config, **kwargs):
         seen.extend([("defense input", t) for t in (x, y, kwargs["public_x"], kwargs["public_y"])])
@@ -242,15 +244,26 @@ def _tiny_run_on(tmp_path, monkeypatch, device: str) -> dict:
             seen.extend(("attacked model", p) for p in knowledge.model.parameters())
         return real_attack(problems, args, spec)
 
+    loading = []  # the dataset's fixed train/test split is drawn on the CPU while it loads (not a batch)
+
+    def load_spy(*args, **kwargs):
+        loading.append(True)
+        try:
+            return real_load(*args, **kwargs)
+        finally:
+            loading.pop()
+
     def randperm_spy(*args, generator=None, **kwargs):
         out = real_randperm(*args, generator=generator, **kwargs)
-        seen.append(("batch indices", out))
-        assert generator is not None and generator.device == where, f"batch generator on {generator.device}"
+        if not loading:
+            seen.append(("batch indices", out))
+            assert generator is not None and generator.device == where, f"batch generator on {generator.device}"
         return out
 
     monkeypatch.setattr(leakgym.defenses, "apply_defense", apply_spy)
     monkeypatch.setattr(bench, "attack_all", attack_spy)
     monkeypatch.setattr(torch, "randperm", randperm_spy)
+    monkeypatch.setattr(leakgym.data, "load_dataset", load_spy)
     args = _args(tmp_path, "--device", device, "--defenses", "none,gaussian,mixup,PPP-NG1", *TINY,
                  "--victim-batch", "4", "--attack-rounds", "1")  # (Mixup mixes k=4 images of the batch)
     assert bench.main(args) == 0
