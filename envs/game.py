@@ -444,7 +444,8 @@ class LeakGame:
                 continue
             t0 = time.perf_counter()
             out = fl_batched.client_updates([drawn[i].model for i in members], [drawn[i].x for i in members],
-                                            [drawn[i].y for i in members], kind=kind, local_steps=steps, local_lr=lr)
+                                            [drawn[i].y for i in members], kind=kind, local_steps=steps, local_lr=lr,
+                                            signed=True)
             share = (time.perf_counter() - t0) / len(members)
             for i, u in zip(members, out):
                 cleans[i], seconds[i] = u, share
@@ -486,12 +487,14 @@ class LeakGame:
 
     def benign_batches(self) -> list[tuple[Tensor, Tensor]]:
         """This round's batch of every benign client, drawn from the game's generator in client order."""
-        sc = self.scenario
-        out = []
-        for shard in self.benign_rows:
-            rows = shard[self.rng.choice(len(shard), size=min(len(shard), max(sc.batch_size, 8)), replace=False)]
-            out.append((self.images.train_x[rows], self.images.train_y[rows]))
-        return out
+        return [(self.images.train_x[rows], self.images.train_y[rows]) for rows in self.draw_benign_rows()]
+
+    def draw_benign_rows(self) -> list[np.ndarray]:
+        """The training-set rows of this round's batch of every benign client (what :meth:`benign_batches`
+        reads), drawn from the game's generator in client order."""
+        size = max(self.scenario.batch_size, 8)
+        return [shard[self.rng.choice(len(shard), size=min(len(shard), size), replace=False)]
+                for shard in self.benign_rows]
 
     def evaluates_next(self) -> bool:
         """Whether the round being played ends with an evaluation of the global model."""
@@ -517,24 +520,30 @@ class LeakGame:
         dropout) or whose clients' batch sizes differ run :meth:`federated_step`."""
         t0 = time.perf_counter()
         groups: dict[tuple, list[int]] = {}
-        batches: dict[int, list[tuple[Tensor, Tensor]]] = {}
+        rows: dict[int, list[np.ndarray]] = {}
         for i, g in enumerate(games):
             sc, signature = g.scenario, g.batch_signature(g.server.model)
             if signature is None:
                 g.federated_step(defended[i])
                 continue
-            batches[i] = g.benign_batches()
-            sizes = {bx.shape[0] for bx, _ in batches[i]}
+            rows[i] = g.draw_benign_rows()
+            sizes = {len(r) for r in rows[i]}
             if len(sizes) != 1:
                 # Ragged client batches: this game's updates one client at a time, from the same draws.
-                g.federated_step_from(defended[i], batches[i])
+                g.federated_step_from(defended[i], [(g.images.train_x[r], g.images.train_y[r]) for r in rows[i]])
                 continue
-            key = (signature, len(batches[i]), sizes.pop(), sc.update_kind, sc.local_steps, sc.local_lr,
-                   sc.server_lr)
+            key = (signature, len(rows[i]), sizes.pop(), sc.update_kind, sc.local_steps, sc.local_lr,
+                   sc.server_lr, id(g.images))
             groups.setdefault(key, []).append(i)
         for members in groups.values():
-            LeakGame._federated_group([games[i] for i in members], [defended[i] for i in members],
-                                      [batches[i] for i in members])
+            # Every client batch of the group in one read of the shared images: (games, clients, batch, ...)
+            images = games[members[0]].images
+            index = torch.from_numpy(np.concatenate([np.concatenate(rows[i]) for i in members]))
+            index = index.to(images.train_x.device)
+            shape = (len(members), len(rows[members[0]]), len(rows[members[0]][0]))
+            x = images.train_x[index].reshape(*shape, *images.train_x.shape[1:])
+            y = images.train_y[index].reshape(shape)
+            LeakGame._federated_group([games[i] for i in members], [defended[i] for i in members], x, y)
         share = (time.perf_counter() - t0) / len(games)
         for d in defended:
             d.timings["fl_s"] = share
@@ -552,15 +561,13 @@ class LeakGame:
         self.advance_round(self.server.evaluate if self.evaluates_next() else None)
 
     @staticmethod
-    def _federated_group(games: list[LeakGame], defended: list[Defended],
-                         batches: list[list[tuple[Tensor, Tensor]]]) -> None:
-        """Phase 5 of games of one architecture and protocol, as one computation per step."""
+    def _federated_group(games: list[LeakGame], defended: list[Defended], x: Tensor, y: Tensor) -> None:
+        """Phase 5 of games of one architecture and protocol, as one computation per step; ``x``/``y``:
+        the benign clients' batches, ``(games, clients, batch, ...)``."""
         sc, model = games[0].scenario, games[0].server.model
         models = [g.server.model for g in games]
         params = fl_batched.stack_parameters(models)
         buffers = fl_batched.stack_buffers(models) or None
-        x = torch.stack([torch.stack([bx for bx, _ in b]) for b in batches])
-        y = torch.stack([torch.stack([by for _, by in b]) for b in batches])
         benign = fl_batched.benign_updates(model, params, x, y, kind=sc.update_kind, local_steps=sc.local_steps,
                                            local_lr=sc.local_lr, buffers=buffers)
         k, b = x.shape[1], x.shape[2]

@@ -237,10 +237,12 @@ def client_updates(
     kind: str = "gradient",
     local_steps: int = 1,
     local_lr: float = 0.1,
+    signed: bool = False,
 ) -> list[SharedUpdate]:
     """``compute_update(models[i], x[i], y[i], ...)`` for N clients of N games, as one vectorised call.
 
-    The models share a :func:`signature` and :func:`supports` them; the batches share a shape. It is
+    The models share a :func:`signature` and :func:`supports` them; the batches share a shape. ``signed``:
+    the caller grouped the models by :func:`signature` already (the check costs ~0.1 ms per model). It is
     :func:`benign_updates` with one client per game, packed as the :class:`~leakgym.fl.update.SharedUpdate`
     that :func:`~leakgym.fl.client.compute_update` returns (equal to rounding, module docstring; BN
     running statistics in ``buffers``) -- without its ``deepcopy`` of every model. The victims of a
@@ -248,7 +250,7 @@ def client_updates(
     """
     if len(models) != len(x) or len(x) != len(y) or not models:
         raise ValueError(f"got {len(models)} models, {len(x)} batches and {len(y)} label sets; one of each per game")
-    if len({signature(m) for m in models}) != 1:
+    if not signed and len({signature(m) for m in models}) != 1:
         raise ValueError("client_updates needs models of one architecture (equal signature)")
     params = stack_parameters(models)
     buffers = stack_buffers(models) if _bn_layers(models[0]) else None
@@ -341,6 +343,12 @@ def _weighted_means(current: dict[str, Tensor], updates: Sequence[dict[str, Tens
     return out
 
 
+#: Largest number of held-out images (summed over games) in one vectorised evaluation pass. A pass holds
+#: every layer's activations of all its images: 32 CIFAR ConvNets (width 16) on 1,000 images each peaked at
+#: 29 GB on an H100 (``docs/results/bench_env_gpu.md``); 8,192 images keep a pass near 7 GB.
+EVAL_IMAGES_PER_PASS = 8192
+
+
 @torch.no_grad()
 def evaluate_many(
     model: nn.Module,
@@ -355,7 +363,8 @@ def evaluate_many(
     """Test accuracy and mean cross-entropy of N models (``params``, ``name -> (N, *shape)``).
 
     ``x``/``y`` are one held-out set for every game (``(n, C, H, W)``/``(n,)``) or one per game (sequences
-    of N such tensors). Models run in eval mode, ``chunk`` games per vectorised forward pass (memory);
+    of N such tensors). Models run in eval mode, at most ``chunk`` games and :data:`EVAL_IMAGES_PER_PASS`
+    held-out images (at least one game) per vectorised forward pass (memory);
     ``buffers`` (``name -> (N, *shape)``, :func:`stack_buffers`) are their BN running statistics.
     Equal to :meth:`Server.evaluate` of each game to rounding (module docstring).
 
@@ -402,14 +411,16 @@ def evaluate_many(
                 accuracy.append(int(correct_predictions(logits, yi).sum()) / yi.shape[0])
                 losses.append(float(ce.sum()) / yi.shape[0])
             return accuracy, losses
-        for lo in range(0, n_games, chunk):
-            part = {k: v[lo:lo + chunk] for k, v in params.items()}
+        per_game = (x if shared else x[0]).shape[0]
+        games = max(1, min(chunk, EVAL_IMAGES_PER_PASS // per_game))
+        for lo in range(0, n_games, games):
+            part = {k: v[lo:lo + games] for k, v in params.items()}
             if shared:
                 logits = vmap(forward, in_dims=(0, None))(part, x)
                 labels = y.expand(logits.shape[0], -1)
             else:
-                logits = vmap(forward, in_dims=(0, 0))(part, torch.stack(list(x[lo:lo + chunk])))
-                labels = torch.stack(list(y[lo:lo + chunk]))
+                logits = vmap(forward, in_dims=(0, 0))(part, torch.stack(list(x[lo:lo + games])))
+                labels = torch.stack(list(y[lo:lo + games]))
             ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
             count = labels.shape[1]
             # As Server.evaluate: Python division of the correct count and of the float32 loss sum.
@@ -419,7 +430,7 @@ def evaluate_many(
 
 
 __all__ = [
-    "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates", "client_updates", "evaluate_many",
+    "EVAL_IMAGES_PER_PASS", "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates", "client_updates", "evaluate_many",
     "signature", "stack_buffers", "stack_parameters", "supports",
     "unpack",
 ]
