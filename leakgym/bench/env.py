@@ -9,7 +9,8 @@ process builds
   (``gym.make``) stepped one at a time, on ``min(N, --baseline-games)`` of them,
 
 and steps them alternately (one baseline step of every baseline game, then one vector step), so both
-see the same machine load; every row carries the ratio of the two rates. The attacker's actions are
+see the same machine load, after ``--warmup-steps`` untimed steps of both (on CUDA the first step pays
+lazy initialisation and kernel selection); every row carries the ratio of the two rates. The attacker's actions are
 ``fixed`` (the first strategy at the first budget level) or ``random`` (uniform over the menu, drawn
 from a seeded generator, the same for both paths); the defender plays no defense, or
 (``--defender random``) a uniformly random menu action every round, drawn from each game's seeded
@@ -69,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attacker actions: the first menu entry, or uniform over the menu (default: random)")
     parser.add_argument("--defender", choices=("none", "random"), default="none",
                         help="the defender: no defense, or a uniformly random menu action each round (default: none)")
+    parser.add_argument("--warmup-steps", type=int, default=1,
+                        help="untimed steps of both paths first (CUDA's lazy initialisation, kernel selection and the "
+                             "allocator's first blocks are paid there, not in the rate; default: %(default)s)")
     parser.add_argument("--baseline-games", type=int, default=16,
                         help="games of the sequential baseline: min(N, this) (default: 16)")
     parser.add_argument("--device", default="cpu", type=device_argument, help="torch device (default: cpu)")
@@ -94,7 +98,8 @@ def parse_sizes(text: str) -> list[int]:
 # Worker (one spawned process per configuration)
 # --------------------------------------------------------------------------------------------------
 def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
-             queue, batch_clients: bool = True, defender: str = "none", overrides: dict | None = None) -> None:
+             queue, batch_clients: bool = True, defender: str = "none", overrides: dict | None = None,
+             warmup: int = 0) -> None:
     # Ctrl-C reaches the whole process group: the parent stops this worker, which prints no traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -102,7 +107,7 @@ def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_game
 
         torch.set_num_threads(threads)
         row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients, defender,
-                           overrides)
+                           overrides, warmup)
         queue.put({**row, "threads": threads})
     except Exception as exc:  # noqa: BLE001 - a failed round, a bad id, ...: recorded, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
@@ -137,7 +142,8 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
 
 
 def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str,
-                 batch_clients: bool = True, defender: str = "none", overrides: dict | None = None) -> dict:
+                 batch_clients: bool = True, defender: str = "none", overrides: dict | None = None,
+                 warmup: int = 0) -> dict:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -154,7 +160,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
     nvec = np.asarray(vec.single_action_space.nvec)
     rng = np.random.default_rng(0)
     plan = [rng.integers(0, nvec, size=(num_envs, len(nvec))) if actions == "random"
-            else np.zeros((num_envs, len(nvec)), dtype=np.int64) for _ in range(steps)]
+            else np.zeros((num_envs, len(nvec)), dtype=np.int64) for _ in range(warmup + steps)]
 
     vec.reset(seed=0)  # game i: seed i, in the vector and in the baseline
     for i, env in enumerate(singles):
@@ -175,7 +181,12 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
             torch.cuda.synchronize(device)
 
     played = 0  # rounds the vector env played: an autoreset step resets a finished game and plays none
-    for t in range(steps):
+    for t in range(warmup + steps):
+        if t == warmup:  # the warm-up steps (same plan in both paths) are not timed
+            cost = {"batched": dict.fromkeys(PHASES, 0.0), "sequential": dict.fromkeys(PHASES, 0.0)}
+            wall = {"batched": 0.0, "sequential": 0.0}
+            device_peak = {"batched": 0.0, "sequential": 0.0}
+            played = 0
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         sync()
@@ -221,6 +232,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         "defender": defender,
         "overrides": dict(overrides or {}),
         "steps": steps,
+        "warmup_steps": warmup,
         "rounds_played": played,  # the rate's numerator (steps x N less the autoreset steps)
         "data": data,
         "env_steps_per_s": rate,
@@ -240,7 +252,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 
 def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
         threads: int = 1, batch_clients: bool = True, defender: str = "none",
-        overrides: dict | None = None, *, rows: list[dict] | None = None, on_row=None,
+        overrides: dict | None = None, warmup: int = 0, *, rows: list[dict] | None = None, on_row=None,
         progress: bool = False) -> list[dict]:
     """One spawned worker per (id, N); each finished row is appended to ``rows`` (returned) and passed to
     ``on_row(rows)``. On KeyboardInterrupt the running worker is stopped and the interrupt re-raised."""
@@ -252,7 +264,7 @@ def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_gam
                 bar.set_postfix_str(f"{gym_id} N={n}")
                 queue = ctx.Queue()
                 proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads,
-                                                          queue, batch_clients, defender, overrides))
+                                                          queue, batch_clients, defender, overrides, warmup))
                 proc.start()
                 row = None
                 try:
@@ -320,6 +332,8 @@ def main(args: argparse.Namespace) -> int:
                         ("--threads", args.threads)):
         if value < 1:
             raise ValueError(f"{flag}={value}; allowed: integers >= 1")
+    if args.warmup_steps < 0:
+        raise ValueError(f"--warmup-steps={args.warmup_steps}; allowed: integers >= 0")
     import gymnasium as gym
 
     import leakgym  # noqa: F401  (registers the ids)
@@ -339,7 +353,7 @@ def main(args: argparse.Namespace) -> int:
     rows: list[dict] = []
     try:
         run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
-            args.batch_clients == "on", args.defender, overrides, rows=rows, on_row=save,
+            args.batch_clients == "on", args.defender, overrides, args.warmup_steps, rows=rows, on_row=save,
             progress=not getattr(args, "no_progress", False))
     except KeyboardInterrupt:
         return interrupted(len(rows), len(ids) * len(sizes), out, Path(out).with_suffix(".md"))
