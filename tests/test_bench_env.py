@@ -13,7 +13,8 @@ from leakgym.cli import main
 def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
     out = tmp_path / "bench_env.json"
     argv = ["bench", "env", "--json", str(out), "--envs", "LeakGym-Digits-v0", "--steps", "1", "--num-envs", "1,2",
-            "--actions", actions, "--baseline-games", "1", "--batch-clients", batch_clients, "--defender", defender]
+            "--actions", actions, "--baseline-games", "1", "--batch-clients", batch_clients, "--defender", defender,
+            "--warmup-steps", "1"]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["num_envs"] for r in rows] == [1, 2]
@@ -25,6 +26,7 @@ def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
         assert r["baseline_games"] == 1 and r["speedup"] == pytest.approx(
             r["env_steps_per_s"] / r["baseline_env_steps_per_s"])
         assert r["peak_device_mb"] is None  # CPU
+        assert r["warmup_steps"] == 1 and r["rounds_played"] == r["num_envs"]  # the warm-up round is not counted
         shares = [r[f"share_{k}"] for k in ("defense", "attack", "fl", "score", "overhead")]
         assert abs(sum(shares) - 1) < 1e-6 and abs(sum(r["baseline_split"].values()) - 1) < 1e-6
     table = out.with_suffix(".md").read_text()
@@ -87,6 +89,7 @@ def _no_worker(*args, **kwargs):
     (["--envs", "Bogus-v0"], "--envs entry 'Bogus-v0'"),
     (["--envs", ","], "--envs=',' names no environment"),
     (["--envs", "digits", "--steps", "0"], "--steps=0"),
+    (["--envs", "digits", "--warmup-steps", "-1"], "--warmup-steps=-1; allowed: integers >= 0"),
 ])
 def test_bench_env_rejects_bad_inputs_before_any_worker(tmp_path, monkeypatch, capsys, extra, message):
     monkeypatch.setattr(bench_env, "run", _no_worker)
