@@ -430,7 +430,6 @@ def evaluate_many(
 
 
 __all__ = [
-    "EVAL_IMAGES_PER_PASS", "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates", "client_updates", "evaluate_many",
-    "signature", "stack_buffers", "stack_parameters", "supports",
-    "unpack",
+    "EVAL_IMAGES_PER_PASS", "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates",
+    "client_updates", "evaluate_many", "signature", "stack_buffers", "stack_parameters", "supports", "unpack",
 ]

@@ -17,13 +17,14 @@ Metric conventions:
 * ``psnr``: ``10 log10(data_range^2 / mse)`` per image, capped at ``max_db`` (identical images have
   ``mse = 0`` and would give ``+inf``; the cap keeps means finite).
 * ``ssim``: SSIM of Wang et al. (IEEE TIP 2004) as ``kornia.metrics.ssim`` computes it (equal to its
-  values to float32 rounding; test: ``tests/test_metrics.py``), with kornia's Gaussian kernel but the local
-  means as one separable ``F.conv2d`` with every channel of every image a batch entry: kornia filters a
-  batch as one grouped kernel, which on some CPUs rounds an image's map differently depending on the
-  other images of the call (AMD EPYC, AVX-512: up to 7e-8), and a game of a vector env must score what
-  it scores alone. Gaussian window (sigma = 1.5), constants ``c1 = (0.01 L)^2, c2 = (0.03 L)^2``, ``padding="valid"`` (no border
-  padding, as in the reference MATLAB code), no denominator ``eps``; the per-image value is the mean of
-  the SSIM map over channels and positions. The default window is 7 taps: the usual 11 would leave
+  values to float32 rounding; test: ``tests/test_metrics.py``), with kornia's Gaussian kernel but the
+  local means as one separable ``F.conv2d`` with every channel of every image a batch entry: kornia
+  filters a batch as one grouped kernel, which on some CPUs rounds an image's map differently depending
+  on the other images of the call (AMD EPYC, AVX-512: up to 7e-8), and a game of a vector env must score
+  what it scores alone. Computed in at least float32. Gaussian window (sigma = 1.5), constants
+  ``c1 = (0.01 L)^2, c2 = (0.03 L)^2``, ``padding="valid"`` (no border padding, as in the reference
+  MATLAB code), no denominator ``eps``; the per-image value is the mean of the SSIM map over channels and
+  positions. The default window is 7 taps: the usual 11 would leave
   only a 6x6 map on the 16x16 digit images LeakGym uses by default; 7 (scikit-image's default window
   length) leaves 10x10. Images must be at least ``window_size`` pixels on each side.
 
@@ -124,13 +125,16 @@ def ssim(a: Tensor, b: Tensor, data_range: float = 1.0, window_size: int = DEFAU
     if window_size > min(h, w):
         raise ValueError(f"window_size={window_size} exceeds the image size {h}x{w}; "
                          f"use an odd window_size <= {min(h, w)}")
+    if torch.finfo(a.dtype).bits < 32:  # as kornia: float16/bfloat16 images are filtered in float32
+        a, b = a.float(), b.float()
     n, c = a.shape[:2]
     c1, c2 = (0.01 * float(data_range)) ** 2, (0.03 * float(data_range)) ** 2
     with torch.no_grad():
         # Local means of a, b, a^2, b^2, ab: every channel of every image one batch entry of the same
         # separable Gaussian convolution, so an image's value does not depend on its company.
         maps = torch.stack([a, b, a * a, b * b, a * b]).reshape(5 * n * c, 1, h, w)
-        kernel = kornia.filters.get_gaussian_kernel1d(window_size, 1.5, device=a.device, dtype=a.dtype).reshape(-1)
+        kernel = kornia.filters.get_gaussian_kernel1d(window_size, 1.5, device=a.device, dtype=a.dtype)
+        kernel = kernel.reshape(-1)
         local = F.conv2d(F.conv2d(maps, kernel.view(1, 1, 1, -1)), kernel.view(1, 1, -1, 1))
         mu_a, mu_b, mu_aa, mu_bb, mu_ab = local.reshape(5, n, c, *local.shape[-2:])
         mu_a2, mu_b2, mu_a_mu_b = mu_a**2, mu_b**2, mu_a * mu_b
