@@ -51,7 +51,7 @@ from .observations import attacker_obs_size, attacker_observation, defender_obs_
 from .rewards import leakage_score, rewards
 from .round import AttackJob
 from .scenario import Scenario
-from .shared_data import shared_images
+from .shared_data import SharedImages, shared_images
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
 ATTACK_STREAM = 1
@@ -179,6 +179,14 @@ class GameSnapshot:
     last: RoundRecord | None
     timings: dict[str, float]
     diverged_at: int | None
+
+
+def _by_images(games: list[LeakGame]) -> dict[SharedImages, list[int]]:
+    """The indices of ``games`` grouped by the shared images they read (one group per dataset and device)."""
+    groups: dict[SharedImages, list[int]] = {}
+    for i, g in enumerate(games):
+        groups.setdefault(g.images, []).append(i)
+    return groups
 
 
 def _finite(value: float, default: float = 0.0) -> float:
@@ -381,14 +389,31 @@ class LeakGame:
 
     def draw(self, plan: RoundPlan) -> Drawn:
         """Phase 2a: the round seed, the victim's private batch and the model the server sends."""
-        sc = self.scenario
+        (drawn,) = LeakGame.draw_all([self], [plan])
+        return drawn
+
+    @staticmethod
+    def draw_all(games: list[LeakGame], plans: list[RoundPlan]) -> list[Drawn]:
+        """:meth:`draw` of every game, each from its own generator, with the private batches of games that
+        share their images read at once (:meth:`~leakgym.envs.shared_data.SharedImages.read`)."""
         t0 = time.perf_counter()
-        seed = int(self.rng.integers(2**31 - 1))
-        n = len(self.victim_rows)
-        rows = self.victim_rows[self.rng.choice(n, size=sc.batch_size, replace=n < sc.batch_size)]
-        x, y = self.images.train_x[rows], self.images.train_y[rows]
-        sent_model = plan.attack.prepare_model(self.server.model, self.spec, public_x=self.public_x)
-        return Drawn(seed=seed, x=x, y=y, model=sent_model, seconds=time.perf_counter() - t0)
+        seeds, rows = [], []
+        for g in games:
+            sc = g.scenario
+            seeds.append(int(g.rng.integers(2**31 - 1)))
+            n = len(g.victim_rows)
+            rows.append(g.victim_rows[g.rng.choice(n, size=sc.batch_size, replace=n < sc.batch_size)])
+        batches: list = [None] * len(games)
+        for images, members in _by_images(games).items():
+            for i, batch in zip(members, images.read([rows[i] for i in members])):
+                batches[i] = batch
+        share = (time.perf_counter() - t0) / len(games)
+        out = []
+        for g, plan, seed, (x, y) in zip(games, plans, seeds, batches):
+            t1 = time.perf_counter()
+            sent_model = plan.attack.prepare_model(g.server.model, g.spec, public_x=g.public_x)
+            out.append(Drawn(seed=seed, x=x, y=y, model=sent_model, seconds=share + time.perf_counter() - t1))
+        return out
 
     def defense_call(self, plan: RoundPlan, drawn: Drawn, clean: SharedUpdate | None = None,
                      clean_seconds: float = 0.0) -> DefenseCall:
@@ -487,7 +512,7 @@ class LeakGame:
 
     def benign_batches(self) -> list[tuple[Tensor, Tensor]]:
         """This round's batch of every benign client, drawn from the game's generator in client order."""
-        return [(self.images.train_x[rows], self.images.train_y[rows]) for rows in self.draw_benign_rows()]
+        return self.images.read(self.draw_benign_rows())
 
     def draw_benign_rows(self) -> list[np.ndarray]:
         """The training-set rows of this round's batch of every benign client (what :meth:`benign_batches`
@@ -530,7 +555,7 @@ class LeakGame:
             sizes = {len(r) for r in rows[i]}
             if len(sizes) != 1:
                 # Ragged client batches: this game's updates one client at a time, from the same draws.
-                g.federated_step_from(defended[i], [(g.images.train_x[r], g.images.train_y[r]) for r in rows[i]])
+                g.federated_step_from(defended[i], g.images.read(rows[i]))
                 continue
             key = (signature, len(rows[i]), sizes.pop(), sc.update_kind, sc.local_steps, sc.local_lr,
                    sc.server_lr, id(g.images))
@@ -538,11 +563,9 @@ class LeakGame:
         for members in groups.values():
             # Every client batch of the group in one read of the shared images: (games, clients, batch, ...)
             images = games[members[0]].images
-            index = torch.from_numpy(np.concatenate([np.concatenate(rows[i]) for i in members]))
-            index = index.to(images.train_x.device)
+            ((x, y),) = images.read([np.concatenate([np.concatenate(rows[i]) for i in members])])
             shape = (len(members), len(rows[members[0]]), len(rows[members[0]][0]))
-            x = images.train_x[index].reshape(*shape, *images.train_x.shape[1:])
-            y = images.train_y[index].reshape(shape)
+            x, y = x.reshape(*shape, *x.shape[1:]), y.reshape(shape)
             LeakGame._federated_group([games[i] for i in members], [defended[i] for i in members], x, y)
         share = (time.perf_counter() - t0) / len(games)
         for d in defended:

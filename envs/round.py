@@ -258,7 +258,7 @@ class Round:
         (``compute_updates(batched=True)``); without it they run game by game (bit-identical)."""
         if len(self.games) == 1:
             return [self.games[0].defend(plans[0])]
-        drawn = [g.draw(p) for g, p in zip(self.games, plans)]
+        drawn = type(self.games[0]).draw_all(self.games, plans)
         if self.batch_clients:
             cleans, seconds = type(self.games[0]).clean_updates(self.games, drawn)
         else:

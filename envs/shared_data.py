@@ -15,7 +15,9 @@ environment frees its device memory.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -35,6 +37,16 @@ class SharedImages:
         self.train_x = dataset.spec.normalize(dataset.train_x).to(device)
         self.train_y = dataset.train_y.to(device)
         self._evaluation: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def read(self, rows: Sequence[np.ndarray]) -> list[tuple[Tensor, Tensor]]:
+        """``(train_x[r], train_y[r])`` for every row array ``r`` of ``rows``, as one read of the images
+        (one index transfer and one gather for all of them, not two small ones per array: on a GPU each was
+        a host-to-device copy and a kernel launch, per client and game of a vector step); the batches are
+        views of that read, bit for bit the separate reads."""
+        sizes = [len(r) for r in rows]
+        index = torch.from_numpy(np.concatenate(rows) if rows else np.zeros(0, np.int64)).to(self.train_x.device)
+        xs, ys = self.train_x[index].split(sizes), self.train_y[index].split(sizes)
+        return list(zip(xs, ys))
 
     def evaluation(self, n: int) -> tuple[Tensor, Tensor]:
         """The first ``n`` test images, normalised, and their labels on the device (one pair per ``n``,

@@ -84,6 +84,38 @@ def test_a_games_batches_are_the_normalised_rows_of_its_split():
         vec.close()
 
 
+def test_a_vector_step_reads_the_shared_images_once_per_phase():
+    """The victims' private batches and the benign clients' batches of every game of a vector step are
+    two reads of the shared training images (one gather each), not two small reads per client and game
+    (on a GPU, each a host-to-device copy of the rows and a kernel launch): here 8 games x (1 victim + 3
+    benign clients) made 32 reads of the images and 32 of the labels. What the games train on is
+    unchanged: tests/test_round.py (a game alone and in a vector, bit for bit)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    vec, games = _games(8, batch_clients=True, num_clients=4, iterations=[1], eval_size=16)
+    try:
+        images = games[0].images
+        reads = []
+
+        class CountReads(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten.index.Tensor and args[0] is not None:
+                    src = args[0]
+                    if src.data_ptr() in (images.train_x.data_ptr(), images.train_y.data_ptr()):
+                        reads.append(tuple(src.shape))
+                return func(*args, **(kwargs or {}))
+
+        with CountReads():
+            vec.step(np.zeros((8, len(vec.single_action_space.nvec)), dtype=np.int64))
+        assert sorted(reads) == sorted([tuple(images.train_x.shape)] * 2 + [tuple(images.train_y.shape)] * 2)
+        x, y = images.train_x, images.train_y
+        rows = [np.array([3, 1, 4]), np.array([], dtype=np.int64), np.array([1, 5])]
+        for (bx, by), r in zip(images.read(rows), rows):
+            assert torch.equal(bx, x[r]) and torch.equal(by, y[r])
+    finally:
+        vec.close()
+
+
 def test_shared_copy_is_freed_with_its_games():
     import gc
     import weakref
