@@ -411,3 +411,31 @@ def test_ssim_matching_keeps_an_exact_reconstruction_with_its_original():
     assert match_reconstructions(r.clamp(0.51, 1.0), o, cost="ssim", ssim_window=3).tolist() == [1, 0]
     with pytest.raises(ValueError, match="needs recovered="):
         assign(costs, "ssim")
+
+
+@pytest.mark.cuda
+def test_scoring_with_labels_on_cuda_brings_them_over_at_once(cuda_device, monkeypatch):
+    """Labels of every game on the GPU: one transfer per shape (each game's ``.cpu()`` was a
+    synchronisation), and the label accuracies of scoring them where they are."""
+    import leakgym.metrics.scores as scores_module
+
+    g = torch.Generator().manual_seed(0)
+    origs = [torch.rand(2, 1, 16, 16, generator=g).to(cuda_device) for _ in range(5)]
+    recons = [(o + 0.1 * torch.randn(o.shape, generator=g).to(cuda_device)).clamp(0, 1) for o in origs]
+    true = [torch.randint(0, 10, (2,), generator=g).to(cuda_device) for _ in range(5)]
+    pred = [t.flip(0).cpu() if i % 2 else torch.zeros(2, dtype=torch.int64) for i, t in enumerate(true)]
+    moved = []
+    real = scores_module._on_host
+
+    def spy(labels):
+        out = real(labels)
+        moved.append(sum(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in labels))
+        assert all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in out)
+        return out
+
+    monkeypatch.setattr(scores_module, "_on_host", spy)
+    batched = score_reconstructions(recons, origs, pred_labels=pred, true_labels=true)
+    assert moved == [0, 5]
+    for b, r, o, p, t in zip(batched, recons, origs, pred, true):
+        alone = score_reconstruction(r, o, pred_labels=p, true_labels=t.cpu())
+        assert b.label_accuracy == alone.label_accuracy

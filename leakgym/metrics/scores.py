@@ -83,6 +83,20 @@ def score_reconstruction(recon_unit: Tensor, orig_unit: Tensor, *,
     return ReconstructionScores(per_image=per_image, mean=mean, assignment=assignment, label_accuracy=acc)
 
 
+def _on_host(labels: Sequence) -> list:
+    """``labels`` with every tensor that is not on the CPU brought there, one transfer per (device, shape)
+    (on a GPU each ``.cpu()`` of a game's labels was a synchronisation); other entries as they are."""
+    out = list(labels)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(out):
+        if isinstance(t, Tensor) and t.device.type != "cpu":
+            groups.setdefault((t.device, tuple(t.shape), t.dtype), []).append(i)
+    for members in groups.values():
+        for i, t in zip(members, torch.stack([out[i].detach() for i in members]).cpu().unbind(0)):
+            out[i] = t
+    return out
+
+
 def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
                           pred_labels: Sequence[Tensor | np.ndarray | Sequence[int] | None] | None = None,
                           true_labels: Sequence[Tensor | np.ndarray | Sequence[int] | None] | None = None,
@@ -93,9 +107,10 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
 
     Pairs whose reconstructions and originals have the same shapes, device and dtype are stacked:
     their ``(N, M)`` matching costs come from one metric call, and the matched pairs of all of them
-    are scored by one call of each metric (one ``kornia`` SSIM for all games). Batches of one image
+    are scored by one call of each metric (one SSIM call for all games). Batches of one image
     need no matching; for larger ones only ``scipy``'s Hungarian algorithm runs per batch, on the
     cost matrix copied to the host. ``pred_labels`` / ``true_labels``: one entry per pair (or None).
+    Label tensors on a device come to the host in one transfer per device and shape, not one per pair.
     Returns one :class:`ReconstructionScores` per pair, equal to :func:`score_reconstruction`'s up to
     the rounding of batched kernels.
     """
@@ -118,6 +133,8 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
             return ssim(a, b, data_range, window_size=ssim_window)
         return lpips_fn(a, b, net=lpips_net, data_range=data_range)
 
+    if pred_labels is not None and true_labels is not None:
+        pred_labels, true_labels = _on_host(pred_labels), _on_host(true_labels)
     groups: dict[tuple, list[int]] = {}
     for g, (r, o) in enumerate(zip(recons, origs)):
         r_dev = r.detach()
