@@ -98,6 +98,28 @@ def test_llg_label_inference_batch_of_eight(digits, lenet):
     assert correct / 160 >= 0.75
 
 
+def test_label_inference_of_many_problems_is_each_problems_own(digits, lenet, monkeypatch):
+    """infer_labels_many: every problem gets infer_labels' answer; the one-example iDLG problems (auto or
+    idlg at batch 1) are decided together (one argmin, one transfer: a GPU sync per game before), the rest
+    (LLG, Yin) one by one."""
+    import leakgym.attacks.labels as labels_module
+
+    _, ones, k1 = victims(digits, lenet, 6)
+    _, fours, k4 = victims(digits, lenet, 2, b=4)
+    updates, knowledges = ones + fours, k1 + k4
+    methods = ["auto", "idlg", "auto", "idlg", "auto", "auto", "llg", "yin"]
+    expected = [infer_labels(u, k, method=m) for u, k, m in zip(updates, knowledges, methods)]
+    alone = []
+    monkeypatch.setattr(labels_module, "infer_labels",
+                        lambda u, k, method: alone.append(method) or infer_labels(u, k, method=method))
+    got = labels_module.infer_labels_many(updates, knowledges, methods)
+    assert alone == ["llg", "yin"]
+    assert all(torch.equal(g, e) and g.dtype == torch.int64 and g.device.type == "cpu" for g, e in zip(got, expected))
+    assert [int(g) for g in got[:6]] == digits.train_y[:6].tolist()  # iDLG is exact for one image
+    with pytest.raises(ValueError, match="2 knowledges"):
+        labels_module.infer_labels_many(updates, knowledges[:2], methods)
+
+
 def test_label_inference_rejects_bad_options(digits, lenet):
     _, (u,), (k,) = victims(digits, lenet, 1)
     with pytest.raises(ValueError, match="method"):

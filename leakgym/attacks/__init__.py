@@ -30,7 +30,7 @@ from leakgym.attacks.dlg import DLG
 from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.imprint import ImprintAttack
 from leakgym.attacks.inverting_gradients import InvertingGradients
-from leakgym.attacks.labels import infer_labels
+from leakgym.attacks.labels import infer_labels, infer_labels_many
 from leakgym.attacks.loda_inversion import LodaInversion
 from leakgym.attacks.mixup_decoding import MixupDecoding
 from leakgym.attacks.trap_weights import TrapWeightsAttack
@@ -80,4 +80,5 @@ __all__ = [
     "TrapWeightsAttack",
     "build_attack",
     "infer_labels",
+    "infer_labels_many",
 ]

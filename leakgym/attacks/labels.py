@@ -28,6 +28,8 @@ labels: 83.1% of labels recovered (multiset overlap).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -69,6 +71,32 @@ def class_signal(update: SharedUpdate, model: nn.Module, signal: str = "auto") -
     if weight_name not in update.tensors:
         raise ValueError(f"the update has no {weight_name!r} (the classifier head); cannot infer labels")
     return update.tensors[weight_name].detach().double().sum(dim=1)
+
+
+def infer_labels_many(updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
+                      methods: Sequence[str]) -> list[Tensor]:
+    """``infer_labels(updates[i], knowledges[i], method=methods[i])`` for every ``i``. The one-example
+    problems of iDLG (``"idlg"``, or ``"auto"`` at batch size 1) whose class signals share a device and
+    size are decided by one ``argmin`` and one transfer to the CPU (on a GPU one synchronisation for all
+    the games of a vector step, not one per game); the same labels (``argmin`` returns the first minimum
+    in both). The others go through :func:`infer_labels`."""
+    if not len(updates) == len(knowledges) == len(methods):
+        raise ValueError(f"got {len(updates)} updates, {len(knowledges)} knowledges and {len(methods)} methods")
+    out: list[Tensor | None] = [None] * len(updates)
+    signals: dict[tuple, list[tuple[int, Tensor]]] = {}
+    for i, (u, k, method) in enumerate(zip(updates, knowledges, methods)):
+        if k.batch_size != 1 or method not in ("auto", "idlg"):
+            out[i] = infer_labels(u, k, method=method)
+            continue
+        s = class_signal(u, k.model)
+        if s.numel() != k.spec.num_classes:
+            raise ValueError(f"head has {s.numel()} outputs but spec.num_classes={k.spec.num_classes}")
+        signals.setdefault((s.device, s.numel()), []).append((i, s))
+    for members in signals.values():
+        picks = torch.stack([s for _, s in members]).argmin(dim=1).to(torch.int64).cpu()
+        for (i, _), label in zip(members, picks.unbind(0)):
+            out[i] = label.reshape(1)
+    return out  # type: ignore[return-value]
 
 
 def llg_labels(signal: Tensor, batch_size: int) -> Tensor:

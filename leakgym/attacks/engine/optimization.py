@@ -35,7 +35,7 @@ from leakgym.attacks.engine.matching import Part, run_joint_matching
 from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.problems import ProblemSet
 from leakgym.attacks.engine.randomness import BatchedGenerator
-from leakgym.attacks.labels import LABEL_METHODS, infer_labels
+from leakgym.attacks.labels import LABEL_METHODS, infer_labels_many
 from leakgym.fl.update import SharedUpdate
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -189,15 +189,19 @@ def invert_jointly(
     and start images are per problem. Problem ``i``'s result is what ``attacks[i]`` would return for it alone, up to the
     rounding of the vectorised kernels.
     """
-    prepared = []
-    for i, (a, u, k) in enumerate(zip(attacks, updates, knowledges)):
+    for i, (u, k) in enumerate(zip(updates, knowledges)):
         if u.batch_size != k.batch_size:
             raise ValueError(f"update {i}: batch_size={u.batch_size} but knowledge.batch_size={k.batch_size}")
-        mode = a.label_mode(k)
+    modes = [a.label_mode(k) for a, k in zip(attacks, knowledges)]
+    infer = [i for i, mode in enumerate(modes) if mode == "infer"]  # all of them at once (one GPU sync)
+    inferred = dict(zip(infer, infer_labels_many([updates[i] for i in infer], [knowledges[i] for i in infer],
+                                                 [attacks[i].config.label_method for i in infer])))
+    prepared = []
+    for i, (a, u, k, mode) in enumerate(zip(attacks, updates, knowledges, modes)):
         if mode == "known":
             labels = k.labels.detach().to(torch.int64).cpu()
         elif mode == "infer":
-            labels = infer_labels(u, k, method=a.config.label_method)
+            labels = inferred[i]
         else:
             labels = None
         names = tuple(a.matched_names(u, k))
