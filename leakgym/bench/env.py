@@ -10,9 +10,9 @@ process builds
 
 and steps them alternately (one baseline step of every baseline game, then one vector step), so both
 see the same machine load, after ``--warmup-steps`` untimed steps of both (on CUDA the first step pays
-lazy initialisation and kernel selection); every row carries the ratio of the two rates. The attacker's actions are
-``fixed`` (the first strategy at the first budget level) or ``random`` (uniform over the menu, drawn
-from a seeded generator, the same for both paths); the defender plays no defense, or
+lazy initialisation and kernel selection); every row carries the ratio of the two rates. The
+attacker's actions are ``fixed`` (the first strategy at the first budget level) or ``random`` (uniform
+over the menu, drawn from a seeded generator, the same for both paths); the defender plays no defense, or
 (``--defender random``) a uniformly random menu action every round, drawn from each game's seeded
 opponent generator (the same in both paths) -- DCS², CENSOR, OASIS, noise and pruning in play. Rows report env
 steps per second (vector steps x N / wall time), the peak resident memory of the worker process
