@@ -336,7 +336,9 @@ def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, mo
     env.reset(seed=4)
     ref.reset(seed=4)
     original = LeakGame.conclude
-    monkeypatch.setattr(LeakGame, "conclude", lambda *a, **k: (_ for _ in ()).throw(failure))
+    # a fresh exception each time: the parametrized instance, once raised, would keep the round's frames
+    # (and its games) alive through its traceback for the rest of the session
+    monkeypatch.setattr(LeakGame, "conclude", lambda *a, **k: (_ for _ in ()).throw(type(failure)(*failure.args)))
     with pytest.raises(raised):
         env.step(action)
     monkeypatch.setattr(LeakGame, "conclude", original)
