@@ -128,6 +128,7 @@ class Scored:
     audit_leakage: float
     originals: Tensor  # unit images, CPU
     reconstructions: Tensor  # unit images, CPU
+    labels: Tensor  # the private batch's labels, CPU
 
 
 @dataclass(frozen=True)
@@ -486,10 +487,11 @@ class LeakGame:
 
     # ------------------------------------------------------------------ phase 4: score
     def score(self, defended: Defended, audit: float | None, scores: ReconstructionScores,
-              images: tuple[Tensor, Tensor], seconds: float) -> Scored:
+              images: tuple[Tensor, Tensor, Tensor], seconds: float) -> Scored:
         """Phase 4 of this game, from what the :class:`~leakgym.envs.round.Round` computed for all games
         at once (:func:`~leakgym.envs.round.score_all`): this game's ``scores``, its ``images``
-        (originals and reconstructions, unit images on the CPU) and its share of the time, ``seconds``."""
+        (originals and reconstructions, unit images on the CPU, and the private labels on the CPU) and
+        its share of the time, ``seconds``."""
         t0 = time.perf_counter()
         skipped = bool(defended.update.metadata.get("skipped"))
         scored = Scored(
@@ -499,6 +501,7 @@ class LeakGame:
             audit_leakage=0.0 if audit is None else audit,
             originals=images[0],
             reconstructions=images[1],
+            labels=images[2],
         )
         defended.timings["score_s"] = seconds + time.perf_counter() - t0
         return scored
@@ -710,7 +713,7 @@ class LeakGame:
             scores=scored.scores,
             originals=scored.originals,
             reconstructions=scored.reconstructions,
-            labels=defended.y.detach().cpu(),
+            labels=scored.labels,
         )
         self.timings = dict(defended.timings)
         mean = scored.scores.mean

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from leakgym.attacks.base import Attack, AttackCost, AttackerKnowledge, AttackResult
 from leakgym.attacks.engine.optimization import OptimizationAttack, reconstruct_jointly
 from leakgym.defenses import DefenseConfig, DefenseReport, apply_defense, apply_defense_many
+from leakgym.devices import to_host
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstructions
@@ -173,13 +174,6 @@ def score_all(
     )
 
 
-def to_host(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """The tensors on the CPU, in one transfer when they share a shape, dtype and device."""
-    if len(tensors) > 1 and len({(t.shape, t.dtype, t.device) for t in tensors}) == 1:
-        return list(torch.stack(list(tensors)).cpu().unbind(0))
-    return [t.cpu() for t in tensors]
-
-
 def nothing_sent(spec, x: Tensor) -> AttackResult:
     """The attack's result when the client sent no update: a uniform grey guess, no cost, no loss."""
     grey = spec.normalize(torch.full_like(x, 0.5))
@@ -298,8 +292,9 @@ class Round:
                                            true_labels=[defended[i].y for i in members],
                                            lpips="lpips" in lead.scenario.leakage_metric)
             share = (time.perf_counter() - t0) / len(members)
-            for i, s, o, r in zip(members, scores, to_host(originals), to_host(recons)):
-                scored[i] = self.games[i].score(defended[i], audits[i], s, (o, r), share)
+            labels = to_host([defended[i].y.detach() for i in members])
+            for i, s, o, r, y in zip(members, scores, to_host(originals), to_host(recons), labels):
+                scored[i] = self.games[i].score(defended[i], audits[i], s, (o, r, y), share)
         return scored
 
     def _federated_steps(self, defended) -> None:

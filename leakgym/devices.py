@@ -2,12 +2,14 @@
 
 ``torch.device("cuda")`` is accepted on a machine without CUDA and fails only at the first tensor
 placed there -- mid-reset, mid-run, after output files were opened. :func:`check_device` fails at
-once, naming the device and what this machine offers.
+once, naming the device and what this machine offers. :func:`to_host` brings many games' tensors to
+the CPU in one transfer.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 import torch
 
@@ -94,5 +96,20 @@ def device_argument(text: str) -> str:
     return text
 
 
+def to_host(items: Sequence) -> list:
+    """``items`` with every tensor that is not on the CPU brought there, the tensors of one device, shape
+    and dtype in one transfer (on a GPU one synchronisation for all the games of a vector step, not one
+    per game); CPU tensors and other entries (None, lists, ...) as they are."""
+    out = list(items)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(out):
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            groups.setdefault((t.device, tuple(t.shape), t.dtype), []).append(i)
+    for members in groups.values():
+        for i, t in zip(members, torch.stack([out[i].detach() for i in members]).cpu().unbind(0)):
+            out[i] = t
+    return out
+
+
 __all__ = ["DEVICE_TYPES", "available_devices", "canonical_device", "check_device", "device_argument", "device_name",
-           "seed_generators"]
+           "seed_generators", "to_host"]

@@ -418,6 +418,7 @@ def test_scoring_with_labels_on_cuda_brings_them_over_at_once(cuda_device, monke
     """Labels of every game on the GPU: one transfer per shape (each game's ``.cpu()`` was a
     synchronisation), and the label accuracies of scoring them where they are."""
     import leakgym.metrics.scores as scores_module
+    from leakgym.devices import to_host
 
     g = torch.Generator().manual_seed(0)
     origs = [torch.rand(2, 1, 16, 16, generator=g).to(cuda_device) for _ in range(5)]
@@ -425,17 +426,29 @@ def test_scoring_with_labels_on_cuda_brings_them_over_at_once(cuda_device, monke
     true = [torch.randint(0, 10, (2,), generator=g).to(cuda_device) for _ in range(5)]
     pred = [t.flip(0).cpu() if i % 2 else torch.zeros(2, dtype=torch.int64) for i, t in enumerate(true)]
     moved = []
-    real = scores_module._on_host
 
-    def spy(labels):
-        out = real(labels)
-        moved.append(sum(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in labels))
+    def spy(items):
+        out = to_host(items)
+        moved.append(sum(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in items))
         assert all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in out)
         return out
 
-    monkeypatch.setattr(scores_module, "_on_host", spy)
+    monkeypatch.setattr(scores_module, "to_host", spy)
     batched = score_reconstructions(recons, origs, pred_labels=pred, true_labels=true)
     assert moved == [0, 5]
     for b, r, o, p, t in zip(batched, recons, origs, pred, true):
         alone = score_reconstruction(r, o, pred_labels=p, true_labels=t.cpu())
         assert b.label_accuracy == alone.label_accuracy
+    mixed = [true[0], None, torch.zeros(3, device=cuda_device), true[1], pred[0]]
+    host = to_host(mixed)
+    assert host[1] is None and host[4] is pred[0]
+    assert all(torch.equal(h, m.cpu()) for h, m in zip(host, mixed) if isinstance(m, torch.Tensor))
+
+
+def test_to_host_leaves_host_values_as_they_are():
+    """CPU tensors and other entries pass through unchanged (the same objects, no copies)."""
+    from leakgym.devices import to_host
+
+    items = [torch.arange(3), None, [1, 2], torch.ones(2, 2)]
+    out = to_host(items)
+    assert all(a is b for a, b in zip(out, items)) and out is not items

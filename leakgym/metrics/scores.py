@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from leakgym.devices import to_host
 from leakgym.metrics.functional import DEFAULT_MAX_DB, DEFAULT_SSIM_WINDOW, mse, psnr, ssim
 from leakgym.metrics.matching import (
     MATCHING_COSTS,
@@ -83,20 +84,6 @@ def score_reconstruction(recon_unit: Tensor, orig_unit: Tensor, *,
     return ReconstructionScores(per_image=per_image, mean=mean, assignment=assignment, label_accuracy=acc)
 
 
-def _on_host(labels: Sequence) -> list:
-    """``labels`` with every tensor that is not on the CPU brought there, one transfer per (device, shape)
-    (on a GPU each ``.cpu()`` of a game's labels was a synchronisation); other entries as they are."""
-    out = list(labels)
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(out):
-        if isinstance(t, Tensor) and t.device.type != "cpu":
-            groups.setdefault((t.device, tuple(t.shape), t.dtype), []).append(i)
-    for members in groups.values():
-        for i, t in zip(members, torch.stack([out[i].detach() for i in members]).cpu().unbind(0)):
-            out[i] = t
-    return out
-
-
 def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
                           pred_labels: Sequence[Tensor | np.ndarray | Sequence[int] | None] | None = None,
                           true_labels: Sequence[Tensor | np.ndarray | Sequence[int] | None] | None = None,
@@ -134,7 +121,7 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
         return lpips_fn(a, b, net=lpips_net, data_range=data_range)
 
     if pred_labels is not None and true_labels is not None:
-        pred_labels, true_labels = _on_host(pred_labels), _on_host(true_labels)
+        pred_labels, true_labels = to_host(pred_labels), to_host(true_labels)
     groups: dict[tuple, list[int]] = {}
     for g, (r, o) in enumerate(zip(recons, origs)):
         r_dev = r.detach()
