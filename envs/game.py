@@ -390,7 +390,7 @@ class LeakGame:
 
     def draw(self, plan: RoundPlan) -> Drawn:
         """Phase 2a: the round seed, the victim's private batch and the model the server sends."""
-        (drawn,) = LeakGame.draw_all([self], [plan])
+        (drawn,) = type(self).draw_all([self], [plan])
         return drawn
 
     @staticmethod
