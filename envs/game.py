@@ -517,7 +517,7 @@ class LeakGame:
         """This round's batch of every benign client, drawn from the game's generator in client order."""
         return self.images.read(self.draw_benign_rows())
 
-    def draw_benign_rows(self) -> list[np.ndarray]:
+    def draw_benign_rows(self) -> list[Tensor]:
         """The training-set rows of this round's batch of every benign client (what :meth:`benign_batches`
         reads), drawn from the game's generator in client order."""
         size = max(self.scenario.batch_size, 8)
@@ -548,7 +548,7 @@ class LeakGame:
         dropout) or whose clients' batch sizes differ run :meth:`federated_step`."""
         t0 = time.perf_counter()
         groups: dict[tuple, list[int]] = {}
-        rows: dict[int, list[np.ndarray]] = {}
+        rows: dict[int, list[Tensor]] = {}
         for i, g in enumerate(games):
             sc, signature = g.scenario, g.batch_signature(g.server.model)
             if signature is None:
@@ -566,7 +566,7 @@ class LeakGame:
         for members in groups.values():
             # Every client batch of the group in one read of the shared images: (games, clients, batch, ...)
             images = games[members[0]].images
-            ((x, y),) = images.read([np.concatenate([np.concatenate(rows[i]) for i in members])])
+            ((x, y),) = images.read([torch.cat([r for i in members for r in rows[i]])])
             shape = (len(members), len(rows[members[0]]), len(rows[members[0]][0]))
             x, y = x.reshape(*shape, *x.shape[1:]), y.reshape(shape)
             LeakGame._federated_group([games[i] for i in members], [defended[i] for i in members], x, y)

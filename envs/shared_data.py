@@ -17,7 +17,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,13 +37,15 @@ class SharedImages:
         self.train_y = dataset.train_y.to(device)
         self._evaluation: dict[int, tuple[Tensor, Tensor]] = {}
 
-    def read(self, rows: Sequence[np.ndarray]) -> list[tuple[Tensor, Tensor]]:
-        """``(train_x[r], train_y[r])`` for every row array ``r`` of ``rows``, as one read of the images
+    def read(self, rows: Sequence[Tensor]) -> list[tuple[Tensor, Tensor]]:
+        """``(train_x[r], train_y[r])`` for every row index set ``r`` of ``rows`` (CPU int64 tensors, as the
+        games keep them; or arrays), as one read of the images
         (one index transfer and one gather for all of them, not two small ones per array: on a GPU each was
         a host-to-device copy and a kernel launch, per client and game of a vector step); the batches are
         views of that read, bit for bit the separate reads."""
         sizes = [len(r) for r in rows]
-        index = torch.from_numpy(np.concatenate(rows) if rows else np.zeros(0, np.int64)).to(self.train_x.device)
+        parts = [torch.as_tensor(r, dtype=torch.int64) for r in rows]
+        index = (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)).to(self.train_x.device)
         xs, ys = self.train_x[index].split(sizes), self.train_y[index].split(sizes)
         return list(zip(xs, ys))
 
