@@ -167,9 +167,15 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         env.reset(seed=i)
     vec_games = [e.parallel.game for e in vec.envs]
     seq_games = [env.unwrapped.parallel.game for env in singles]
-    cost = {"batched": dict.fromkeys(PHASES, 0.0), "sequential": dict.fromkeys(PHASES, 0.0)}
-    wall = {"batched": 0.0, "sequential": 0.0}
-    device_peak = {"batched": 0.0, "sequential": 0.0}
+
+    def zeroed():
+        """Phase costs, wall times, device peaks (each per path) and the vector env's rounds played (an
+        autoreset step resets a finished game and plays none)."""
+        per_path = ("batched", "sequential")
+        return ({p: dict.fromkeys(PHASES, 0.0) for p in per_path}, dict.fromkeys(per_path, 0.0),
+                dict.fromkeys(per_path, 0.0), 0)
+
+    cost, wall, device_peak, played = zeroed()
 
     def add_timings(games, path):
         for g in games:
@@ -180,13 +186,9 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         if cuda:
             torch.cuda.synchronize(device)
 
-    played = 0  # rounds the vector env played: an autoreset step resets a finished game and plays none
     for t in range(warmup + steps):
         if t == warmup:  # the warm-up steps (same plan in both paths) are not timed
-            cost = {"batched": dict.fromkeys(PHASES, 0.0), "sequential": dict.fromkeys(PHASES, 0.0)}
-            wall = {"batched": 0.0, "sequential": 0.0}
-            device_peak = {"batched": 0.0, "sequential": 0.0}
-            played = 0
+            cost, wall, device_peak, played = zeroed()
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         sync()
