@@ -73,6 +73,14 @@ def class_signal(update: SharedUpdate, model: nn.Module, signal: str = "auto") -
     return update.tensors[weight_name].detach().double().sum(dim=1)
 
 
+def _class_signal_of(update: SharedUpdate, knowledge: AttackerKnowledge, signal: str = "auto") -> Tensor:
+    """:func:`class_signal`, checked against ``knowledge.spec.num_classes``."""
+    s = class_signal(update, knowledge.model, signal)
+    if s.numel() != knowledge.spec.num_classes:
+        raise ValueError(f"head has {s.numel()} outputs but spec.num_classes={knowledge.spec.num_classes}")
+    return s
+
+
 def infer_labels_many(updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
                       methods: Sequence[str]) -> list[Tensor]:
     """``infer_labels(updates[i], knowledges[i], method=methods[i])`` for every ``i``. The one-example
@@ -88,9 +96,7 @@ def infer_labels_many(updates: Sequence[SharedUpdate], knowledges: Sequence[Atta
         if k.batch_size != 1 or method not in ("auto", "idlg"):
             out[i] = infer_labels(u, k, method=method)
             continue
-        s = class_signal(u, k.model)
-        if s.numel() != k.spec.num_classes:
-            raise ValueError(f"head has {s.numel()} outputs but spec.num_classes={k.spec.num_classes}")
+        s = _class_signal_of(u, k)
         signals.setdefault((s.device, s.numel()), []).append((i, s))
     for members in signals.values():
         picks = torch.stack([s for _, s in members]).argmin(dim=1).to(torch.int64).cpu()
@@ -153,9 +159,7 @@ def infer_labels(
             raise ValueError(f"the update has no {weight_name!r}; cannot infer labels")
         row_min = update.tensors[weight_name].detach().double().amin(dim=1)
         return torch.sort(torch.argsort(row_min)[:b]).values.to(torch.int64).cpu()
-    s = class_signal(update, knowledge.model, signal)
-    if s.numel() != num_classes:
-        raise ValueError(f"head has {s.numel()} outputs but spec.num_classes={num_classes}")
+    s = _class_signal_of(update, knowledge, signal)
     if b == 1:
         return torch.argmin(s).reshape(1).to(torch.int64).cpu()
     return llg_labels(s, b)
