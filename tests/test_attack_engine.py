@@ -510,6 +510,59 @@ def test_gradient_distance_equals_its_per_layer_formula(distance, scheme, flat_m
     torch.testing.assert_close(got, torch.stack(want), rtol=1e-12, atol=1e-12)
 
 
+def _flat_case(scheme, restarts):
+    from leakgym.attacks.losses import FlatWeights, layer_weights, target_sq_norms
+
+    g = torch.Generator().manual_seed(1)
+    shapes = {"a": (4, 3), "b": (5,), "c": (2, 2, 3)}
+    targets = {k: torch.randn(2, *s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
+    w = layer_weights(list(shapes), scheme)
+    names = [k for k in shapes if w[k] != 0]
+    flat_w = FlatWeights(targets, w, names, dtype=torch.float64, device=torch.device("cpu"))
+    t = torch.cat([targets[k].reshape(2, -1) for k in names], dim=1)
+    dummy = torch.randn(2 * restarts, t.shape[1], generator=g, dtype=torch.float64)
+    return dummy, t, flat_w, target_sq_norms(targets, w)
+
+
+@pytest.mark.parametrize("restarts", [1, 3])
+@pytest.mark.parametrize("distance", ["l2", "cosine"])
+@pytest.mark.parametrize("scheme", ["equal", {"a": 0.5, "c": 2.0}])
+def test_the_written_out_backward_of_the_flat_distance_is_autograds(distance, scheme, restarts):
+    """matrix_distance's hand-written backward (_FlatDistance) against autograd's backward of the same
+    forward, with one scale and with per-entry weights, one and three restarts; a zero dummy row (the
+    cosine's clamps bind) included; its values are bit for bit the autograd path's; gradcheck passes."""
+    from leakgym.attacks.losses import _FlatDistance, _matrix_distance, matrix_distance
+
+    dummy, t, flat_w, norms = _flat_case(scheme, restarts)
+    dummy[0] = 0.0
+    upstream = torch.linspace(-1.0, 2.0, dummy.shape[0], dtype=torch.float64)
+    mine = dummy.clone().requires_grad_(True)
+    got = matrix_distance(mine, t, flat_w, distance=distance, target_norm_sq=norms)
+    assert got.grad_fn is not None and "_FlatDistance" in type(got.grad_fn).__name__
+    (grad,) = torch.autograd.grad((got * upstream).sum(), mine)
+    ref_in = dummy.clone().requires_grad_(True)
+    want = _matrix_distance(ref_in, t, flat_w, distance, norms)[0]
+    (want_grad,) = torch.autograd.grad((want * upstream).sum(), ref_in)
+    assert torch.equal(got.detach(), want.detach())
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(grad).all()
+    probe = (dummy + 0.3).requires_grad_(True)  # away from the clamps: finite differences apply
+    assert torch.autograd.gradcheck(lambda x: _FlatDistance.apply(x, t, flat_w, distance, norms), (probe,))
+
+
+def test_the_flat_distance_takes_autograds_backward_when_the_targets_need_a_gradient():
+    """Targets that need a gradient (a caller differentiating with respect to the victim's update) get
+    autograd's path, whose gradient reaches them."""
+    from leakgym.attacks.losses import matrix_distance
+
+    dummy, t, flat_w, norms = _flat_case("equal", 1)
+    t = t.clone().requires_grad_(True)
+    out = matrix_distance(dummy.requires_grad_(True), t, flat_w, distance="l2", target_norm_sq=None)
+    assert "_FlatDistance" not in type(out.grad_fn).__name__
+    (grad_t,) = torch.autograd.grad(out.sum(), t)
+    assert grad_t.abs().sum() > 0
+
+
 def test_the_cosine_distance_of_an_all_zero_dummy_gradient_has_a_finite_gradient():
     """1 - <g, t> / (|g| |t|) at g = 0: the value was guarded (1) but sqrt's backward at 0 gave NaN, so a
     problem reaching a zero dummy gradient was stuck (reset to its best iterate every step)."""
