@@ -555,7 +555,7 @@ def test_the_flat_distance_takes_autograds_backward_when_the_targets_need_a_grad
     autograd's path, whose gradient reaches them."""
     from leakgym.attacks.losses import matrix_distance
 
-    dummy, t, flat_w, norms = _flat_case("equal", 1)
+    dummy, t, flat_w, _ = _flat_case("equal", 1)
     t = t.clone().requires_grad_(True)
     out = matrix_distance(dummy.requires_grad_(True), t, flat_w, distance="l2", target_norm_sq=None)
     assert "_FlatDistance" not in type(out.grad_fn).__name__
