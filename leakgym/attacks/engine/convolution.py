@@ -25,6 +25,8 @@ launch per row and layer, which likely moves the break-even point up (not measur
 
 :class:`UnfoldedConvolutions` makes the ``nn.Conv2d`` layers of the engine's private model copy use
 it while switched on (the vectorised path); the reference sequential path keeps ``F.conv2d``.
+:func:`rowwise_conv2d` is the same computation for all rows at once without vmap, for models the
+engine evaluates in :mod:`~leakgym.attacks.engine.rowwise` form.
 Layers it cannot express exactly (groups > 1, string padding, non-zero padding modes, unbatched
 input) keep their own forward.
 
@@ -110,6 +112,30 @@ def unfolded_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tupl
     return out.reshape(n, out_ch, ho, wo)
 
 
+def rowwise_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
+                   padding: tuple[int, int], dilation: tuple[int, int], *, via_matrix: bool = False) -> Tensor:
+    """:func:`unfolded_conv2d` of ``R`` rows, each with its own weight, without vmap: ``x (R, B, C, H, W)``,
+    ``weight (R, O, C, kh, kw)``, ``bias (R, O)`` -> ``(R, B, O, H', W')``; row ``r`` is
+    ``F.conv2d(x[r], weight[r], bias[r], ...)`` (used by :class:`~leakgym.attacks.engine.rowwise.RowwiseForward`)."""
+    rows, batch, c, h, w = x.shape
+    out_ch, _, kh, kw = weight.shape[1:]
+    if via_matrix:
+        matrix = unfold_matrix(h, w, (kh, kw), stride, padding, dilation, device=x.device, dtype=x.dtype)
+        cols = x.reshape(rows, batch * c, h * w) @ matrix  # (R, B*C, kh*kw*L): one product for every row
+    else:
+        cols = F.unfold(x.reshape(rows * batch, c, h, w), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+    if batch == 1 and bias is not None:  # the engine's usual case: one image per row, one baddbmm
+        out = torch.baddbmm(bias.reshape(rows, out_ch, 1), weight.reshape(rows, out_ch, c * kh * kw),
+                            cols.reshape(rows, c * kh * kw, -1))
+    else:
+        out = weight.reshape(rows, 1, out_ch, c * kh * kw) @ cols.reshape(rows, batch, c * kh * kw, -1)
+        if bias is not None:
+            out = out + bias.reshape(rows, 1, out_ch, 1)
+    ho = _output_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = _output_size(w, kw, stride[1], padding[1], dilation[1])
+    return out.reshape(rows, batch, out_ch, ho, wo)
+
+
 def expressible(module: nn.Conv2d) -> bool:
     """Whether :func:`unfolded_conv2d` computes exactly what ``module`` does."""
     return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
@@ -166,4 +192,4 @@ class UnfoldedConvolutions:
 
 
 __all__ = ["MATRIX_MAX_ENTRIES", "MATRIX_MAX_POSITIONS", "MATRIX_MIN_ROWS", "UNFOLD_MAX_ENTRIES", "UnfoldedConvolutions",
-           "expressible", "takes_matrix", "unfold_matrix", "unfolded_conv2d", "unfolded_entries"]
+           "expressible", "rowwise_conv2d", "takes_matrix", "unfold_matrix", "unfolded_conv2d", "unfolded_entries"]

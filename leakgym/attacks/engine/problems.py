@@ -45,6 +45,7 @@ from torch.func import grad, vmap
 
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.engine.convolution import UNFOLD_MAX_ENTRIES, UnfoldedConvolutions, unfolded_entries
+from leakgym.attacks.engine.rowwise import RowwiseForward
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, task_loss
@@ -361,15 +362,28 @@ class UpdateSimulator:
             # the gradient of the rows' summed losses is each row's own gradient, computed by plain
             # autograd (``create_graph`` for the engine's double backward). Measured per engine
             # iteration, digits LeNet, 1 thread: 24 rows 9.9 vs 12.1 ms, 64 rows 20.7 vs 24.5 ms.
-            self.forward = vmap(forward_fn, in_dims=(0, pdim, 0, 0, 0), randomness="error")
+            # A plain stack of layers (DLG's LeNet) skips vmap too: its rows' losses as batched
+            # operations (:mod:`.rowwise`, which has the measurements).
+            self.rowwise = RowwiseForward.of(problems.model)
+            self.forward = vmap(forward_fn, in_dims=(0, pdim, 0, 0, 0), randomness="error") \
+                if self.rowwise is None else self._rowwise_forward
         else:
             # vmap(grad): with larger convolutions the per-row parameters of the other form make every
             # forward convolution a grouped one and hold a per-row copy of every weight -- measured
             # 15% slower for the CIFAR ConvNet at 16 rows, and out of memory for ResNet-18 at 64 rows.
             self.vmapped = vmap(update_fn, in_dims=(pdim, pdim, 0, 0, 0, 0), randomness="error")
+            self.rowwise = None
         self._leaves: list[dict[str, Tensor]] | None = None
         self.select(torch.repeat_interleave(torch.arange(problems.n, device=problems.device),
                                             torch.tensor(counts, device=problems.device)))
+
+    def _rowwise_forward(self, rows: dict[str, Tensor], fixed: dict[str, Tensor], x: Tensor, y: Tensor,
+                         eps: Tensor) -> tuple[Tensor, tuple]:
+        """``self.forward``'s signature, computed by :attr:`rowwise` (no BN statistics, no noise: the
+        row-wise form takes models without either)."""
+        if not self.ps.batched:  # parameters shared by every problem: the same tensor for every row
+            fixed = {n: t.expand(x.shape[0], *t.shape) for n, t in fixed.items()}
+        return self.rowwise({**fixed, **rows}, x, y), ()
 
     def _small_convolutions(self) -> bool:
         """Whether every convolution of the model takes :mod:`.convolution`'s unfolded form at this
@@ -418,6 +432,8 @@ class UpdateSimulator:
         self._fixed = {n: pick(t) for n, t in ps.fixed.items()} if ps.batched else ps.fixed
         self._lr = pick(ps.local_lr)
         self.convolutions.rows = rows
+        if self.rowwise is not None:
+            self.rowwise.rows = rows
 
     def vectorised(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
         """Dummy updates of the selected rows as one vectorised computation -- per simulated step a

@@ -1,0 +1,131 @@
+"""The engine's row-wise model form (no vmap) computes what the vmap form computes, to the second
+derivative, and is taken for plain layer stacks only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import vmap
+
+from leakgym.attacks.engine import problems as problems_module
+from leakgym.attacks.engine.convolution import rowwise_conv2d
+from leakgym.attacks.engine.rowwise import RowwiseForward
+from leakgym.data import DatasetSpec
+from leakgym.models import build_model, task_loss
+
+SPEC = DatasetSpec(name="digits-like", channels=1, image_size=16, num_classes=10, mean=(0.5,), std=(0.25,))
+
+
+def _lenet(dtype=torch.float64, **kwargs):
+    torch.manual_seed(0)
+    return build_model("lenet", SPEC, **kwargs).to(dtype)
+
+
+@pytest.mark.parametrize("via_matrix", [False, True])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_rowwise_conv2d_is_each_rows_conv2d(via_matrix, batch, bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, batch, 3, 8, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(4, 5, 3, 3, 3, generator=g, dtype=torch.float64)
+    b = torch.randn(4, 5, generator=g, dtype=torch.float64) if bias else None
+    got = rowwise_conv2d(x, w, b, (2, 1), (1, 1), (1, 1), via_matrix=via_matrix)
+    for r in range(4):
+        want = F.conv2d(x[r], w[r], None if b is None else b[r], stride=(2, 1), padding=(1, 1))
+        torch.testing.assert_close(got[r], want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_rowwise_form_takes_plain_layer_stacks_only():
+    """DLG's LeNet takes it; BatchNorm (ConvNet, MLP), ResNet, PRECODE, a hook or an own forward keep vmap."""
+    assert RowwiseForward.of(_lenet()) is not None
+    for name in ("convnet", "mlp", "resnet18"):
+        spec = DatasetSpec(name="s", channels=3, image_size=32, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3)
+        assert RowwiseForward.of(build_model(name, spec)) is None, name
+    assert RowwiseForward.of(_lenet(precode=True)) is None
+    hooked = _lenet()
+    hooked.body.conv2.register_forward_hook(lambda *a: None)
+    assert RowwiseForward.of(hooked) is None
+    pooled = _lenet()
+    pooled.body.add_module("pool", nn.AvgPool2d(1))
+    assert RowwiseForward.of(pooled) is None
+
+    class Doubled(type(_lenet())):
+        def forward(self, x, return_kl=False):
+            return super().forward(2 * x, return_kl)
+
+    assert RowwiseForward.of(Doubled(SPEC)) is None
+
+
+def _compare_with_vmap(rows, batch, soft, device, dtype, tol):
+    model = _lenet(dtype).to(device)
+    form = RowwiseForward.of(model)
+    form.rows = rows
+    g = torch.Generator().manual_seed(2)
+    base = dict(model.named_parameters())
+    params = {n: (p.detach() + 0.05 * torch.randn(rows, *p.shape, generator=g, dtype=dtype).to(device))
+              for n, p in base.items()}
+    x0 = torch.randn(rows, batch, 1, 16, 16, generator=g, dtype=dtype).to(device)
+    y = torch.randint(0, 10, (rows, batch), generator=g).to(device)
+    if soft:
+        y = torch.softmax(torch.randn(rows, batch, 10, generator=g, dtype=dtype), dim=-1).to(device)
+    reference = vmap(lambda p, x, t: task_loss(model, x, t, params=p))
+
+    def derivatives(loss_of):
+        x = x0.clone().requires_grad_(True)
+        leaves = {n: t.clone().requires_grad_(True) for n, t in params.items()}
+        losses = loss_of(leaves, x, y)
+        grads = torch.autograd.grad(losses.sum(), list(leaves.values()), create_graph=True)
+        matching = sum((gr - 0.01).pow(2).sum() for gr in grads)
+        (image_grad,) = torch.autograd.grad(matching, x)
+        return losses.detach(), [gr.detach() for gr in grads], image_grad
+
+    got, want = derivatives(form), derivatives(reference)
+    torch.testing.assert_close(got[0], want[0], rtol=tol[0], atol=tol[0])
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a, b, rtol=tol[1], atol=tol[0])
+    torch.testing.assert_close(got[2], want[2], rtol=tol[2], atol=tol[0])
+    assert got[2].abs().sum() > 0
+
+
+@pytest.mark.parametrize("rows", [3, 17])  # 17: the unfold as a matrix product (MATRIX_MIN_ROWS)
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("soft", [False, True])
+def test_rowwise_losses_and_their_derivatives_equal_the_vmap_form(rows, batch, soft):
+    """Per-row losses, per-row parameter gradients and the image gradient of a matching loss of those
+    gradients (the engine's double backward), each row with its own parameters, float64."""
+    _compare_with_vmap(rows, batch, soft, "cpu", torch.float64, (1e-12, 1e-10, 1e-9))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [3, 17])
+def test_rowwise_form_on_cuda_equals_the_vmap_form(cuda_device, rows):
+    """The same on CUDA in float32 (TF32 off by default for matmuls; rounding of other kernels)."""
+    _compare_with_vmap(rows, 2, False, cuda_device, torch.float32, (1e-5, 1e-4, 1e-3))
+
+
+def test_the_engine_takes_the_rowwise_form_for_lenet_and_reconstructs_as_with_vmap(monkeypatch, digits):
+    """An Inverting Gradients engine run on digits LeNet: the simulator takes the row-wise form, and the
+    images equal those of the vmap form (the form switched off) to float32 rounding."""
+    from leakgym.attacks.inverting_gradients import InvertingGradients
+    from tests.test_attack_engine import problems_for
+
+    torch.manual_seed(0)
+    model = build_model("lenet", digits.spec)
+    updates, knowledges = problems_for(model, digits, n=3, b=1)
+    taken = []
+    real_init = problems_module.UpdateSimulator.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        taken.append(self.rowwise is not None)
+
+    monkeypatch.setattr(problems_module.UpdateSimulator, "__init__", spy)
+    attack = InvertingGradients(iterations=6, restarts=2)
+    fast = attack.reconstruct_batch(updates, knowledges, seeds=[1, 2, 3])
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    slow = attack.reconstruct_batch(updates, knowledges, seeds=[1, 2, 3])
+    assert taken == [True, False]
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a.images, b.images, rtol=1e-4, atol=1e-4)
