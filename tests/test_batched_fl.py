@@ -59,6 +59,30 @@ def test_benign_updates_equal_compute_update(digits, kind, steps):
     assert out.buffers is None
 
 
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 2)])
+def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digits, monkeypatch, kind, steps, soft):
+    """DLG's LeNet: the clients are rows of leakgym.models.rowwise (no vmap); their updates equal the
+    vmapped grad's (the form switched off), with hard and with soft (Mixup) labels."""
+    from leakgym.models.rowwise import RowwiseForward
+
+    models, x, y = games_and_batches(digits)
+    if soft:
+        y = torch.softmax(torch.randn(*y.shape, 10, generator=torch.Generator().manual_seed(0)), dim=-1)
+    params = batched.stack_parameters(models)
+    calls = []
+    real = RowwiseForward.__call__
+    monkeypatch.setattr(RowwiseForward, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    rows = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05)
+    assert len(calls) == steps
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    vmapped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05)
+    assert len(calls) == steps
+    for name, t in vmapped.tensors.items():
+        assert rows.tensors[name].shape == t.shape and not rows.tensors[name].requires_grad
+        torch.testing.assert_close(rows.tensors[name], t, **FL_TOL)
+
+
 @pytest.mark.parametrize("arch", ["convnet", "mlp"])
 @pytest.mark.parametrize(("kind", "steps", "b"), [("gradient", 1, 4), ("model_delta", 2, 3), ("gradient", 1, 1)])
 def test_benign_updates_with_batchnorm_equal_compute_update(digits, arch, kind, steps, b):

@@ -9,11 +9,11 @@ from torch import nn
 from torch.func import vmap
 
 from leakgym.attacks.base import AttackerKnowledge
-from leakgym.attacks.engine.convolution import UnfoldedConvolutions, expressible, unfolded_conv2d
 from leakgym.attacks.engine.problems import ProblemSet, UpdateSimulator
 from leakgym.data import DatasetSpec
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
+from leakgym.models.convolution import UnfoldedConvolutions, expressible, unfolded_conv2d
 
 CASES = [  # (in, out, kernel, stride, padding, dilation, size)
     (1, 12, 5, (2, 2), (2, 2), (1, 1), 16),  # LeNet's first layer
@@ -66,7 +66,7 @@ def test_unfolded_conv2d_under_vmap_with_a_weight_per_row(via_matrix):
 def test_the_unfold_matrix_copies_exactly_what_f_unfold_does(cin, cout, k, stride, padding, dilation, size):
     """x @ unfold_matrix is F.unfold bit for bit (one 1 per column; none where the kernel reads padding);
     a non-finite entry spoils only its own image's columns."""
-    from leakgym.attacks.engine.convolution import unfold_matrix
+    from leakgym.models.convolution import unfold_matrix
 
     x = torch.randn(3, cin, size, size, generator=torch.Generator().manual_seed(2))
     want = F.unfold(x, (k, k), dilation=dilation, padding=padding, stride=stride)
@@ -82,7 +82,7 @@ def test_the_unfold_matrix_copies_exactly_what_f_unfold_does(cin, cout, k, strid
 def test_the_unfold_is_a_matrix_product_for_small_inputs_and_many_rows_on_a_cpu(monkeypatch):
     """On a CPU: inputs of at most MATRIX_MAX_POSITIONS positions, at least MATRIX_MIN_ROWS rows (the
     simulator sets the rows of its selection); elsewhere F.unfold, whose per-image loop is cheap there."""
-    from leakgym.attacks.engine import convolution
+    from leakgym.models import convolution
 
     conv = nn.Conv2d(2, 3, 5, padding=2)
     small, large = torch.randn(1, 2, 8, 8), torch.randn(1, 2, 9, 9)
@@ -116,7 +116,7 @@ def test_the_unfold_is_a_matrix_product_for_small_inputs_and_many_rows_on_a_cpu(
 @pytest.mark.cuda
 def test_the_matrix_unfold_on_cuda_equals_conv2d_to_the_second_derivative():
     """On a GPU the unfold is always the matrix product (F.unfold launches a kernel per image)."""
-    from leakgym.attacks.engine import convolution
+    from leakgym.models import convolution
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -184,7 +184,7 @@ def test_the_simulator_uses_it_in_the_vectorised_path_only():
 
 def test_only_layers_with_a_small_unfolded_input_use_it(monkeypatch):
     """Past UNFOLD_MAX_ENTRIES (per row: B * C * kh * kw * L) a layer keeps F.conv2d: unfold is slower there."""
-    from leakgym.attacks.engine import convolution
+    from leakgym.models import convolution
 
     conv = nn.Conv2d(3, 4, 3, padding=1)
     x = torch.randn(2, 3, 8, 8)

@@ -10,10 +10,10 @@ from torch import nn
 from torch.func import vmap
 
 from leakgym.attacks.engine import problems as problems_module
-from leakgym.attacks.engine.convolution import rowwise_conv2d
-from leakgym.attacks.engine.rowwise import RowwiseForward
 from leakgym.data import DatasetSpec
 from leakgym.models import build_model, task_loss
+from leakgym.models.convolution import rowwise_conv2d
+from leakgym.models.rowwise import RowwiseForward
 
 SPEC = DatasetSpec(name="digits-like", channels=1, image_size=16, num_classes=10, mean=(0.5,), std=(0.25,))
 

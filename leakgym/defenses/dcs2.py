@@ -403,7 +403,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     are independent, so the gradient of their sum is each one's own) and every row's image gradient
     with one more, and steps a per-row Adam (:class:`~leakgym.attacks.engine.adam.BatchedAdam`,
     ``torch.optim.Adam`` with ``MultiStepLR``, each row at its client's step size). Small convolutions
-    take the attack engine's unfolded form (:mod:`leakgym.attacks.engine.convolution`: a per-row weight
+    take the attack engine's unfolded form (:mod:`leakgym.models.convolution`: a per-row weight
     would make them grouped convolutions, whose double backward loops over the groups). Start points
     come from each client's own generator, drawn as :func:`dcs2_gradient` draws them; the mixing and
     projection (Eq. 10-12) run client by client. Client ``k``'s result equals :func:`dcs2_gradient`'s
@@ -414,7 +414,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     """
     # Imported here: leakgym.attacks imports leakgym.defenses (LODA), so a module-level import would be circular.
     from leakgym.attacks.engine.adam import BatchedAdam, decayed_rates
-    from leakgym.attacks.engine.convolution import UnfoldedConvolutions
+    from leakgym.models.convolution import UnfoldedConvolutions
 
     k = len(models)
     if not (k == len(xs) == len(ys) == len(clean_grads) == len(settings) == len(generators)) or k == 0:

@@ -12,6 +12,10 @@ convnet    Inverting Gradients ConvNet: 8 conv-BN-ReLU, 2 pools   16 (IG: 64)
 mlp        PRECODE MLP: 4 x Linear-BN-ReLU                        1024
 resnet18   ResNet-18, CIFAR stem, BasicBlocks [2, 2, 2, 2]        64
 ========== ===================================================== ===============
+
+Computing a model for many parameter sets at once (the attack engine's rows, a vector env's clients):
+:mod:`leakgym.models.convolution` (convolutions as unfold + matrix product) and
+:mod:`leakgym.models.rowwise` (a plain layer stack's loss per row, without vmap).
 """
 
 from leakgym.models.base import (

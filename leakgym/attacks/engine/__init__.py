@@ -15,10 +15,9 @@ parameters of the same architecture), each with R restarts folded into the batch
   TV weights that differ between the problems of one call);
 * :mod:`~leakgym.attacks.engine.problems` -- :class:`ProblemSet` (N stacked problems) and the
   simulator of the victims' updates (``vmap`` over ``torch.func.grad``, BatchNorm, PRECODE noise);
-* :mod:`~leakgym.attacks.engine.convolution` -- convolutions as unfold + matrix product, whose double
-  backward stays one computation for all rows;
-* :mod:`~leakgym.attacks.engine.rowwise` -- :class:`RowwiseForward`, a plain layer stack's loss (DLG's
-  LeNet) with a parameter set per row as batched operations, without vmap;
+  the simulator computes convolutions as unfold + matrix product (:mod:`leakgym.models.convolution`),
+  whose double backward stays one computation for all rows, and a plain layer stack (DLG's LeNet)
+  without vmap (:mod:`leakgym.models.rowwise`);
 * :mod:`~leakgym.attacks.engine.adam` -- :class:`BatchedAdam`, Adam with a step size and decay per row;
 * :mod:`~leakgym.attacks.engine.lbfgs` -- :class:`BatchedLBFGS`, L-BFGS per problem;
 * :mod:`~leakgym.attacks.engine.randomness` -- :class:`BatchedGenerator`, one generator per problem;

@@ -12,7 +12,7 @@ over rows that each own their parameters, then one ``torch.autograd.grad(..., cr
 of the summed losses, which is every row's own gradient; other models run one ``vmap`` over
 ``torch.func.grad`` (parameters shared, ``in_dims=None``, when all problems attack the same model,
 stacked otherwise). Small convolutions run as unfold + matrix product there
-(:mod:`leakgym.attacks.engine.convolution`): ``vmap`` makes them grouped convolutions, whose double
+(:mod:`leakgym.models.convolution`): ``vmap`` makes them grouped convolutions, whose double
 backward loops over the rows.
 
 BatchNorm: clients compute updates in train mode, so for batches of more than one example BN
@@ -44,12 +44,12 @@ from torch import Tensor, nn
 from torch.func import grad, vmap
 
 from leakgym.attacks.base import AttackerKnowledge
-from leakgym.attacks.engine.convolution import UNFOLD_MAX_ENTRIES, UnfoldedConvolutions, unfolded_entries
-from leakgym.attacks.engine.rowwise import RowwiseForward
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, task_loss
+from leakgym.models.convolution import UNFOLD_MAX_ENTRIES, UnfoldedConvolutions, unfolded_entries
 from leakgym.models.precode import VariationalBottleneck
+from leakgym.models.rowwise import RowwiseForward
 
 
 def _bn_modules(model: nn.Module) -> list[nn.Module]:
@@ -363,7 +363,7 @@ class UpdateSimulator:
             # autograd (``create_graph`` for the engine's double backward). Measured per engine
             # iteration, digits LeNet, 1 thread: 24 rows 9.9 vs 12.1 ms, 64 rows 20.7 vs 24.5 ms.
             # A plain stack of layers (DLG's LeNet) skips vmap too: its rows' losses as batched
-            # operations (:mod:`.rowwise`, which has the measurements).
+            # operations (:mod:`leakgym.models.rowwise`, which has the measurements).
             self.rowwise = RowwiseForward.of(problems.model)
             self.forward = vmap(forward_fn, in_dims=(0, pdim, 0, 0, 0), randomness="error") \
                 if self.rowwise is None else self._rowwise_forward
@@ -386,7 +386,7 @@ class UpdateSimulator:
         return self.rowwise({**fixed, **rows}, x, y), ()
 
     def _small_convolutions(self) -> bool:
-        """Whether every convolution of the model takes :mod:`.convolution`'s unfolded form at this
+        """Whether every convolution of the model takes :mod:`leakgym.models.convolution`'s unfolded form at this
         batch size (one forward pass on zeros, recording each layer's input); no convolution: True."""
         ps, sizes = self.ps, []
         convs = [m for m in ps.model.modules() if isinstance(m, nn.Conv2d)]

@@ -1,12 +1,12 @@
-"""A plain model's loss with one parameter set per engine row, as batched tensor operations (no vmap).
+"""A plain model's loss with one parameter set per row, as batched tensor operations (no vmap).
 
-The engine's rows each own their parameters (:class:`~leakgym.attacks.engine.problems.UpdateSimulator`
+The attack engine's rows each own their parameters (:class:`~leakgym.attacks.engine.problems.UpdateSimulator`
 with per-row leaves). Its general form evaluates the model under ``torch.func.vmap`` with
 ``functional_call``; every layer call then pays vmap's and the functional call's Python wrappers and
 every operation the batching rules' dispatch -- on LeNet 16x16 about half of an engine iteration
 at one row. For a model that is a plain stack of layers, :class:`RowwiseForward` computes the same
 loss directly: a convolution is an unfold and a batched matrix product with the row's weight
-(:func:`~leakgym.attacks.engine.convolution.rowwise_conv2d`), a linear layer one ``baddbmm``, an
+(:func:`~leakgym.models.convolution.rowwise_conv2d`), a linear layer one ``baddbmm``, an
 activation itself, and the cross-entropy per row. What vmap computes is the same mathematics, so
 per-row gradients of every order are the same up to float rounding (test:
 ``tests/test_engine_rowwise.py`` against the vmap form). Measured, forward + dummy gradient + matching
@@ -15,7 +15,7 @@ backward on digits LeNet, one CPU thread: 1 row 2.44 -> 1.23 ms, 12 rows 5.72 ->
 
 It takes a :class:`~leakgym.models.base.LeakGymModel` whose ``forward`` is the base class's, without
 PRECODE bottleneck, buffers or hooks, whose body is an ``nn.Sequential`` of exactly these layer types:
-``Conv2d`` (as :func:`~leakgym.attacks.engine.convolution.expressible`), ``Linear``, ``Flatten``
+``Conv2d`` (as :func:`~leakgym.models.convolution.expressible`), ``Linear``, ``Flatten``
 (default dims), ``Sigmoid``, ``ReLU``, ``Tanh``, ``Identity`` -- DLG's LeNet. Any other model (BatchNorm,
 pooling, PRECODE, ResNet, a subclass with its own forward, a hooked module) keeps the vmap form:
 :meth:`RowwiseForward.of` returns None.
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from leakgym.attacks.engine.convolution import expressible, rowwise_conv2d, takes_matrix
 from leakgym.models.base import LeakGymModel
+from leakgym.models.convolution import expressible, rowwise_conv2d, takes_matrix
 
 _ACTIVATIONS: dict[type, Callable[[Tensor], Tensor]] = {
     nn.Sigmoid: torch.sigmoid, nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Identity: lambda t: t}

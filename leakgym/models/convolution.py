@@ -26,7 +26,7 @@ launch per row and layer, which likely moves the break-even point up (not measur
 :class:`UnfoldedConvolutions` makes the ``nn.Conv2d`` layers of the engine's private model copy use
 it while switched on (the vectorised path); the reference sequential path keeps ``F.conv2d``.
 :func:`rowwise_conv2d` is the same computation for all rows at once without vmap, for models the
-engine evaluates in :mod:`~leakgym.attacks.engine.rowwise` form.
+engine evaluates in :mod:`~leakgym.models.rowwise` form.
 Layers it cannot express exactly (groups > 1, string padding, non-zero padding modes, unbatched
 input) keep their own forward.
 
@@ -116,7 +116,7 @@ def rowwise_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple
                    padding: tuple[int, int], dilation: tuple[int, int], *, via_matrix: bool = False) -> Tensor:
     """:func:`unfolded_conv2d` of ``R`` rows, each with its own weight, without vmap: ``x (R, B, C, H, W)``,
     ``weight (R, O, C, kh, kw)``, ``bias (R, O)`` -> ``(R, B, O, H', W')``; row ``r`` is
-    ``F.conv2d(x[r], weight[r], bias[r], ...)`` (used by :class:`~leakgym.attacks.engine.rowwise.RowwiseForward`)."""
+    ``F.conv2d(x[r], weight[r], bias[r], ...)`` (used by :class:`~leakgym.models.rowwise.RowwiseForward`)."""
     rows, batch, c, h, w = x.shape
     out_ch, _, kh, kw = weight.shape[1:]
     if via_matrix:
