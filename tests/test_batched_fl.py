@@ -62,11 +62,12 @@ def test_benign_updates_equal_compute_update(digits, kind, steps):
 @pytest.mark.parametrize("soft", [False, True])
 @pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 2)])
 def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digits, monkeypatch, kind, steps, soft):
-    """DLG's LeNet: the clients are rows of leakgym.models.rowwise (no vmap); their updates equal the
-    vmapped grad's (the form switched off), with hard and with soft (Mixup) labels."""
+    """DLG's LeNet with one image per client: the clients are rows of leakgym.models.rowwise (no vmap);
+    their updates equal the vmapped grad's (the form switched off), with hard and with soft (Mixup)
+    labels. With four images per client the unfolded convolutions are too large: vmap again."""
     from leakgym.models.rowwise import RowwiseForward
 
-    models, x, y = games_and_batches(digits)
+    models, x, y = games_and_batches(digits, b=1)
     if soft:
         y = torch.softmax(torch.randn(*y.shape, 10, generator=torch.Generator().manual_seed(0)), dim=-1)
     params = batched.stack_parameters(models)
@@ -81,6 +82,24 @@ def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digit
     for name, t in vmapped.tensors.items():
         assert rows.tensors[name].shape == t.shape and not rows.tensors[name].requires_grad
         torch.testing.assert_close(rows.tensors[name], t, **FL_TOL)
+    monkeypatch.undo()
+    monkeypatch.setattr(RowwiseForward, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    models, x, y = games_and_batches(digits, b=4)
+    assert not RowwiseForward.of(models[0]).fits(4, tuple(digits.spec.shape))
+    batched.benign_updates(models[0], batched.stack_parameters(models), x, y)
+    assert len(calls) == steps
+
+
+def test_the_rowwise_form_fits_small_unfolded_convolutions_only():
+    """LeNet on 16x16 digits: one image per row fits UNFOLD_MAX_ENTRIES (largest layer 4,800 entries),
+    four do not (19,200); 32x32 RGB images do not fit even one at a time (19,200 at the first layer)."""
+    from leakgym.data import DatasetSpec
+    from leakgym.models.rowwise import RowwiseForward
+
+    spec = DatasetSpec(name="d", channels=1, image_size=16, num_classes=10, mean=(0.5,), std=(0.25,))
+    form = RowwiseForward.of(build_model("lenet", spec))
+    assert form.fits(1, (1, 16, 16)) and not form.fits(4, (1, 16, 16))
+    assert not form.fits(1, (3, 32, 32))
 
 
 @pytest.mark.parametrize("arch", ["convnet", "mlp"])

@@ -13,8 +13,10 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
   victims' clean updates), as ``SharedUpdate`` objects. A plain layer stack (DLG's LeNet) skips vmap:
   its ``N x K`` clients are rows of :mod:`leakgym.models.rowwise`, each with its own copy of its game's
   parameters, and one ``torch.autograd.grad`` of the rows' summed losses gives every client its own
-  gradient (measured per call on digits LeNet, one CPU thread: 1 game x 4 clients 3.5 -> 1.1 ms, 16 x 4
-  7.8 -> 5.5 ms, 64 x 4 and 256 x 1 within noise); the victims' defended training
+  gradient, where its convolutions are small enough for the unfolded form
+  (:meth:`~leakgym.models.rowwise.RowwiseForward.fits`; measured per call on digits LeNet, one
+  image per client, one CPU thread: 1 game x 4 clients 3.5 -> 1.1 ms, 16 x 4 7.8 -> 5.5 ms, 64 x 4 and
+  256 x 1 within noise; with 8 images per client the vmapped form stays); the victims' defended training
   (:func:`leakgym.fl.client.compute_updates` with ``batched=True``) takes one :func:`benign_updates`
   gradient per local step, so that a step defense can transform it in between;
 * :func:`aggregate_many` -- every game's example-weighted mean of its clients' updates applied to its
@@ -194,7 +196,8 @@ def benign_updates(
     net, recorder = (model, None) if not bns or single else _stateless_copy(model)
     frozen = {n: t.detach() for n, t in model.named_parameters() if n not in params}
     form = None if bns else RowwiseForward.of(model)
-    if form is not None:  # a plain layer stack (DLG's LeNet): every client a row, no vmap
+    if form is not None and form.fits(b, tuple(x.shape[3:])):  # a plain layer stack (DLG's LeNet) and small
+        # batches: every client a row, no vmap
         return ClientUpdates(tensors=_rowwise_updates(form, params, frozen, x, y, kind=kind, local_steps=local_steps,
                                                       local_lr=local_lr))
 

@@ -67,7 +67,8 @@ MATRIX_MAX_ENTRIES = 1 << 22
 _MATRICES: dict[tuple, Tensor] = {}
 
 
-def _output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """Output length of a convolution along one dimension (as ``nn.Conv2d`` documents it)."""
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
@@ -80,7 +81,7 @@ def unfold_matrix(h: int, w: int, kernel: tuple[int, int], stride: tuple[int, in
     key = (h, w, tuple(kernel), tuple(stride), tuple(padding), tuple(dilation), torch.device(device), dtype)
     if key not in _MATRICES:
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-        ho, wo = _output_size(h, kh, sh, ph, dh), _output_size(w, kw, sw, pw, dw)
+        ho, wo = conv_output_size(h, kh, sh, ph, dh), conv_output_size(w, kw, sw, pw, dw)
         i, j, a, b = torch.meshgrid(torch.arange(kh), torch.arange(kw), torch.arange(ho), torch.arange(wo),
                                     indexing="ij")
         row, col = a * sh - ph + i * dh, b * sw - pw + j * dw  # the input position each entry reads
@@ -107,8 +108,8 @@ def unfolded_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tupl
     out = weight.reshape(out_ch, -1) @ cols  # (n, O, L)
     if bias is not None:
         out = out + bias.reshape(1, out_ch, 1)
-    ho = _output_size(h, kh, stride[0], padding[0], dilation[0])
-    wo = _output_size(w, kw, stride[1], padding[1], dilation[1])
+    ho = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
     return out.reshape(n, out_ch, ho, wo)
 
 
@@ -131,8 +132,8 @@ def rowwise_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple
         out = weight.reshape(rows, 1, out_ch, c * kh * kw) @ cols.reshape(rows, batch, c * kh * kw, -1)
         if bias is not None:
             out = out + bias.reshape(rows, 1, out_ch, 1)
-    ho = _output_size(h, kh, stride[0], padding[0], dilation[0])
-    wo = _output_size(w, kw, stride[1], padding[1], dilation[1])
+    ho = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
+    wo = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
     return out.reshape(rows, batch, out_ch, ho, wo)
 
 
@@ -145,7 +146,7 @@ def unfolded_entries(module: nn.Conv2d, x: Tensor) -> int:
     """Entries of the unfolded input of ``module`` applied to ``x`` ``(B, C, H, W)``."""
     b, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = module.kernel_size, module.stride, module.padding, module.dilation
-    return b * c * kh * kw * _output_size(h, kh, sh, ph, dh) * _output_size(w, kw, sw, pw, dw)
+    return b * c * kh * kw * conv_output_size(h, kh, sh, ph, dh) * conv_output_size(w, kw, sw, pw, dw)
 
 
 def takes_matrix(module: nn.Conv2d, x: Tensor, rows: int) -> bool:
@@ -192,4 +193,5 @@ class UnfoldedConvolutions:
 
 
 __all__ = ["MATRIX_MAX_ENTRIES", "MATRIX_MAX_POSITIONS", "MATRIX_MIN_ROWS", "UNFOLD_MAX_ENTRIES", "UnfoldedConvolutions",
-           "expressible", "rowwise_conv2d", "takes_matrix", "unfold_matrix", "unfolded_conv2d", "unfolded_entries"]
+           "conv_output_size", "expressible", "rowwise_conv2d", "takes_matrix", "unfold_matrix", "unfolded_conv2d",
+           "unfolded_entries"]
