@@ -199,6 +199,34 @@ def test_batched_synthesis_equals_one_client_at_a_time(digits):
         assert det["gradient_cosine"] > det["gradient_cosine_init"]
 
 
+def test_batched_synthesis_of_lenet_is_rowwise_and_equals_the_vmap_form(digits, monkeypatch):
+    """LeNet's concealed samples are synthesised with leakgym.models.rowwise (no vmap): every step's forward
+    pass is one row-wise call, and the results equal those of the vmap form (switched off) to rounding."""
+    from leakgym.defenses.dcs2 import dcs2_gradients
+    from leakgym.models.rowwise import RowwiseForward
+
+    spec, _, _, px, py = digits
+    clients = _clients(spec, px, py, sizes=(1, 2, 1))
+    calls = []
+    real = RowwiseForward.logits
+    monkeypatch.setattr(RowwiseForward, "logits", lambda self, *a: calls.append(1) or real(self, *a))
+
+    def run():
+        return dcs2_gradients(*(list(t) for t in zip(*clients)),
+                              [torch.Generator().manual_seed(7 + i) for i in range(len(clients))])
+
+    rows = run()
+    assert len(calls) == clients[0][4]["steps"] + 2  # the start, every step, the final evaluation
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    vmapped = run()
+    assert len(calls) == clients[0][4]["steps"] + 2
+    for (a, da), (b, db) in zip(rows, vmapped):
+        torch.testing.assert_close(da["concealed_x"], db["concealed_x"], rtol=1e-4, atol=1e-4)
+        for n, t in b.items():
+            torch.testing.assert_close(a[n], t, rtol=1e-4, atol=1e-6)
+        assert da["objective"] == pytest.approx(db["objective"], rel=1e-4, abs=1e-5)
+
+
 def test_batched_synthesis_rejects_mixed_steps_and_architectures(digits):
     from leakgym.defenses.dcs2 import dcs2_gradients
 

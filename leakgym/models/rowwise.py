@@ -98,25 +98,31 @@ class RowwiseForward:
 
     def __call__(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         rows, batch = x.shape[0], x.shape[1]
-        h = x
-        for m, name in self.layers:
-            kind = type(m)
-            if kind is nn.Conv2d:
-                bias = params[f"{name}.bias"] if m.bias is not None else None
-                h = rowwise_conv2d(h, params[f"{name}.weight"], bias, m.stride, m.padding, m.dilation,
-                                   via_matrix=takes_matrix(m, h[0], self.rows))
-            elif kind is nn.Linear:
-                weight = params[f"{name}.weight"]
-                bias = params[f"{name}.bias"] if m.bias is not None else None
-                h = h @ weight.transpose(1, 2) if bias is None else torch.baddbmm(bias.unsqueeze(1), h,
-                                                                                    weight.transpose(1, 2))
-            elif kind is nn.Flatten:
-                h = h.reshape(rows, batch, -1)
-            else:
-                h = _ACTIVATIONS[kind](h)
-        logits = h.reshape(rows * batch, -1)
+        logits, _ = self.logits(params, x)
         target = y.reshape(rows * batch, *y.shape[2:])
-        return F.cross_entropy(logits, target, reduction="none").reshape(rows, batch).mean(dim=1)
+        return F.cross_entropy(logits.reshape(rows * batch, -1), target, reduction="none").reshape(rows, batch).mean(1)
+
+    def logits(self, params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+        """``(R, B, classes)`` logits and ``(R, B, D)`` features (the head's input) of every row."""
+        h = x
+        for m, name in self.layers[:-1]:  # the body
+            h = self._layer(m, name, params, h)
+        head, name = self.layers[-1]
+        return self._layer(head, name, params, h), h
+
+    def _layer(self, m: nn.Module, name: str, params: dict[str, Tensor], h: Tensor) -> Tensor:
+        """Layer ``m`` (called ``name``) of every row: ``h (R, B, ...)`` -> ``(R, B, ...)``."""
+        kind = type(m)
+        if kind is nn.Conv2d:
+            bias = params[f"{name}.bias"] if m.bias is not None else None
+            return rowwise_conv2d(h, params[f"{name}.weight"], bias, m.stride, m.padding, m.dilation,
+                                  via_matrix=takes_matrix(m, h[0], self.rows))
+        if kind is nn.Linear:
+            weight = params[f"{name}.weight"].transpose(1, 2)
+            return h @ weight if m.bias is None else torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), h, weight)
+        if kind is nn.Flatten:
+            return h.reshape(h.shape[0], h.shape[1], -1)
+        return _ACTIVATIONS[kind](h)
 
 
 __all__ = ["RowwiseForward"]
