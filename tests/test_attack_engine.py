@@ -510,17 +510,17 @@ def test_gradient_distance_equals_its_per_layer_formula(distance, scheme, flat_m
     torch.testing.assert_close(got, torch.stack(want), rtol=1e-12, atol=1e-12)
 
 
-def _flat_case(scheme, restarts):
+def _flat_case(scheme, restarts, device="cpu"):
     from leakgym.attacks.losses import FlatWeights, layer_weights, target_sq_norms
 
     g = torch.Generator().manual_seed(1)
     shapes = {"a": (4, 3), "b": (5,), "c": (2, 2, 3)}
-    targets = {k: torch.randn(2, *s, generator=g, dtype=torch.float64) for k, s in shapes.items()}
+    targets = {k: torch.randn(2, *s, generator=g, dtype=torch.float64).to(device) for k, s in shapes.items()}
     w = layer_weights(list(shapes), scheme)
     names = [k for k in shapes if w[k] != 0]
-    flat_w = FlatWeights(targets, w, names, dtype=torch.float64, device=torch.device("cpu"))
+    flat_w = FlatWeights(targets, w, names, dtype=torch.float64, device=torch.device(device))
     t = torch.cat([targets[k].reshape(2, -1) for k in names], dim=1)
-    dummy = torch.randn(2 * restarts, t.shape[1], generator=g, dtype=torch.float64)
+    dummy = torch.randn(2 * restarts, t.shape[1], generator=g, dtype=torch.float64).to(device)
     return dummy, t, flat_w, target_sq_norms(targets, w)
 
 
@@ -548,6 +548,20 @@ def test_the_written_out_backward_of_the_flat_distance_is_autograds(distance, sc
     assert torch.isfinite(grad).all()
     probe = (dummy + 0.3).requires_grad_(True)  # away from the clamps: finite differences apply
     assert torch.autograd.gradcheck(lambda x: _FlatDistance.apply(x, t, flat_w, distance, norms), (probe,))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("distance", ["l2", "cosine"])
+def test_the_written_out_backward_of_the_flat_distance_on_cuda(cuda_device, distance):
+    """The same comparison on CUDA (float64 there too): autograd's backward and the written-out one."""
+    from leakgym.attacks.losses import _matrix_distance, matrix_distance
+
+    dummy, t, flat_w, norms = _flat_case({"a": 0.5, "c": 2.0}, 3, device=cuda_device)
+    mine, ref = dummy.clone().requires_grad_(True), dummy.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(matrix_distance(mine, t, flat_w, distance=distance, target_norm_sq=norms).sum(), mine)
+    (want,) = torch.autograd.grad(_matrix_distance(ref, t, flat_w, distance, norms)[0].sum(), ref)
+    assert grad.device.type == "cuda"
+    torch.testing.assert_close(grad, want, rtol=1e-10, atol=1e-12)
 
 
 def test_the_flat_distance_takes_autograds_backward_when_the_targets_need_a_gradient():

@@ -46,9 +46,10 @@ def games_and_batches(digits, n=3, k=2, b=4, device="cpu", arch="lenet"):
     return models, x, y
 
 
+@pytest.mark.parametrize("b", [1, 4])  # 1: the row-wise clients (leakgym.models.rowwise); 4: vmap
 @pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 3)])
-def test_benign_updates_equal_compute_update(digits, kind, steps):
-    models, x, y = games_and_batches(digits)
+def test_benign_updates_equal_compute_update(digits, kind, steps, b):
+    models, x, y = games_and_batches(digits, b=b)
     out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, kind=kind, local_steps=steps,
                                  local_lr=0.05)
     for n, m in enumerate(models):
@@ -346,6 +347,19 @@ def test_batched_fl_on_cuda(digits, cuda_device):
     for name, t in ref.tensors.items():
         assert victims[2].tensors[name].device.type == "cuda"
         torch.testing.assert_close(victims[2].tensors[name], t, **CUDA_TOL)
+
+
+@pytest.mark.cuda
+def test_rowwise_clients_on_cuda(digits, cuda_device):
+    """One image per client: LeNet's clients are row-wise on CUDA too, and equal compute_update there."""
+    models, x, y = games_and_batches(digits, b=1, device=str(cuda_device))
+    out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, kind="model_delta",
+                                 local_steps=2, local_lr=0.05)
+    for n, m in enumerate(models):
+        ref = compute_update(m, x[n, 1], y[n, 1], kind="model_delta", local_steps=2, local_lr=0.05)
+        for name, t in ref.tensors.items():
+            assert out.tensors[name].device.type == "cuda"
+            torch.testing.assert_close(out.tensors[name][n, 1], t, **CUDA_TOL)
 
 
 @pytest.mark.cuda
