@@ -151,8 +151,8 @@ class _FlatDistance(torch.autograd.Function):
     with respect to ``g`` written out, two passes over ``(P, D)``.
 
     Why: autograd's backward of the forward's broadcast products and squares takes five passes over
-    the ``(P, D)`` matrix, two of them with a stride-0 innermost operand that does not vectorise --
-    with LeNet on digits (D = 13,078) they were a third of the engine's per-row cost on one CPU thread.
+    the ``(P, D)`` matrix, two of them with a stride-0 innermost operand that does not vectorise -- in a
+    profile at 64 rows (LeNet on digits, D = 13,078, one CPU thread) about a third of an engine iteration.
     The gradient is
 
     * l2, ``d = s sum_j w_j (g_j - t_j)^2``: ``dd/dg = 2 s w (g - t)``;
@@ -162,7 +162,7 @@ class _FlatDistance(torch.autograd.Function):
 
     Only once differentiable (the engine differentiates the matching loss once, with respect to the
     images through ``g``'s graph); ``t``, ``target_norm_sq`` and the weights must not need a gradient
-    (:func:`matrix_distance` uses autograd's path then). Test: ``tests/test_losses.py`` compares
+    (:func:`matrix_distance` uses autograd's path then). Test: ``tests/test_attack_engine.py`` compares
     both backwards and runs ``gradcheck``.
     """
 

@@ -36,8 +36,9 @@ unchanged.
 
 Exactness (CPU, float32): aggregation is bit-identical to ``Server.aggregate`` given the same updates.
 The vmapped (or row-wise) gradients and forward passes run batched kernels (a convolution over N games
-becomes a grouped convolution, or a batched matrix product), so they equal the per-game loop to rounding: measured for LeNet on digits, at
-most 2e-7 absolute in a gradient entry and 1e-6 relative in the test loss (``tests/test_batched_fl.py``).
+becomes a grouped convolution, or a batched matrix product), so they equal the per-game loop to
+rounding: measured for LeNet on digits, at most 2e-7 absolute in a gradient entry and 1e-6 relative in
+the test loss (``tests/test_batched_fl.py``).
 
 Scope: models whose forward is a deterministic function of parameters, BN statistics and input --
 no PRECODE bottleneck (it samples from torch's global RNG), no dropout, no state other than BN

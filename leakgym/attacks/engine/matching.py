@@ -606,8 +606,8 @@ def run_joint_matching(
                 terms = [alive[0].objective_of(dummy, stats)]
             else:
                 # Each run's rows as one split per tensor, not a narrow per run: the backward of a split
-                # is one concatenation, that of a narrow a zero-filled tensor of all rows per run (8% of
-                # a digits vector step with random attacker actions, measured on one CPU thread).
+                # is one concatenation, that of a narrow a zero-filled tensor of all rows per run (the
+                # fills were 8% of a profiled digits vector step with random attacker actions, one thread).
                 sizes = [r.x.shape[0] for r in alive]
                 mine = flat.split(sizes) if shared else _split_rows(dummy, sizes)
                 st = list(zip(*[list(zip(m.split(sizes), v.split(sizes))) for m, v in stats])) if stats \

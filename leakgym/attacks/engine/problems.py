@@ -386,8 +386,8 @@ class UpdateSimulator:
         return self.rowwise({**fixed, **rows}, x, y), ()
 
     def _small_convolutions(self) -> bool:
-        """Whether every convolution of the model takes :mod:`leakgym.models.convolution`'s unfolded form at this
-        batch size (one forward pass on zeros, recording each layer's input); no convolution: True."""
+        """Whether every convolution of the model takes :mod:`leakgym.models.convolution`'s unfolded form
+        at this batch size (one forward pass on zeros, recording each layer's input); no convolution: True."""
         ps, sizes = self.ps, []
         convs = [m for m in ps.model.modules() if isinstance(m, nn.Conv2d)]
         hooks = [m.register_forward_pre_hook(lambda m, inp: sizes.append(unfolded_entries(m, inp[0]))) for m in convs]
