@@ -11,7 +11,7 @@ from torch.func import vmap
 
 from leakgym.attacks.engine import problems as problems_module
 from leakgym.data import DatasetSpec
-from leakgym.models import build_model, task_loss
+from leakgym.models import LeakGymModel, build_model, task_loss
 from leakgym.models.convolution import rowwise_conv2d
 from leakgym.models.rowwise import RowwiseForward
 
@@ -58,8 +58,17 @@ def test_the_rowwise_form_takes_plain_layer_stacks_only():
     assert RowwiseForward.of(Doubled(SPEC)) is None
 
 
-def _compare_with_vmap(rows, batch, soft, device, dtype, tol):
-    model = _lenet(dtype).to(device)
+class _PlainMLP(LeakGymModel):
+    """A plain stack with linear layers, ReLU, Tanh and a bias-free convolution in its body."""
+
+    def __init__(self, spec):
+        body = nn.Sequential(nn.Conv2d(spec.channels, 2, 3, stride=2, padding=1, bias=False), nn.Tanh(),
+                             nn.Flatten(), nn.Linear(2 * 8 * 8, 16), nn.ReLU(), nn.Identity(), nn.Linear(16, 8))
+        super().__init__(spec, body, 8)
+
+
+def _compare_with_vmap(rows, batch, soft, device, dtype, tol, model=None):
+    model = (_lenet(dtype) if model is None else model.to(dtype)).to(device)
     form = RowwiseForward.of(model)
     form.rows = rows
     g = torch.Generator().manual_seed(2)
@@ -96,6 +105,15 @@ def test_rowwise_losses_and_their_derivatives_equal_the_vmap_form(rows, batch, s
     """Per-row losses, per-row parameter gradients and the image gradient of a matching loss of those
     gradients (the engine's double backward), each row with its own parameters, float64."""
     _compare_with_vmap(rows, batch, soft, "cpu", torch.float64, (1e-12, 1e-10, 1e-9))
+
+
+def test_rowwise_layers_beyond_lenet_equal_the_vmap_form():
+    """Linear layers in the body, ReLU, Tanh, Identity, a convolution without bias and a head on 8
+    features: the same comparison (float64)."""
+    torch.manual_seed(3)
+    model = _PlainMLP(SPEC)
+    assert RowwiseForward.of(model) is not None
+    _compare_with_vmap(5, 2, False, "cpu", torch.float64, (1e-12, 1e-10, 1e-9), model=model)
 
 
 @pytest.mark.cuda
