@@ -1,5 +1,6 @@
-"""The engine's row-wise model form (no vmap) computes what the vmap form computes, to the second
-derivative, and is taken for plain layer stacks only."""
+"""The row-wise model form (leakgym.models.rowwise, no vmap; used by the attack engine, the FL clients
+and DCS2's synthesis) computes what the vmap form computes, to the second derivative, and is taken for
+plain layer stacks only."""
 
 from __future__ import annotations
 
