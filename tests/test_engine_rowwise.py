@@ -60,11 +60,13 @@ def test_the_rowwise_form_takes_plain_layer_stacks_only():
 
 
 class _PlainMLP(LeakGymModel):
-    """A plain stack with linear layers, ReLU, Tanh and a bias-free convolution in its body."""
+    """A plain stack with linear layers (one on the image's last dimension), ReLU, Tanh and a bias-free
+    convolution in its body."""
 
     def __init__(self, spec):
         body = nn.Sequential(nn.Conv2d(spec.channels, 2, 3, stride=2, padding=1, bias=False), nn.Tanh(),
-                             nn.Flatten(), nn.Linear(2 * 8 * 8, 16), nn.ReLU(), nn.Identity(), nn.Linear(16, 8))
+                             nn.Linear(8, 5), nn.Flatten(), nn.Linear(2 * 8 * 5, 16), nn.ReLU(), nn.Identity(),
+                             nn.Linear(16, 8))
         super().__init__(spec, body, 8)
 
 
@@ -109,8 +111,8 @@ def test_rowwise_losses_and_their_derivatives_equal_the_vmap_form(rows, batch, s
 
 
 def test_rowwise_layers_beyond_lenet_equal_the_vmap_form():
-    """Linear layers in the body, ReLU, Tanh, Identity, a convolution without bias and a head on 8
-    features: the same comparison (float64)."""
+    """Linear layers in the body (one on the image rows' last dimension), ReLU, Tanh, Identity, a
+    convolution without bias and a head on 8 features: the same comparison (float64)."""
     torch.manual_seed(3)
     model = _PlainMLP(SPEC)
     assert RowwiseForward.of(model) is not None
@@ -148,3 +150,12 @@ def test_the_engine_takes_the_rowwise_form_for_lenet_and_reconstructs_as_with_vm
     assert taken == [True, False]
     for a, b in zip(fast, slow):
         torch.testing.assert_close(a.images, b.images, rtol=1e-4, atol=1e-4)
+
+
+def test_rowwise_losses_take_int32_class_indices_as_task_loss_does():
+    model = _lenet()
+    form = RowwiseForward.of(model)
+    params = {n: p.detach().expand(2, *p.shape) for n, p in model.named_parameters()}
+    x = torch.randn(2, 1, 1, 16, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    y = torch.tensor([[3], [7]])
+    assert torch.equal(form(params, x, y.to(torch.int32)), form(params, x, y))

@@ -100,6 +100,8 @@ class RowwiseForward:
         rows, batch = x.shape[0], x.shape[1]
         logits, _ = self.logits(params, x)
         target = y.reshape(rows * batch, *y.shape[2:])
+        if not target.is_floating_point():
+            target = target.long()  # class indices, as task_loss takes them
         return F.cross_entropy(logits.reshape(rows * batch, -1), target, reduction="none").reshape(rows, batch).mean(1)
 
     def logits(self, params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
@@ -117,9 +119,11 @@ class RowwiseForward:
             bias = params[f"{name}.bias"] if m.bias is not None else None
             return rowwise_conv2d(h, params[f"{name}.weight"], bias, m.stride, m.padding, m.dilation,
                                   via_matrix=takes_matrix(m, h[0], self.rows))
-        if kind is nn.Linear:
+        if kind is nn.Linear:  # on the last dimension, as nn.Linear: (R, B, ..., in) -> (R, B, ..., out)
             weight = params[f"{name}.weight"].transpose(1, 2)
-            return h @ weight if m.bias is None else torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), h, weight)
+            flat = h.reshape(h.shape[0], -1, h.shape[-1])
+            out = flat @ weight if m.bias is None else torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), flat, weight)
+            return out.reshape(*h.shape[:-1], out.shape[-1])
         if kind is nn.Flatten:
             return h.reshape(h.shape[0], h.shape[1], -1)
         return _ACTIVATIONS[kind](h)
