@@ -18,7 +18,10 @@ PRECODE bottleneck, buffers or hooks, whose body is an ``nn.Sequential`` of exac
 ``Conv2d`` (as :func:`~leakgym.models.convolution.expressible`), ``Linear``, ``Flatten``
 (default dims), ``Sigmoid``, ``ReLU``, ``Tanh``, ``Identity`` -- DLG's LeNet. Any other model (BatchNorm,
 pooling, PRECODE, ResNet, a subclass with its own forward, a hooked module) keeps the vmap form:
-:meth:`RowwiseForward.of` returns None.
+:meth:`RowwiseForward.of` returns None. Like the engine's unfolded convolutions, the form pays only
+while every convolution's unfolded input per row is small (:meth:`RowwiseForward.fits`; the engine
+checks the same bound in its simulator): digits LeNet with one image per row, not the 28x28 or 32x32
+LeNets, nor batches of 8 digits.
 """
 
 from __future__ import annotations
