@@ -32,12 +32,14 @@ def clip_values(update: Update, bound: float) -> Update:
     finite value (the same no-op clamp)."""
     if not (bound > 0) or not math.isfinite(bound):
         raise ValueError(f"clip_value bound={bound!r}; allowed range (0, inf)")
-    return {k: t.clamp(-_capped(bound, t), _capped(bound, t)) for k, t in update.items()}
+    return {k: _clamped(t, bound) for k, t in update.items()}
 
 
-def _capped(bound: float, t: Tensor) -> float:
-    """``bound``, or the largest finite value of ``t``'s dtype when ``bound`` exceeds it."""
-    return min(bound, float(torch.finfo(t.dtype).max)) if t.is_floating_point() else bound
+def _clamped(t: Tensor, bound: float) -> Tensor:
+    """``t`` clamped to ``[-bound, bound]``, ``bound`` capped at the largest finite value of ``t``'s dtype."""
+    if t.is_floating_point():
+        bound = min(bound, float(torch.finfo(t.dtype).max))
+    return t.clamp(-bound, bound)
 
 
 class ClipValue(UpdateDefense):

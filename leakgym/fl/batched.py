@@ -15,8 +15,9 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
   parameters, and one ``torch.autograd.grad`` of the rows' summed losses gives every client its own
   gradient, where its convolutions are small enough for the unfolded form
   (:meth:`~leakgym.models.rowwise.RowwiseForward.fits`; measured per call on digits LeNet, one
-  image per client, one CPU thread: 1 game x 4 clients 3.5 -> 1.1 ms, 16 x 4 7.8 -> 5.5 ms, 64 x 4 and
-  256 x 1 within noise; with 8 images per client the vmapped form stays); the victims' defended training
+  image per client, one CPU thread: 1 game x 4 clients 3.5 -> 1.1 ms, 16 x 4 7.8 -> 5.5 ms, 64 x 4
+  20.7 -> 22.0 ms, 256 x 1 23.6 -> 20.9 ms; with 8 images per client the vmapped form stays); the victims'
+  defended training
   (:func:`leakgym.fl.client.compute_updates` with ``batched=True``) takes one :func:`benign_updates`
   gradient per local step, so that a step defense can transform it in between;
 * :func:`aggregate_many` -- every game's example-weighted mean of its clients' updates applied to its

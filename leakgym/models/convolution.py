@@ -98,24 +98,32 @@ def unfold_matrix(h: int, w: int, kernel: tuple[int, int], stride: tuple[int, in
     return _MATRICES[key]
 
 
+def _unfolded(x: Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+              dilation: tuple[int, int], via_matrix: bool) -> tuple[Tensor, int, int]:
+    """``F.unfold`` of ``x (n, C, H, W)``: ``(n, C*kh*kw, L)``, or with ``via_matrix`` the product with
+    :func:`unfold_matrix` (the same values); and the output's height and width."""
+    n, c, h, w = x.shape
+    kh, kw = kernel
+    if via_matrix:
+        matrix = unfold_matrix(h, w, kernel, stride, padding, dilation, device=x.device, dtype=x.dtype)
+        cols = (x.reshape(n, c, h * w) @ matrix).reshape(n, c * kh * kw, -1)
+    else:
+        cols = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)
+    return (cols, conv_output_size(h, kh, stride[0], padding[0], dilation[0]),
+            conv_output_size(w, kw, stride[1], padding[1], dilation[1]))
+
+
 def unfolded_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
                     padding: tuple[int, int], dilation: tuple[int, int], *, via_matrix: bool = False) -> Tensor:
     """``F.conv2d(x, weight, bias, stride, padding, dilation)`` for ``groups=1`` and 4-D ``x``, as an
     unfold and one matrix product; the unfold is ``F.unfold``, or with ``via_matrix`` the product with
     :func:`unfold_matrix` (see the module docstring)."""
-    n, c, h, w = x.shape
     out_ch, _, kh, kw = weight.shape
-    if via_matrix:
-        matrix = unfold_matrix(h, w, (kh, kw), stride, padding, dilation, device=x.device, dtype=x.dtype)
-        cols = (x.reshape(n, c, h * w) @ matrix).reshape(n, c * kh * kw, -1)  # (n, C*kh*kw, L)
-    else:
-        cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (n, C*kh*kw, L)
+    cols, ho, wo = _unfolded(x, (kh, kw), stride, padding, dilation, via_matrix)  # (n, C*kh*kw, L)
     out = weight.reshape(out_ch, -1) @ cols  # (n, O, L)
     if bias is not None:
         out = out + bias.reshape(1, out_ch, 1)
-    ho = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
-    wo = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
-    return out.reshape(n, out_ch, ho, wo)
+    return out.reshape(x.shape[0], out_ch, ho, wo)
 
 
 def rowwise_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
@@ -125,11 +133,7 @@ def rowwise_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple
     ``F.conv2d(x[r], weight[r], bias[r], ...)`` (used by :class:`~leakgym.models.rowwise.RowwiseForward`)."""
     rows, batch, c, h, w = x.shape
     out_ch, _, kh, kw = weight.shape[1:]
-    if via_matrix:
-        matrix = unfold_matrix(h, w, (kh, kw), stride, padding, dilation, device=x.device, dtype=x.dtype)
-        cols = x.reshape(rows, batch * c, h * w) @ matrix  # (R, B*C, kh*kw*L): one product for every row
-    else:
-        cols = F.unfold(x.reshape(rows * batch, c, h, w), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+    cols, ho, wo = _unfolded(x.reshape(rows * batch, c, h, w), (kh, kw), stride, padding, dilation, via_matrix)
     if batch == 1 and bias is not None:  # the engine's usual case: one image per row, one baddbmm
         out = torch.baddbmm(bias.reshape(rows, out_ch, 1), weight.reshape(rows, out_ch, c * kh * kw),
                             cols.reshape(rows, c * kh * kw, -1))
@@ -137,8 +141,6 @@ def rowwise_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple
         out = weight.reshape(rows, 1, out_ch, c * kh * kw) @ cols.reshape(rows, batch, c * kh * kw, -1)
         if bias is not None:
             out = out + bias.reshape(rows, 1, out_ch, 1)
-    ho = conv_output_size(h, kh, stride[0], padding[0], dilation[0])
-    wo = conv_output_size(w, kw, stride[1], padding[1], dilation[1])
     return out.reshape(rows, batch, out_ch, ho, wo)
 
 
