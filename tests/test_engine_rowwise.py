@@ -59,6 +59,60 @@ def test_the_rowwise_form_takes_plain_layer_stacks_only():
     assert RowwiseForward.of(Doubled(SPEC)) is None
 
 
+def test_a_forward_replaced_on_a_layer_or_hooks_on_every_module_keep_the_vmap_form():
+    """A layer whose ``forward`` is set on the object (not its class) computes something the row-wise form
+    does not know, and so do hooks registered for every module: both keep the vmap form, which runs them.
+    The engine's own unfolded convolutions (the class's convolution) do not."""
+    from leakgym.models.convolution import UnfoldedConvolutions
+
+    patched = _lenet()
+    native = type(patched.body.conv2).forward
+    patched.body.conv2.forward = lambda x: 2 * native(patched.body.conv2, x)
+    assert RowwiseForward.of(patched) is None
+
+    unfolded = _lenet()
+    convolutions = UnfoldedConvolutions(unfolded)
+    assert all("forward" in vars(m) for m in convolutions.modules)
+    assert RowwiseForward.of(unfolded) is not None
+    convolutions.close()
+
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        assert RowwiseForward.of(_lenet()) is None
+    finally:
+        handle.remove()
+    assert RowwiseForward.of(_lenet()) is not None
+
+
+def test_the_engine_runs_a_layer_forward_replaced_on_the_object(digits):
+    """A model whose convolution's ``forward`` is replaced on the object (here: doubled): at the true
+    images the engine's dummy updates are the shared updates, on its vectorised and its sequential path
+    (neither the row-wise form nor the unfolded convolutions put the class's forward back)."""
+    import types
+
+    from leakgym.attacks.engine.problems import ProblemSet, UpdateSimulator
+    from tests.test_attack_engine import problems_for
+
+    torch.manual_seed(0)
+    model = build_model("lenet", digits.spec)
+    model.body.conv2.forward = types.MethodType(lambda self, x: 2 * type(self).forward(self, x), model.body.conv2)
+    updates, knowledges = problems_for(model, digits, n=2, b=1)
+    labels = torch.stack([k.labels for k in knowledges])
+    ps = ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors), labels=labels)
+    x = torch.stack([digits.spec.normalize(digits.train_x[i:i + 1]) for i in range(2)])
+    sim = UpdateSimulator(ps, [1, 1], record_bn=False)
+    try:
+        sim.select(torch.arange(2))
+        assert sim.rowwise is None
+        for path in (sim.vectorised, sim.sequential):
+            dummy, _ = path(x, labels, x.new_zeros(2, 0))
+            for i, update in enumerate(updates):
+                for name, want in update.tensors.items():
+                    torch.testing.assert_close(dummy[name][i], want, rtol=1e-4, atol=1e-6)
+    finally:
+        sim.close()
+
+
 class _PlainMLP(LeakGymModel):
     """A plain stack with linear layers (one on the image's last dimension), ReLU, Tanh and a bias-free
     convolution in its body."""

@@ -171,7 +171,7 @@ class UnfoldedConvolutions:
 
     The layers' ``forward`` is replaced on this (private) model only and reads ``module.weight`` and
     ``module.bias`` at call time, so ``torch.func.functional_call`` parameters reach it. :meth:`close`
-    restores the class's forward.
+    restores the class's forward. A layer whose ``forward`` was already replaced on the object keeps it.
     """
 
     def __init__(self, model: nn.Module, max_entries: int = UNFOLD_MAX_ENTRIES) -> None:
@@ -179,7 +179,9 @@ class UnfoldedConvolutions:
         self.rows = 1
         """Rows the engine computes at once (set by its simulator; decides :func:`takes_matrix`)."""
         self.max_entries = max_entries
-        self.modules = [m for m in model.modules() if isinstance(m, nn.Conv2d) and expressible(m)]
+        # A layer whose forward was replaced on the object computes something else: it keeps that forward.
+        self.modules = [m for m in model.modules()
+                        if isinstance(m, nn.Conv2d) and expressible(m) and "forward" not in vars(m)]
         for m in self.modules:
             m.forward = self._forward_of(m)
 
@@ -192,6 +194,7 @@ class UnfoldedConvolutions:
             return unfolded_conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation,
                                    via_matrix=takes_matrix(module, x, self.rows))
 
+        forward.computes_class_forward = True  # the same convolution (RowwiseForward.of accepts the layer)
         return forward
 
     def close(self) -> None:

@@ -17,7 +17,8 @@ It takes a :class:`~leakgym.models.base.LeakGymModel` whose ``forward`` is the b
 PRECODE bottleneck, buffers or hooks, whose body is an ``nn.Sequential`` of exactly these layer types:
 ``Conv2d`` (as :func:`~leakgym.models.convolution.expressible`), ``Linear``, ``Flatten``
 (default dims), ``Sigmoid``, ``ReLU``, ``Tanh``, ``Identity`` -- DLG's LeNet. Any other model (BatchNorm,
-pooling, PRECODE, ResNet, a subclass with its own forward, a hooked module) keeps the vmap form:
+pooling, PRECODE, ResNet, a subclass with its own forward, a layer whose ``forward`` was replaced on the
+object, a hooked module or hooks on every module) keeps the vmap form:
 :meth:`RowwiseForward.of` returns None. Like the engine's unfolded convolutions, the form pays only
 while every convolution's unfolded input per row is small (:meth:`RowwiseForward.fits`; the engine
 checks the same bound in its simulator): digits LeNet with one image per row, not the 28x28 or 32x32
@@ -45,9 +46,27 @@ _ACTIVATIONS: dict[type, Callable[[Tensor], Tensor]] = {
     nn.Sigmoid: torch.sigmoid, nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Identity: lambda t: t}
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
 def _hooked(module: nn.Module) -> bool:
-    return any(bool(getattr(module, name, None)) for name in (
-        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+    return any(bool(getattr(module, name, None)) for name in _HOOKS)
+
+
+def _global_hooks() -> bool:
+    """Whether hooks for every module are registered (``torch.nn.modules.module.register_module_forward_hook``
+    and its kin): the vmap form runs them, the row-wise form would not."""
+    import torch.nn.modules.module as module_module
+
+    return any(bool(getattr(module_module, f"_global{name}", None)) for name in _HOOKS)
+
+
+def _own_forward(module: nn.Module) -> bool:
+    """Whether ``module`` has a ``forward`` of its own instance (set on the object, not its class), other
+    than the engine's unfolded convolutions' (:class:`~leakgym.models.convolution.UnfoldedConvolutions`,
+    which compute the class's convolution)."""
+    forward = vars(module).get("forward")
+    return forward is not None and not getattr(forward, "computes_class_forward", False)
 
 
 class RowwiseForward:
@@ -70,7 +89,8 @@ class RowwiseForward:
             return None
         if model.bottleneck is not None or type(model.body) is not nn.Sequential or type(model.head) is not nn.Linear:
             return None
-        if any(True for _ in model.buffers()) or any(_hooked(m) for m in model.modules()):
+        if any(True for _ in model.buffers()) or _global_hooks() \
+                or any(_hooked(m) or _own_forward(m) for m in model.modules()):
             return None
         layers = [(m, f"body.{name}") for name, m in model.body.named_children()] + [(model.head, "head")]
         for m, _ in layers:
