@@ -212,6 +212,26 @@ def test_evaluate_many_equals_server_evaluate(digits, vectorise):
         assert loss[n] == pytest.approx(lo, rel=FL_TOL["rtol"]) and per_game[1][n] == pytest.approx(lo, rel=1e-5)
 
 
+def test_evaluate_many_on_a_cpu_takes_the_plain_layers_of_lenet(digits, monkeypatch):
+    """DLG's LeNet is evaluated by its layers' functional kernels (RowwiseForward.plain_logits): every
+    game's accuracy and loss are exactly those of the functional_call loop (and Server.evaluate's, to
+    the rounding of its loss sum)."""
+    from leakgym.models.rowwise import RowwiseForward
+
+    models, _, _ = games_and_batches(digits, n=3)
+    ex, ey = digits.spec.normalize(digits.test_x[:100]), digits.test_y[:100]
+    calls = []
+    real = RowwiseForward.plain_logits
+    monkeypatch.setattr(RowwiseForward, "plain_logits", lambda self, p, x: calls.append(1) or real(self, p, x))
+    acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, vectorise=False)
+    assert len(calls) == 3
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    assert batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, vectorise=False) == (acc, loss)
+    for n, m in enumerate(models):
+        a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
+        assert acc[n] == a and loss[n] == pytest.approx(lo, rel=FL_TOL["rtol"])
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_evaluate_many_bounds_the_images_of_a_vectorised_pass(digits, monkeypatch, shared):
     """A pass holds every layer's activations of all its images (32 CIFAR ConvNets x 1,000 images peaked

@@ -213,3 +213,17 @@ def test_rowwise_losses_take_int32_class_indices_as_task_loss_does():
     x = torch.randn(2, 1, 1, 16, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     y = torch.tensor([[3], [7]])
     assert torch.equal(form(params, x, y.to(torch.int32)), form(params, x, y))
+
+
+@pytest.mark.parametrize("make", [lambda: _lenet(torch.float32), lambda: _PlainMLP(SPEC)])
+def test_plain_logits_are_the_models_functional_call_bit_for_bit(make):
+    """The CPU evaluation loop's direct layer calls (RowwiseForward.plain_logits) give exactly what the
+    module gives with the same parameters (functional_call): same kernels, same order."""
+    from torch.func import functional_call
+
+    torch.manual_seed(5)
+    model = make()
+    params = {n: p.detach() + 0.1 * torch.randn_like(p) for n, p in model.named_parameters()}
+    x = torch.randn(7, 1, 16, 16)
+    want = functional_call(model, params, (x,))
+    assert torch.equal(RowwiseForward.of(model).plain_logits(params, x), want)

@@ -411,8 +411,10 @@ def evaluate_many(
     On a CPU the games are evaluated one after another (``functional_call`` on each game's row of
     ``params``, no module copies): a held-out set is a large batch, where the grouped convolution that
     ``vmap`` makes of N models is the slower kernel -- measured for 16 digits LeNets on 256 images, one
-    thread: 51 ms vectorised, 29 ms one game at a time. Other devices take the vectorised pass;
-    ``vectorise`` forces one or the other.
+    thread: 51 ms vectorised, 29 ms one game at a time. A plain layer stack (DLG's LeNet,
+    :class:`~leakgym.models.rowwise.RowwiseForward`) calls its layers' functional kernels directly
+    (:meth:`~leakgym.models.rowwise.RowwiseForward.plain_logits`, the same values bit for bit). Other
+    devices take the vectorised pass; ``vectorise`` forces one or the other.
     """
     n_games = next(iter(params.values())).shape[0]
     params = {**(buffers or {}), **params}
@@ -444,9 +446,13 @@ def evaluate_many(
     losses = []
     with in_mode(model, False):
         if not vectorise:
+            # A plain layer stack calls its layers' functional kernels directly: the same values, without
+            # functional_call's reparametrisation and the module calls around every layer.
+            plain = RowwiseForward.of(model)
+            logits_of = forward if plain is None else plain.plain_logits
             for i in range(n_games):
                 xi, yi = (x, y) if shared else (x[i], y[i])
-                logits = forward({k: v[i] for k, v in params.items()}, xi)
+                logits = logits_of({k: v[i] for k, v in params.items()}, xi)
                 ce = F.cross_entropy(logits, yi, reduction="none")
                 accuracy.append(int(correct_predictions(logits, yi).sum()) / yi.shape[0])
                 losses.append(float(ce.sum()) / yi.shape[0])

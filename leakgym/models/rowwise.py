@@ -135,6 +135,26 @@ class RowwiseForward:
         head, name = self.layers[-1]
         return self._layer(head, name, params, h), h
 
+    def plain_logits(self, params: dict[str, Tensor], x: Tensor) -> Tensor:
+        """Logits of the model with one parameter set ``params`` (no row dimension) on ``x (B, C, H, W)``,
+        each layer by the functional kernel its module's forward calls (``F.conv2d``, ``F.linear``, the
+        activation): the values of ``functional_call(model, params, (x,))`` bit for bit, without the module
+        calls and the reparametrisation around them (the CPU evaluation loop of
+        :func:`~leakgym.fl.batched.evaluate_many`)."""
+        h = x
+        for m, name in self.layers:
+            kind = type(m)
+            if kind is nn.Conv2d:
+                bias = params[f"{name}.bias"] if m.bias is not None else None
+                h = F.conv2d(h, params[f"{name}.weight"], bias, m.stride, m.padding, m.dilation, m.groups)
+            elif kind is nn.Linear:
+                h = F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"] if m.bias is not None else None)
+            elif kind is nn.Flatten:
+                h = h.flatten(1, -1)
+            else:
+                h = _ACTIVATIONS[kind](h)
+        return h
+
     def _layer(self, m: nn.Module, name: str, params: dict[str, Tensor], h: Tensor) -> Tensor:
         """Layer ``m`` (called ``name``) of every row: ``h (R, B, ...)`` -> ``(R, B, ...)``."""
         kind = type(m)
