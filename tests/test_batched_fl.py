@@ -346,6 +346,24 @@ def test_federated_steps_equal_federated_step_game_by_game(cheap_overrides, mode
             assert d.timings["fl_s"] > 0
 
 
+def test_federated_steps_aggregate_a_victim_update_without_some_parameters_as_the_server_does(cheap_overrides):
+    """A victim's update that lacks a parameter (here the head's bias): that game's mean over the name
+    leaves the victim out (Server.aggregate's per-name rule), with the benign clients pooled or not."""
+    loop, batch = _games(cheap_overrides, 2), _games(cheap_overrides, 2)
+    for _ in range(2):
+        d_loop, d_batch = _defended(loop), _defended(batch)
+        for d in (d_loop[0], d_batch[0]):
+            del d.update.tensors["head.bias"]
+        for e, d in zip(loop, d_loop):
+            e.game.federated_step(d)
+        type(batch[0].game).federated_steps([e.game for e in batch], d_batch)
+        for a, b in zip(loop, batch):
+            assert a.game.accuracy == b.game.accuracy
+            for (name, pa), (_, pb) in zip(a.game.server.model.state_dict().items(),
+                                           b.game.server.model.state_dict().items()):
+                torch.testing.assert_close(pa, pb, **FL_TOL)
+
+
 @pytest.mark.cuda
 def test_batched_fl_on_cuda(digits, cuda_device):
     models, x, y = games_and_batches(digits, device=str(cuda_device))
