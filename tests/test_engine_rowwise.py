@@ -227,3 +227,24 @@ def test_plain_logits_are_the_models_functional_call_bit_for_bit(make):
     x = torch.randn(7, 1, 16, 16)
     want = functional_call(model, params, (x,))
     assert torch.equal(RowwiseForward.of(model).plain_logits(params, x), want)
+
+
+@pytest.mark.cuda
+def test_plain_logits_on_cuda_are_the_models_functional_call(cuda_device):
+    """The same on CUDA (and evaluate_many's loop forced there), to cuDNN's rounding."""
+    from torch.func import functional_call
+
+    from leakgym.fl.batched import evaluate_many
+
+    torch.manual_seed(5)
+    model = _lenet(torch.float32).to(cuda_device)
+    params = {n: p.detach() + 0.1 * torch.randn_like(p) for n, p in model.named_parameters()}
+    x = torch.randn(7, 1, 16, 16, device=cuda_device)
+    got = RowwiseForward.of(model).plain_logits(params, x)
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got, functional_call(model, params, (x,)), rtol=1e-5, atol=1e-5)
+    stacked = {n: t.unsqueeze(0) for n, t in params.items()}
+    y = torch.randint(0, 10, (7,), device=cuda_device)
+    loop = evaluate_many(model, stacked, x, y, vectorise=False)
+    vectorised = evaluate_many(model, stacked, x, y, vectorise=True)
+    assert loop[0] == vectorised[0] and loop[1] == pytest.approx(vectorised[1], rel=1e-5)
