@@ -225,8 +225,13 @@ def test_evaluate_many_on_a_cpu_takes_the_plain_layers_of_lenet(digits, monkeypa
     monkeypatch.setattr(RowwiseForward, "plain_logits", lambda self, p, x: calls.append(1) or real(self, p, x))
     acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, vectorise=False)
     assert len(calls) == 3
+    # A parameter left out of ``params`` comes from the module, as functional_call takes it.
+    partial = {k: v for k, v in batched.stack_parameters(models).items() if k != "head.bias"}
+    partly = batched.evaluate_many(models[0], partial, ex, ey, vectorise=False)
+    assert len(calls) == 3
     monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
     assert batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, vectorise=False) == (acc, loss)
+    assert batched.evaluate_many(models[0], partial, ex, ey, vectorise=False) == partly
     for n, m in enumerate(models):
         a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
         assert acc[n] == a and loss[n] == pytest.approx(lo, rel=FL_TOL["rtol"])

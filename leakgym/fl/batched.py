@@ -448,7 +448,11 @@ def evaluate_many(
         if not vectorise:
             # A plain layer stack calls its layers' functional kernels directly: the same values, without
             # functional_call's reparametrisation and the module calls around every layer.
+            # (functional_call takes a parameter missing from ``params`` from the module; the layers' calls
+            # need every one.)
             plain = RowwiseForward.of(model)
+            if plain is not None and any(n not in params for n, _ in model.named_parameters()):
+                plain = None
             logits_of = forward if plain is None else plain.plain_logits
             for i in range(n_games):
                 xi, yi = (x, y) if shared else (x[i], y[i])
