@@ -77,7 +77,7 @@ def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digit
     monkeypatch.setattr(RowwiseForward, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     rows = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05)
     assert len(calls) == steps
-    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
     vmapped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05)
     assert len(calls) == steps
     for name, t in vmapped.tensors.items():
@@ -101,6 +101,9 @@ def test_the_rowwise_form_fits_small_unfolded_convolutions_only():
     form = RowwiseForward.of(build_model("lenet", spec))
     assert form.fits(1, (1, 16, 16)) and not form.fits(4, (1, 16, 16))
     assert not form.fits(1, (3, 32, 32))
+    # RowwiseForward.of with a batch: the form where it fits, None where it does not
+    model = build_model("lenet", spec)
+    assert RowwiseForward.of(model, 1, (1, 16, 16)) is not None and RowwiseForward.of(model, 4, (1, 16, 16)) is None
 
 
 @pytest.mark.parametrize("arch", ["convnet", "mlp"])
@@ -229,7 +232,7 @@ def test_evaluate_many_on_a_cpu_takes_the_plain_layers_of_lenet(digits, monkeypa
     partial = {k: v for k, v in batched.stack_parameters(models).items() if k != "head.bias"}
     partly = batched.evaluate_many(models[0], partial, ex, ey, vectorise=False)
     assert len(calls) == 3
-    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
     assert batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey, vectorise=False) == (acc, loss)
     assert batched.evaluate_many(models[0], partial, ex, ey, vectorise=False) == partly
     for n, m in enumerate(models):

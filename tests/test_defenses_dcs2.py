@@ -217,7 +217,7 @@ def test_batched_synthesis_of_lenet_is_rowwise_and_equals_the_vmap_form(digits, 
 
     rows = run()
     assert len(calls) == clients[0][4]["steps"] + 2  # the start, every step, the final evaluation
-    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
     vmapped = run()
     assert len(calls) == clients[0][4]["steps"] + 2
     for (a, da), (b, db) in zip(rows, vmapped):

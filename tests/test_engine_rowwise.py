@@ -199,7 +199,7 @@ def test_the_engine_takes_the_rowwise_form_for_lenet_and_reconstructs_as_with_vm
     monkeypatch.setattr(problems_module.UpdateSimulator, "__init__", spy)
     attack = InvertingGradients(iterations=6, restarts=2)
     fast = attack.reconstruct_batch(updates, knowledges, seeds=[1, 2, 3])
-    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model: None))
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
     slow = attack.reconstruct_batch(updates, knowledges, seeds=[1, 2, 3])
     assert taken == [True, False]
     for a, b in zip(fast, slow):

@@ -454,9 +454,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     stacked = stack_buffers(models)
     constants = {n: b.detach() for n, b in base.named_buffers() if n not in stacked}
     row_buffers = {n: t.index_select(0, owner) for n, t in stacked.items()}
-    rowwise = RowwiseForward.of(base)
-    if rowwise is not None and not rowwise.fits(1, tuple(xs[0].shape[1:])):
-        rowwise = None
+    rowwise = RowwiseForward.of(base, 1, tuple(xs[0].shape[1:]))
     seen: list[Tensor] = []
     hook = base.head.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
     convolutions = UnfoldedConvolutions(base)

@@ -197,9 +197,8 @@ def benign_updates(
     single = b == 1  # a batch of one normalises with the running statistics (bn_eval_if_single)
     net, recorder = (model, None) if not bns or single else _stateless_copy(model)
     frozen = {n: t.detach() for n, t in model.named_parameters() if n not in params}
-    form = None if bns else RowwiseForward.of(model)
-    if form is not None and form.fits(b, tuple(x.shape[3:])):  # a plain layer stack (DLG's LeNet) and small
-        # batches: every client a row, no vmap
+    form = None if bns else RowwiseForward.of(model, b, tuple(x.shape[3:]))
+    if form is not None:  # a plain layer stack (DLG's LeNet) and small batches: every client a row, no vmap
         return ClientUpdates(tensors=_rowwise_updates(form, params, frozen, x, y, kind=kind, local_steps=local_steps,
                                                       local_lr=local_lr))
 

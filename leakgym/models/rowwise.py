@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+import torch.nn.modules.module as module_module
 from torch import Tensor, nn
 
 from leakgym.models.base import LeakGymModel
@@ -60,8 +61,6 @@ def _hooked(module: nn.Module) -> bool:
 def _global_hooks() -> bool:
     """Whether hooks for every module are registered (``torch.nn.modules.module.register_module_forward_hook``
     and its kin): the vmap form runs them, the row-wise form would not."""
-    import torch.nn.modules.module as module_module
-
     return any(bool(getattr(module_module, f"_global{name}", None)) for name in _HOOKS)
 
 
@@ -87,8 +86,10 @@ class RowwiseForward:
         """Rows computed at once (set by the simulator; decides :func:`takes_matrix`)."""
 
     @classmethod
-    def of(cls, model: nn.Module) -> RowwiseForward | None:
-        """The row-wise form of ``model``, or None where it takes the vmap form (module docstring)."""
+    def of(cls, model: nn.Module, batch: int | None = None,
+           image_shape: tuple[int, ...] | None = None) -> RowwiseForward | None:
+        """The row-wise form of ``model``, or None where it takes the vmap form (module docstring) -- or,
+        given ``batch`` and ``image_shape``, where it does not :meth:`fits` batches of that size."""
         if not isinstance(model, LeakGymModel) or type(model).forward is not LeakGymModel.forward:
             return None
         if model.bottleneck is not None or type(model.body) is not nn.Sequential or type(model.head) is not nn.Linear:
@@ -106,7 +107,8 @@ class RowwiseForward:
             if kind is nn.Flatten and m.start_dim == 1 and m.end_dim == -1:
                 continue
             return None
-        return cls(layers)
+        form = cls(layers)
+        return None if batch is not None and not form.fits(batch, image_shape) else form
 
     def fits(self, batch: int, image_shape: tuple[int, ...]) -> bool:
         """Whether every convolution's unfolded input per row (``B * C * kh * kw * L``) stays within
@@ -149,10 +151,9 @@ class RowwiseForward:
         for m, name in self.layers:
             kind = type(m)
             if kind is nn.Conv2d:
-                bias = params[f"{name}.bias"] if m.bias is not None else None
-                h = F.conv2d(h, params[f"{name}.weight"], bias, m.stride, m.padding, m.dilation, m.groups)
+                h = F.conv2d(h, *_weights(m, name, params), m.stride, m.padding, m.dilation, m.groups)
             elif kind is nn.Linear:
-                h = F.linear(h, params[f"{name}.weight"], params[f"{name}.bias"] if m.bias is not None else None)
+                h = F.linear(h, *_weights(m, name, params))
             elif kind is nn.Flatten:
                 h = h.flatten(1, -1)
             else:
@@ -163,17 +164,22 @@ class RowwiseForward:
         """Layer ``m`` (called ``name``) of every row: ``h (R, B, ...)`` -> ``(R, B, ...)``."""
         kind = type(m)
         if kind is nn.Conv2d:
-            bias = params[f"{name}.bias"] if m.bias is not None else None
-            return rowwise_conv2d(h, params[f"{name}.weight"], bias, m.stride, m.padding, m.dilation,
+            return rowwise_conv2d(h, *_weights(m, name, params), m.stride, m.padding, m.dilation,
                                   via_matrix=takes_matrix(m, h[0], self.rows))
         if kind is nn.Linear:  # on the last dimension, as nn.Linear: (R, B, ..., in) -> (R, B, ..., out)
-            weight = params[f"{name}.weight"].transpose(1, 2)
+            weight, bias = _weights(m, name, params)
             flat = h.reshape(h.shape[0], -1, h.shape[-1])
-            out = flat @ weight if m.bias is None else torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), flat, weight)
+            out = flat @ weight.transpose(1, 2) if bias is None \
+                else torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
             return out.reshape(*h.shape[:-1], out.shape[-1])
         if kind is nn.Flatten:
             return h.reshape(h.shape[0], h.shape[1], -1)
         return _ACTIVATIONS[kind](h)
+
+
+def _weights(m: nn.Module, name: str, params: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """Layer ``m``'s (called ``name``) weight and bias (None without one) in ``params``."""
+    return params[f"{name}.weight"], params[f"{name}.bias"] if m.bias is not None else None
 
 
 __all__ = ["RowwiseForward"]
