@@ -1,10 +1,16 @@
-"""Who beats whom in an empirical payoff table: best responses and pure-strategy equilibria.
+"""Who beats whom in an empirical payoff table: best responses, pure-strategy and mixed equilibria.
 
 A best response is decided by mean return, which two agents can share (two attackers that play the
 same action) and which a few episodes only estimate. So every best response lists all the agents tied
 at the best mean (``tied``), and says whether it is ``clear``: its 95% interval lies above the interval
 of every other agent; a winner whose interval overlaps the runner-up's is the best *of this table*,
 not a finding. The printed table marks both.
+
+Mixed equilibria (:func:`mixed_equilibria`) are every Nash equilibrium of the table's mean attacker and
+defender returns (:func:`leakgym.agents.metagame.solvers.analyse_game`); a bootstrap over episodes says
+how stable each one's support is: episode indices are resampled with replacement, the same indices for
+every pair (episode ``e`` of every pair shares its seed, so this keeps the pairing), and the share of
+resamples whose table has an equilibrium with the same supports is reported.
 """
 
 from __future__ import annotations
@@ -73,6 +79,80 @@ def best_responses(table: PayoffTable) -> dict[str, Any]:
     return {"against_defender": against_defender, "against_attacker": against_attacker, "pure_equilibria": equilibria}
 
 
+#: bootstrap resamples of the mixed equilibria's support stability
+BOOTSTRAP_RESAMPLES = 200
+
+
+def mixed_equilibria(table: PayoffTable, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict[str, Any]:
+    """Every mixed equilibrium of the table's mean returns, with supports, probabilities, each side's value and
+    the bootstrap share of resamples with the same supports (``support_stability``; None with one episode).
+
+    Returns ``{"equilibria": [...], "degenerate", "exhaustive", "method", "note", "resamples"}``;
+    ``equilibria`` is empty (and ``note`` says why) when a pair has no finite mean return.
+    """
+    from .metagame.solvers import analyse_game, support
+
+    cached = getattr(table, "_mixed_equilibria", None)  # payoff.json and the printed summary share one bootstrap
+    if cached is not None and cached[0] == (resamples, seed):
+        return cached[1]
+    ra, rd = table.matrix("attacker_return_mean"), table.matrix("defender_return_mean")
+    if not (np.all(np.isfinite(ra)) and np.all(np.isfinite(rd))):
+        return {"equilibria": [], "degenerate": None, "exhaustive": None, "method": None, "resamples": 0,
+                "note": "not solved: a pair has no finite mean return"}
+    analysis = analyse_game(ra, rd)
+    keys = [(tuple(e.attacker_support), tuple(e.defender_support)) for e in analysis.equilibria]
+    counts = dict.fromkeys(keys, 0)
+    n_episodes = {len(p.episodes) for p in table.pairs}
+    done = 0
+    if resamples > 0 and len(n_episodes) == 1 and min(n_episodes) >= 2:
+        n = n_episodes.pop()
+        by_pair = {(p.attacker, p.defender): p for p in table.pairs}
+        sa = np.array([[[e.metrics["attacker_return"] for e in by_pair[(a, d)].episodes] for d in table.defenders]
+                       for a in table.attackers], dtype=np.float64)
+        sd = np.array([[[e.metrics["defender_return"] for e in by_pair[(a, d)].episodes] for d in table.defenders]
+                       for a in table.attackers], dtype=np.float64)
+        rng = np.random.default_rng(seed)
+        for _ in range(resamples):
+            idx = rng.integers(0, n, size=n)
+            found = analyse_game(sa[:, :, idx].mean(axis=2), sd[:, :, idx].mean(axis=2)).equilibria
+            got = {(tuple(support(e.attacker_mix)), tuple(support(e.defender_mix))) for e in found}
+            for key in counts:
+                counts[key] += key in got
+            done += 1
+    equilibria = []
+    for e, key in zip(analysis.equilibria, keys):
+        equilibria.append({
+            "attacker_support": [table.attackers[i] for i in e.attacker_support],
+            "defender_support": [table.defenders[j] for j in e.defender_support],
+            "attacker_mix": {table.attackers[i]: float(e.attacker_mix[i]) for i in e.attacker_support},
+            "defender_mix": {table.defenders[j]: float(e.defender_mix[j]) for j in e.defender_support},
+            "attacker_value": e.attacker_value,
+            "defender_value": e.defender_value,
+            "support_stability": counts[key] / done if done else None,
+        })
+    result = {"equilibria": equilibria, "degenerate": analysis.degenerate, "exhaustive": analysis.exhaustive,
+              "method": analysis.method, "note": analysis.note, "resamples": done}
+    table._mixed_equilibria = ((resamples, seed), result)
+    return result
+
+
+def mixed_equilibria_text(result: dict[str, Any]) -> str:
+    """The mixed equilibria as printed by ``leakgym eval``."""
+    if not result["equilibria"]:
+        return f"mixed equilibria: {result['note']}"
+    lines = [f"mixed equilibria of the mean returns ({result['method']}"
+             + (f"; support stability: share of {result['resamples']} bootstrap resamples of the episodes with an "
+                "equilibrium of the same supports" if result["resamples"] else "") + "):"]
+    for k, e in enumerate(result["equilibria"], 1):
+        mix = lambda d: ", ".join(f"{name} {p:.2f}" for name, p in d.items())
+        stable = "" if e["support_stability"] is None else f"  [support stable in {100 * e['support_stability']:.0f}%]"
+        lines.append(f"  {k}. attacker: {mix(e['attacker_mix'])} | defender: {mix(e['defender_mix'])}  "
+                     f"(values {e['attacker_value']:.3f}, {e['defender_value']:.3f}){stable}")
+    if result["note"]:
+        lines.append(f"  note: {result['note']}")
+    return "\n".join(lines)
+
+
 def _mark(response: dict[str, Any], one_episode: bool = False) -> str:
     """``"(tie: a, b)"`` / ``"(within noise)"`` after a best response that is not a clear win
     (``one_episode``: the pairs have one episode each, so no interval at all)."""
@@ -109,4 +189,4 @@ def who_beats_whom(table: PayoffTable) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TIE_TOLERANCE", "best_responses", "who_beats_whom"]
+__all__ = ["BOOTSTRAP_RESAMPLES", "TIE_TOLERANCE", "best_responses", "mixed_equilibria", "mixed_equilibria_text", "who_beats_whom"]

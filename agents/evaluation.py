@@ -39,7 +39,7 @@ from pathlib import Path
 
 from leakgym.devices import device_argument
 
-from .analysis import best_responses, who_beats_whom
+from .analysis import best_responses, mixed_equilibria, mixed_equilibria_text, who_beats_whom
 from .cli_common import (
     INTERRUPTED,
     add_env_arguments,
@@ -115,6 +115,7 @@ def main(args: argparse.Namespace) -> int:
         return INTERRUPTED
     print(payoff_text(table))
     print(who_beats_whom(table))
+    print(mixed_equilibria_text(mixed_equilibria(table)))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from leakgym.files import replacing
 
-from .analysis import best_responses
+from .analysis import best_responses, mixed_equilibria
 from .payoff import METRICS, MIN_EPISODES, PayoffTable
 
 CSV_COLUMNS = ["attacker", "defender", "episodes", "total_rounds"] + [
@@ -67,6 +67,7 @@ def write_json(table: PayoffTable, path: Path) -> None:
         "interval": "Student-t over episodes, clipped to the metric's range",
         "pairs": table.rows(),
         "best_responses": best_responses(table),
+        "mixed_equilibria": mixed_equilibria(table),
     }
     path.write_text(json.dumps(json_safe(payload), indent=2))
 

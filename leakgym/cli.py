@@ -6,6 +6,7 @@
     leakgym eval ...                  play every attacker against every defender, write payoff files
     leakgym train ...                 train a learned attacker or defender with Stable-Baselines3
     leakgym selfplay ...              alternating best responses
+    leakgym metagame ...              PSRO: populations of attackers and defenders, equilibria, exploitability
     leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--resume|--rerender]   re-run each paper's main table (docs/results/)
     leakgym bench attacks|defenses|env|eval --json PATH
 """
@@ -22,6 +23,7 @@ COMMANDS = {
     "train": ("leakgym.agents.training", "train a learned agent with Stable-Baselines3"),
     "selfplay": ("leakgym.agents.selfplay", "alternating best responses between learned agents"),
     "reproduce": ("leakgym.reproduce", "scaled-down re-runs of each paper's main table"),
+    "metagame": ("leakgym.agents.metagame.cli", "PSRO: populations, mixed equilibria and exploitability"),
 }
 BENCHMARKS = {
     "attacks": ("leakgym.bench.attacks", "batched attack engine vs a sequential loop"),

@@ -1,0 +1,433 @@
+"""Policy-Space Response Oracles (PSRO; Lanctot et al. 2017, Algorithm 1) over attacker and defender populations.
+
+Three parts meet through plain data, as in OpenSpiel's ``psro_v2``:
+
+* the **empirical game** (:class:`EmpiricalGame`): per-episode samples of every (attacker, defender) cell,
+  filled by a :class:`Simulator` (LeakGym's environments in :mod:`.simulation`; an exact matrix game in
+  the tests);
+* the **meta-solver** (:mod:`.solvers`): the mean attacker and defender returns -> one mixture per side;
+* the **oracle** (:class:`Oracle`): a best response of one role against the other side's mixture (a
+  Stable-Baselines3 policy trained against :class:`~.mixture.MixtureAgent` in :mod:`.simulation`).
+
+Iteration ``k`` (1-based) of :func:`run_psro`:
+
+(a) fill the cells of the current populations that have no samples yet;
+(b) solve the meta-game: ``(sigma_A, sigma_D)``;
+(c) train one best response per role against the other side's ``sigma`` (each against the mixture of
+    iteration ``k``, so the two trainings are independent);
+(d) simulate the new members' cells (their row and column, and the cell where they meet), record each
+    side's best-response gain against ``sigma`` and their sum, and add both to the populations.
+
+**Exploitability.** With ``u_A`` the attacker's mean return, the attacker's gain is
+``max_{a in P_A + {BR_A}} u_A(a, sigma_D) - u_A(sigma_A, sigma_D)`` (the best of the new best response
+and the population's own members, so it is >= 0 whatever the meta-solver), likewise the defender's; their
+sum is the approximate NashConv of ``sigma`` (Lanctot et al. 2017, Sec. 3; exact when the oracle is exact).
+Its 95% interval comes from the evaluation episodes: every cell plays episode ``e`` with the same seed
+(common random numbers), so the gain is a mean of per-episode paired differences, and its Student-t
+interval is over those.
+
+Everything is written as it goes (:class:`MetagameState`, ``metagame.json``): the populations, every
+cell's samples, each finished iteration, and the best responses of an unfinished one. ``resume`` continues
+a run without replaying finished cells or retraining a finished best response; a resume with other
+settings is refused naming the difference (``iterations`` may grow).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..payoff import t_interval
+from .solvers import GameAnalysis, analyse_game, meta_solver
+
+STATE_FILE = "metagame.json"
+#: metrics every cell records per episode; the payoffs are the two returns
+CELL_METRICS = ("attacker_return", "defender_return", "leakage_ssim", "leakage_psnr", "accuracy")
+ROLES = ("attacker", "defender")
+
+
+@dataclass
+class Member:
+    """A population member: ``name`` labels it in tables; ``spec`` is what builds it (a preset name, a
+    policy path); ``iteration`` 0 for the initial population, ``k`` for the best response of iteration
+    ``k``; ``sha256`` the policy file's hash (None for presets)."""
+
+    name: str
+    spec: str
+    iteration: int = 0
+    sha256: str | None = None
+
+
+@dataclass
+class CellSamples:
+    """Per-episode values of one cell (each metric a list over episodes ``0..n-1``) and the rounds played."""
+
+    values: dict[str, list[float]]
+    rounds: int = 0
+
+    @property
+    def episodes(self) -> int:
+        return len(next(iter(self.values.values()))) if self.values else 0
+
+
+class Simulator(Protocol):
+    """Plays every attacker of ``attackers`` against every defender of ``defenders``; ``tag`` names the
+    block (a folder for its files, so an interrupted block resumes)."""
+
+    def play(self, attackers: Sequence[Member], defenders: Sequence[Member], tag: str
+             ) -> dict[tuple[str, str], CellSamples]: ...
+
+
+class Oracle(Protocol):
+    """A best response of ``role`` against ``opponents`` mixed with ``mixture``; returns the new member and
+    the environment steps it used. ``name`` is the member's name to use."""
+
+    def best_response(self, role: str, opponents: Sequence[Member], mixture: np.ndarray, *, iteration: int,
+                      name: str) -> tuple[Member, int]: ...
+
+
+class MetagameInterrupted(KeyboardInterrupt):
+    """Ctrl-C during PSRO, after the state was saved (``stage`` says where it stopped)."""
+
+    def __init__(self, stage: str, path: Path) -> None:
+        super().__init__(f"metagame interrupted during {stage}; everything finished is in {path}")
+        self.stage = stage
+
+
+@dataclass
+class EmpiricalGame:
+    """The samples of every cell played so far, keyed by ``(attacker name, defender name)``."""
+
+    cells: dict[tuple[str, str], CellSamples] = field(default_factory=dict)
+
+    def missing(self, attackers: Sequence[Member], defenders: Sequence[Member]) -> list[tuple[str, str]]:
+        return [(a.name, d.name) for a in attackers for d in defenders if (a.name, d.name) not in self.cells]
+
+    def samples(self, attackers: Sequence[str], defenders: Sequence[str], metric: str) -> np.ndarray:
+        """``(m, n, episodes)`` array of ``metric`` (every cell must have the same episode count)."""
+        rows = [[self.cells[(a, d)].values[metric] for d in defenders] for a in attackers]
+        lengths = {len(v) for row in rows for v in row}
+        if len(lengths) != 1:
+            raise ValueError(f"cells have different episode counts {sorted(lengths)}; a table needs one count")
+        return np.asarray(rows, dtype=np.float64)
+
+    def means(self, attackers: Sequence[str], defenders: Sequence[str], metric: str) -> np.ndarray:
+        return self.samples(attackers, defenders, metric).mean(axis=2)
+
+
+def _interval(values: np.ndarray) -> dict[str, float]:
+    mean, low, high = t_interval(values)
+    return {"mean": mean, "ci95_low": low, "ci95_high": high}
+
+
+def best_response_gain(samples: np.ndarray, member_samples: np.ndarray, own_mix: np.ndarray,
+                       other_mix: np.ndarray) -> tuple[dict[str, float], int, np.ndarray]:
+    """One side's gain against the other's mixture, from the row player's point of view.
+
+    ``samples``: ``(m, n, E)`` this side's per-episode payoffs in the table (this side indexes rows);
+    ``member_samples``: ``(n, E)`` the new best response's payoffs against each column; ``own_mix``
+    ``(m,)``, ``other_mix`` ``(n,)``. Returns the interval of the gain, the index of the best deviation
+    (``m`` = the new best response) and the per-episode gains.
+    """
+    value_e = np.einsum("i,ije,j->e", own_mix, samples, other_mix)
+    candidates = np.concatenate([samples, member_samples[None]], axis=0)  # (m + 1, n, E)
+    against_e = np.einsum("ije,j->ie", candidates, other_mix)
+    best = int(np.argmax(against_e.mean(axis=1)))
+    gains_e = against_e[best] - value_e
+    return _interval(gains_e), best, gains_e
+
+
+@dataclass
+class MetagameState:
+    """Everything :func:`run_psro` has done, as written to ``metagame.json``."""
+
+    settings: dict[str, Any]
+    populations: dict[str, list[Member]]
+    game: EmpiricalGame = field(default_factory=EmpiricalGame)
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    pending: dict[str, Any] = field(default_factory=dict)
+    """Best responses of the unfinished iteration: ``{"iteration": k, "attacker": Member, ...}``."""
+    final: dict[str, Any] = field(default_factory=dict)
+    """The meta-strategies of the final table (after the last iteration's best responses joined)."""
+    status: str = "running"
+    env_steps: int = 0
+    wall_time_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        from ..reporting import json_safe
+
+        return json_safe({
+            "settings": self.settings,
+            "status": self.status,
+            "env_steps": self.env_steps,
+            "wall_time_s": round(self.wall_time_s, 3),
+            "populations": {r: [asdict(m) for m in ms] for r, ms in self.populations.items()},
+            "iterations": self.iterations,
+            "final": self.final,
+            "pending": {k: (asdict(v) if isinstance(v, Member) else v) for k, v in self.pending.items()},
+            "cells": [{"attacker": a, "defender": d, "rounds": c.rounds, **c.values}
+                      for (a, d), c in self.game.cells.items()],
+        })
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MetagameState:
+        try:
+            cells = {(c["attacker"], c["defender"]): CellSamples({m: [float(v) for v in c[m]] for m in CELL_METRICS
+                                                                  if m in c}, int(c.get("rounds", 0)))
+                     for c in data["cells"]}
+            pending = {k: (Member(**v) if k in ROLES else v) for k, v in data.get("pending", {}).items()}
+            return cls(settings=data["settings"],
+                       populations={r: [Member(**m) for m in data["populations"][r]] for r in ROLES},
+                       game=EmpiricalGame(cells), iterations=list(data["iterations"]), pending=pending,
+                       final=dict(data.get("final") or {}),
+                       status=str(data.get("status", "running")), env_steps=int(data.get("env_steps", 0)),
+                       wall_time_s=float(data.get("wall_time_s", 0.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{STATE_FILE} is not a metagame state file ({type(exc).__name__}: {exc})") from None
+
+    def save(self, out: Path) -> Path:
+        """Write ``out/metagame.json`` atomically (a new file renamed over the old one)."""
+        path = Path(out) / STATE_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
+        os.replace(tmp, path)
+        return path
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key == "iterations":
+            continue  # a resume may run more (or fewer) iterations
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True, default=str):
+            out.append(f"{prefix}{key}: {a!r} in the run, {b!r} now")
+    return out
+
+
+def open_state(out: Path, settings: dict[str, Any], initial: dict[str, list[Member]], *, resume: bool) -> MetagameState:
+    """The state to continue (``resume``: read ``out/metagame.json`` and check its settings) or a new one
+    (refusing to overwrite a state file that is there)."""
+    path = Path(out) / STATE_FILE
+    if resume:
+        if not path.is_file():
+            raise ValueError(f"--resume: {path} does not exist (nothing to resume); run without --resume first")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--resume: cannot read {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--resume: {path} is not a metagame state file")
+        state = MetagameState.from_json(data)
+        diff = _differences(state.settings, json.loads(json.dumps(settings, default=str)))
+        if diff:
+            raise ValueError(f"--resume: the run in {out} had other settings: " + "; ".join(diff))
+        state.settings["iterations"] = settings.get("iterations")
+        state.status = "running"
+        return state
+    if path.exists():
+        raise ValueError(f"{path} exists: continue that run with --resume, or choose another --out")
+    for role, members in initial.items():
+        if not members:
+            raise ValueError(f"the initial {role} population is empty; PSRO needs at least one member per side")
+        names = [m.name for m in members]
+        if len(set(names)) != len(names):
+            raise ValueError(f"the initial {role} population names a member twice: {names}")
+    return MetagameState(settings=json.loads(json.dumps(settings, default=str)),
+                         populations={r: list(ms) for r, ms in initial.items()})
+
+
+def solve(state: MetagameState, solver_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(sigma_A, sigma_D, A, B)``: the meta-strategies of the current populations and the mean returns."""
+    att = [m.name for m in state.populations["attacker"]]
+    dfn = [m.name for m in state.populations["defender"]]
+    A = state.game.means(att, dfn, "attacker_return")
+    B = state.game.means(att, dfn, "defender_return")
+    sigma_a, sigma_d = meta_solver(solver_name)(A, B)
+    return np.asarray(sigma_a, float), np.asarray(sigma_d, float), A, B
+
+
+def _fill(state: MetagameState, simulator: Simulator, attackers: Sequence[Member], defenders: Sequence[Member],
+          tag: str, out: Path) -> None:
+    """Simulate the cells of ``attackers x defenders`` that have no samples, as blocks, saving after each."""
+    missing = set(state.game.missing(attackers, defenders))
+    if not missing:
+        return
+    # The missing cells are a union of blocks: rows that miss every column, and the remaining cells by row.
+    rows_full = [a for a in attackers if all((a.name, d.name) in missing for d in defenders)]
+    blocks: list[tuple[list[Member], list[Member]]] = [(rows_full, list(defenders))] if rows_full else []
+    rest = [(a, d) for a in attackers for d in defenders if (a.name, d.name) in missing and a not in rows_full]
+    cols: dict[str, list[Member]] = {}
+    for a, d in rest:
+        cols.setdefault(d.name, []).append(a)
+    by_name = {d.name: d for d in defenders}
+    blocks += [(atts, [by_name[d]]) for d, atts in cols.items()]
+    for b, (atts, dfns) in enumerate(blocks):
+        cells = simulator.play(atts, dfns, f"{tag}_{b}")
+        for key, samples in cells.items():
+            state.game.cells[key] = samples
+            state.env_steps += samples.rounds
+        state.save(out)
+
+
+def run_psro(
+    out: Path,
+    *,
+    settings: dict[str, Any],
+    initial: dict[str, list[Member]],
+    simulator: Simulator,
+    oracle: Oracle,
+    iterations: int,
+    meta_solver_name: str = "nash",
+    resume: bool = False,
+    progress: bool = False,
+) -> MetagameState:
+    """Run PSRO for ``iterations`` iterations (see the module docstring); returns the final state, whose
+    populations hold every best response and whose table is complete."""
+    from tqdm.auto import tqdm
+
+    meta_solver(meta_solver_name)  # the name is checked before anything is written
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"iterations={iterations!r}; allowed: integers >= 1")
+    out = Path(out)
+    state = open_state(out, {**settings, "meta_solver": meta_solver_name, "iterations": iterations}, initial,
+                       resume=resume)
+    out.mkdir(parents=True, exist_ok=True)
+    state.save(out)
+    t0 = time.perf_counter() - state.wall_time_s
+    stage = "filling the initial table"
+    bar = tqdm(total=iterations, initial=min(len(state.iterations), iterations), desc="psro", unit="iter",
+               disable=not progress)
+    try:
+        _fill(state, simulator, state.populations["attacker"], state.populations["defender"], "iter00", out)
+        for k in range(len(state.iterations) + 1, iterations + 1):
+            it_start = time.perf_counter()
+            steps_before = state.env_steps
+            stage = f"iteration {k}: solving the meta-game"
+            sigma_a, sigma_d, A, B = solve(state, meta_solver_name)
+            new: dict[str, Member] = {}
+            if state.pending.get("iteration") == k:
+                new = {r: state.pending[r] for r in ROLES if r in state.pending}
+            for role, own_mix, other_mix in (("attacker", sigma_a, sigma_d), ("defender", sigma_d, sigma_a)):
+                if role in new:
+                    continue  # trained before an interrupt
+                stage = f"iteration {k}: training the {role}'s best response"
+                other = "defender" if role == "attacker" else "attacker"
+                member, steps = oracle.best_response(role, state.populations[other], other_mix, iteration=k,
+                                                     name=f"psro-{role}-{k}")
+                new[role] = member
+                state.env_steps += steps
+                state.pending = {"iteration": k, **new}
+                state.save(out)
+            stage = f"iteration {k}: simulating the best responses' cells"
+            atts = state.populations["attacker"]
+            dfns = state.populations["defender"]
+            _fill(state, simulator, [new["attacker"]], [*dfns, new["defender"]], f"iter{k:02d}_row", out)
+            _fill(state, simulator, atts, [new["defender"]], f"iter{k:02d}_col", out)
+            a_names, d_names = [m.name for m in atts], [m.name for m in dfns]
+            ra = state.game.samples(a_names, d_names, "attacker_return")
+            rd = state.game.samples(a_names, d_names, "defender_return")
+            br_a = state.game.samples([new["attacker"].name], d_names, "attacker_return")[0]
+            br_d = state.game.samples(a_names, [new["defender"].name], "defender_return")[:, 0]
+            gain_a, best_a, ga_e = best_response_gain(ra, br_a, sigma_a, sigma_d)
+            gain_d, best_d, gd_e = best_response_gain(rd.transpose(1, 0, 2), br_d, sigma_d, sigma_a)
+            record = {
+                "iteration": k,
+                "attackers": a_names,
+                "defenders": d_names,
+                "attacker_meta": sigma_a.tolist(),
+                "defender_meta": sigma_d.tolist(),
+                "meta_values": {"attacker": float(sigma_a @ A @ sigma_d), "defender": float(sigma_a @ B @ sigma_d)},
+                "meta_leakage_ssim": float(sigma_a @ state.game.means(a_names, d_names, "leakage_ssim") @ sigma_d),
+                "attacker_gain": gain_a,
+                "defender_gain": gain_d,
+                "attacker_best_deviation": (a_names + [new["attacker"].name])[best_a],
+                "defender_best_deviation": (d_names + [new["defender"].name])[best_d],
+                "exploitability": _interval(ga_e + gd_e),
+                "new_attacker": new["attacker"].name,
+                "new_defender": new["defender"].name,
+                "env_steps": state.env_steps - steps_before,
+                "env_steps_total": state.env_steps,
+                "wall_time_s": round(time.perf_counter() - it_start, 3),
+            }
+            state.populations["attacker"].append(new["attacker"])
+            state.populations["defender"].append(new["defender"])
+            state.iterations.append(record)
+            state.pending = {}
+            state.wall_time_s = time.perf_counter() - t0
+            state.save(out)
+            bar.update(1)
+        stage = "the final table"
+        sigma_a, sigma_d, A, B = solve(state, meta_solver_name)
+        state.status = "finished"
+        state.wall_time_s = time.perf_counter() - t0
+        state.final = {"attackers": [m.name for m in state.populations["attacker"]],
+                       "defenders": [m.name for m in state.populations["defender"]],
+                       "attacker_meta": sigma_a.tolist(), "defender_meta": sigma_d.tolist(),
+                       "meta_values": {"attacker": float(sigma_a @ A @ sigma_d),
+                                       "defender": float(sigma_a @ B @ sigma_d)}}
+        state.save(out)
+    except KeyboardInterrupt:
+        state.status = "interrupted"
+        state.wall_time_s = time.perf_counter() - t0
+        state.save(out)
+        raise MetagameInterrupted(stage, out / STATE_FILE) from None
+    finally:
+        bar.close()
+    return state
+
+
+def final_analysis(state: MetagameState) -> tuple[list[str], list[str], GameAnalysis]:
+    """The final table's member names and every equilibrium of it."""
+    a_names = [m.name for m in state.populations["attacker"]]
+    d_names = [m.name for m in state.populations["defender"]]
+    A = state.game.means(a_names, d_names, "attacker_return")
+    B = state.game.means(a_names, d_names, "defender_return")
+    return a_names, d_names, analyse_game(A, B)
+
+
+def exploitability_series(state: MetagameState) -> list[dict[str, float]]:
+    """Per iteration: exploitability with its interval, and the env steps used up to that iteration."""
+    return [{"iteration": r["iteration"], **r["exploitability"], "env_steps_total": r["env_steps_total"]}
+            for r in state.iterations]
+
+
+def halved(state: MetagameState) -> bool | None:
+    """Whether the last iteration's exploitability is below half of the first's with non-overlapping
+    95% intervals (the benchmark's target); None with fewer than 2 iterations or undefined intervals."""
+    if len(state.iterations) < 2:
+        return None
+    first, last = state.iterations[0]["exploitability"], state.iterations[-1]["exploitability"]
+    if not all(math.isfinite(v) for v in (first["ci95_low"], last["ci95_high"])):
+        return None
+    return bool(last["mean"] < first["mean"] / 2 and last["ci95_high"] < first["ci95_low"])
+
+
+__all__ = [
+    "CELL_METRICS",
+    "STATE_FILE",
+    "CellSamples",
+    "EmpiricalGame",
+    "Member",
+    "MetagameInterrupted",
+    "MetagameState",
+    "Oracle",
+    "Simulator",
+    "best_response_gain",
+    "exploitability_series",
+    "final_analysis",
+    "halved",
+    "open_state",
+    "run_psro",
+    "solve",
+]
