@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 # subcommand -> (module with add_arguments(parser) and main(args), one-line help)
 COMMANDS = {
@@ -140,6 +141,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_folder(args: argparse.Namespace) -> Path | None:
+    """The folder a command writes its run into, held by one writer at a time (:func:`leakgym.files.run_folder_lock`):
+    ``--out`` (eval, train, selfplay, reproduce, demo and any command with ``--out``), or for ``bench`` the
+    folder of ``--json``; None for commands that write no run (list, describe)."""
+    if getattr(args, "command", None) == "bench":
+        return Path(args.json).parent
+    out = getattr(args, "out", None)
+    return None if out is None or args.command in ("list", "describe") else Path(out)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``args.func(args)``, holding its run folder (:func:`run_folder`) for the whole command."""
+    from leakgym.files import command_line, run_folder_lock
+
+    folder = run_folder(args)
+    if folder is None:
+        return int(args.func(args) or 0)
+    with run_folder_lock(folder, command_line(argv)):
+        return int(args.func(args) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     from leakgym.data.loading import DatasetUnavailableError
 
@@ -149,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     user_errors = (ValueError, OSError, DatasetUnavailableError, MemoryError)
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        return _run(args, argv)
     except user_errors as exc:
         # the whole message: a missing dataset's says where it looked and how to provide the files
         message = str(exc) or type(exc).__name__
