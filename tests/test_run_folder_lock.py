@@ -49,6 +49,21 @@ def test_the_lock_is_released_when_its_holder_dies(tmp_path):
         proc.wait()
     with run_folder_lock(tmp_path, "leakgym eval --out x") as path:
         assert path == tmp_path / LOCK_FILE
+    assert not path.exists()
+
+
+def test_a_refused_or_empty_run_leaves_no_folder_and_a_written_one_keeps_its_files(tmp_path):
+    """The lock file goes when the block ends; a folder the block created goes with it if nothing was
+    written (commands refuse bad settings before they write: no empty folder is left behind)."""
+    with run_folder_lock(tmp_path / "a" / "b", "x"):
+        assert (tmp_path / "a" / "b" / LOCK_FILE).is_file()
+    assert not (tmp_path / "a").exists()
+    with run_folder_lock(tmp_path / "c", "x"):
+        (tmp_path / "c" / "result.json").write_text("{}")
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["result.json"]
+    with run_folder_lock(tmp_path, "x"):  # a folder that existed stays, even empty
+        pass
+    assert tmp_path.is_dir()
 
 
 def test_the_lock_is_released_when_the_block_raises(tmp_path):
@@ -74,7 +89,7 @@ def test_cli_commands_hold_their_run_folder(tmp_path, capsys):
     started = err.split("started ")[1].split(")")[0]
     assert err.strip().splitlines() == [(f"leakgym: error: {out} is in use by pid {proc.pid} (`leakgym eval --out held`, "
                                          f"started {started}); wait for it to finish, or choose another output folder")]
-    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing written
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing written (the holder's lock file)
 
 
 @pytest.mark.parametrize(("argv", "folder"), [
@@ -97,3 +112,24 @@ def test_every_writing_command_names_its_run_folder(argv, folder):
 
     got = run_folder(build_parser().parse_args(argv))
     assert got == (None if folder is None else Path(folder))
+
+
+def test_a_lock_file_removed_while_it_is_being_locked_is_locked_anew(tmp_path, monkeypatch):
+    """A holder removes its lock file when it lets go; a writer that opened that file just before locks a
+    file no longer in the folder, sees it and locks the folder's new one (else two writers would hold)."""
+    from leakgym import files
+
+    real, removed = files.fcntl.flock, []
+
+    def flock(fd, operation):
+        if operation & files.fcntl.LOCK_EX and not removed:
+            removed.append(True)
+            (tmp_path / LOCK_FILE).unlink()  # the previous holder letting go, just before this lock
+        return real(fd, operation)
+
+    monkeypatch.setattr(files.fcntl, "flock", flock)
+    with run_folder_lock(tmp_path, "leakgym eval --out x") as path:
+        assert removed and path.is_file() and "leakgym eval --out x" in path.read_text()
+        monkeypatch.setattr(files.fcntl, "flock", real)
+        with pytest.raises(RunFolderBusy), run_folder_lock(tmp_path, "second"):
+            pass
