@@ -34,6 +34,8 @@ def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str
             out[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ValueError(f"{what} {pair!r}: cannot parse the value ({exc})") from None
+        except RecursionError:  # PyYAML composes nested sequences recursively
+            raise ValueError(f"{what} {key.strip()}=...: the value nests deeper than the parser can read") from None
     return out
 
 

@@ -124,6 +124,8 @@ def read_hyperparams_file(path: str | Path) -> dict[str, dict[str, Any]]:
         data = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"hyperparameter file {str(path)!r}: cannot read it ({exc})") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ValueError(f"hyperparameter file {str(path)!r}: nested deeper than the parser can read") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"hyperparameter file {str(path)!r} must map Gymnasium ids to mappings (rl-zoo layout)")
     return data

@@ -642,6 +642,9 @@ def read_scenario_file(path: str | Path) -> Scenario:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"scenario file {str(path)!r}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ValueError(f"scenario file {str(path)!r}: arrays or tables nested deeper than the parser can read "
+                         "(a scenario nests at most 3 deep)") from None
     try:
         return Scenario.from_dict(data)
     except (TypeError, ValueError) as exc:
