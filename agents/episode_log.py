@@ -18,10 +18,11 @@ Files under the run's output folder ``OUT``:
     shows), written just before its rows.
 
 Resuming (:meth:`EpisodeLog.open` with ``resume=True``) refuses a folder whose ``run.json`` holds
-other settings or whose recorded files changed since (a policy retrained at the same path would mix two
-policies' episodes in one table), naming them; it keeps every pair whose episodes are all in ``episodes.csv`` and replays the others
-from their first episode (agents that adapt learn across a pair's episodes, so a pair is never
-resumed mid-way), each with its whole lockstep group so that its numbers are the uninterrupted run's.
+other settings, or whose recorded files changed since (a policy retrained at the same path would mix two
+policies' episodes in one table), naming them. It keeps every pair whose episodes are all in
+``episodes.csv`` and replays the others from their first episode (agents that adapt learn across a
+pair's episodes, so a pair is never resumed mid-way), each with its whole lockstep group so that its
+numbers are the uninterrupted run's.
 A line cut off by a crash is dropped; any other malformed row (a value outside its metric's range, or a
 non-finite one spelled out, included: the log writes an undefined value as an empty field) is an error
 naming the file and line. A last round that cannot be read or does not hold float images is ignored
@@ -179,9 +180,9 @@ class EpisodeLog:
         if changed:
             what = "; ".join(f"{p} ({'not recorded' if p not in saved else 'gone' if p not in files else 'changed'})"
                              for p in changed)
-            raise ValueError(f"--resume: the run in {run_path.parent} read other files than these: {what} since it "
-                             "started. Its finished pairs were played with the old contents; run without --resume to "
-                             "start over (or restore the files)")
+            raise ValueError(f"--resume: files of the run in {run_path.parent} differ from those it started with: "
+                             f"{what}. Its finished pairs were played with the recorded contents; restore the files, "
+                             "or run without --resume to start over")
 
     # ------------------------------------------------------------------ writing
     def _last_round_path(self, attacker: str, defender: str) -> Path:
