@@ -72,9 +72,10 @@ MAX_ACTION_CHOICES = 2**16
 #: most actions of a flat (``Discrete``) policy
 MAX_FLAT_ACTIONS = 2**20
 #: most parameters the network a ``policy.json`` describes may have (the actor and the critic, or DQN's
-#: two Q-networks, together): 2**24 = 16.8 M, 64 MiB of float32, so that building one takes well under a
-#: second and fits any machine that runs LeakGym; the largest policy ``leakgym train`` builds by default
-#: (``[64, 64]`` layers on a LeakGym observation) has about 10 k
+#: two Q-networks, together): 2**24 = 16.8 M, 64 MiB of float32, which any machine that runs LeakGym
+#: holds, and 1,500 times what LeakGym's policies need: the largest ``leakgym train`` builds by default
+#: (PPO's ``[64, 64]`` on LeakGym-Digits-v0's attacker observation) has 11,341, which
+#: :func:`_most_parameters` (an upper bound, generous by up to 3x) counts as 32,306
 MAX_POLICY_PARAMETERS = 2**24
 #: largest ``policy.json`` read (the observation bounds of a 2**16-entry observation take about 3 MB)
 MAX_METADATA_BYTES = 16 * 2**20
