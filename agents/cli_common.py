@@ -26,10 +26,16 @@ def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{what} {pair!r} must look like key=value (e.g. rounds=2 or iterations=[1,2])")
+        if what == "override" and key.strip() == "allow_large":
+            from leakgym.envs.scenario import ALLOW_LARGE_FROM_CALLER
+
+            raise ValueError(f"{what} {pair!r}: {ALLOW_LARGE_FROM_CALLER}")
         try:
             out[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ValueError(f"{what} {pair!r}: cannot parse the value ({exc})") from None
+        except RecursionError:  # PyYAML composes nested sequences recursively
+            raise ValueError(f"{what} {key.strip()}=...: the value nests deeper than the parser can read") from None
     return out
 
 
@@ -111,6 +117,7 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="scenario overrides, e.g. rounds=2 'iterations=[5,10]' (values parsed as YAML)",
     )
+    add_allow_large_argument(parser)
     parser.add_argument("--seed", type=seed_argument, default=0, help="base random seed (>= 0)")
     parser.add_argument(
         "--threads",
@@ -119,6 +126,21 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads (default 1: LeakGym's per-round models are tiny and extra threads "
         "mostly spin; 0 = torch's default)",
     )
+
+
+def add_allow_large_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-large", action="store_true",
+                        help="lift the scenario's documented limits and its 8 GiB memory estimate (the only way to: "
+                        "scenario files and --overrides cannot)")
+
+
+def scenario_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The scenario overrides of a command: its ``--overrides`` (:func:`parse_overrides`, which refuses
+    ``allow_large``), with ``allow_large=True`` when the command was given ``--allow-large``."""
+    overrides = parse_overrides(args.overrides)
+    if getattr(args, "allow_large", False):
+        overrides["allow_large"] = True
+    return overrides
 
 
 def apply_threads(threads: int) -> None:

@@ -4,7 +4,9 @@ Files under the run's output folder ``OUT``:
 
 ``run.json``
     the run's settings (environment, scenario, attacker and defender labels, episodes, seed,
-    scenario overrides), written when the run starts.
+    scenario overrides), written when the run starts, and ``files``: the content hash
+    (:func:`leakgym.files.file_digest`) of every file the run reads its agents and scenario from (each
+    policy's ``.zip`` and ``.json``, the scenario's TOML file).
 ``episodes.csv``
     one row per episode: ``attacker, defender, episode, seed, rounds`` and the value of every metric
     in :data:`~leakgym.agents.payoff.METRICS` (empty when undefined, e.g. ``leakage_lpips`` without
@@ -16,9 +18,11 @@ Files under the run's output folder ``OUT``:
     shows), written just before its rows.
 
 Resuming (:meth:`EpisodeLog.open` with ``resume=True``) refuses a folder whose ``run.json`` holds
-other settings, keeps every pair whose episodes are all in ``episodes.csv`` and replays the others
-from their first episode (agents that adapt learn across a pair's episodes, so a pair is never
-resumed mid-way), each with its whole lockstep group so that its numbers are the uninterrupted run's.
+other settings, or whose recorded files changed since (a policy retrained at the same path would mix two
+policies' episodes in one table), naming them. It keeps every pair whose episodes are all in
+``episodes.csv`` and replays the others from their first episode (agents that adapt learn across a
+pair's episodes, so a pair is never resumed mid-way), each with its whole lockstep group so that its
+numbers are the uninterrupted run's.
 A line cut off by a crash is dropped; any other malformed row (a value outside its metric's range, or a
 non-finite one spelled out, included: the log writes an undefined value as an empty field) is an error
 naming the file and line. A last round that cannot be read or does not hold float images is ignored
@@ -97,19 +101,24 @@ class EpisodeLog:
         return self.out / EPISODES_FILE
 
     @classmethod
-    def open(cls, out: str | os.PathLike[str], settings: dict[str, Any], *, resume: bool) -> EpisodeLog:
+    def open(cls, out: str | os.PathLike[str], settings: dict[str, Any], *, resume: bool,
+             files: dict[str, str] | None = None) -> EpisodeLog:
         """Start a new log in ``out`` (replacing an earlier one), or with ``resume`` continue the one there.
 
         ``settings`` must hold ``attackers``, ``defenders`` (labels), ``episodes`` and ``seed``; with
-        ``resume`` they must equal the saved ones (``ValueError`` naming every difference). Resuming a
-        folder without ``run.json`` starts a new run.
+        ``resume`` they must equal the saved ones (``ValueError`` naming every difference). ``files``: path
+        -> :func:`~leakgym.files.file_digest` of the files the run reads (policies, scenario); with
+        ``resume`` they must equal the recorded ones (``ValueError`` naming every file that changed,
+        appeared or went). Resuming a folder without ``run.json`` starts a new run.
         """
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         settings = _normalise(settings)
+        files = dict(files or {})
         run_path = out / RUN_FILE
         if resume and run_path.is_file():
             cls._check_settings(run_path, settings)
+            cls._check_files(run_path, files)
             (out / LAST_ROUND_DIR).mkdir(exist_ok=True)  # a removed folder was fatal only after the replayed group
             log = cls(out, settings, {})
             log.finished = log._read_finished()
@@ -121,7 +130,8 @@ class EpisodeLog:
             stale.unlink()
         for name in OUTPUT_FILES:  # an earlier run's tables would pass for this run's until it ends
             (out / name).unlink(missing_ok=True)
-        write_atomically(run_path, json.dumps({"version": LOG_VERSION, "settings": settings}, indent=2).encode())
+        write_atomically(run_path, json.dumps({"version": LOG_VERSION, "settings": settings, "files": files},
+                                              indent=2).encode())
         log = cls(out, settings, {})
         log._write_rows([], mode="replace")
         return log
@@ -159,6 +169,20 @@ class EpisodeLog:
                 + "; ".join(diffs)
                 + "). Resume it with the same settings, or choose another --out (or drop --resume to start over)"
             )
+
+    @staticmethod
+    def _check_files(run_path: Path, files: dict[str, str]) -> None:
+        """The files the run reads are the ones it started with (``run.json``'s ``files``); a log written
+        before files were recorded has no record, so every file of the run counts as changed."""
+        saved = json.loads(run_path.read_text()).get("files")  # readable: _check_settings read it
+        saved = saved if isinstance(saved, dict) else {}
+        changed = sorted(p for p in set(saved) | set(files) if saved.get(p) != files.get(p))
+        if changed:
+            what = "; ".join(f"{p} ({'not recorded' if p not in saved else 'gone' if p not in files else 'changed'})"
+                             for p in changed)
+            raise ValueError(f"--resume: files of the run in {run_path.parent} differ from those it started with: "
+                             f"{what}. Its finished pairs were played with the recorded contents; restore the files, "
+                             "or run without --resume to start over")
 
     # ------------------------------------------------------------------ writing
     def _last_round_path(self, attacker: str, defender: str) -> Path:

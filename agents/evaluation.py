@@ -44,8 +44,8 @@ from .cli_common import (
     INTERRUPTED,
     add_env_arguments,
     apply_threads,
-    parse_overrides,
     readable_warnings,
+    scenario_overrides,
     split_agent_list,
 )
 from .episode_log import EPISODES_FILE
@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
             split_agent_list(args.defenders),
             episodes=args.episodes,
             seed=args.seed,
-            overrides=parse_overrides(args.overrides),
+            overrides=scenario_overrides(args),
             progress=not args.no_progress,
             out=args.out,
             resume=args.resume,

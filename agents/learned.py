@@ -25,12 +25,20 @@ checked against its allowed type and range) and its weights are read from the zi
 entry alone, with ``torch.load(weights_only=True)`` (tensors and plain containers; anything else is
 refused). Nothing else in the zip is opened. A policy without its JSON file is refused; one trained
 outside LeakGym can be re-saved with :func:`save_policy`.
+
+Everything a file may make the loader allocate is bounded before it is allocated: the JSON file's size
+(:data:`MAX_METADATA_BYTES`) and nesting depth (:data:`MAX_JSON_DEPTH`, checked before parsing), the
+network it describes (:data:`MAX_POLICY_PARAMETERS`, from the JSON alone), and the weights by the bytes they
+occupy: ``policy.pth`` at most :data:`MAX_WEIGHTS_BYTES`, every tensor dense, contiguous and apart from
+the others (an expanded, stride-0 tensor is refused before anything reads it), and the network built
+only once the weights hold at least as many numbers as it needs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import math
 import zipfile
@@ -63,6 +71,17 @@ MAX_ACTION_DIMS = 256
 MAX_ACTION_CHOICES = 2**16
 #: most actions of a flat (``Discrete``) policy
 MAX_FLAT_ACTIONS = 2**20
+#: most parameters the network a ``policy.json`` describes may have (the actor and the critic, or DQN's
+#: two Q-networks, together): 2**24 = 16.8 M, 64 MiB of float32, which any machine that runs LeakGym
+#: holds, and 1,500 times what LeakGym's policies need: the largest ``leakgym train`` builds by default
+#: (PPO's ``[64, 64]`` on LeakGym-Digits-v0's attacker observation) has 11,341, which
+#: :func:`_most_parameters` (an upper bound, generous by up to 3x) counts as 32,306
+MAX_POLICY_PARAMETERS = 2**24
+#: largest ``policy.json`` read (the observation bounds of a 2**16-entry observation take about 3 MB)
+MAX_METADATA_BYTES = 16 * 2**20
+#: deepest nesting of lists and objects in a ``policy.json`` (a valid one nests 4 deep); deeper files are
+#: refused before they are parsed (Python's JSON parser ends a deep one with a RecursionError)
+MAX_JSON_DEPTH = 32
 
 
 def algorithm_class(algo: str):
@@ -247,12 +266,32 @@ def _check_metadata(meta: Any, where: Path) -> None:
             + (", or {'pi': [...], 'vf': [...]}" if want_class == "ActorCriticPolicy" else ""),
             arch,
         )
+    parameters = _most_parameters(meta)
+    if parameters > MAX_POLICY_PARAMETERS:
+        raise bad("'policy.net_arch'", f"a network of at most {MAX_POLICY_PARAMETERS} parameters "
+                  f"(MAX_POLICY_PARAMETERS; this one has up to {parameters})", arch)
     if pol.get("activation_fn") not in ACTIVATIONS:
         raise bad("'policy.activation_fn'", f"one of {ACTIVATIONS}", pol.get("activation_fn"))
     flags = ("share_features_extractor", "normalize_images") if want_class == "ActorCriticPolicy" else ("normalize_images",)
     for key in flags:
         if not isinstance(pol.get(key), bool):
             raise bad(f"'policy.{key}'", "true or false", pol.get(key))
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` in JSON ``text`` (string contents not counted), computed
+    without parsing: what :func:`read_metadata` bounds before ``json.loads`` recurses."""
+    import re
+
+    depth = deepest = 0
+    for match in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
 
 
 def read_metadata(policy_path: str | Path) -> dict[str, Any]:
@@ -265,7 +304,14 @@ def read_metadata(policy_path: str | Path) -> dict[str, Any]:
             "Stable-Baselines3's own loader runs code stored in the zip"
         )
     try:
-        meta = json.loads(meta_file.read_text())
+        size = meta_file.stat().st_size
+        if size > MAX_METADATA_BYTES:
+            raise ValueError(f"{meta_file}: {size} bytes; allowed: at most {MAX_METADATA_BYTES} (MAX_METADATA_BYTES)")
+        text = meta_file.read_text()
+        depth = json_depth(text)
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{meta_file}: lists and objects nested {depth} deep; allowed: at most {MAX_JSON_DEPTH}")
+        meta = json.loads(text)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{meta_file}: cannot read the policy metadata ({exc})") from None
     _check_metadata(meta, meta_file)
@@ -299,11 +345,61 @@ def _read_weights(path: Path, device: str) -> dict[str, Any]:
         ) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise ValueError(f"{path}: {WEIGHTS_ENTRY} must hold a dict of named tensors; got {type(state).__name__}")
+    _check_storage(path, state)
     for name, tensor in state.items():
         # NaN weights made PPO fail at its first move mid-episode and DQN play action 0 for ever
         if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
             raise ValueError(f"{path}: {WEIGHTS_ENTRY} tensor {name!r} holds non-finite values; refused to load it")
     return state
+
+
+def _check_storage(path: Path, state: dict[str, Any]) -> None:
+    """The weights are what they occupy: every tensor dense, contiguous and inside its storage, and no two
+    overlapping. Checked before any computation touches a tensor: a stride-0 (expanded) tensor stores one
+    number and reads as millions (``isfinite`` on one 4,096 x 4,096 x 128 view allocated 8 GB from a
+    118 KB file). With these, the tensors' materialised bytes are at most their storages' bytes, which
+    torch's reader holds to the sizes of the file's data records (a record shorter than its storage is
+    refused by ``torch.load``), which are at most the entry's :data:`MAX_WEIGHTS_BYTES`."""
+    import torch
+
+    def refuse(name: str, why: str) -> ValueError:
+        return ValueError(f"{path}: {WEIGHTS_ENTRY} tensor {name!r} {why}; refused to load it")
+
+    spans: dict[int, list[tuple[int, int, str]]] = {}
+    for name, tensor in state.items():
+        if tensor.layout != torch.strided:
+            raise refuse(name, f"has layout {tensor.layout}; allowed: dense (torch.strided)")
+        if not tensor.is_contiguous():
+            raise refuse(name, f"is not contiguous (shape {tuple(tensor.shape)}, strides {tensor.stride()}: an "
+                         "expanded or strided view, larger in memory than in the file)")
+        size = tensor.numel() * tensor.element_size()
+        if size == 0:
+            continue
+        start = tensor.storage_offset() * tensor.element_size()  # torch's reader keeps a view inside its storage
+        spans.setdefault(tensor.untyped_storage().data_ptr(), []).append((start, start + size, name))
+    for members in spans.values():
+        members.sort()
+        for (_, end, first), (begin, _, second) in itertools.pairwise(members):
+            if begin < end:
+                raise refuse(second, f"overlaps tensor {first!r} in their shared storage")
+
+
+def _most_parameters(meta: dict[str, Any]) -> int:
+    """An upper bound on the parameters of the network ``meta`` describes (its fields checked already):
+    every layer list of ``net_arch`` as a chain of linear layers from the observation with an action head,
+    twice (a list ``net_arch`` of PPO/A2C builds the actor's and the critic's, DQN its Q-network and its
+    target), plus the critic's value head."""
+    width = meta["observation_space"]["shape"][0]
+    act = meta["action_space"]
+    outputs = act["n"] if isinstance(act, dict) and "n" in act else sum(act["nvec"] if isinstance(act, dict) else act)
+    total = 0
+    for layers in _layer_lists(meta["policy"]["net_arch"]):
+        prev, chain = width, 0
+        for w in layers:
+            chain += prev * w + w
+            prev = w
+        total += 2 * (chain + prev * outputs + outputs)
+    return total + 2 * MAX_LAYER_WIDTH + 2
 
 
 def _least_parameters(meta: dict[str, Any]) -> int:

@@ -29,6 +29,7 @@ import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -99,6 +100,30 @@ def play_episodes(envs: list, attackers: list[Agent], defenders: list[Agent],
 def play_episode(env, attacker: Agent, defender: Agent, seed: int) -> EpisodeStats:
     """One episode of the parallel env; agents act with generators derived from ``seed``."""
     return play_episodes([env], [attacker], [defender], seed)[0]
+
+
+def _input_files(scenario_name: str, specs: list[Any]) -> dict[str, str]:
+    """Path -> content hash (:func:`leakgym.files.file_digest`) of every file the run's agents and scenario
+    are read from: each policy's ``.zip`` and ``.json`` (a :class:`LearnedAgent` or a spec naming a file,
+    as :func:`~leakgym.agents.factory.make_agent` reads it) and the scenario's TOML file."""
+    from leakgym.envs.scenario import SCENARIO_DIR
+    from leakgym.files import file_digest
+
+    from .factory import SCRIPTED_NAMES
+    from .learned import LearnedAgent, metadata_path
+    from .presets import PRESETS
+
+    paths = [SCENARIO_DIR / f"{scenario_name}.toml"]
+    for spec in specs:
+        if isinstance(spec, LearnedAgent):
+            paths += [spec.path, metadata_path(spec.path)]
+        elif isinstance(spec, (str, os.PathLike)) and not isinstance(spec, Agent):
+            text = str(spec)
+            if text in SCRIPTED_NAMES or text in PRESETS or text.startswith("fixed:"):
+                continue
+            if text.endswith(".zip") or Path(text).is_file():  # a policy, as make_agent reads it
+                paths += [Path(text), metadata_path(text)]
+    return {str(p): file_digest(p) for p in paths if p.is_file()}
 
 
 def _label(spec: Any) -> str:
@@ -212,7 +237,7 @@ def evaluate(
         settings = {"env_id": gym_id, "scenario": scenario_name, "attackers": a_labels, "defenders": d_labels,
                     "episodes": episodes, "seed": seed, "overrides": overrides, "lockstep": lockstep,
                     "device": device_label, "threads": torch.get_num_threads()}
-        log = EpisodeLog.open(out, settings, resume=resume)
+        log = EpisodeLog.open(out, settings, resume=resume, files=_input_files(scenario_name, attackers + defenders))
     finished = log.finished if log is not None else {}
     envs = [penv]
     played: dict[tuple[str, str], PairResult] = dict(finished)

@@ -40,9 +40,9 @@ from .cli_common import (
     add_env_arguments,
     add_hyperparams_argument,
     apply_threads,
-    parse_overrides,
     readable_warnings,
     resolve_env,
+    scenario_overrides,
     split_hyperparams,
 )
 from .learned import ALGORITHMS
@@ -192,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 algo=args.algo,
                 initial_defender=args.initial_defender,
-                overrides=parse_overrides(args.overrides),
+                overrides=scenario_overrides(args),
                 hyperparams=hyperparams,
                 hyperparams_file=hyperparams_file,
                 eval_episodes=args.eval_episodes,

@@ -76,9 +76,9 @@ from .cli_common import (
     add_env_arguments,
     add_hyperparams_argument,
     apply_threads,
-    parse_overrides,
     readable_warnings,
     resolve_env,
+    scenario_overrides,
     split_hyperparams,
 )
 from .factory import make_agent
@@ -124,6 +124,8 @@ def read_hyperparams_file(path: str | Path) -> dict[str, dict[str, Any]]:
         data = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"hyperparameter file {str(path)!r}: cannot read it ({exc})") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ValueError(f"hyperparameter file {str(path)!r}: nested deeper than the parser can read") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"hyperparameter file {str(path)!r} must map Gymnasium ids to mappings (rl-zoo layout)")
     return data
@@ -787,6 +789,11 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
     if "device" in file_kwargs and device_name(file_kwargs["device"]) != device_name(config.device):
         raise ValueError(f"env_kwargs device={file_kwargs['device']!r} in the hyperparameter file differs from the run's "
                          f"device {config.device!r} (--device): the games run where the policy does; set --device")
+    if "allow_large" in file_kwargs:
+        from leakgym.envs.scenario import ALLOW_LARGE_FROM_CALLER
+
+        raise ValueError(f"env_kwargs allow_large={file_kwargs['allow_large']!r} in the hyperparameter file: "
+                         f"{ALLOW_LARGE_FROM_CALLER}")
     if "batch_clients" in kwargs:
         raise ValueError("batch_clients is a setting of the run, not a scenario override; use --batch-clients "
                          "(TrainConfig.batch_clients)")
@@ -1001,7 +1008,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         opponent=args.opponent,
         out=args.out,
         seed=args.seed,
-        overrides=parse_overrides(args.overrides),
+        overrides=scenario_overrides(args),
         hyperparams=hyperparams,
         hyperparams_file=path,
         checkpoint_freq=args.checkpoint_freq,

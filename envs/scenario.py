@@ -130,7 +130,10 @@ class Scenario:
     #: fixed attack-config settings applied to every strategy that has the field
     attack_defaults: dict[str, Any] = field(default_factory=dict)
     rewards: RewardWeights = field(default_factory=RewardWeights)
-    #: lift the documented upper bounds of :data:`LIMITS` (for users who mean it)
+    #: lift the documented upper bounds of :data:`LIMITS` and :data:`MEMORY_LIMIT_BYTES` (for users who mean
+    #: it): only the caller sets it (``load_scenario(..., allow_large=True)``, an env's ``allow_large=True``
+    #: keyword, the CLI's ``--allow-large``), never a scenario file or a ``--overrides`` entry (see
+    #: :data:`ALLOW_LARGE_FROM_CALLER`)
     allow_large: bool = False
 
     def __post_init__(self) -> None:
@@ -276,6 +279,10 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
+        """A scenario from a file's table (``gym_id`` ignored); ``allow_large`` is refused
+        (:data:`ALLOW_LARGE_FROM_CALLER`): a file must not lift the limits that protect whoever runs it."""
+        if "allow_large" in data:
+            raise ValueError(f"allow_large={data['allow_large']!r} in a scenario file: {ALLOW_LARGE_FROM_CALLER}")
         data = _fold_shorthands({k: v for k, v in data.items() if k != "gym_id"}, None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -298,6 +305,10 @@ _MENU_LIMITS = {"iterations": "attack", "restarts": "attack", "censor_trials": "
                 "dcs2_num_concealed": "defense", "loda_steps": "defense"}
 #: Upper bound on the estimated working memory of one round (bytes); see :func:`estimated_round_bytes`.
 MEMORY_LIMIT_BYTES = 8 * 2**30
+#: Who may set ``allow_large`` (the error for a file or an override that tries).
+ALLOW_LARGE_FROM_CALLER = ("the documented limits are lifted only by the caller: --allow-large on the command line, "
+                           "allow_large=True from Python (load_scenario, gym.make, parallel_env); not by a scenario "
+                           "file, a hyperparameter file or an --overrides entry")
 
 _INT_MIN = {"batch_size": 1, "num_clients": 0, "rounds": 1, "local_steps": 1, "eval_every": 1, "eval_size": 1,
             "audit_iterations": 0}
@@ -495,7 +506,7 @@ def _defense_values(sc: Scenario, key: str) -> list:
 def _check_limits(sc: Scenario) -> None:
     if sc.allow_large:
         return
-    hint = "; pass allow_large=True to lift the documented limits"
+    hint = "; pass allow_large=True (on the command line: --allow-large) to lift the documented limits"
     for key, cap in LIMITS.items():
         if key in _MENU_LIMITS:
             values = (_attack_values if _MENU_LIMITS[key] == "attack" else _defense_values)(sc, key)
@@ -631,6 +642,9 @@ def read_scenario_file(path: str | Path) -> Scenario:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"scenario file {str(path)!r}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ValueError(f"scenario file {str(path)!r}: arrays or tables nested deeper than the parser can read "
+                         "(a scenario nests at most 3 deep)") from None
     try:
         return Scenario.from_dict(data)
     except (TypeError, ValueError) as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 # subcommand -> (module with add_arguments(parser) and main(args), one-line help)
 COMMANDS = {
@@ -142,21 +143,96 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_folder(args: argparse.Namespace) -> Path | None:
+    """The folder a command writes its run into, held by one writer at a time (:func:`leakgym.files.run_folder_lock`):
+    ``--out`` (eval, train, selfplay, reproduce, demo and any command with ``--out``), or for ``bench`` the
+    folder of ``--json``; None for commands that write no run (list, describe)."""
+    if getattr(args, "command", None) == "bench":
+        return Path(args.json).parent
+    out = getattr(args, "out", None)
+    return None if out is None or args.command in ("list", "describe") else Path(out)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``args.func(args)``, holding its run folder (:func:`run_folder`) for the whole command."""
+    from leakgym.files import command_line, run_folder_lock
+
+    folder = run_folder(args)
+    existing = folder
+    while existing is not None and not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if folder is None or not existing.is_dir():
+        # no run folder, or one that cannot be made (a file in its path): the command writes nothing and
+        # says so in its own words (e.g. bench's "--json=... is a file")
+        return int(args.func(args) or 0)
+    with run_folder_lock(folder, command_line(argv)):
+        return int(args.func(args) or 0)
+
+
+#: what torch's allocators say when an allocation fails (CPU: "DefaultCPUAllocator: can't allocate memory" or
+#: "not enough memory"; CUDA: torch.OutOfMemoryError, "CUDA out of memory"; MPS: "MPS backend out of memory")
+_OUT_OF_MEMORY = ("can't allocate memory", "not enough memory", "out of memory", "failed to allocate")
+
+
+def allocation_failure(exc: BaseException) -> BaseException | None:
+    """The allocation failure behind ``exc`` (itself or a cause, e.g. the :class:`~leakgym.envs.round.RoundError`
+    of a round that ran out of memory): a ``MemoryError`` or torch's out-of-memory ``RuntimeError`` (CPU or
+    CUDA); None when ``exc`` is not one."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, MemoryError):
+            return exc
+        oom = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+        if oom is not None and isinstance(exc, oom):
+            return exc
+        if isinstance(exc, RuntimeError) and any(s in str(exc).lower() for s in _OUT_OF_MEMORY):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def memory_message(failure: BaseException, args: argparse.Namespace) -> str:
+    """One line for an allocation failure: what failed, this run's estimate of a round's memory when the
+    command plays a scenario, and the knobs that lower it."""
+    first = (str(failure).strip().splitlines() or [type(failure).__name__])[0]
+    estimate = ""
+    if hasattr(args, "env") and hasattr(args, "overrides"):
+        try:
+            from leakgym.agents.cli_common import resolve_env, scenario_overrides
+            from leakgym.envs.scenario import MEMORY_LIMIT_BYTES, estimated_round_bytes, load_scenario
+
+            scenario = load_scenario(resolve_env(args.env)[1], **scenario_overrides(args))
+            estimate = (f"; LeakGym estimates one round of this scenario at {estimated_round_bytes(scenario) / 2**30:.2f} GiB "
+                        f"per game (limit {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB"
+                        + (", lifted by --allow-large" if scenario.allow_large else "") + ")")
+        except Exception:  # noqa: BLE001 - the estimate is a hint; the failure is what is reported
+            estimate = ""
+    return (f"not enough memory: {first}{estimate}; lower batch_size, restarts, image_size or num_clients "
+            "(--overrides), or play fewer games at once (--lockstep, --n-envs)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from leakgym.data.loading import DatasetUnavailableError
 
     #: what the CLI reports as a user error: its whole message, exit status 2, no traceback
     #: (OSError: an --out that is a file, ...; MemoryError: a setting too large to allocate, e.g. DQN's
-    #: buffer_size=10**11, refused before an earlier run's files are touched)
+    #: buffer_size=10**11, refused before an earlier run's files are touched). An allocation failure, a
+    #: MemoryError or torch's out-of-memory RuntimeError (CPU or CUDA, also as the cause of a RoundError),
+    #: is one line with the run's memory estimate and the knobs that lower it (:func:`memory_message`).
     user_errors = (ValueError, OSError, DatasetUnavailableError, MemoryError)
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
-    except user_errors as exc:
-        # the whole message: a missing dataset's says where it looked and how to provide the files
-        message = str(exc) or type(exc).__name__
-        if isinstance(exc, MemoryError):
-            message = f"not enough memory: {message}"
+        return _run(args, argv)
+    except (*user_errors, RuntimeError) as exc:
+        failure = allocation_failure(exc)
+        if failure is not None:
+            message = memory_message(failure, args)
+        elif isinstance(exc, user_errors):
+            # the whole message: a missing dataset's says where it looked and how to provide the files
+            message = str(exc) or type(exc).__name__
+        else:
+            raise
         print(f"leakgym: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

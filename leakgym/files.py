@@ -1,12 +1,26 @@
 """Output files replaced atomically: written beside their final name, then renamed over it, so an
-interruption (Ctrl-C, a failing figure) never leaves a half-written file or a stale one beside a new one."""
+interruption (Ctrl-C, a failing figure) never leaves a half-written file or a stale one beside a new one;
+one writer per run folder (:func:`run_folder_lock`); content hashes of input files (:func:`file_digest`).
+"""
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock
+    fcntl = None  # type: ignore[assignment]
+
+#: the lock file :func:`run_folder_lock` keeps inside a run folder
+LOCK_FILE = ".leakgym.lock"
 
 
 @contextmanager
@@ -31,4 +45,118 @@ def write_atomically(path: str | os.PathLike[str], data: bytes | str) -> None:
         os.fsync(fh.fileno())
 
 
-__all__ = ["replacing", "write_atomically"]
+class RunFolderBusy(ValueError):
+    """Another process writes into the run folder (:func:`run_folder_lock`); the message names it."""
+
+
+def _holder(fh) -> str:
+    """What the lock file says about the process holding it (written by :func:`run_folder_lock`)."""
+    try:
+        fh.seek(0)
+        info = json.loads(fh.read(4096) or "{}")
+    except (OSError, ValueError, UnicodeDecodeError):
+        info = {}
+    if not isinstance(info, dict) or "pid" not in info:
+        return "another process (it has not written its name yet)"
+    return f"pid {info.get('pid')} (`{info.get('command')}`, started {info.get('started')})"
+
+
+def _made_folders(folder: Path) -> list[Path]:
+    """``folder`` created with its missing parents; returns the ones created, deepest first."""
+    missing = []
+    at = folder
+    while not at.exists():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _acquire(path: Path, folder: Path, made: list[Path]):
+    """An open lock file at ``path`` holding the exclusive lock, or :class:`RunFolderBusy`. A holder removes
+    the file when it lets go, so a lock taken on a file that is no longer the one at ``path`` is retried."""
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # a holder that had made the folder removed it as we came in
+            made.extend(_made_folders(folder))
+            continue
+        fh = os.fdopen(fd, "r+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fh)
+            fh.close()
+            raise RunFolderBusy(f"{folder} is in use by {holder}; wait for it to finish, or choose another "
+                                "output folder") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fh
+        fh.close()  # the previous holder removed this file before we locked it: lock the new one
+    raise RunFolderBusy(f"{folder}: could not take its lock file {path} (it keeps being replaced)")
+
+
+@contextmanager
+def run_folder_lock(folder: str | os.PathLike[str], command: str) -> Iterator[Path]:
+    """Hold the run folder ``folder`` for one writer while the block runs.
+
+    An OS file lock (``fcntl.flock``, exclusive, non-blocking) on ``folder/.leakgym.lock``, which then holds
+    the holder's pid, ``command`` (what a refused writer is told, e.g. ``"leakgym eval --out runs/x"``) and
+    start time. A second writer, from any process, is refused at once with :class:`RunFolderBusy` (a
+    ``ValueError``: the CLI's ``leakgym: error: ...``, exit 2) naming the holder. The OS releases the lock
+    when the process dies however it dies (``kill -9`` included), so a crashed run never blocks the folder
+    (its lock file stays, unlocked, and is reused). When the block ends the lock file is removed, and the
+    folder too if the block created it and left it empty (a command refused before it wrote anything
+    leaves no folder behind).
+
+    Locks are per open file, so the same process cannot hold one folder twice: take the lock once, in
+    the command's ``main``, around everything that writes (``leakgym.cli`` does it for every command with
+    a run folder, :func:`leakgym.cli.run_folder`). On platforms without ``fcntl`` (Windows) no lock is
+    taken. Yields the lock file's path.
+    """
+    folder = Path(folder)
+    path = folder / LOCK_FILE
+    made = _made_folders(folder)
+    if fcntl is None:  # pragma: no cover
+        yield path
+        return
+    fh = _acquire(path, folder, made)
+    try:
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"pid": os.getpid(), "command": command, "started": started}))
+        fh.flush()
+        yield path
+    finally:
+        path.unlink(missing_ok=True)  # still locked: a writer that opened it meanwhile retries on a new file
+        fh.close()  # releases the lock
+        for created in made:  # deepest first; stops at the first one that holds anything
+            try:
+                created.rmdir()
+            except OSError:
+                break
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """``leakgym <arguments>`` of this process (what :func:`run_folder_lock` records as its holder)."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["leakgym", *args])[:500]
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """``"sha256:<hex>"`` of the file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(2**20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+__all__ = ["LOCK_FILE", "RunFolderBusy", "command_line", "file_digest", "replacing", "run_folder_lock",
+           "write_atomically"]

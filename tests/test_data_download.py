@@ -215,3 +215,26 @@ def test_extract_tar_names_a_truncated_archive(tmp_path: Path) -> None:
     archive.write_bytes(b"")
     with pytest.raises(ValueError, match=f"{archive}: not a readable tar archive"):
         extract_tar(archive, tmp_path / "out")
+
+
+def test_a_decompression_bomb_in_a_checksummed_archive_is_refused_before_it_expands(tmp_path: Path, fake_server,
+                                                                                   monkeypatch) -> None:
+    """A gzip bomb with the right checksum was extracted without a size cap (issue 38). The cap is met
+    at the header of the member that crosses it, before its data is read."""
+    served, _ = fake_server
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    zeros = b"\0" * (4 * 2**20)  # 4 MiB of zeros: a few KB compressed
+    _tar_with(archive, [(_file("cifar-10-batches-py/data_batch_1"), b"small"),
+                        (_file("cifar-10-batches-py/data_batch_2"), zeros)])
+    assert archive.stat().st_size < 64 * 1024
+    remote = RemoteFile("cifar-10-python.tar.gz", file_md5(archive), ("https://mirror-a.test/",))
+    served[remote.urls[0]] = archive
+    monkeypatch.setattr(download_module, "MAX_EXTRACTED_BYTES", 2**20)
+    target = tmp_path / "data"
+    with pytest.raises(ValueError, match=r"cifar-10-python.tar.gz: its members hold more than 1048576 bytes \(reached "
+                                         r"at member 'cifar-10-batches-py/data_batch_2', 4194309 bytes so far\); "
+                                         r"allowed: at most 1048576 \(MAX_EXTRACTED_BYTES\); nothing was extracted"):
+        download_and_extract(remote, target)
+    assert sorted(p.name for p in target.iterdir()) == ["cifar-10-python.tar.gz"]  # nothing extracted
+    extract_tar(archive, tmp_path / "roomy", max_bytes=8 * 2**20)  # under a larger cap it extracts
+    assert (tmp_path / "roomy" / "cifar-10-batches-py" / "data_batch_2").stat().st_size == len(zeros)

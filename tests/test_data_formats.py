@@ -291,3 +291,13 @@ def test_idx_header_with_huge_dimensions_is_rejected_before_allocating(tmp_path:
     gz.write_bytes(gzip.compress(huge + bytes(1000)))
     with pytest.raises(ValueError, match=r"more than a \d+-byte gzip file can hold"):
         read_idx(gz)
+
+
+def test_idx_test_images_of_another_size_than_the_training_images_are_refused(tmp_path: Path) -> None:
+    """1x1 test images beside 28x28 training images were silently upsampled to 28x28 (issue 38)."""
+    _mnist_like(tmp_path / "mnist", gz=False)
+    test_images = tmp_path / "mnist" / "t10k-images-idx3-ubyte"
+    test_images.write_bytes(_idx_bytes(np.zeros((3, 1, 1), np.uint8), 0x08, "u1"))
+    with pytest.raises(ValueError, match=rf"{test_images}: test images are 1x1 but the training images "
+                                         r"\(train-images-idx3-ubyte\) are 28x28; both splits must have one image size"):
+        load_dataset("mnist", root=tmp_path, download=False)

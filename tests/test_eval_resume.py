@@ -280,3 +280,69 @@ def test_resume_with_other_torch_threads_is_refused(tmp_path, one_torch_thread):
     run.write_text(json.dumps(saved))
     ev.evaluate("digits", ["random"], ["none"], episodes=1, out=tmp_path / "eval", progress=False,
                 overrides=overrides, resume=True)
+
+
+# ------------------------------------------------------------------ issue 38, item 5: --resume checks contents
+def _save_policy(path, seed: int):
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    from leakgym.agents import learned
+
+    env = gym.make("LeakGym-Digits-v0", role="attacker", **TINY)
+    model = PPO("MlpPolicy", env, n_steps=8, batch_size=8, seed=seed, device="cpu", policy_kwargs={"net_arch": [8]})
+    learned.save_policy(model, path, {"algo": "ppo", "role": "attacker", "env_id": "LeakGym-Digits-v0"})
+    env.close()
+
+
+def test_resume_refuses_a_policy_or_scenario_file_that_changed_naming_it(tmp_path, monkeypatch):
+    """``--resume`` trusted a policy's path, not its contents: one retrained at the same path between the
+    interrupt and the resume was mixed into the same table. run.json records a hash of every policy file
+    and of the scenario file; a resume whose files differ is refused, naming them."""
+    from leakgym.envs import scenario as scenario_module
+
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    toml = scenarios / "digits.toml"
+    toml.write_text((scenario_module.SCENARIO_DIR / "digits.toml").read_text())
+    monkeypatch.setattr(scenario_module, "SCENARIO_DIR", scenarios)
+    policy = tmp_path / "attacker.zip"
+    _save_policy(policy, seed=1)
+    out = tmp_path / "run"
+
+    def run(resume):
+        return ev.evaluate("digits", [str(policy), "random"], ["none"], episodes=1, out=out, resume=resume,
+                           progress=False, overrides=TINY)
+
+    run(False)
+    files = json.loads((out / "run.json").read_text())["files"]
+    assert sorted(files) == sorted([str(policy), str(policy.with_suffix(".json")), str(toml)])
+    assert all(v.startswith("sha256:") and len(v) == 71 for v in files.values())
+    run(True)  # the same files: resumed (nothing left to play)
+
+    original = policy.read_bytes(), policy.with_suffix(".json").read_bytes()
+    _save_policy(policy, seed=2)  # retrained at the same path
+    with pytest.raises(ValueError, match=rf"--resume: files of the run in {out} differ from those it started with: "
+                                         rf"{policy} \(changed\)\. Its finished pairs were played"):
+        run(True)
+    policy.write_bytes(original[0])
+    policy.with_suffix(".json").write_bytes(original[1])
+    run(True)  # the original contents back
+
+    toml.write_text(toml.read_text() + "\n# edited\n")
+    with pytest.raises(ValueError, match=r"digits.toml \(changed\)"):
+        run(True)
+
+
+def test_resume_of_a_log_without_file_hashes_refuses_its_policy_files(tmp_path):
+    """A run.json written before files were recorded cannot vouch for them."""
+    policy = tmp_path / "attacker.zip"
+    _save_policy(policy, seed=1)
+    out = tmp_path / "run"
+    kwargs = {"episodes": 1, "out": out, "progress": False, "overrides": TINY}
+    ev.evaluate("digits", [str(policy)], ["none"], **kwargs)
+    saved = json.loads((out / "run.json").read_text())
+    del saved["files"]
+    (out / "run.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=rf"{policy} \(not recorded\)"):
+        ev.evaluate("digits", [str(policy)], ["none"], resume=True, **kwargs)

@@ -205,19 +205,24 @@ def test_policy_metadata_and_spaces_are_checked(saved, tmp_path, monkeypatch):
     copy = _copy_policy(saved, tmp_path, meta=broken("policy.net_arch", {"pi": [32], "vf": [8, 8]}))
     with pytest.raises(ValueError, match="the weights do not fit the architecture in policy.json"):
         LearnedAgent(copy)
-    # ... before building it: a JSON within its limits may describe a network of many GB (here ~4 GB
-    # of float32), which is never allocated when the weights cannot fill it.
-    huge = tmp_path / "huge"
-    huge.mkdir()
-    copy = _copy_policy(saved, huge, meta=broken("policy.net_arch", {"pi": [4096] * 16, "vf": [4096] * 16}))
-
+    # ... before building it: a JSON within its limits may describe a network larger than its weights,
+    # which is never allocated when the weights cannot fill it; one beyond the parameter budget (here
+    # ~4 GB of float32) is refused from the JSON alone.
     def no_building(*args, **kwargs):
         raise AssertionError("the policy was built before the weights were checked against it")
 
     monkeypatch.setattr(learned, "_policy_classes", lambda: {"ActorCriticPolicy": no_building, "DQNPolicy": no_building})
-    with pytest.raises(ValueError, match=r"needs at least \d+ parameters, policy.pth holds \d+"):
-        LearnedAgent(copy)
+    for name, arch, message in (
+        ("large", {"pi": [1024] * 4, "vf": [8, 8]}, r"needs at least \d+ parameters, policy.pth holds \d+"),
+        ("huge", {"pi": [4096] * 16, "vf": [4096] * 16},
+         (r"'policy.net_arch' must be a network of at most 16777216 parameters \(MAX_POLICY_PARAMETERS; this one "
+         r"has up to 1007345710\)")),
+    ):
+        (tmp_path / name).mkdir()
+        with pytest.raises(ValueError, match=message):
+            LearnedAgent(_copy_policy(saved, tmp_path / name, meta=broken("policy.net_arch", arch)))
     monkeypatch.undo()
+    copy = _copy_policy(saved, tmp_path / "huge")
     learned.metadata_path(copy).write_text("{not json")
     with pytest.raises(ValueError, match="policy.json: cannot read the policy metadata"):
         LearnedAgent(copy)
@@ -365,3 +370,70 @@ def test_a_save_interrupted_between_its_two_files_leaves_the_earlier_pair(saved,
         learned.save_policy(other, path, {"algo": "ppo", "role": "attacker", "run": 2})
     assert (path.read_bytes(), learned.metadata_path(path).read_text()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy.json", "policy.zip"]  # no partial files
+
+
+# ------------------------------------------------------------------ issue 38: weights bounded by their real size
+def _weights_bytes(state: dict) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    # one stored number read as 16.8 M: isfinite() on it used to allocate them all (8 GB for the issue's file)
+    (lambda w: {**w, "huge": torch.zeros(1).expand(4096, 4096)}, (r"tensor 'huge' is not contiguous \(shape \(4096, 4096\), "
+     r"strides \(0, 0\): an expanded or strided view")),
+    (lambda w: {k: (v.t() if v.ndim == 2 else v) for k, v in w.items()}, "is not contiguous"),
+    (lambda w: {**w, "a": torch.arange(10.0)[0:6], "b": torch.arange(10.0)[4:10]}, None),
+    (lambda w: {**w, "s": torch.eye(3).to_sparse()}, r"tensor 's' has layout torch.sparse_coo; allowed: dense"),
+])
+def test_weights_that_take_more_memory_than_the_file_are_refused_before_use(saved, tmp_path, monkeypatch, make, message):
+    """Stride-0 (expanded), strided and overlapping views are refused before any computation reads them."""
+    _, model, _ = saved
+    weights = {k: v.clone() for k, v in model.policy.state_dict().items()}
+    state = make(weights)
+    if message is None:  # two views of one storage that overlap
+        base = torch.arange(10.0)
+        state = {**weights, "a": base[0:6], "b": base[4:10]}
+        message = "tensor 'b' overlaps tensor 'a' in their shared storage"
+    copy = _copy_policy(saved, tmp_path, replace={"policy.pth": _weights_bytes(state)})
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("a tensor was computed on before its storage was checked")
+
+    monkeypatch.setattr(torch.Tensor, "isfinite", no_reading)
+    with pytest.raises(ValueError, match=message) as exc:
+        LearnedAgent(copy)
+    assert "\n" not in str(exc.value) and "refused to load it" in str(exc.value)
+
+
+def test_disjoint_views_of_one_storage_are_weights_like_any_other(saved, tmp_path):
+    """Views of one storage side by side are not overlapping: the check refuses only what it must (the
+    extra names make the weights not fit the architecture, which is the error, not the storage)."""
+    _, model, _ = saved
+    base = torch.arange(10.0)
+    state = {**model.policy.state_dict(), "a": base[0:5], "b": base[5:10]}
+    copy = _copy_policy(saved, tmp_path, replace={"policy.pth": _weights_bytes(state)})
+    with pytest.raises(ValueError, match="the weights do not fit the architecture"):
+        LearnedAgent(copy)
+
+
+def test_deeply_nested_policy_json_is_one_line_error(saved, tmp_path):
+    """A policy.json nested 100,000 deep ended in a RecursionError traceback; now refused unparsed."""
+    _, _, meta = saved
+    copy = _copy_policy(saved, tmp_path)
+    nested = json.dumps({**meta, "extra": "x"}).replace('"x"', "[" * 100_000 + "]" * 100_000)
+    learned.metadata_path(copy).write_text(nested)
+    with pytest.raises(ValueError, match=r"policy.json: lists and objects nested 100001 deep; allowed: at most 32"):
+        LearnedAgent(copy)
+    # brackets inside strings are not nesting
+    learned.metadata_path(copy).write_text(json.dumps({**meta, "note": "[" * 1000 + '\\"{'}))
+    assert LearnedAgent(copy).metadata["note"].startswith("[[")
+    assert learned.json_depth(json.dumps(meta)) <= 4
+
+
+def test_oversized_policy_json_is_refused_before_it_is_read(saved, tmp_path, monkeypatch):
+    copy = _copy_policy(saved, tmp_path)
+    monkeypatch.setattr(learned, "MAX_METADATA_BYTES", 100)
+    with pytest.raises(ValueError, match=r"policy.json: \d+ bytes; allowed: at most 100 \(MAX_METADATA_BYTES\)"):
+        LearnedAgent(copy)

@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="scenario overrides for every game of both paths, e.g. iterations=[1] num_clients=1 "
                              "(one attack iteration: the per-game host cost); named in each row")
+    from leakgym.agents.cli_common import add_allow_large_argument
+
+    add_allow_large_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (rows done / total)")
 
 
@@ -339,11 +342,11 @@ def main(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import leakgym  # noqa: F401  (registers the ids)
-    from leakgym.agents.cli_common import parse_overrides
+    from leakgym.agents.cli_common import scenario_overrides
     from leakgym.envs.scenario import load_scenario
 
     ids = parse_ids(args.envs)
-    overrides = parse_overrides(args.overrides)
+    overrides = scenario_overrides(args)
     for gym_id in ids:  # a bad id or override fails here, before any worker starts
         load_scenario(gym.spec(gym_id).kwargs["scenario"], **overrides)
     out = check_output(args.json)

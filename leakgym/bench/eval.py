@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lockstep", type=int, default=16, help="games played together (default: 16)")
     parser.add_argument("--overrides", nargs="*", default=["rounds=4"], metavar="KEY=VALUE",
                         help="scenario overrides (default: rounds=4, as make demo)")
+    from leakgym.agents.cli_common import add_allow_large_argument
+
+    add_allow_large_argument(parser)
     parser.add_argument("--device", default="cpu", type=device_argument, help="torch device (default: cpu)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (runs done / 3)")
@@ -101,7 +104,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from leakgym.agents.cli_common import parse_overrides, resolve_env, split_agent_list
+    from leakgym.agents.cli_common import resolve_env, scenario_overrides, split_agent_list
 
     for flag, value in (("--episodes", args.episodes), ("--lockstep", args.lockstep), ("--threads", args.threads)):
         if value < 1:
@@ -111,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ValueError(f"--env: {exc}") from None
     attackers, defenders = split_agent_list(args.attackers), split_agent_list(args.defenders)
-    overrides = parse_overrides(args.overrides)
+    overrides = scenario_overrides(args)
     from leakgym.agents.factory import make_agent
     from leakgym.envs import load_scenario
 

@@ -7,8 +7,11 @@ file under a temporary ``.part`` name with torchvision's HTTP helper, checks its
 :func:`download_and_extract` only after that check passed. A corrupted or tampered download is deleted
 and never read. Extraction (:func:`extract_tar`) checks every member first and extracts nothing from an
 archive holding a member that would land outside the target folder (an absolute path, ``..``, or a
-link, device or other special file); the members are then extracted with ``tarfile``'s ``"data"``
-filter where the Python version has it.
+link, device or other special file) or holding more than :data:`MAX_EXTRACTED_BYTES` in all (a
+decompression bomb: a checksum vouches for the archive's origin, not for what it expands to; the sizes
+are read from the members' headers as the archive is listed, so a bomb is refused before its data is
+decompressed past the cap); the members are then extracted with ``tarfile``'s ``"data"`` filter where the
+Python version has it.
 
 MD5 is what the upstream publishers and torchvision record for these files; it guards against
 truncated or corrupted transfers, not against a deliberate collision attack.
@@ -26,6 +29,7 @@ from pathlib import Path
 from torchvision.datasets.utils import download_url
 
 __all__ = [
+    "MAX_EXTRACTED_BYTES",
     "ChecksumMismatchError",
     "DownloadError",
     "RemoteFile",
@@ -35,6 +39,11 @@ __all__ = [
     "file_md5",
     "verify_md5",
 ]
+
+
+#: most bytes an archive may extract to (its members' sizes together): 4 GiB, above any dataset LeakGym
+#: downloads (the CIFAR python archives extract to about 180 MB each)
+MAX_EXTRACTED_BYTES = 4 * 2**30
 
 
 class ChecksumMismatchError(RuntimeError):
@@ -146,24 +155,34 @@ def _member_problem(member: tarfile.TarInfo, target: Path) -> str | None:
     return None
 
 
-def extract_tar(archive: str | os.PathLike[str], directory: str | os.PathLike[str]) -> None:
+def extract_tar(archive: str | os.PathLike[str], directory: str | os.PathLike[str], *,
+                max_bytes: int | None = None) -> None:
     """Extract the tar archive ``archive`` (optionally gzip/bz2/xz-compressed) into ``directory``.
 
     Every member is checked before anything is written: an absolute path, a ``..`` that leaves
     ``directory``, a link, a device or any other special file raises ``ValueError`` naming the
-    archive and the member, and nothing is extracted. The members are then extracted with the
+    archive and the member, and nothing is extracted; so do members whose sizes add up to more than
+    ``max_bytes`` (default :data:`MAX_EXTRACTED_BYTES`), checked header by header as the archive is
+    listed (a member's data is read past only after its declared size was counted). The members are then extracted with the
     ``"data"`` filter (Python >= 3.10.12 / 3.11.4), which re-checks them as they are written. A
     truncated or damaged archive raises ``ValueError`` naming it.
     """
+    cap = MAX_EXTRACTED_BYTES if max_bytes is None else max_bytes
     target = Path(directory).resolve()
     target.mkdir(parents=True, exist_ok=True)
     try:
         with tarfile.open(archive, "r:*") as tar:
-            members = tar.getmembers()
-            for member in members:
+            members, total = [], 0
+            for member in tar:  # one header at a time (getmembers() would decompress everything first)
                 problem = _member_problem(member, target)
                 if problem is not None:
                     raise ValueError(f"{archive}: member {member.name!r} {problem}; nothing was extracted")
+                total += member.size
+                if total > cap:
+                    raise ValueError(f"{archive}: its members hold more than {cap} bytes (reached at member "
+                                     f"{member.name!r}, {total} bytes so far); allowed: at most {cap} "
+                                     "(MAX_EXTRACTED_BYTES); nothing was extracted")
+                members.append(member)
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(target, members=members, filter="data")
             else:  # the explicit check above is then the only one

@@ -115,6 +115,11 @@ class IdxSource(DiskSource):
             arrays.append(read_idx(path))
             paths.append(path)
         train_x, train_y, test_x, test_y = arrays
+        if train_x.ndim == test_x.ndim == 3 and train_x.shape[1:] != test_x.shape[1:]:
+            # 1x1 test images beside 28x28 training images were upsampled to 28x28 without a word
+            raise ValueError(f"{paths[2]}: test images are {'x'.join(map(str, test_x.shape[1:]))} but the training "
+                             f"images ({paths[0].name}) are {'x'.join(map(str, train_x.shape[1:]))}; both splits "
+                             "must have one image size")
         for split, x, y, y_path in (("train", train_x, train_y, paths[1]), ("t10k", test_x, test_y, paths[3])):
             if x.dtype != np.uint8 or x.ndim != 3:
                 raise ValueError(

@@ -164,8 +164,7 @@ def feature_extractor(
     path = cache / key
     model = build_model(arch, spec, width=width, seed=seed, device=public_x.device, dtype=public_x.dtype)
     if path.exists():
-        state = torch.load(path, map_location=public_x.device, weights_only=True)
-        model.load_state_dict(state)
+        _load_cached(model, path, public_x.device)
         model.loaded_from_cache = True
     else:
         gen = torch.Generator().manual_seed(seed)
@@ -191,6 +190,23 @@ def feature_extractor(
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+def _load_cached(model: nn.Module, path: Path, device) -> None:
+    """The cached extractor's state into ``model``; a file that cannot be read (truncated, not a state dict
+    of this architecture) or holds non-finite weights is a ``ValueError`` naming it: every later LODA round
+    failed with an error that did not say which file, and NaN weights obscured every image to NaN features
+    (fidelity 0) without a word. Deleting the file makes the next call retrain it."""
+    fix = "delete it and the next LODA round trains the extractor again"
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+        model.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - any reader failure is a damaged file (EOF, zip, pickle, keys)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"LODA extractor cache {path} is damaged ({first}); {fix}") from None
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:
+        raise ValueError(f"LODA extractor cache {path} holds non-finite weights ({bad[0]}); {fix}")
 
 
 def _select_layers(extractor: nn.Module, layers: LayerSpec) -> list[nn.Module]:
