@@ -93,7 +93,7 @@ def decode_image(path: Path, channels: int) -> np.ndarray:
     with _open(path) as image:
         _channels(path, image.mode)
         try:
-            pixels = np.asarray(image.convert("L" if channels == 1 else "RGB"), dtype=np.uint8)
+            pixels = np.array(image.convert("L" if channels == 1 else "RGB"), dtype=np.uint8)  # writable copy
         except (OSError, ValueError, Image.DecompressionBombError) as exc:  # truncated or damaged data
             raise ValueError(f"{path}: truncated or damaged image ({type(exc).__name__}: {exc})") from None
     return pixels.reshape(pixels.shape[0], pixels.shape[1], channels)

@@ -91,10 +91,11 @@ def read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     v5 data and runs no code. ``ValueError`` naming the file for anything else.
     """
     import scipy.io
+    from scipy.io.matlab import MatReadError
 
     try:
         mat = scipy.io.loadmat(path, variable_names=["X", "y"])
-    except (ValueError, TypeError, OSError, NotImplementedError, zipfile.BadZipFile) as exc:
+    except (MatReadError, ValueError, TypeError, OSError, NotImplementedError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: not a readable MATLAB v5 file ({type(exc).__name__}: {exc})") from None
     if "X" not in mat or "y" not in mat:
         raise ValueError(f"{path}: an SVHN .mat file holds 'X' and 'y'; found {sorted(k for k in mat if k[0] != '_')}")
