@@ -75,7 +75,10 @@ def describe(env: str, overrides: dict[str, Any] | None = None) -> dict[str, Any
 
 def format_description(info: dict[str, Any]) -> str:
     """Plain-text form of :func:`describe` (what ``leakgym describe ENV`` prints)."""
-    lines = [f"{info['id']} (scenario {info['scenario']!r})", "", "dataset: " + _dataset_line(info["dataset"])]
+    from leakgym.metrics import lpips_status
+
+    lines = [f"{info['id']} (scenario {info['scenario']!r})", "", "dataset: " + _dataset_line(info["dataset"]),
+             "metrics: SSIM, PSNR; " + lpips_status()]
     for role, r in info["roles"].items():
         lines += ["", f"{role}: action {r['action_space']}"]
         for d in r["actions"]:

@@ -145,3 +145,15 @@ def test_games_report_lpips_beside_ssim_and_psnr_only_where_weights_are_present(
     for role in ("attacker", "defender"):  # reported (its value is not checked: the backbone is random)
         assert {"leakage_ssim", "leakage_psnr", "leakage_lpips"} <= set(infos[role])
         assert math.isfinite(infos[role]["leakage_lpips"])
+
+
+def test_describe_says_whether_lpips_is_reported(clean, monkeypatch, capsys):
+    from leakgym.cli import main
+
+    assert main(["describe", "LeakGym-Digits-v0"]) == 0
+    assert "metrics: SSIM, PSNR; LPIPS (alex) is not reported: no backbone weights" in capsys.readouterr().out
+    path = clean / "w.pth"
+    _alexnet_checkpoint(path)
+    monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(path))
+    assert main(["describe", "LeakGym-Digits-v0"]) == 0
+    assert f"metrics: SSIM, PSNR; LPIPS (alex) is reported, from {path}" in capsys.readouterr().out

@@ -214,7 +214,7 @@ def dataset_info(name: str) -> DatasetInfo:
             num_classes=data.num_classes,
             mean=data.mean,
             std=data.std,
-            source=data.describe(),
+            source=data.source,
             train_size=len(data.train_y),
         )
     from leakgym.suggest import did_you_mean

@@ -124,13 +124,12 @@ class UserData:
     def num_classes(self) -> int:
         return len(self.classes)
 
-    def describe(self) -> str:
-        """One line: what was read and what came out of it."""
-        split = "own train/test split" if self.own_split else f"{USER_TEST_FRACTION:g} of each class held out"
-        stats = ", ".join(f"{m:.4f}/{s:.4f}" for m, s in zip(self.mean, self.std))
-        return (f"{self.kind} {self.path}: {self.channels} channel(s), {self.height}x{self.width} px, "
-                f"{self.num_classes} classes, {len(self.train_y)} train / {len(self.test_y)} test images "
-                f"({split}), mean/std per channel {stats}")
+    @property
+    def source(self) -> str:
+        """Where the data come from and how they were split (the catalog's ``source``)."""
+        what = "image folder (ImageFolder layout)" if self.kind == "folder" else ".npz file"
+        split = "its own test split" if self.own_split else f"{USER_TEST_FRACTION:g} of each class held out as test"
+        return f"{what} of {self.height}x{self.width} images, {len(self.test_y)} test images ({split})"
 
 
 def _fingerprint(path: Path) -> str:
