@@ -103,6 +103,8 @@ def test_an_npz_gives_grey_or_colour_images_and_its_own_split(tmp_path):
     ("loose images", "lie beside the class sub-folders"),
     ("no classes", "holds images but no class sub-folders"),
     ("not an image", "not a readable image"),
+    ("constant", "has the same value; the images cannot be normalised"),
+    ("loose bmp", "lie beside the class sub-folders"),
 ])
 def test_bad_folders_are_refused_in_one_line_naming_the_path(tmp_path, case, expected):
     root = tmp_path / "bad"
@@ -125,6 +127,14 @@ def test_bad_folders_are_refused_in_one_line_naming_the_path(tmp_path, case, exp
     elif case == "no classes":
         root.mkdir()
         Image.new("RGB", (4, 4)).save(root / "stray.png")
+    elif case == "constant":
+        for c in ("a", "b"):
+            (root / c).mkdir(parents=True)
+            for i in range(5):
+                Image.new("L", (6, 6), 128).save(root / c / f"{i}.png")
+    elif case == "loose bmp":
+        _folder(root, {"a": 3, "b": 3})
+        Image.new("RGB", (4, 4)).save(root / "stray.bmp")
     else:
         _folder(root, {"a": 3, "b": 3})
         (root / "b" / "broken.png").write_bytes(b"not a png")

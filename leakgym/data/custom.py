@@ -41,7 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-from leakgym.data.folders import MAX_DATASET_BYTES, class_folders, decode_image, image_files, image_header
+from leakgym.data.folders import (
+    IMAGE_SUFFIXES,
+    MAX_DATASET_BYTES,
+    class_folders,
+    decode_image,
+    image_files,
+    image_header,
+)
 
 __all__ = ["USER_SPLIT_SEED", "USER_TEST_FRACTION", "UserData", "is_dataset_path", "resolve_path", "user_data"]
 
@@ -239,7 +246,7 @@ def _decode_uniform(root: Path, paths: list[Path], shape: tuple[int, int, int] |
 
 
 def _read_folder(root: Path):
-    loose = [p for p in root.iterdir() if p.is_file() and p.suffix.lower() in (".png", ".jpg", ".jpeg")]
+    loose = [p for p in sorted(root.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
     subfolders = class_folders(root)
     names = {p.name for p in subfolders}
     test_name = "val" if "val" in names else "test" if "test" in names else None
