@@ -236,3 +236,26 @@ def test_a_missing_dataset_says_where_it_looked_and_what_to_put_there(tmp_path, 
     message = str(exc.value)
     assert f"dataset {name!r} is not available" in message and f"{tmp_path / name}" in message
     assert where in message
+
+
+def test_decoded_images_are_kept_and_a_changed_copy_is_decoded_again(tmp_path, monkeypatch):
+    folder = _celeba(tmp_path, males=[1, 0, 1], partitions=[0, 0, 2])
+    first = load_dataset("celeba", root=tmp_path, download=False)
+    (cached,) = (tmp_path / imagesets.DECODED_FOLDER).glob("celeba-32px-*.npz")
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(imagesets, "decode_images", no_decoding)
+    again = load_dataset("celeba", root=tmp_path, download=False)
+    for a, b in zip((first.train_x, first.train_y, first.test_x, first.test_y),
+                    (again.train_x, again.train_y, again.test_x, again.test_y)):
+        assert torch.equal(a, b)  # the same values, bit for bit
+    with pytest.raises(AssertionError, match="decoded again"):  # another size is another copy
+        load_dataset("celeba", root=tmp_path, image_size=16, download=False)
+    _jpeg(folder / "img_align_celeba" / "000001.jpg", (0, 255, 0), size=(178, 218))  # the data changed
+    with pytest.raises(AssertionError, match="decoded again"):
+        load_dataset("celeba", root=tmp_path, download=False)
+    monkeypatch.undo()
+    cached.write_bytes(b"damaged")
+    assert torch.equal(load_dataset("celeba", root=tmp_path, download=False).test_x, first.test_x)

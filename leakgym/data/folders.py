@@ -9,8 +9,8 @@ Shared by the user's own image folders (:mod:`leakgym.data.custom`) and the pape
 * :func:`decode_images` decodes a list of images into one float32 tensor ``(N, C, S, S)`` in ``[0, 1]``:
   each image is centre-cropped to a square on its shorter side, then resized to ``S x S`` with the
   antialiased bilinear filter of :func:`leakgym.data.images.resize_images` (torchvision's
-  ``Resize(S)`` + ``CenterCrop(S)`` up to the order of crop and resize). The memory the result needs is
-  checked against :data:`MAX_DATASET_BYTES` before anything is decoded.
+  ``Resize(S)`` + ``CenterCrop(S)`` up to the order of crop and resize), and rounded to 8 bits. The
+  memory the result needs is checked against :data:`MAX_DATASET_BYTES` before anything is decoded.
 
 A file that cannot be decoded raises ``ValueError`` naming the file.
 """
@@ -120,10 +120,12 @@ def center_square(pixels: np.ndarray) -> np.ndarray:
 
 
 def to_unit(pixels: np.ndarray, size: int) -> Tensor:
-    """uint8 ``(H, W, C)`` -> float32 ``(C, size, size)`` in ``[0, 1]``: centre square, then resize."""
+    """uint8 ``(H, W, C)`` -> float32 ``(C, size, size)`` in ``[0, 1]``: centre square, resize, then rounded
+    to 8 bits (``k / 255``, as a resized image saved to disk would be), so that a copy cached as uint8
+    (:func:`leakgym.data.imagesets.read_cached`) gives back exactly these values."""
     square = torch.from_numpy(np.ascontiguousarray(center_square(pixels))).permute(2, 0, 1)
     unit = square.to(torch.float32).div_(255.0).unsqueeze(0)
-    return resize_images(unit, size)[0]
+    return resize_images(unit, size)[0].mul_(255.0).round_().to(torch.uint8).to(torch.float32).div_(255.0)
 
 
 def decode_images(paths: Sequence[Path], channels: int, size: int, *, where: str) -> Tensor:

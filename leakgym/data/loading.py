@@ -24,7 +24,7 @@ from leakgym.data.catalog import check_image_size, dataset_info, dataset_spec
 from leakgym.data.digits import load_digits_split
 from leakgym.data.download import DownloadError
 from leakgym.data.images import resize_images, uint8_to_unit
-from leakgym.data.imagesets import IMAGE_SOURCES, SizedSource
+from leakgym.data.imagesets import IMAGE_SOURCES, SizedSource, read_cached
 from leakgym.data.sources import SOURCES, DiskSource
 from leakgym.data.spec import DatasetSpec
 
@@ -149,7 +149,7 @@ def load_dataset(
             ) from error
 
     if isinstance(source, SizedSource):  # decoded straight to the requested size (JPEG folders)
-        return Dataset(spec, *source.read_sized(directory, spec.image_size))
+        return Dataset(spec, *read_cached(source, directory, spec.image_size, base))
     train_x, train_y, test_x, test_y = source.read(directory)
     train_x, test_x = uint8_to_unit(train_x), uint8_to_unit(test_x)
     if train_x.shape[1] != info.channels:
