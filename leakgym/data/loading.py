@@ -115,8 +115,8 @@ def load_dataset(
             ``svhn``, ``celeba``, ``tiny-imagenet``, ``imagenet``, ``imagenette``), or a path to an image
             folder or an ``.npz`` file (:mod:`leakgym.data.custom`).
         image_size: side length of the returned images (antialiased bilinear resize); ``None`` keeps
-            the dataset's default (16 for digits, native otherwise).
-        root: data root; defaults to ``$LEAKGYM_DATA`` or ``~/.cache/leakgym``. Ignored for digits.
+            the dataset's default (16 for digits, 32 for CelebA, 224 for Imagenette, native otherwise).
+        root: data root; defaults to ``$LEAKGYM_DATA`` or ``~/.cache/leakgym``. Ignored for digits and paths.
         download: fetch the official files into the root if no complete copy is found.
 
     Raises:
@@ -128,7 +128,7 @@ def load_dataset(
     spec = dataset_spec(name, image_size)
     if name == "digits":
         return Dataset(spec, *load_digits_split(spec.image_size))
-    if info.name != name or name not in SOURCES and name not in IMAGE_SOURCES:  # a path (resolved by dataset_info)
+    if name not in SOURCES and name not in IMAGE_SOURCES:  # a path (dataset_info resolved and read it)
         return _user_dataset(spec, info.name)
 
     source: DiskSource = SOURCES[name] if name in SOURCES else IMAGE_SOURCES[name]
