@@ -13,6 +13,7 @@ import math
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torchvision.models import AlexNet
@@ -157,3 +158,16 @@ def test_describe_says_whether_lpips_is_reported(clean, monkeypatch, capsys):
     monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(path))
     assert main(["describe", "LeakGym-Digits-v0"]) == 0
     assert f"metrics: SSIM, PSNR; LPIPS (alex) is reported, from {path}" in capsys.readouterr().out
+
+
+def test_the_round_picture_labels_lpips_beside_ssim_and_psnr_when_it_was_scored():
+    from leakgym.envs.rendering import round_figure
+    from leakgym.metrics import score_reconstruction
+
+    x = torch.rand(2, 1, 8, 8)
+    scores = score_reconstruction(x, x)
+    titles = [ax.get_title() for ax in round_figure(x, x, scores).axes if "SSIM" in ax.get_title()]
+    assert titles and not any("LPIPS" in t for t in titles)
+    scores.per_image["lpips"] = np.array([0.25, float("nan")])  # as a game scores it (value not from a backbone)
+    titles = [ax.get_title() for ax in round_figure(x, x, scores).axes if "SSIM" in ax.get_title()]
+    assert "LPIPS 0.25" in titles[0] and "LPIPS" not in titles[1]
