@@ -33,7 +33,6 @@ like a packaged dataset.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import zipfile
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from leakgym.data.folders import (
     decode_image,
     image_files,
     image_header,
+    tree_fingerprint,
 )
 
 __all__ = ["USER_SPLIT_SEED", "USER_TEST_FRACTION", "UserData", "is_dataset_path", "resolve_path", "user_data"]
@@ -139,20 +139,10 @@ class UserData:
         return f"{what} of {self.height}x{self.width} images, {len(self.test_y)} test images ({split})"
 
 
-def _fingerprint(path: Path) -> str:
-    """A digest of every file's name, size and modification time under ``path`` (or of ``path``)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        stat = f.stat()
-        digest.update(f"{f}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
 def user_data(value: str | os.PathLike[str]) -> UserData:
     """The :class:`UserData` at ``value`` (a folder or an ``.npz``), read once per process and content."""
     path = resolve_path(value)
-    return _read(path, _fingerprint(Path(path)))
+    return _read(path, tree_fingerprint(Path(path)))
 
 
 @functools.lru_cache(maxsize=4)

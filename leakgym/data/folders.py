@@ -17,6 +17,7 @@ A file that cannot be decoded raises ``ValueError`` naming the file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,7 @@ __all__ = [
     "decode_images",
     "image_files",
     "image_header",
+    "tree_fingerprint",
 ]
 
 #: file suffixes (lower case) taken as images
@@ -57,6 +59,24 @@ def image_files(folder: Path) -> list[Path]:
         found += [Path(dirpath) / f for f in filenames
                   if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_SUFFIXES]
     return sorted(found)
+
+
+def tree_fingerprint(path: Path) -> str:
+    """SHA-256 over every file's relative path, size and modification time under ``path`` (or of the file
+    ``path``): what caches of data read from ``path`` are keyed by, so that a changed copy is read again."""
+    path = Path(path)
+    digest = hashlib.sha256(str(path.resolve()).encode())
+    if path.is_file():
+        stat = path.stat()
+        digest.update(f"{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        return digest.hexdigest()
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        relative = os.path.relpath(dirpath, path)
+        for name in sorted(filenames):
+            stat = os.stat(os.path.join(dirpath, name))
+            digest.update(f"{relative}/{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def class_folders(folder: Path) -> list[Path]:

@@ -47,7 +47,6 @@ read-only root) is skipped; one that cannot be read is decoded again and replace
 
 from __future__ import annotations
 
-import hashlib
 import os
 import zipfile
 from abc import abstractmethod
@@ -59,7 +58,13 @@ import torch
 from torch import Tensor
 
 from leakgym.data.download import RemoteFile, download_and_extract, download_file
-from leakgym.data.folders import check_dataset_bytes, class_folders, decode_images, image_files
+from leakgym.data.folders import (
+    check_dataset_bytes,
+    class_folders,
+    decode_images,
+    image_files,
+    tree_fingerprint,
+)
 from leakgym.data.sources import DiskSource, RawSplits
 
 __all__ = ["DECODED_FOLDER", "IMAGE_SOURCES", "SizedSource", "SizedSplits", "read_cached"]
@@ -86,24 +91,12 @@ class SizedSource(DiskSource):
         return (_to_uint8(train_x), train_y.numpy(), _to_uint8(test_x), test_y.numpy())
 
 
-def _fingerprint(directory: Path) -> str:
-    """A digest of every file's relative path, size and modification time under ``directory``."""
-    digest = hashlib.sha256(str(directory.resolve()).encode())
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            stat = path.stat()
-            digest.update(f"{path.relative_to(directory)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
 def read_cached(source: SizedSource, directory: Path, image_size: int, root: Path) -> SizedSplits:
     """``source.read_sized(directory, image_size)``, through the decoded copy under ``root`` (module docstring).
 
     The values are the same either way: decoding rounds to 8 bits, the copy stores those 8 bits.
     """
-    cache = root / DECODED_FOLDER / f"{source.name}-{image_size}px-{_fingerprint(directory)[:20]}.npz"
+    cache = root / DECODED_FOLDER / f"{source.name}-{image_size}px-{tree_fingerprint(directory)[:20]}.npz"
     if cache.is_file():
         try:
             with np.load(cache, allow_pickle=False) as stored:
