@@ -26,8 +26,29 @@ VERSION_HISTORY = {
 }
 
 
-def describe(env: str) -> dict[str, Any]:
-    """Observation and action layout of a Gymnasium id or scenario name, for both roles."""
+def dataset_summary(sc: Scenario) -> dict[str, Any]:
+    """What the scenario's dataset is: channels, image size, classes, normalisation statistics, source.
+
+    Named datasets come from the catalog without loading; a path (an image folder or an ``.npz``) is
+    read (once per process) and its statistics computed from its training split."""
+    from leakgym.data import dataset_info, dataset_spec
+
+    info, spec = dataset_info(sc.dataset), dataset_spec(sc.dataset, sc.image_size)
+    return {"name": spec.name, "channels": spec.channels, "image_size": spec.image_size,
+            "num_classes": spec.num_classes, "mean": [round(m, 4) for m in spec.mean],
+            "std": [round(s, 4) for s in spec.std], "train_size": info.train_size, "source": info.source}
+
+
+def _dataset_line(d: dict[str, Any]) -> str:
+    return (f"{d['name']}: {d['channels']} channel(s), {d['image_size']}x{d['image_size']} px, {d['num_classes']} "
+            f"classes, {d['train_size']} training images, normalised with mean {d['mean']} and std {d['std']} "
+            f"({d['source']})")
+
+
+def describe(env: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Observation and action layout of a Gymnasium id or scenario name, for both roles, and its dataset.
+
+    ``overrides``: scenario fields to change first (``{"dataset": "path/to/folder"}``)."""
     ids = registered_ids()
     by_name = {name: gym_id for gym_id, name in ids.items()}
     if env in ids:
@@ -39,8 +60,8 @@ def describe(env: str) -> dict[str, Any]:
 
         raise ValueError(f"unknown environment {env!r}{did_you_mean(env, [*ids, *by_name])}; "
                          f"allowed: {sorted(ids)} (or scenario names {sorted(by_name)})")
-    sc = load_scenario(name)
-    out: dict[str, Any] = {"id": gym_id, "scenario": name, "roles": {}}
+    sc = load_scenario(name, **(overrides or {}))
+    out: dict[str, Any] = {"id": gym_id, "scenario": name, "dataset": dataset_summary(sc), "roles": {}}
     for role, names in (("attacker", attacker_obs_names), ("defender", defender_obs_names)):
         menu = sc.menu(role)
         out["roles"][role] = {
@@ -54,7 +75,10 @@ def describe(env: str) -> dict[str, Any]:
 
 def format_description(info: dict[str, Any]) -> str:
     """Plain-text form of :func:`describe` (what ``leakgym describe ENV`` prints)."""
-    lines = [f"{info['id']} (scenario {info['scenario']!r})"]
+    from leakgym.metrics import lpips_status
+
+    lines = [f"{info['id']} (scenario {info['scenario']!r})", "", "dataset: " + _dataset_line(info["dataset"]),
+             "metrics: SSIM, PSNR; " + lpips_status()]
     for role, r in info["roles"].items():
         lines += ["", f"{role}: action {r['action_space']}"]
         for d in r["actions"]:
@@ -94,6 +118,8 @@ def env_page(gym_id: str) -> str:
             f"its chosen inversion on the victim's update. Leakage is scored with `{sc.leakage_metric}`"
             f"{'; the attacker knows the labels' if sc.known_labels else ''}."
         ),
+        "",
+        "Dataset: " + _dataset_line(info["dataset"]) + ".",
         "",
         '`gym.make("' + gym_id + '", role="attacker" | "defender", opponent=...)` is one role against a fixed '
         "opponent; `leakgym.envs.leakgym_v0.parallel_env(\"" + sc.name + "\")` is the two-player PettingZoo game.",
@@ -158,4 +184,4 @@ def write_env_pages(folder: str | Path) -> list[Path]:
     return paths
 
 
-__all__ = ["describe", "env_page", "format_description", "write_env_pages"]
+__all__ = ["dataset_summary", "describe", "env_page", "format_description", "write_env_pages"]

@@ -209,12 +209,12 @@ class LeakGame:
         self.dataset = _dataset(scenario.dataset, scenario.image_size)
         self.spec = self.dataset.spec
         if scenario.leakage_metric in ("lpips",):
-            from leakgym.metrics import lpips_available
+            from leakgym.metrics import lpips_available, lpips_status
 
             if not lpips_available():
                 raise ValueError(
-                    "leakage_metric='lpips' needs the pretrained LPIPS backbone weights, which are not "
-                    "installed (see the warning above / README 'LPIPS'); choose 'ssim', 'psnr' or 'ssim+psnr'"
+                    f"leakage_metric='lpips' needs the pretrained LPIPS backbone weights: {lpips_status()}; or "
+                    "choose 'ssim', 'psnr' or 'ssim+psnr'"
                 )
         #: the scenario's action menus, built once (the scenario is fixed for the game's lifetime)
         self.menus: dict[str, Menu] = {role: scenario.menu(role) for role in self.agents}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from torch import Tensor
 
@@ -34,9 +36,11 @@ def round_figure(originals: Tensor, reconstructions: Tensor, scores, title: str 
         ax_o.imshow(_to_hwc(originals[i]), cmap=cmap, vmin=0, vmax=1)
         ax_r.imshow(_to_hwc(reconstructions[int(assignment[i])]), cmap=cmap, vmin=0, vmax=1)
         ax_o.set_title("original" if i == 0 else "", fontsize=8)
-        ax_r.set_title(
-            f"SSIM {scores.per_image['ssim'][i]:.2f}\nPSNR {scores.per_image['psnr'][i]:.1f}", fontsize=7
-        )
+        label = f"SSIM {scores.per_image['ssim'][i]:.2f}\nPSNR {scores.per_image['psnr'][i]:.1f}"
+        lpips = scores.per_image.get("lpips")
+        if lpips is not None and math.isfinite(lpips[i]):  # scored where the LPIPS weights are present
+            label += f"\nLPIPS {lpips[i]:.2f}"
+        ax_r.set_title(label, fontsize=7)
         for ax in (ax_o, ax_r):
             ax.set_xticks([])
             ax.set_yticks([])

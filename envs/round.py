@@ -154,6 +154,15 @@ def reconstruct_all(jobs: Sequence[AttackJob], *, batched: bool = True) -> tuple
     return results, seconds  # type: ignore[return-value]
 
 
+def _reports_lpips(scenario) -> bool:
+    """LPIPS is scored where the scenario's leakage metric needs it and, beside SSIM and PSNR, wherever the
+    backbone weights are on disk (``$LEAKGYM_LPIPS_WEIGHTS`` or torch's hub cache; leakgym.metrics.perceptual):
+    the step infos then carry ``leakage_lpips``. Without the weights no LPIPS number is reported."""
+    from leakgym.metrics import lpips_available
+
+    return "lpips" in scenario.leakage_metric or lpips_available()
+
+
 def score_all(
     spec,
     results: Sequence[AttackResult],
@@ -290,7 +299,7 @@ class Round:
             recons = [spec.denormalize(results[i].images.detach()).clamp(0, 1) for i in members]
             scores = score_reconstructions(recons, originals, pred_labels=[results[i].labels for i in members],
                                            true_labels=[defended[i].y for i in members],
-                                           lpips="lpips" in lead.scenario.leakage_metric)
+                                           lpips=_reports_lpips(lead.scenario))
             share = (time.perf_counter() - t0) / len(members)
             labels = to_host([defended[i].y.detach() for i in members])
             for i, s, o, r, y in zip(members, scores, to_host(originals), to_host(recons), labels):

@@ -27,6 +27,7 @@ import dataclasses
 import itertools
 import math
 import numbers
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -73,7 +74,8 @@ class Scenario:
     """One LeakGym game. Every field has a default so overrides can name just what changes."""
 
     name: str = "digits"
-    #: dataset name (see ``leakgym list``) and image side length (None = native)
+    #: dataset name (see ``leakgym list``) or a path to an image folder / .npz file (leakgym.data.custom),
+    #: and image side length (None = the dataset's default)
     dataset: str = "digits"
     image_size: int | None = 16
     #: model name (lenet, convnet, mlp, resnet18), optional PRECODE bottleneck and width
@@ -386,6 +388,8 @@ def _coerce_fields(sc: Scenario) -> None:
     from leakgym.models import MODEL_NAMES
 
     name = sc.name
+    if isinstance(sc.dataset, os.PathLike):  # dataset=Path(...) from Python: a path like any other
+        sc.dataset = os.fspath(sc.dataset)
     for key in _STRINGS:
         if not isinstance(getattr(sc, key), str):
             raise _bad(name, key, getattr(sc, key), "a string")
@@ -413,7 +417,18 @@ def _coerce_fields(sc: Scenario) -> None:
         setattr(sc, key, {k: _python_scalar(v) for k, v in getattr(sc, key).items()})
     if not isinstance(sc.oasis_bits, list) or not all(isinstance(b, str) for b in sc.oasis_bits):
         raise _bad(name, "oasis_bits", sc.oasis_bits, "a list of OASIS augmentation names")
-    choices = {"dataset": DATASET_NAMES, "model": MODEL_NAMES, "update_kind": UPDATE_KINDS,
+    if sc.dataset not in DATASET_NAMES:  # else a path: an image folder or an .npz (leakgym.data.custom)
+        from leakgym.data.catalog import PATH_HINT
+        from leakgym.data.custom import is_dataset_path, resolve_path
+
+        if not is_dataset_path(sc.dataset):
+            raise _bad(name, "dataset", sc.dataset,
+                       ", ".join(DATASET_NAMES) + f"{did_you_mean(sc.dataset, DATASET_NAMES)}, {PATH_HINT}")
+        try:
+            sc.dataset = resolve_path(sc.dataset)
+        except ValueError as exc:
+            raise ValueError(f"scenario {name!r}: dataset: {exc}") from None
+    choices = {"model": MODEL_NAMES, "update_kind": UPDATE_KINDS,
                "threat_model": THREAT_MODELS, "leakage_metric": LEAKAGE_METRICS}
     for key, allowed in choices.items():
         if getattr(sc, key) not in allowed:
@@ -482,7 +497,7 @@ def _check_split(sc: Scenario) -> None:
     if n - public < sc.num_clients + 1:
         raise ValueError(f"scenario {sc.name!r}: num_clients={sc.num_clients} benign clients and the victim need "
                          f"{sc.num_clients + 1} private images, public_fraction={sc.public_fraction!r} leaves "
-                         f"{n - public} of {n}")
+                         f"{n - public} of the {n} training images of {sc.dataset}")
 
 
 def _attack_values(sc: Scenario, key: str) -> list:

@@ -50,7 +50,8 @@ def _list(args: argparse.Namespace) -> int:
     if args.env is not None:
         raise ValueError("--env goes with `leakgym list presets`")
 
-    print("datasets:     " + ", ".join(DATASET_NAMES))
+    print("datasets:     " + ", ".join(DATASET_NAMES) + "; or a path: an image folder (one sub-folder per "
+          "class) or an .npz (images, labels)")
     print("models:       " + ", ".join(MODEL_NAMES) + " (each optionally with a PRECODE bottleneck)")
     print("attacks:      " + ", ".join(sorted(ATTACKS)))
     print("defenses:     " + ", ".join(PIPELINE_ORDER) + " (pipeline order)")
@@ -92,7 +93,9 @@ def _describe(args: argparse.Namespace) -> int:
         return 0
     if args.env is None:
         raise ValueError("describe needs an environment id (e.g. LeakGym-Digits-v0) or --write-docs FOLDER")
-    print(format_description(describe(args.env)))
+    from leakgym.agents.cli_common import parse_overrides
+
+    print(format_description(describe(args.env, parse_overrides(args.overrides))))
     return 0
 
 
@@ -124,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     desc.add_argument("env", nargs="?", help="Gymnasium id or scenario name (e.g. LeakGym-Digits-v0)")
     desc.add_argument("--write-docs", default=None, metavar="FOLDER",
                       help="write the markdown page of every environment into FOLDER (docs/envs)")
+    desc.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                      help="scenario overrides, e.g. dataset=path/to/folder image_size=32 (the dataset line "
+                           "shows its channels, classes and statistics)")
     desc.set_defaults(func=_describe)
     demo = sub.add_parser("demo", help="small tournament on LeakGym-Digits-v0 (writes payoff + gallery)")
     demo.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")

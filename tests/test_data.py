@@ -88,6 +88,11 @@ def test_dataset_spec_for_every_name_without_loading() -> None:
         "fashion-mnist": (1, 28, 10),
         "cifar10": (3, 32, 10),
         "cifar100": (3, 32, 100),
+        "svhn": (3, 32, 10),
+        "celeba": (3, 32, 2),
+        "tiny-imagenet": (3, 64, 200),
+        "imagenet": (3, 224, 1000),
+        "imagenette": (3, 224, 10),
     }
     assert set(DATASET_NAMES) == set(expected)
     for name, (channels, size, classes) in expected.items():
@@ -99,10 +104,11 @@ def test_dataset_spec_for_every_name_without_loading() -> None:
 
 
 def test_unknown_name_and_bad_image_size_raise_value_error() -> None:
-    with pytest.raises(ValueError, match="allowed: digits, mnist, fashion-mnist, cifar10, cifar100"):
-        load_dataset("imagenet")
-    with pytest.raises(ValueError, match="allowed"):
-        dataset_spec("svhn")
+    with pytest.raises(ValueError, match="allowed: digits, mnist, fashion-mnist, cifar10, cifar100, svhn, celeba, "
+                                         "tiny-imagenet, imagenet, imagenette, or a path to an image folder"):
+        load_dataset("imagenet-21k")
+    with pytest.raises(ValueError, match="did you mean 'svhn'"):
+        dataset_spec("svnh")
     for bad in (0, 1, -3, 2.5, True):
         with pytest.raises(ValueError, match="image_size"):
             load_dataset("digits", image_size=bad)

@@ -1,8 +1,10 @@
 """Datasets, normalisation and federated splits.
 
 ``load_dataset(name)`` returns unit images for ``digits`` (bundled, offline), ``mnist``,
-``fashion-mnist``, ``cifar10`` and ``cifar100``; ``federated_split`` turns a dataset into a public
-pool, K client shards and a test set.
+``fashion-mnist``, ``cifar10``, ``cifar100`` and the papers' ``svhn``, ``celeba``, ``tiny-imagenet``,
+``imagenet`` and ``imagenette`` (:mod:`leakgym.data.imagesets`), or for a path to the user's own image
+folder or ``.npz`` file (:mod:`leakgym.data.custom`); ``federated_split`` turns a dataset into a public
+pool, K client shards and a test set. See ``docs/data.md``.
 """
 
 from leakgym.data.catalog import DATASET_NAMES, DatasetInfo, dataset_info, dataset_spec

@@ -1,5 +1,8 @@
 """``load_dataset``: one entry point for every dataset, returning unit-image tensors.
 
+A path (an image folder or an ``.npz`` file) in place of a name loads the user's own data
+(:mod:`leakgym.data.custom`).
+
 ``digits`` comes from scikit-learn and always works. Every other dataset is read from its official
 on-disk format (see :mod:`leakgym.data.sources` for the directories searched); if no complete copy is
 found and ``download=True`` the official files are downloaded into the data root and verified
@@ -21,7 +24,8 @@ from leakgym.data.catalog import check_image_size, dataset_info, dataset_spec
 from leakgym.data.digits import load_digits_split
 from leakgym.data.download import DownloadError
 from leakgym.data.images import resize_images, uint8_to_unit
-from leakgym.data.sources import SOURCES
+from leakgym.data.imagesets import IMAGE_SOURCES, SizedSource, read_cached
+from leakgym.data.sources import SOURCES, DiskSource
 from leakgym.data.spec import DatasetSpec
 
 __all__ = ["DEFAULT_DATA_ROOT", "Dataset", "DatasetUnavailableError", "data_root", "load_dataset"]
@@ -104,26 +108,30 @@ def load_dataset(
     root: str | os.PathLike[str] | None = None,
     download: bool = True,
 ) -> Dataset:
-    """Load ``name`` (one of ``DATASET_NAMES``) as unit images, resized to ``image_size`` if given.
+    """Load ``name`` (one of ``DATASET_NAMES``, or a path) as unit images, resized to ``image_size`` if given.
 
     Args:
-        name: ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10`` or ``cifar100``.
+        name: one of ``DATASET_NAMES`` (``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``,
+            ``svhn``, ``celeba``, ``tiny-imagenet``, ``imagenet``, ``imagenette``), or a path to an image
+            folder or an ``.npz`` file (:mod:`leakgym.data.custom`).
         image_size: side length of the returned images (antialiased bilinear resize); ``None`` keeps
-            the dataset's default (16 for digits, native otherwise).
-        root: data root; defaults to ``$LEAKGYM_DATA`` or ``~/.cache/leakgym``. Ignored for digits.
+            the dataset's default (16 for digits, 32 for CelebA, 224 for Imagenette, native otherwise).
+        root: data root; defaults to ``$LEAKGYM_DATA`` or ``~/.cache/leakgym``. Ignored for digits and paths.
         download: fetch the official files into the root if no complete copy is found.
 
     Raises:
         ValueError: unknown ``name`` or bad ``image_size``.
         DatasetUnavailableError: not found on disk and not downloadable.
     """
-    info = dataset_info(name)
     check_image_size(image_size)
+    info = dataset_info(name)
     spec = dataset_spec(name, image_size)
     if name == "digits":
         return Dataset(spec, *load_digits_split(spec.image_size))
+    if name not in SOURCES and name not in IMAGE_SOURCES:  # a path (dataset_info resolved and read it)
+        return _user_dataset(spec, info.name)
 
-    source = SOURCES[name]
+    source: DiskSource = SOURCES[name] if name in SOURCES else IMAGE_SOURCES[name]
     base = data_root(root)
     searched = [(d, source.missing_files(d)) for d in source.candidates(base)]
     directory = next((d for d, missing in searched if not missing), None)
@@ -140,6 +148,8 @@ def load_dataset(
                 name, searched, f"Download failed: {type(error).__name__}: {error}", hint
             ) from error
 
+    if isinstance(source, SizedSource):  # decoded straight to the requested size (JPEG folders)
+        return Dataset(spec, *read_cached(source, directory, spec.image_size, base))
     train_x, train_y, test_x, test_y = source.read(directory)
     train_x, test_x = uint8_to_unit(train_x), uint8_to_unit(test_x)
     if train_x.shape[1] != info.channels:
@@ -151,3 +161,19 @@ def load_dataset(
         resize_images(test_x, spec.image_size),
         torch.from_numpy(test_y),
     )
+
+
+def _user_dataset(spec: DatasetSpec, path: str) -> Dataset:
+    """The user's folder or ``.npz`` at ``path`` as unit images of ``spec``'s size (centre square, resize)."""
+    from leakgym.data.custom import user_data
+    from leakgym.data.folders import center_square, check_dataset_bytes
+
+    data = user_data(path)
+    check_dataset_bytes(path, len(data.train_y) + len(data.test_y), data.channels, spec.image_size)
+
+    def unit(x):  # (N, C, H, W) uint8 -> centred square -> resized unit images
+        square = center_square(x.transpose(2, 3, 0, 1)).transpose(2, 3, 0, 1)
+        return resize_images(uint8_to_unit(square), spec.image_size)
+
+    return Dataset(spec, unit(data.train_x), torch.from_numpy(data.train_y), unit(data.test_x),
+                   torch.from_numpy(data.test_y))

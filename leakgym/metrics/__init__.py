@@ -4,7 +4,8 @@ Pure functions take unit images ``(N, C, H, W)`` (clamped to ``[0, data_range]``
 per image ``(N,)``; :data:`METRIC_INFO` declares for each metric whether higher is better. SSIM is the
 Gaussian-window SSIM of Wang et al. (via kornia), **not** the CW-SSIM that the breaching library
 reports under the name "SSIM"; the two are not comparable. LPIPS needs torchvision's pretrained
-backbone file on disk and returns NaN (with one warning) otherwise; see
+backbone file on disk (``$LEAKGYM_LPIPS_WEIGHTS`` or torch's hub cache) and returns NaN (with one
+warning) otherwise; see
 :mod:`leakgym.metrics.perceptual`.
 """
 
@@ -21,9 +22,11 @@ from leakgym.metrics.functional import (
 from leakgym.metrics.matching import MATCHING_COSTS, label_accuracy, match_reconstructions, pairwise_cost
 from leakgym.metrics.perceptual import (
     LPIPS_BACKBONE_FILES,
+    LPIPS_WEIGHTS_ENV,
     LPIPSWeightsMissingWarning,
     lpips,
     lpips_available,
+    lpips_status,
     lpips_weights_path,
 )
 from leakgym.metrics.scores import ReconstructionScores, score_reconstruction, score_reconstructions
@@ -32,6 +35,7 @@ __all__ = [
     "DEFAULT_MAX_DB",
     "DEFAULT_SSIM_WINDOW",
     "LPIPS_BACKBONE_FILES",
+    "LPIPS_WEIGHTS_ENV",
     "MATCHING_COSTS",
     "METRIC_INFO",
     "LPIPSWeightsMissingWarning",
@@ -41,6 +45,7 @@ __all__ = [
     "label_accuracy",
     "lpips",
     "lpips_available",
+    "lpips_status",
     "lpips_weights_path",
     "match_reconstructions",
     "mse",

@@ -3,20 +3,29 @@
 LPIPS compares deep features of a pretrained backbone (AlexNet or VGG-16 from torchvision) with
 linear calibration layers learned on human judgements. The calibration layers ship inside the
 ``lpips`` package; the backbone weights are torchvision's ImageNet checkpoints, which this library
-never downloads. Before building the metric we look for the exact file torchvision would use:
+never downloads: the user points at a copy they have. Before building the metric we look, in order:
 
-* ``net="alex"``: ``$TORCH_HOME/hub/checkpoints/alexnet-owt-7be5be79.pth``
-* ``net="vgg"``: ``$TORCH_HOME/hub/checkpoints/vgg16-397923af.pth``
+1. ``$LEAKGYM_LPIPS_WEIGHTS`` (:data:`LPIPS_WEIGHTS_ENV`), if set: a checkpoint file (used for the
+   backbone asked for, ``alex`` by default, and refused if it is not that backbone's checkpoint) or a
+   folder holding the file under torchvision's name (below). A value naming nothing raises
+   ``ValueError``.
+2. the file torchvision itself would use, in torch's hub cache:
 
-(``torch.hub.get_dir()/checkpoints``; ``TORCH_HOME`` defaults to ``~/.cache/torch``). If the file is
-present, its SHA-256 must start with the digits in its name (torch.hub's naming convention, which
+   * ``net="alex"``: ``$TORCH_HOME/hub/checkpoints/alexnet-owt-7be5be79.pth``
+   * ``net="vgg"``: ``$TORCH_HOME/hub/checkpoints/vgg16-397923af.pth``
+
+   (``torch.hub.get_dir()/checkpoints``; ``TORCH_HOME`` defaults to ``~/.cache/torch``).
+
+If a file is found, its SHA-256 must start with the digits in its name (torch.hub's naming convention, which
 torchvision's downloads check too; :data:`LPIPS_SHA256_PREFIXES`): any other file under that name --
 an untrained AlexNet saved there, a truncated download -- is refused with a ``ValueError`` naming both
 digests. The LPIPS module is then built with a *randomly initialised* backbone (so nothing is fetched)
 and the checkpoint's ``features.*`` tensors are loaded into it with a strict key check, so LPIPS is
 never computed on a random backbone. If it is absent, :func:`lpips` returns NaN for every image and
 emits one :class:`LPIPSWeightsMissingWarning` per backbone and process naming the file and where to
-put it.
+put it. Where the weights are present, the environments report LPIPS beside SSIM and PSNR
+(``leakage_lpips`` in the step infos and the payoff files, ``envs/round.py``); where they are not, no
+LPIPS number is reported at all.
 
 Input preparation: unit images are clamped to ``[0, data_range]`` and mapped to ``[-1, 1]`` (what
 ``lpips.LPIPS`` expects with ``normalize=False``); grayscale images are repeated to 3 channels; images
@@ -29,6 +38,8 @@ larger.
 from __future__ import annotations
 
 import hashlib
+import os
+import pickle
 import warnings
 from pathlib import Path
 
@@ -49,6 +60,9 @@ LPIPS_SHA256_PREFIXES: dict[str, str] = {"alex": "7be5be79", "vgg": "397923af"}
 
 DEFAULT_LPIPS_MIN_SIZE = 32
 
+LPIPS_WEIGHTS_ENV = "LEAKGYM_LPIPS_WEIGHTS"
+"""Environment variable naming the user's backbone checkpoint (a file) or a folder holding it."""
+
 
 class LPIPSWeightsMissingWarning(UserWarning):
     """The pretrained LPIPS backbone checkpoint is not on disk; LPIPS values are NaN."""
@@ -58,16 +72,45 @@ _WARNED: set[str] = set()
 _MODELS: dict[tuple[str, str, str], nn.Module] = {}
 
 
-def lpips_weights_path(net: str = "alex") -> Path:
-    """Where the torchvision checkpoint for LPIPS backbone ``net`` must be (may not exist)."""
-    if net not in LPIPS_BACKBONE_FILES:
-        raise ValueError(f"lpips net={net!r} is not supported; allowed: {', '.join(LPIPS_BACKBONE_FILES)}")
+def _hub_path(net: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / LPIPS_BACKBONE_FILES[net]
 
 
+def lpips_weights_path(net: str = "alex") -> Path:
+    """The checkpoint LPIPS backbone ``net`` is built from: ``$LEAKGYM_LPIPS_WEIGHTS`` (a file, or the
+    torchvision file name inside a folder) if it holds one, else torch's hub cache (may not exist).
+
+    ``ValueError`` if ``$LEAKGYM_LPIPS_WEIGHTS`` is set to a path that does not exist.
+    """
+    if net not in LPIPS_BACKBONE_FILES:
+        raise ValueError(f"lpips net={net!r} is not supported; allowed: {', '.join(LPIPS_BACKBONE_FILES)}")
+    given = os.environ.get(LPIPS_WEIGHTS_ENV)
+    if given:
+        path = Path(given).expanduser()
+        if path.is_file():
+            return path
+        if path.is_dir():
+            if (path / LPIPS_BACKBONE_FILES[net]).is_file():
+                return path / LPIPS_BACKBONE_FILES[net]
+        else:
+            raise ValueError(f"{LPIPS_WEIGHTS_ENV}={given!r}: no such file or folder; point it at torchvision's "
+                             f"{LPIPS_BACKBONE_FILES[net]} or a folder holding it (or unset it)")
+    return _hub_path(net)
+
+
 def lpips_available(net: str = "alex") -> bool:
-    """True if the backbone checkpoint for ``net`` is on disk (LPIPS will give real values)."""
+    """True if a backbone checkpoint for ``net`` is on disk where LPIPS looks (it is verified when LPIPS is
+    first computed: a file that is not torchvision's checkpoint is refused then, never used)."""
     return lpips_weights_path(net).is_file()
+
+
+def lpips_status(net: str = "alex") -> str:
+    """One line saying whether LPIPS is reported and from which file, or where to put the weights."""
+    path = lpips_weights_path(net)
+    if path.is_file():
+        return f"LPIPS ({net}) is reported, from {path}"
+    return (f"LPIPS ({net}) is not reported: no backbone weights. Set {LPIPS_WEIGHTS_ENV} to torchvision's "
+            f"{LPIPS_BACKBONE_FILES[net]} (or a folder holding it), or copy the file to {path.parent}/")
 
 
 def _check_digest(net: str, path: Path) -> None:
@@ -78,10 +121,13 @@ def _check_digest(net: str, path: Path) -> None:
             digest.update(chunk)
     want, got = LPIPS_SHA256_PREFIXES[net], digest.hexdigest()
     if not got.startswith(want):
+        others = [n for n, prefix in LPIPS_SHA256_PREFIXES.items() if n != net and got.startswith(prefix)]
+        hint = (f" (it is the {others[0]} checkpoint; {LPIPS_WEIGHTS_ENV} naming a file gives the backbone asked "
+                "for, alex by default: name a folder holding both files instead)") if others else ""
         raise ValueError(
             f"{path} is not torchvision's pretrained {net} checkpoint: its SHA-256 is {got[:16]}..., expected "
             f"{want}... (the digits in its name). LPIPS is never computed with other weights; replace the file "
-            "with torchvision's download"
+            f"with torchvision's download{hint}"
         )
 
 
@@ -94,14 +140,25 @@ def _build_lpips(net: str, path: Path) -> nn.Module:
         # torchvision's deprecation notice for the ``pretrained=`` argument the lpips package uses.
         warnings.simplefilter("ignore", UserWarning)
         model = lpips_pkg.LPIPS(net=net, pretrained=True, pnet_rand=True, verbose=False)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # weights_only: tensors and containers only, no object is un-pickled
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {first})") from None
+    if not isinstance(state, dict):
+        kind = type(state).__name__  # a user's file: one ValueError naming it (not a TypeError)
+        raise ValueError(f"{path} is not a torchvision {net} checkpoint: it holds a {kind}, not a state dict")  # noqa: TRY004
     mapped = {}
     for key in model.net.state_dict():  # e.g. "slice2.3.weight" <- torchvision "features.3.weight"
         source = "features." + key.split(".", 1)[1]
         if source not in state:
             raise ValueError(f"{path} is not a torchvision {net} checkpoint: key {source!r} is missing")
         mapped[key] = state[source]
-    model.net.load_state_dict(mapped, strict=True)
+    try:
+        model.net.load_state_dict(mapped, strict=True)
+    except RuntimeError as exc:  # a tensor of the wrong shape
+        first = str(exc).strip().splitlines()[-1].strip()
+        raise ValueError(f"{path} is not a torchvision {net} checkpoint: {first}") from None
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -115,8 +172,9 @@ def _get_lpips(net: str, device: torch.device) -> nn.Module | None:
             _WARNED.add(net)
             warnings.warn(
                 f"LPIPS ({net}) is unavailable: the pretrained torchvision backbone weights are missing. "
-                f"Copy the file {path.name} (torchvision's ImageNet checkpoint) to {path.parent}/ "
-                f"(torch.hub checkpoints dir; set TORCH_HOME to change it). LPIPS values are NaN until then.",
+                f"Set {LPIPS_WEIGHTS_ENV} to the file {LPIPS_BACKBONE_FILES[net]} (torchvision's ImageNet "
+                f"checkpoint) or a folder holding it, or copy it to {path.parent}/ (torch.hub checkpoints dir; "
+                "set TORCH_HOME to change it). LPIPS values are NaN and not reported until then.",
                 LPIPSWeightsMissingWarning,
                 stacklevel=3,
             )
