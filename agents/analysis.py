@@ -90,7 +90,7 @@ def mixed_equilibria(table: PayoffTable, *, resamples: int = BOOTSTRAP_RESAMPLES
     Returns ``{"equilibria": [...], "degenerate", "exhaustive", "method", "note", "resamples"}``;
     ``equilibria`` is empty (and ``note`` says why) when a pair has no finite mean return.
     """
-    from .metagame.solvers import analyse_game, support
+    from .metagame.solvers import MAX_ENUMERATION, analyse_game, support
 
     cached = getattr(table, "_mixed_equilibria", None)  # payoff.json and the printed summary share one bootstrap
     if cached is not None and cached[0] == (resamples, seed):
@@ -104,7 +104,9 @@ def mixed_equilibria(table: PayoffTable, *, resamples: int = BOOTSTRAP_RESAMPLES
     counts = dict.fromkeys(keys, 0)
     n_episodes = {len(p.episodes) for p in table.pairs}
     done = 0
-    if resamples > 0 and len(n_episodes) == 1 and min(n_episodes) >= 2:
+    # past MAX_ENUMERATION strategies one table's list takes many solves: no bootstrap (resamples = 0)
+    small = len(table.attackers) + len(table.defenders) <= MAX_ENUMERATION
+    if resamples > 0 and small and len(n_episodes) == 1 and min(n_episodes) >= 2:
         n = n_episodes.pop()
         by_pair = {(p.attacker, p.defender): p for p in table.pairs}
         sa = np.array([[[e.metrics["attacker_return"] for e in by_pair[(a, d)].episodes] for d in table.defenders]

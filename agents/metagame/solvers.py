@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 #: vertex enumeration for tables of at most this many strategies (attackers + defenders); measured with
-#: nashpy 0.0.43 on random tables on one CPU core: 4 x 7 in 0.09 s, 7 x 10 in 5 s. Larger tables go to
+#: nashpy 0.0.43 on random tables on one CPU core: 4 x 7 in 0.09 s, 6 x 9 in 0.6 s, 7 x 10 in 5 s. Larger tables go to
 #: :func:`_milp_equilibria` (nashpy's Lemke-Howson cycled without end on a random 9 x 9 table).
-MAX_ENUMERATION = 16
+MAX_ENUMERATION = 12
 #: at most this many equilibria from the mixed-integer enumeration of a large table
 MAX_MILP_EQUILIBRIA = 64
 #: an equilibrium check tolerates this much gain from deviating (payoffs are scaled to unit range first)
@@ -92,7 +92,7 @@ def support(p: np.ndarray) -> list[int]:
     return [int(i) for i in np.flatnonzero(np.asarray(p) > SUPPORT_TOLERANCE)]
 
 
-def _milp_equilibria(a: np.ndarray, b: np.ndarray, limit: int = MAX_MILP_EQUILIBRIA
+def _milp_equilibria(a: np.ndarray, b: np.ndarray, limit: int = MAX_MILP_EQUILIBRIA, *, largest_support: bool = False
                      ) -> tuple[list[tuple[np.ndarray, np.ndarray]], bool]:
     """Equilibria of the unit-range tables ``(a, b)`` one support pattern at a time, by the mixed-integer
     formulation of Sandholm, Gilpin & Conitzer (2005, "Mixed-integer programming methods for finding Nash
@@ -100,7 +100,9 @@ def _milp_equilibria(a: np.ndarray, b: np.ndarray, limit: int = MAX_MILP_EQUILIB
     support, which may then have positive regret (at most 1, the payoff range); every found pattern is
     cut off (a no-good constraint) and the program solved again until it is infeasible. In a nondegenerate
     game each equilibrium has its own support pattern, so the list is complete; returns ``(equilibria,
-    complete)``, ``complete`` False when ``limit`` was reached or a solve hit its time limit."""
+    complete)``, ``complete`` False when ``limit`` was reached or a solve hit its time limit.
+    ``largest_support``: minimise the number of strategies outside the supports, so that the first
+    equilibrium found is one of the most mixed (what the ``nash`` meta-solver wants of a large table)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     m, n = a.shape
@@ -138,13 +140,16 @@ def _milp_equilibria(a: np.ndarray, b: np.ndarray, limit: int = MAX_MILP_EQUILIB
         r3 = np.zeros(size)
         r3[iy[j]], r3[isd[j]] = 1, 1
         add(r3, -np.inf, 1)
+    cost = np.zeros(size)
+    if largest_support:
+        cost[np.concatenate([isa, isd])] = 1.0
     integrality = np.zeros(size)
     integrality[np.concatenate([isa, isd])] = 1
     bounds = Bounds(np.zeros(size), np.ones(size))
     binaries = np.concatenate([isa, isd])
     found: list[tuple[np.ndarray, np.ndarray]] = []
     while len(found) < limit:
-        result = milp(np.zeros(size), constraints=LinearConstraint(np.array(rows), low, high),
+        result = milp(cost, constraints=LinearConstraint(np.array(rows), low, high),
                       integrality=integrality, bounds=bounds, options={"time_limit": 30})
         if result.status == 2:  # infeasible: every support pattern is found
             return found, True
@@ -353,8 +358,18 @@ def uniform(attacker_payoffs, defender_payoffs) -> tuple[np.ndarray, np.ndarray]
 
 
 def nash(attacker_payoffs, defender_payoffs) -> tuple[np.ndarray, np.ndarray]:
-    """The equilibrium :func:`select_equilibrium` picks among :func:`analyse_game`'s."""
-    e = select_equilibrium(analyse_game(attacker_payoffs, defender_payoffs))
+    """The ``nash`` meta-solver: the equilibrium :func:`select_equilibrium` picks among :func:`analyse_game`'s;
+    for a table of more than :data:`MAX_ENUMERATION` strategies, whose list would be long (a PSRO table with
+    near-duplicate members has many support patterns), one equilibrium of largest support straight from
+    :func:`_milp_equilibria` (one solve)."""
+    A, B = _check_tables(attacker_payoffs, defender_payoffs)
+    m, n = A.shape
+    if m + n > MAX_ENUMERATION and min(m, n) > 1:
+        for x, y in _milp_equilibria(_scaled(A), _scaled(B), limit=1, largest_support=True)[0]:
+            x, y = _clean(x), _clean(y)
+            if is_equilibrium(A, B, x, y):
+                return x, y
+    e = select_equilibrium(analyse_game(A, B))
     return e.attacker_mix, e.defender_mix
 
 
