@@ -243,6 +243,7 @@ def test_leakgym_metagame_bad_input_is_one_line(tmp_path, capsys):
     assert not (out / STATE_FILE).exists()
 
 
+@pytest.mark.timeout(300)
 def test_ray_cells_equal_the_in_process_cells(tmp_path):
     """``--ray`` plays each cell as a Ray task (Ray core on a local instance: Ray removed local mode in 2.x);
     its numbers equal the in-process simulator's for the same seeds (a cell alone, lockstep over its
