@@ -207,7 +207,9 @@ def test_leakgym_metagame_end_to_end_writes_every_file_and_resumes(tmp_path, mon
     played.clear()
     assert cli_main([*base, "--resume"]) == 0
     assert not set(before) & set(played)
-    assert len(played) == 4 + 3  # iteration 2's new row of 4 and column of 3
+    # iteration 2's new row of 4 and column of 3, then the report card's presets outside the population
+    # (the digits env allows 7 defense presets; 2 are in it) against the final 4 attackers
+    assert len(played) == 4 + 3 + 4 * 5
     state = json.loads((out / STATE_FILE).read_text())
     assert state["status"] == "finished" and len(state["iterations"]) == 2
     for name in ("payoff.csv", "report_card.csv", "report_card.md", "report_card.png", "exploitability.png",
@@ -224,7 +226,7 @@ def test_leakgym_metagame_end_to_end_writes_every_file_and_resumes(tmp_path, mon
     assert record["env_steps"] > 0 and state["env_steps"] >= 2 * 2 * 32
     assert len(state["final"]["attacker_meta"]) == 4 and abs(sum(state["final"]["defender_meta"]) - 1) < 1e-9
     card = (out / "report_card.md").read_text()
-    assert "psro-defender-2" in card and "prune-0.9" in card
+    assert "psro-defender-2" in card and "prune-0.9" in card and "dcs2-paper | preset (outside the population)" in card
     # a changed policy file is refused on the next resume, naming the member
     policy = out / "policies" / "psro-attacker-1" / "policy.json"
     policy.write_text(policy.read_text() + " ")

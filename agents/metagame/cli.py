@@ -154,7 +154,24 @@ def main(args: argparse.Namespace) -> int:
     except MetagameInterrupted as exc:
         print(f"interrupted: {exc}; run the same command with --resume to continue", file=sys.stderr)
         return INTERRUPTED
-    rows = report_card(state)
+    # every scripted defense preset the env allows is on the card: those outside the population are played
+    # against the final attacker population now (their cells are kept in metagame.json)
+    from leakgym.envs.scenario import load_scenario
+
+    from ..presets import valid_presets
+    from .psro import fill_cells
+
+    in_population = {m.name for m in state.populations["defender"]}
+    extra = [Member(p, p, 0) for p in valid_presets(load_scenario(scenario_name, **overrides), "defender")
+             if p not in in_population]
+    if extra:
+        try:
+            fill_cells(state, simulator, state.populations["attacker"], extra, "report_card", args.out)
+        except KeyboardInterrupt:
+            print(f"interrupted while simulating the report card's presets; every finished cell is in "
+                  f"{Path(args.out) / 'metagame.json'}; run the same command with --resume to finish", file=sys.stderr)
+            return INTERRUPTED
+    rows = report_card(state, extra)
     paths = [write_payoff_csv(state, Path(args.out) / "payoff.csv"), *write_report_card(rows, args.out)]
     paths += write_figures(state, args.out, rows)
     print(summary_text(state))

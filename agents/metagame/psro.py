@@ -257,7 +257,7 @@ def solve(state: MetagameState, solver_name: str) -> tuple[np.ndarray, np.ndarra
     return np.asarray(sigma_a, float), np.asarray(sigma_d, float), A, B
 
 
-def _fill(state: MetagameState, simulator: Simulator, attackers: Sequence[Member], defenders: Sequence[Member],
+def fill_cells(state: MetagameState, simulator: Simulator, attackers: Sequence[Member], defenders: Sequence[Member],
           tag: str, out: Path) -> None:
     """Simulate the cells of ``attackers x defenders`` that have no samples, as blocks, saving after each."""
     missing = set(state.game.missing(attackers, defenders))
@@ -309,7 +309,7 @@ def run_psro(
     bar = tqdm(total=iterations, initial=min(len(state.iterations), iterations), desc="psro", unit="iter",
                disable=not progress)
     try:
-        _fill(state, simulator, state.populations["attacker"], state.populations["defender"], "iter00", out)
+        fill_cells(state, simulator, state.populations["attacker"], state.populations["defender"], "iter00", out)
         for k in range(len(state.iterations) + 1, iterations + 1):
             it_start = time.perf_counter()
             steps_before = state.env_steps
@@ -332,8 +332,8 @@ def run_psro(
             stage = f"iteration {k}: simulating the best responses' cells"
             atts = state.populations["attacker"]
             dfns = state.populations["defender"]
-            _fill(state, simulator, [new["attacker"]], [*dfns, new["defender"]], f"iter{k:02d}_row", out)
-            _fill(state, simulator, atts, [new["defender"]], f"iter{k:02d}_col", out)
+            fill_cells(state, simulator, [new["attacker"]], [*dfns, new["defender"]], f"iter{k:02d}_row", out)
+            fill_cells(state, simulator, atts, [new["defender"]], f"iter{k:02d}_col", out)
             a_names, d_names = [m.name for m in atts], [m.name for m in dfns]
             ra = state.game.samples(a_names, d_names, "attacker_return")
             rd = state.game.samples(a_names, d_names, "defender_return")
@@ -424,6 +424,7 @@ __all__ = [
     "Oracle",
     "Simulator",
     "best_response_gain",
+    "fill_cells",
     "exploitability_series",
     "final_analysis",
     "halved",

@@ -1,7 +1,9 @@
 """What a PSRO run says: the defense report card and the figures of ``leakgym metagame``.
 
 **Report card** (:func:`report_card`): for every defender of the final population (the scripted presets
-it started from and the learned best responses), against the final attacker population:
+it started from and the learned best responses) and every other scripted defense preset the environment
+allows (simulated against the final attacker population for the card), against the final attacker
+population:
 
 * ``worst_case_leakage`` -- the highest mean leakage SSIM any attacker of the population reaches;
 * ``equilibrium_leakage`` -- the mean leakage SSIM against the attackers' final meta-strategy
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .psro import MetagameState
+from .psro import Member, MetagameState
 
 BASELINE_DEFENDER = "none"
 REPORT_COLUMNS = ("defender", "kind", "defender_meta", "equilibrium_leakage", "worst_case_leakage", "worst_attacker",
@@ -48,20 +50,26 @@ def _pareto(points: list[tuple[float, float]]) -> list[bool]:
     return out
 
 
-def report_card(state: MetagameState) -> list[dict[str, Any]]:
-    """One row per defender of the final population (see the module docstring)."""
+def report_card(state: MetagameState, extra: list[Member] | None = None) -> list[dict[str, Any]]:
+    """One row per defender of the final population (see the module docstring), then one per ``extra``
+    defender (scripted presets outside the population, whose cells against the final attacker population
+    were simulated for the card; meta-strategy weight 0)."""
     atts = [m.name for m in state.populations["attacker"]]
-    dfns = state.populations["defender"]
+    extra = list(extra or [])
+    dfns = [*state.populations["defender"], *extra]
     names = [m.name for m in dfns]
     sigma_a = np.asarray(state.final["attacker_meta"], float)
-    sigma_d = np.asarray(state.final["defender_meta"], float)
+    sigma_d = np.concatenate([np.asarray(state.final["defender_meta"], float), np.zeros(len(extra))])
     ssim = state.game.means(atts, names, "leakage_ssim")
     acc = state.game.means(atts, names, "accuracy").mean(axis=0)
     baseline = acc[names.index(BASELINE_DEFENDER)] if BASELINE_DEFENDER in names else float("nan")
     rows = []
     for j, m in enumerate(dfns):
         worst = int(np.nanargmax(ssim[:, j])) if np.isfinite(ssim[:, j]).any() else 0
-        rows.append({"defender": m.name, "kind": "preset" if m.iteration == 0 else f"learned (iteration {m.iteration})",
+        kind = "preset" if m.iteration == 0 else f"learned (iteration {m.iteration})"
+        if j >= len(dfns) - len(extra):
+            kind = "preset (outside the population)"
+        rows.append({"defender": m.name, "kind": kind,
                      "defender_meta": float(sigma_d[j]), "equilibrium_leakage": float(sigma_a @ ssim[:, j]),
                      "worst_case_leakage": float(ssim[worst, j]), "worst_attacker": atts[worst],
                      "accuracy": float(acc[j]), "accuracy_cost": float(baseline - acc[j])})
@@ -193,7 +201,7 @@ def report_card_figure(rows: list[dict[str, Any]]):
     y = np.array([r["equilibrium_leakage"] for r in rows], float)
     worst = np.array([r["worst_case_leakage"] for r in rows], float)
     x = np.where(np.isfinite(x), x, 0.0)
-    learned = np.array([r["kind"] != "preset" for r in rows])
+    learned = np.array([r["kind"].startswith("learned") for r in rows])
     ax.vlines(x, y, worst, color="grey", lw=1, alpha=0.6, label="equilibrium -> worst-case leakage")
     ax.scatter(x[~learned], y[~learned], s=50, c="tab:blue", label="scripted preset", zorder=3)
     ax.scatter(x[learned], y[learned], s=50, c="tab:orange", marker="s", label="PSRO best response", zorder=3)
