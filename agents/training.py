@@ -80,6 +80,7 @@ from .cli_common import (
     readable_warnings,
     resolve_env,
     split_hyperparams,
+    yaml_problem,
 )
 from .factory import make_agent
 from .learned import ACTIVATIONS, ALGORITHMS, algorithm_class, metadata_path, savable_payload, save_policy
@@ -122,7 +123,9 @@ def read_hyperparams_file(path: str | Path) -> dict[str, dict[str, Any]]:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise ValueError(f"hyperparameter file {str(path)!r}: not valid YAML ({yaml_problem(exc)})") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"hyperparameter file {str(path)!r}: cannot read it ({exc})") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"hyperparameter file {str(path)!r} must map Gymnasium ids to mappings (rl-zoo layout)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from leakgym.data.spec import DatasetSpec
+from leakgym.suggest import did_you_mean
 
 __all__ = ["DATASET_NAMES", "DatasetInfo", "dataset_info", "dataset_spec"]
 
@@ -121,7 +122,10 @@ DATASET_NAMES: tuple[str, ...] = tuple(_INFOS)
 def dataset_info(name: str) -> DatasetInfo:
     """The :class:`DatasetInfo` for ``name``; ``ValueError`` listing the allowed names otherwise."""
     if name not in _INFOS:
-        raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}")
+        raise ValueError(
+            f"unknown dataset {name!r}{did_you_mean(name, DATASET_NAMES)}; "
+            f"allowed: {', '.join(DATASET_NAMES)}"
+        )
     return _INFOS[name]
 
 
