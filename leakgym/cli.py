@@ -83,9 +83,11 @@ def _list_presets(env: str | None) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from leakgym.envs.describe import describe, format_description, write_env_pages
+    from leakgym.envs.describe import describe, format_description
 
     if args.write_docs:
+        from leakgym.docgen import write_env_pages
+
         for path in write_env_pages(args.write_docs):
             print(path)
         return 0
@@ -194,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     desc = sub.add_parser("describe", help="observation layout and action dimensions of an environment")
     desc.add_argument("env", nargs="?", help="Gymnasium id or scenario name (e.g. LeakGym-Digits-v0)")
     desc.add_argument("--write-docs", default=None, metavar="FOLDER",
-                      help="write the markdown page of every environment into FOLDER, e.g. docs/envs "
-                      "(default: print ENV's description)")
+                      help="write the markdown page (and, for offline data, a rendered frame) of every "
+                      "environment and an index into FOLDER, e.g. docs/envs (default: print ENV's description)")
     desc.set_defaults(func=_describe)
     demo = sub.add_parser("demo", help="small tournament on LeakGym-Digits-v0 (writes payoff + gallery)")
     demo.add_argument("--out", default="runs/demo", help="output folder")
