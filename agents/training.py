@@ -69,6 +69,7 @@ import yaml
 
 from leakgym.checks import is_integer
 from leakgym.devices import device_argument, device_name
+from leakgym.suggest import did_you_mean
 
 from .base import Agent
 from .cli_common import (
@@ -333,8 +334,8 @@ def load_hyperparams(
         unknown = sorted(keys - allowed)
         if unknown:
             raise ValueError(
-                f"{where}: hyperparameter(s) {unknown} are not {cls.__name__} arguments or run settings; "
-                f"allowed: {sorted(allowed)}"
+                f"{where}: hyperparameter(s) {unknown} are not {cls.__name__} arguments or run settings"
+                f"{did_you_mean(unknown[0], allowed)}; allowed: {sorted(allowed)}"
             )
     for key, value in params.items():
         _check_value(key, value, source(key), algo, params.get("policy", "MlpPolicy"))
