@@ -148,6 +148,7 @@ def test_every_option_help_states_its_default():
     (["eval", "--overrides", "rondus=2"], "(did you mean 'rounds'?)"),
     (["reproduce", "dcs3"], "invalid choice: 'dcs3' (did you mean 'dcs2'?)"),
     (["bench", "attacks", "--models", "lenett"], "(did you mean 'lenet'?)"),
+    (["bench", "defenses", "--model", "lenett"], "--model='lenett' (did you mean 'lenet'?)"),
     (["bench", "defenses", "--defenses", "PPP-NG4"], "(did you mean 'PPP-NG"),
 ])
 def test_a_mistyped_name_is_one_line_with_a_suggestion(tmp_path, capsys, argv, suggestion):

@@ -209,7 +209,9 @@ def _check(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"--{flag.replace('_', '-')}={value!r}; allowed range (0, inf)")
     for flag in ("model", "precode_model"):
         if getattr(args, flag) not in MODEL_NAMES:
-            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)!r}; allowed: {', '.join(MODEL_NAMES)}")
+            value = getattr(args, flag)
+            raise ValueError(f"--{flag.replace('_', '-')}={value!r}{did_you_mean(value, MODEL_NAMES)}; "
+                             f"allowed: {', '.join(MODEL_NAMES)}")
     if args.eval_size is not None and (not isinstance(args.eval_size, int) or args.eval_size < 1):
         raise ValueError(f"--eval-size={args.eval_size!r}; allowed: integers >= 1 (default: all test images)")
     if not isinstance(args.precode_width, int) or args.precode_width < 0:
