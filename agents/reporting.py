@@ -261,7 +261,7 @@ def gallery_figure(table: PayoffTable, max_images: int = 4):
     defenders = [d for d in table.defenders if any((a, d) in by_pair for a in table.attackers)]
     longest = max(len(short_label(x)) + 3 for x in [*attackers, *defenders])  # "vs " before a defender
     panel_w, panel_h = max(2.6, 0.075 * longest + 0.3), 1.25 * n + 0.95  # labels at 9 pt fit their panel
-    width = panel_w * len(defenders)
+    width = max(panel_w * len(defenders), 5.2)  # a one-column gallery still has room for its title
     fig = _figure(figsize=(width, panel_h * len(attackers) + 0.7), dpi=100)
     panels = fig.subfigures(len(attackers), len(defenders), squeeze=False)
     for r, a in enumerate(attackers):

@@ -261,6 +261,7 @@ def test_gallery_has_one_readable_panel_per_pair(attackers, defenders):
     fig = ev.gallery_figure(table)
     fig.canvas.draw()
     assert _inside(fig, fig._suptitle), fig.get_suptitle()
+    assert fig.get_suptitle().count("\n") <= 2  # a one-column gallery is wide enough for its title
     panels = [sub for row in fig.subfigs for sub in ([row] if not isinstance(row, np.ndarray) else row)]
     assert len(panels) == len(attackers) * len(defenders)
     n_images = 3
