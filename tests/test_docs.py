@@ -1,5 +1,6 @@
 """The documentation site: generated pages current, every method cited, README short, strict build."""
 
+import os
 import re
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def test_the_site_builds_strictly(tmp_path):
     """`make docs` (in .ci/run after `make test`): mkdocs --strict fails on a broken link, a missing page or a
     docstring the API reference cannot render."""
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": ""},
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
                           check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
