@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean-venv
+.PHONY: demo test test-slow lint bench docs docs-pages clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check leakgym envs agents tests examples
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-pages: $(STAMP)
+	$(BIN)/python -m leakgym.docgen docs
 
 bench: $(STAMP)
 	$(BIN)/leakgym bench attacks --json docs/results/bench_attacks.json

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from leakgym.suggest import did_you_mean
+
 #: exit status of ``leakgym eval`` / ``train`` / ``selfplay`` after Ctrl-C (128 + SIGINT, as shells report it)
 INTERRUPTED = 130
 
@@ -33,10 +35,19 @@ def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str
         try:
             out[key.strip()] = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ValueError(f"{what} {pair!r}: cannot parse the value ({exc})") from None
+            raise ValueError(f"{what} {pair!r}: cannot parse the value as YAML ({yaml_problem(exc)}); quote "
+                             "a list or string, e.g. 'iterations=[1,2]'") from None
         except RecursionError:  # PyYAML composes nested sequences recursively
             raise ValueError(f"{what} {key.strip()}=...: the value nests deeper than the parser can read") from None
     return out
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error in one line: what is wrong and at which column (PyYAML's own text spans 5-8 lines)."""
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())
 
 
 def split_hyperparams(tokens: list[str] | None) -> tuple[Path | None, dict[str, Any]]:
@@ -92,7 +103,8 @@ def resolve_env(env: str) -> tuple[str, str]:
     by_name = {name: gym_id for gym_id, name in ids.items()}
     if env in by_name:
         return by_name[env], env
-    raise ValueError(f"unknown environment {env!r}; allowed ids: {sorted(ids)} (or scenario names {sorted(by_name)})")
+    raise ValueError(f"unknown environment {env!r}{did_you_mean(env, [*ids, *by_name])}; "
+                     f"allowed ids: {sorted(ids)} (or scenario names {sorted(by_name)})")
 
 
 def seed_argument(text: str) -> int:

@@ -20,13 +20,14 @@ Files written to ``OUT``:
     best responses and pure-strategy equilibria marked (see :func:`heatmap_figure`); it warns when
     pairs have fewer than 5 episodes.
 ``gallery.png``
-    the last round's private images, each once with its label, beside every attacker's matched
-    reconstruction against every defender, with SSIM and PSNR (see :func:`gallery_figure`); not
+    one panel per pair, laid out as the payoff table: the private images of the last round of the pair's
+    episode ``(row + column) mod episodes`` (so neighbouring pairs show different originals), each beside
+    the attacker's matched reconstruction, with SSIM and PSNR (see :func:`gallery_figure`); not
     written, with a warning, when no pair's last round could be read back (a resumed run whose
     ``last_round/`` files are gone or damaged).
 ``episodes.csv``, ``run.json``, ``last_round/``
     written while the run goes: every finished pair's per-episode values, the run's settings and
-    each pair's last round (see :mod:`leakgym.agents.episode_log`). After an interrupt (Ctrl-C),
+    each pair's kept round (see :mod:`leakgym.agents.episode_log`). After an interrupt (Ctrl-C),
     the same command with ``--resume`` plays only the groups of games of pairs that had not finished.
 """
 

@@ -72,7 +72,8 @@ class EpisodeStats:
 
 @dataclass
 class LastRound:
-    """The last round of a pair's last episode, as plain arrays (what the gallery shows).
+    """The last round of one of a pair's episodes (:func:`gallery_episode`), as plain arrays (what the
+    gallery shows).
 
     ``originals[i]`` is a private image (unit range, ``(C, H, W)``), ``matched[i]`` the
     reconstruction matched to it, ``ssim[i]`` and ``psnr[i]`` their SSIM and PSNR (dB), and
@@ -103,6 +104,18 @@ class LastRound:
             labels = (labels.argmax(-1) if labels.ndim == 2 else labels).numpy().astype(np.int64)[:n]
         return cls(originals=originals, matched=recon[assignment], ssim=per_image["ssim"], psnr=per_image["psnr"],
                    labels=labels)
+
+
+def gallery_episode(attacker_index: int, defender_index: int, episodes: int) -> int:
+    """The episode whose last round the pair (row ``attacker_index``, column ``defender_index`` of the
+    payoff table) keeps for the gallery: ``(attacker_index + defender_index) mod episodes``.
+
+    Pairs play with common random numbers (episode ``e`` of every pair has seed ``seed + e``), so the last
+    rounds of one episode show every pair the same private images; this choice shows neighbouring pairs
+    (in a row or a column) different originals whenever there are several episodes, and changes no number
+    of the tables.
+    """
+    return (attacker_index + defender_index) % episodes
 
 
 @dataclass
@@ -156,4 +169,5 @@ class PayoffTable:
         return np.array([[by_pair[(a, d)] for d in self.defenders] for a in self.attackers], dtype=np.float64)
 
 
-__all__ = ["METRICS", "METRIC_RANGES", "MIN_EPISODES", "ROUND_METRICS", "EpisodeStats", "LastRound", "PairResult", "PayoffTable", "t_interval"]
+__all__ = ["METRICS", "METRIC_RANGES", "MIN_EPISODES", "ROUND_METRICS", "EpisodeStats", "LastRound", "PairResult",
+           "PayoffTable", "gallery_episode", "t_interval"]

@@ -40,7 +40,7 @@ from .base import Agent
 from .cli_common import resolve_env
 from .episode_log import EpisodeLog
 from .factory import make_agent
-from .payoff import ROUND_METRICS, EpisodeStats, LastRound, PairResult, PayoffTable
+from .payoff import ROUND_METRICS, EpisodeStats, LastRound, PairResult, PayoffTable, gallery_episode
 
 #: pairs of an evaluation that play in lockstep by default (:func:`evaluate`)
 DEFAULT_LOCKSTEP = 16
@@ -244,6 +244,9 @@ def evaluate(
     stats: dict[int, dict[int, EpisodeStats]] = {p: {} for p in range(len(table))}
     bar = tqdm(total=len(table) * episodes, initial=len(finished) * episodes, desc="eval", unit="episode",
                disable=not progress)
+    # each pair's kept round (gallery_episode), recorded in whichever group plays that episode: a pair's
+    # episodes may be split over groups
+    last: dict[int, LastRound | None] = {}
     try:
         for group in groups:
             if all(labels[t.pair] in finished for t in group):
@@ -255,7 +258,6 @@ def evaluate(
             pairs_here = sorted({t.pair for t in group})
             bar.set_postfix_str(f"pairs {pairs_here[0] + 1}-{pairs_here[-1] + 1} of {len(table)}" if len(pairs_here) > 1
                                 else "{} vs {}".format(*labels[pairs_here[0]]))
-            last: dict[int, LastRound | None] = {}
             for wave in range(max(len(t.episodes) for t in group)):
                 live = [j for j, t in enumerate(group) if wave < len(t.episodes)]
                 episode = play_episodes([envs[j] for j in live], [group[j].attacker for j in live],
@@ -264,7 +266,7 @@ def evaluate(
                 for j, result in zip(live, episode):
                     track = group[j]
                     stats[track.pair][track.episodes[wave]] = result
-                    if track.episodes[wave] == episodes - 1:
+                    if track.episodes[wave] == gallery_episode(*divmod(track.pair, len(d_labels)), episodes):
                         last[track.pair] = LastRound.from_game(envs[j].game.last)
                 bar.update(sum(labels[group[j].pair] not in finished for j in live))
             for p in pairs_here:

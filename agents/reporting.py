@@ -20,7 +20,7 @@ import numpy as np
 from leakgym.files import replacing
 
 from .analysis import best_responses, mixed_equilibria
-from .payoff import METRICS, MIN_EPISODES, PayoffTable
+from .payoff import METRICS, MIN_EPISODES, PayoffTable, gallery_episode, t_interval
 
 CSV_COLUMNS = ["attacker", "defender", "episodes", "total_rounds"] + [
     f"{m}_{s}" for m in METRICS for s in ("mean", "ci95_low", "ci95_high")
@@ -131,72 +131,124 @@ def payoff_text(table: PayoffTable, metric: str = "leakage_ssim") -> str:
     return "\n".join(lines)
 
 
-def heatmap_figure(table: PayoffTable):
+def _half_widths(table: PayoffTable, metric: str) -> np.ndarray:
+    """Half-width of each pair's 95% t-interval of ``metric``, in the metric's own units and not clipped
+    (NaN for one episode): the ``± h`` the heatmap prints, where the clipped interval of payoff.csv would
+    read "[-1.00, 1.00]" for a wide one."""
+    half = np.full((len(table.attackers), len(table.defenders)), np.nan)
+    a_index = {a: i for i, a in enumerate(table.attackers)}
+    d_index = {d: j for j, d in enumerate(table.defenders)}
+    for p in table.pairs:
+        _, low, high = t_interval([e.metrics[metric] for e in p.episodes])
+        half[a_index[p.attacker], d_index[p.defender]] = (high - low) / 2
+    return half
+
+
+def support_cells(table: PayoffTable, mixed) -> set[tuple[int, int]]:
+    """``(attacker row, defender column)`` of every cell whose row and column are both in the support of
+    one of the mixed equilibria ``mixed`` (pairs of probability vectors over the attackers and defenders)."""
+    cells: set[tuple[int, int]] = set()
+    na, nd = len(table.attackers), len(table.defenders)
+    for attacker_mix, defender_mix in mixed or ():
+        x, y = np.asarray(attacker_mix, dtype=np.float64), np.asarray(defender_mix, dtype=np.float64)
+        if x.shape != (na,) or y.shape != (nd,):
+            raise ValueError(f"mixed equilibrium of shapes {x.shape}, {y.shape}; allowed: ({na},) attacker and "
+                             f"({nd},) defender probabilities")
+        cells |= {(i, j) for i in np.flatnonzero(x > 1e-9) for j in np.flatnonzero(y > 1e-9)}
+    return {(int(i), int(j)) for i, j in cells}
+
+
+def heatmap_figure(table: PayoffTable, mixed=None):
     """Mean leakage SSIM per pair, annotated with its 95% t-interval, best responses and equilibria.
 
-    A triangle marks, in each defender's column, the attacker with the highest mean attacker return
-    (the attacker's best response); a square marks, in each attacker's row, the defender with the
-    highest mean defender return; a red frame marks the pure-strategy equilibria (mutual best
-    responses). Warns (``UserWarning``, and in the title) with fewer than :data:`MIN_EPISODES`
-    episodes per pair.
+    Each cell prints the mean SSIM and ``± h``, the half-width of its 95% Student-t interval over the
+    episodes in SSIM units (not clipped to SSIM's range, so a wide interval reads as wide: payoff.csv holds
+    the clipped bounds). A large orange triangle marks, in each defender's column, the attacker with the
+    highest mean attacker return (the attacker's best response, ties included); a large cyan square marks,
+    in each attacker's row, the defender with the highest mean defender return; a thick red frame marks
+    the pure-strategy equilibria (mutual best responses). ``mixed`` (optional): a list of
+    ``(attacker_mix, defender_mix)`` probability arrays, the mixed equilibria; a dashed magenta frame
+    outlines each cell whose row and column are both in some equilibrium's support
+    (:func:`support_cells`). The colour scale runs from 0 (or the lowest mean, when negative) to 1.
+    Warns (``UserWarning``, and in the title) with fewer than :data:`MIN_EPISODES` episodes per pair.
     """
     from matplotlib.lines import Line2D
     from matplotlib.patches import Rectangle
 
     mean = table.matrix("leakage_ssim_mean")
-    low, high = table.matrix("leakage_ssim_ci95_low"), table.matrix("leakage_ssim_ci95_high")
+    half = _half_widths(table, "leakage_ssim")
     na, nd = mean.shape
-    width = max(1.7 * nd + 3.2, 5.5)
-    fig = _figure(figsize=(width, 0.75 * na + 3.0), dpi=100)
+    width = max(1.8 * nd + 3.4, 6.0)
+    fig = _figure(figsize=(width, 0.95 * na + 3.0), dpi=100)
     ax = fig.subplots()
-    im = ax.imshow(mean, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    finite = mean[np.isfinite(mean)]
+    vmin = min(0.0, float(finite.min())) if finite.size else 0.0
+    im = ax.imshow(mean, cmap="viridis", vmin=vmin, vmax=1.0, aspect="auto")
     for i in range(na):
         for j in range(nd):
-            text = f"{mean[i, j]:.3f}\n{_interval_text(low[i, j], high[i, j])}".rstrip()
-            ax.text(j, i + 0.08, text, ha="center", va="center", fontsize=8,
-                    color="black" if np.isfinite(mean[i, j]) and mean[i, j] > 0.6 else "white")
+            text = f"{mean[i, j]:.3f}" + (f"\n± {half[i, j]:.2f}" if np.isfinite(half[i, j]) else "")
+            light = np.isfinite(mean[i, j]) and (mean[i, j] - vmin) / (1.0 - vmin) > 0.6
+            ax.text(j, i + 0.05, text, ha="center", va="center", fontsize=10, color="black" if light else "white")
     br = best_responses(table)
     a_index = {a: i for i, a in enumerate(table.attackers)}
     d_index = {d: j for j, d in enumerate(table.defenders)}
     for d, r in br["against_defender"].items():
         for a in r["tied"]:  # every attacker tied at the best mean
-            ax.plot(d_index[d] - 0.36, a_index[a] - 0.3, marker="^", color="tab:orange",
-                    markeredgecolor="black", markersize=7)
+            ax.plot(d_index[d] - 0.34, a_index[a] - 0.27, marker="^", color="tab:orange",
+                    markeredgecolor="black", markeredgewidth=1.2, markersize=13)
     for a, r in br["against_attacker"].items():
         for d in r["tied"]:
-            ax.plot(d_index[d] + 0.36, a_index[a] - 0.3, marker="s", color="tab:cyan",
-                    markeredgecolor="black", markersize=6)
+            ax.plot(d_index[d] + 0.34, a_index[a] - 0.27, marker="s", color="tab:cyan",
+                    markeredgecolor="black", markeredgewidth=1.2, markersize=11)
+    for i, j in sorted(support_cells(table, mixed)):
+        ax.add_patch(Rectangle((j - 0.42, i - 0.42), 0.84, 0.84, fill=False, edgecolor="magenta",
+                               linestyle="--", linewidth=2.5))
     for e in br["pure_equilibria"]:
-        ax.add_patch(Rectangle((d_index[e["defender"]] - 0.5, a_index[e["attacker"]] - 0.5), 1, 1, fill=False,
-                               edgecolor="tab:red", linewidth=3))
+        ax.add_patch(Rectangle((d_index[e["defender"]] - 0.48, a_index[e["attacker"]] - 0.48), 0.96, 0.96,
+                               fill=False, edgecolor="red", linewidth=4))
     ax.set_xlim(-0.5, nd - 0.5)
     ax.set_ylim(na - 0.5, -0.5)
-    ax.set_xticks(range(nd), [short_label(d) for d in table.defenders], rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(range(na), [short_label(a) for a in table.attackers], fontsize=8)
-    ax.set_xlabel("defender")
-    ax.set_ylabel("attacker")
-    title = (f"{table.env_id}: mean leakage SSIM per pair\n"
-             f"[brackets]: 95% t-interval over {episodes_label(table)}, clipped to [-1, 1]")
+    ax.set_xticks(range(nd), [short_label(d) for d in table.defenders], rotation=20, ha="right", fontsize=9)
+    ax.set_yticks(range(na), [short_label(a) for a in table.attackers], fontsize=9)
+    ax.set_xlabel("defender", fontsize=9)
+    ax.set_ylabel("attacker", fontsize=9)
+    title = (f"{table.env_id}: mean leakage SSIM per pair (SSIM lies in [-1, 1]; higher = more leakage)\n"
+             f"± h: half-width of the 95% t-interval over {episodes_label(table)}, in SSIM units")
     warning = few_episodes(table)
     if warning is not None:
         warnings.warn(f"payoff heatmap: {warning}", UserWarning, stacklevel=3)
         title += f"\n{warning}"
-    fig.suptitle(_wrap(title, width), fontsize=8)
-    fig.colorbar(im, ax=ax, label="SSIM (higher = more leakage)")
+    fig.suptitle(_wrap(title, width, fontsize=9), fontsize=9)
+    fig.colorbar(im, ax=ax).set_label("mean SSIM (colour scale from 0, or the lowest mean, to 1)", fontsize=8)
     handles = [
-        Line2D([], [], marker="^", color="tab:orange", markeredgecolor="black", linestyle="",
+        Line2D([], [], marker="^", color="tab:orange", markeredgecolor="black", markersize=10, linestyle="",
                label="attacker's best response to the column's defender (highest attacker return)"),
-        Line2D([], [], marker="s", color="tab:cyan", markeredgecolor="black", linestyle="",
+        Line2D([], [], marker="s", color="tab:cyan", markeredgecolor="black", markersize=9, linestyle="",
                label="defender's best response to the row's attacker (highest defender return)"),
-        Rectangle((0, 0), 1, 1, fill=False, edgecolor="tab:red", linewidth=2, label="pure-strategy equilibrium"),
+        Rectangle((0, 0), 1, 1, fill=False, edgecolor="red", linewidth=3,
+                  label="pure-strategy equilibrium (mutual best responses)"),
     ]
-    fig.legend(handles=handles, loc="outside lower center", fontsize=7, frameon=False)
+    if mixed:
+        handles.append(Rectangle((0, 0), 1, 1, fill=False, edgecolor="magenta", linestyle="--", linewidth=2,
+                                 label="in a mixed equilibrium's support (row and column)"))
+    fig.legend(handles=handles, loc="outside lower center", fontsize=8, frameon=False)
     return fig
 
 
+def mixed_arrays(table: PayoffTable) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The table's mixed equilibria (:func:`~leakgym.agents.analysis.mixed_equilibria`) as probability
+    arrays over its attackers and defenders (what :func:`heatmap_figure` marks)."""
+    out = []
+    for e in mixed_equilibria(table)["equilibria"]:
+        x = np.array([e["attacker_mix"].get(a, 0.0) for a in table.attackers])
+        y = np.array([e["defender_mix"].get(d, 0.0) for d in table.defenders])
+        out.append((x, y))
+    return out
+
+
 def write_heatmap(table: PayoffTable, path: Path) -> None:
-    """Save :func:`heatmap_figure` to ``path``."""
-    heatmap_figure(table).savefig(path, bbox_inches="tight")
+    """Save :func:`heatmap_figure` to ``path``, the mixed equilibria's supports marked."""
+    heatmap_figure(table, mixed=mixed_arrays(table)).savefig(path, bbox_inches="tight")
 
 
 def _image(ax, arr: np.ndarray) -> None:
@@ -204,57 +256,52 @@ def _image(ax, arr: np.ndarray) -> None:
 
 
 def gallery_figure(table: PayoffTable, max_images: int = 4):
-    """Each private image once, beside every attacker's reconstruction of it, defender by defender.
+    """One panel per (attacker, defender) pair: its kept round's private images beside their reconstructions.
 
-    Rows are the last round's private images (at most ``max_images``); columns are the originals
-    (with their labels when known) followed by each (attacker, defender) pair's matched
-    reconstruction, grouped by defender, with SSIM and PSNR under each. Pairs played with common
-    random numbers see the same private images, so the originals column appears once; it is
-    repeated only before pairs whose last round saw other images.
+    Panels are laid out as the payoff table (rows: attackers, columns: defenders). In each, every row is
+    one private image (at most ``max_images``; blue frame, with its class when known) beside the
+    attacker's reconstruction matched to it, with SSIM and PSNR under it. The pair in row ``i`` and column
+    ``j`` keeps the last round of its episode ``(i + j) mod episodes``
+    (:func:`~leakgym.agents.payoff.gallery_episode`), so neighbouring panels show different originals when
+    the run has several episodes.
     """
     by_pair = {(p.attacker, p.defender): p.last_round for p in table.pairs if p.last_round is not None}
     if not by_pair:
         raise ValueError("no pair has a finished round to show")
     n = min(max_images, min(len(last.originals) for last in by_pair.values()))
-    columns: list[tuple[str | None, Any]] = []  # (title or None for an originals column, last round)
-    shown = None
-    for d in table.defenders:
-        for a in table.attackers:
-            last = by_pair.get((a, d))
+    attackers = [a for a in table.attackers if any((a, d) in by_pair for d in table.defenders)]
+    defenders = [d for d in table.defenders if any((a, d) in by_pair for a in table.attackers)]
+    longest = max(len(short_label(x)) + 3 for x in [*attackers, *defenders])  # "vs " before a defender
+    panel_w, panel_h = max(2.6, 0.075 * longest + 0.3), 1.25 * n + 0.95  # labels at 9 pt fit their panel
+    width = max(panel_w * len(defenders), 5.2)  # a one-column gallery still has room for its title
+    fig = _figure(figsize=(width, panel_h * len(attackers) + 0.7), dpi=100)
+    panels = fig.subfigures(len(attackers), len(defenders), squeeze=False)
+    for r, a in enumerate(attackers):
+        for c, d in enumerate(defenders):
+            panel, last = panels[r][c], by_pair.get((a, d))
+            panel.suptitle(f"{short_label(a)}\nvs {short_label(d)}", fontsize=9)
             if last is None:
                 continue
-            if shown is None or not np.array_equal(shown.originals[:n], last.originals[:n]):
-                columns.append((None, last))
-                shown = last
-            columns.append((f"{short_label(a)}\nvs {short_label(d)}", last))
-    width = max(1.15 * len(columns) + 0.4, 4.0)
-    fig = _figure(figsize=(width, 1.35 * n + 1.3), dpi=100)
-    axes = fig.subplots(n, len(columns), squeeze=False)
-    for c, (title, last) in enumerate(columns):
-        for k in range(n):
-            ax = axes[k][c]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if title is None:
-                _image(ax, last.originals[k])
-                label = "" if last.labels is None else f"label {int(last.labels[k])}"
-                ax.set_xlabel(label, fontsize=6)
-                for spine in ax.spines.values():
+            axes = panel.subplots(n, 2, squeeze=False)
+            for k in range(n):
+                left, right = axes[k]
+                for ax in (left, right):
+                    ax.set_xticks([])
+                    ax.set_yticks([])
+                _image(left, last.originals[k])
+                for spine in left.spines.values():
                     spine.set_edgecolor("tab:blue")
-                    spine.set_linewidth(1.5)
-            else:
-                _image(ax, last.matched[k])
-                ax.set_xlabel(f"SSIM {last.ssim[k]:.2f}\nPSNR {last.psnr[k]:.1f} dB", fontsize=6)
-                for spine in ax.spines.values():
+                    spine.set_linewidth(2)
+                left.set_xlabel("original" + ("" if last.labels is None else f", class {int(last.labels[k])}"),
+                                fontsize=8)
+                _image(right, last.matched[k])
+                for spine in right.spines.values():
                     spine.set_visible(False)
-        head = "original" if title is None else "\n".join(
-            textwrap.fill(part, 16) for part in title.split("\n")
-        )
-        axes[0][c].set_title(head, fontsize=6)
+                right.set_xlabel(f"SSIM {last.ssim[k]:.2f}, {last.psnr[k]:.1f} dB", fontsize=8)
     fig.suptitle(
-        _wrap(f"{table.env_id}: the last round of each pair: the private images (blue frames) and each "
-              "attacker's matched reconstruction against each defender", width),
-        fontsize=8,
+        _wrap(f"{table.env_id}: each pair's kept round: the private images (blue frames) and the attacker's "
+              "matched reconstructions, with SSIM and PSNR", width, fontsize=10),
+        fontsize=10,
     )
     return fig
 
@@ -292,11 +339,13 @@ __all__ = [
     "OUTPUT_FILES",
     "episodes_label",
     "few_episodes",
+    "gallery_episode",
     "gallery_figure",
     "heatmap_figure",
     "json_safe",
     "payoff_text",
     "short_label",
+    "support_cells",
     "write_csv",
     "write_gallery",
     "write_heatmap",

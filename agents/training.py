@@ -69,6 +69,7 @@ import yaml
 
 from leakgym.checks import is_integer
 from leakgym.devices import device_argument, device_name
+from leakgym.suggest import did_you_mean
 
 from .base import Agent
 from .cli_common import (
@@ -80,6 +81,7 @@ from .cli_common import (
     resolve_env,
     scenario_overrides,
     split_hyperparams,
+    yaml_problem,
 )
 from .factory import make_agent
 from .learned import ACTIVATIONS, ALGORITHMS, algorithm_class, metadata_path, savable_payload, save_policy
@@ -122,7 +124,9 @@ def read_hyperparams_file(path: str | Path) -> dict[str, dict[str, Any]]:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise ValueError(f"hyperparameter file {str(path)!r}: not valid YAML ({yaml_problem(exc)})") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"hyperparameter file {str(path)!r}: cannot read it ({exc})") from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise ValueError(f"hyperparameter file {str(path)!r}: nested deeper than the parser can read") from None
@@ -332,8 +336,8 @@ def load_hyperparams(
         unknown = sorted(keys - allowed)
         if unknown:
             raise ValueError(
-                f"{where}: hyperparameter(s) {unknown} are not {cls.__name__} arguments or run settings; "
-                f"allowed: {sorted(allowed)}"
+                f"{where}: hyperparameter(s) {unknown} are not {cls.__name__} arguments or run settings"
+                f"{did_you_mean(unknown[0], allowed)}; allowed: {sorted(allowed)}"
             )
     for key, value in params.items():
         _check_value(key, value, source(key), algo, params.get("policy", "MlpPolicy"))

@@ -11,8 +11,8 @@ It runs three ``leakgym`` commands (each printed before it runs, so you can past
 2. ``leakgym eval``: the learned attacker and the uniformly random one against the ``noise-0.1`` and
    ``prune-0.9`` defender presets, on the same episode seeds; prints the payoff table and who beats
    whom, writes ``payoff.csv`` / ``payoff.json`` / ``payoff.png``.
-3. ``OUT/eval/gallery.png``: each private image of the last round once, beside every attacker's
-   reconstruction of it against each defender, with SSIM and PSNR.
+3. ``OUT/eval/gallery.png``: one panel per (attacker, defender) pair, the private images of its kept
+   round beside the attacker's reconstructions, with SSIM and PSNR.
 """
 
 from __future__ import annotations

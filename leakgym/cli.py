@@ -18,6 +18,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from leakgym.suggest import did_you_mean
+
 # subcommand -> (module with add_arguments(parser) and main(args), one-line help)
 COMMANDS = {
     "eval": ("leakgym.agents.evaluation", "play attackers against defenders and write payoff tables"),
@@ -85,9 +87,11 @@ def _list_presets(env: str | None) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from leakgym.envs.describe import describe, format_description, write_env_pages
+    from leakgym.envs.describe import describe, format_description
 
     if args.write_docs:
+        from leakgym.docgen import write_env_pages
+
         for path in write_env_pages(args.write_docs):
             print(path)
         return 0
@@ -116,36 +120,102 @@ def _demo(args: argparse.Namespace) -> int:
     return evaluation.main(eval_args)
 
 
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with one-line errors: a mistyped choice gets a suggestion, and no usage block is printed.
+
+    ``leakgym train --algo pp0`` -> ``leakgym train: error: argument --algo: invalid choice: 'pp0' (did you
+    mean 'ppo'?) ... (see leakgym train --help)``, exit status 2 as argparse's own.
+    """
+
+    def _check_value(self, action: argparse.Action, value) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as exc:
+            hint = did_you_mean(value, [str(c) for c in action.choices or ()])
+            if not hint or "did you mean" in exc.message:
+                raise
+            raise argparse.ArgumentError(action, exc.message.replace(f"{value!r}", f"{value!r}{hint}", 1)) from None
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.nargs == 0:  # a flag: say what it is when not given
+            return text + (" (default: off)" if action.default in (False, None) else " (default: on)")
+        return text + " (default: %(default)s)"
+
+
+class LazyParser(Parser):
+    """A subcommand's parser whose arguments come from ``module.add_arguments`` when it is first used.
+
+    ``leakgym --help`` lists the subcommands without importing them (the heavy ones pull in torch); the
+    module is imported, and its arguments added, only when this subcommand is parsed or its help printed.
+    The module's ``main(args)`` becomes the ``func`` default.
+    """
+
+    def __init__(self, *args, module: str | None = None, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+        self._module = module
+
+    def load(self) -> argparse.ArgumentParser:
+        if self._module is not None:
+            module, self._module = importlib.import_module(self._module), None
+            module.add_arguments(self)
+            self.set_defaults(func=module.main)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.load()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self.load()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self.load()
+        return super().format_usage()
+
+
+def _add_lazy(sub, commands: dict[str, tuple[str, str]]) -> None:
+    for name, (module, help_text) in commands.items():
+        sub.add_parser(name, help=help_text, description=help_text, module=module)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="leakgym", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The whole command line; a subcommand's module is imported only when that subcommand is parsed."""
+    parser = Parser(prog="leakgym", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
     lst = sub.add_parser("list", help="list datasets, models, attacks, defenses, environments; or presets")
     lst.add_argument("topic", nargs="?", choices=["presets"], help="presets: role, settings, source, allowed")
-    lst.add_argument("--env", default=None, help="with presets: say which presets this environment allows")
+    lst.add_argument("--env", default=None,
+                     help="with presets: say which presets this environment allows (default: none)")
     lst.set_defaults(func=_list)
     desc = sub.add_parser("describe", help="observation layout and action dimensions of an environment")
     desc.add_argument("env", nargs="?", help="Gymnasium id or scenario name (e.g. LeakGym-Digits-v0)")
     desc.add_argument("--write-docs", default=None, metavar="FOLDER",
-                      help="write the markdown page of every environment into FOLDER (docs/envs)")
+                      help="write the markdown page (and, for offline data, a rendered frame) of every "
+                      "environment and an index into FOLDER, e.g. docs/envs (default: print ENV's description)")
     desc.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                       help="scenario overrides, e.g. dataset=path/to/folder image_size=32 (the dataset line "
-                           "shows its channels, classes and statistics)")
+                           "shows its channels, classes and statistics; default: none)")
     desc.set_defaults(func=_describe)
     demo = sub.add_parser("demo", help="small tournament on LeakGym-Digits-v0 (writes payoff + gallery)")
-    demo.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
-    demo.add_argument("--episodes", type=int, default=2, help="episodes per pair (default: 2)")
-    demo.add_argument("--rounds", type=int, default=4, help="FL rounds per episode (default: 4)")
+    demo.add_argument("--out", default="runs/demo", help="output folder")
+    demo.add_argument("--episodes", type=int, default=2, help="episodes per pair")
+    demo.add_argument("--rounds", type=int, default=4, help="FL rounds per episode")
     demo.set_defaults(func=_demo)
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        importlib.import_module(module).add_arguments(p)
-        p.set_defaults(func=importlib.import_module(module).main)
+    _add_lazy(sub, COMMANDS)
     bench = sub.add_parser("bench", help="benchmarks (results written to a JSON file and a markdown table)")
-    bench_sub = bench.add_subparsers(dest="benchmark", required=True)
-    for name, (module, help_text) in BENCHMARKS.items():
-        p = bench_sub.add_parser(name, help=help_text)
-        importlib.import_module(module).add_arguments(p)
-        p.set_defaults(func=importlib.import_module(module).main)
+    _add_lazy(bench.add_subparsers(dest="benchmark", required=True, parser_class=LazyParser), BENCHMARKS)
     return parser
 
 
@@ -218,23 +288,31 @@ def memory_message(failure: BaseException, args: argparse.Namespace) -> str:
             "(--overrides), or play fewer games at once (--lockstep, --n-envs)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from leakgym.data.loading import DatasetUnavailableError
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What the CLI reports as a user error: its whole message, exit status 2, no traceback.
 
-    #: what the CLI reports as a user error: its whole message, exit status 2, no traceback
-    #: (OSError: an --out that is a file, ...; MemoryError: a setting too large to allocate, e.g. DQN's
-    #: buffer_size=10**11, refused before an earlier run's files are touched). An allocation failure, a
-    #: MemoryError or torch's out-of-memory RuntimeError (CPU or CUDA, also as the cause of a RoundError),
-    #: is one line with the run's memory estimate and the knobs that lower it (:func:`memory_message`).
-    user_errors = (ValueError, OSError, DatasetUnavailableError, MemoryError)
+    OSError: an --out that is a file, ...; MemoryError: a setting too large to allocate, e.g. DQN's
+    buffer_size=10**11, refused before an earlier run's files are touched; a missing dataset. The dataset
+    error's module imports torch, so it is looked up only once something has imported it (nothing else can
+    have raised it): ``leakgym --help`` stays free of torch.
+    """
+    loading = sys.modules.get("leakgym.data.loading")
+    missing_data = (loading.DatasetUnavailableError,) if loading is not None else ()
+    return (ValueError, OSError, MemoryError, *missing_data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; user errors (:func:`_user_errors`) and allocation failures (a MemoryError or
+    torch's out-of-memory RuntimeError, CPU or CUDA, also as the cause of a RoundError: one line with the
+    run's memory estimate and the knobs that lower it, :func:`memory_message`) print one line and exit 2."""
     args = build_parser().parse_args(argv)
     try:
         return _run(args, argv)
-    except (*user_errors, RuntimeError) as exc:
+    except Exception as exc:
         failure = allocation_failure(exc)
         if failure is not None:
             message = memory_message(failure, args)
-        elif isinstance(exc, user_errors):
+        elif isinstance(exc, _user_errors()):
             # the whole message: a missing dataset's says where it looked and how to provide the files
             message = str(exc) or type(exc).__name__
         else:

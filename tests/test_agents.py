@@ -229,13 +229,14 @@ def test_cli_helpers():
         parse_overrides(["rounds"])
 
 
-def test_the_readme_agents_table_lists_every_preset():
-    """The README's agents table had fallen behind the registry (loda-calibrated was missing)."""
+def test_the_docs_agents_table_lists_every_preset():
+    """The agents table (README's, now docs/agents.md) had fallen behind the registry (loda-calibrated was
+    missing)."""
     from pathlib import Path
 
     from leakgym.agents.presets import preset_names
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text()
     for role in ("defender", "attacker"):
         row = next(line for line in readme.splitlines() if line.startswith(f"| presets ({role}) |"))
         assert sorted(row.split("|")[2].replace("`", "").replace(" ", "").split(",")) == sorted(preset_names(role))

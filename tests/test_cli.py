@@ -82,3 +82,114 @@ def test_user_errors_print_their_whole_message(capsys, monkeypatch):
         assert main(["describe"]) == 2
         err = capsys.readouterr().err
         assert all(text in err for text in expected) and "Traceback" not in err, err
+
+
+def test_top_level_help_imports_no_subcommand_module():
+    """``leakgym --help`` lists the subcommands without importing them (torch took ~5 s of it); the
+    measured start-up time is in docs/cli.md, not asserted here."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom leakgym.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'leakgym.agents.evaluation', 'leakgym.bench.attacks', "
+            "'leakgym.reproduce', 'leakgym.data') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "usage: leakgym" in done.stdout and "eval" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_subcommand_help_still_lists_its_arguments(capsys):
+    """The lazily built subcommand parser loads its module's arguments for --help, too."""
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = capsys.readouterr().out
+    assert "--attackers" in out and "--episodes EPISODES   episodes per pair (default: 3)" in out
+
+
+def _option_helps():
+    """(command, option, help as printed) for every option of every (sub)command."""
+    import argparse
+
+    from leakgym.cli import LazyParser
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    if isinstance(sub, LazyParser):
+                        sub.load()
+                    yield from walk(sub, f"{name} {sub_name}")
+            elif action.option_strings and not isinstance(action, argparse._HelpAction):
+                text = parser._get_formatter()._get_help_string(action) % {**vars(action), "prog": parser.prog}
+                yield name, action.option_strings[-1], text
+
+    return list(walk(build_parser(), "leakgym"))
+
+
+def test_every_option_help_states_its_default():
+    helps = _option_helps()
+    assert len(helps) > 60  # every command's options were reached
+    missing = [(cmd, opt, text) for cmd, opt, text in helps if "default" not in text.lower()]
+    assert missing == []
+    assert ("leakgym eval", "--out", "output folder (default: runs/eval)") in helps
+    # a flag says on/off, an option whose help explains its default keeps that explanation alone
+    assert ("leakgym eval", "--no-progress", "hide the progress bar (default: off)") in helps
+    assert not [t for _, _, t in helps if "(default: None)" in t or t.lower().count("default:") > 1]
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["eval", "--env", "LeakGym-Digit-v0"], "(did you mean 'LeakGym-Digits-v0'?)"),
+    (["train", "--env", "digit"], "(did you mean 'digits'?)"),
+    (["eval", "--attackers", "ig-papr"], "(did you mean 'ig-paper'?)"),
+    (["evl"], "invalid choice: 'evl' (did you mean 'eval'?)"),
+    (["train", "--algo", "pp0"], "invalid choice: 'pp0' (did you mean 'ppo'?)"),
+    (["train", "--hyperparams", "n_step=16"], "run settings (did you mean 'n_steps'?)"),
+    (["train", "--opponent", "dcs2-papr"], "(did you mean 'dcs2-paper'?)"),
+    (["eval", "--overrides", "rondus=2"], "(did you mean 'rounds'?)"),
+    (["reproduce", "dcs3"], "invalid choice: 'dcs3' (did you mean 'dcs2'?)"),
+    (["bench", "attacks", "--models", "lenett"], "(did you mean 'lenet'?)"),
+    (["bench", "defenses", "--model", "lenett"], "--model='lenett' (did you mean 'lenet'?)"),
+    (["bench", "defenses", "--defenses", "PPP-NG4"], "(did you mean 'PPP-NG"),
+])
+def test_a_mistyped_name_is_one_line_with_a_suggestion(tmp_path, capsys, argv, suggestion):
+    if argv[0] in ("eval", "train"):
+        argv = [*argv, "--out", str(tmp_path / "run")]
+    try:
+        status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("leakgym") and ": error: " in err and suggestion in err, err
+
+
+@pytest.mark.parametrize("call, suggestion", [
+    ("leakgym.models:build_model('lenett', None)", "'lenet'"),
+    ("leakgym.data.catalog:dataset_info('mnsit')", "'mnist'"),
+    ("leakgym.attacks:build_attack('dgl')", "'dlg'"),
+    ("leakgym.defenses.config:DefenseConfig.preset('guassian')", "'gaussian'"),
+    ("leakgym.defenses.config:DefenseConfig(mixup_kk=2)", "'mixup_k'"),
+    ("leakgym.reproduce:paper_spec('oasiss')", "'oasis'"),
+])
+def test_library_name_errors_suggest_the_closest_name(call, suggestion):
+    import importlib
+
+    module, expression = call.split(":")
+    with pytest.raises(ValueError, match="did you mean " + suggestion.replace("(", r"\(")):
+        eval(expression, vars(importlib.import_module(module)))
+
+
+def test_a_bad_yaml_override_is_one_line(tmp_path, capsys):
+    assert main(["eval", "--overrides", "rounds=[1,2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "override 'rounds=[1,2': cannot parse the value as YAML" in err, err
+    assert "line 1, column 5" in err
+
+
+def test_a_bad_yaml_hyperparameter_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("LeakGym-Digits-v0:\n  n_steps: [1,\n")
+    assert main(["train", "--hyperparams", str(bad), "--timesteps", "8", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"hyperparameter file {str(bad)!r}: not valid YAML (" in err, err

@@ -58,10 +58,15 @@ def test_list_presets_says_role_source_and_whether_the_env_allows_it(capsys):
 
 def test_env_pages_are_generated_from_the_scenario_files():
     """docs/envs/ is what `leakgym describe --write-docs docs/envs` writes: it cannot drift."""
+    from leakgym.docgen import env_page_full, environments_index, offline
+
     for gym_id in registered_ids():
         page = DOCS / f"{gym_id}.md"
         assert page.is_file(), f"missing {page}; run `leakgym describe --write-docs docs/envs`"
-        assert page.read_text() == env_page(gym_id), f"{page} is stale; run `leakgym describe --write-docs docs/envs`"
+        assert page.read_text() == env_page_full(gym_id, offline(gym_id)), (
+            f"{page} is stale; run `leakgym describe --write-docs docs/envs`")
+        assert env_page(gym_id).split("\n", 1)[1].split("## Rewards")[0].strip() in page.read_text()
+    assert (DOCS / "index.md").read_text() == environments_index()
 
 
 @pytest.mark.parametrize("argv", [["eval"], ["train"], ["selfplay"], ["bench", "env"], ["bench", "attacks"]])

@@ -189,34 +189,43 @@ def _inside(fig, artist) -> bool:
     return box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1 and box.y0 >= page.y0 - 1 and box.y1 <= page.y1 + 1
 
 
-def test_heatmap_states_and_clips_its_interval_and_marks_best_responses():
+def _cells(ax, marker, dx, dy):
+    """(column, row) of every marker of this shape (markers sit at (column + dx, row + dy))."""
+    return sorted((round(x - dx), round(y - dy)) for line in ax.lines if line.get_marker() == marker
+                  for x, y in [line.get_xydata()[0]])
+
+
+def test_heatmap_prints_intervals_in_ssim_units_and_marks_best_responses():
     import warnings
 
     ssim = {("A1", "D1"): 0.98, ("A1", "D2"): 0.2, ("A2", "D1"): 0.5, ("A2", "D2"): 0.4}
     table = _table(["A1", "A2"], ["D1", "D2"], ssim)
     row = {(r["attacker"], r["defender"]): r for r in table.rows()}[("A1", "D1")]
     raw = ev.t_interval([e.metrics["leakage_ssim"] for e in table.pairs[0].episodes])
-    assert raw[2] > 1.0 and row["leakage_ssim_ci95_high"] == 1.0  # clipped to SSIM's range
+    assert raw[2] > 1.0 and row["leakage_ssim_ci95_high"] == 1.0  # payoff.csv: clipped to SSIM's range
     assert row["leakage_ssim_ci95_low"] == raw[1] and row["leakage_ssim_mean"] == raw[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # six episodes: no warning
         fig = ev.heatmap_figure(table)
     fig.canvas.draw()
     title = fig.get_suptitle()
-    assert "95% t-interval over 6 episodes" in title and "clipped to [-1, 1]" in title
+    assert "half-width of the 95% t-interval over 6 episodes, in SSIM units" in title
     assert _inside(fig, fig._suptitle)
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts]
-    assert any(t.endswith(", 1.00]") and t.startswith(f"{row['leakage_ssim_mean']:.3f}") for t in texts), texts
+    # the figure prints mean ± the unclipped half-width, in SSIM units (not the clipped "[.., 1.00]" bounds)
+    assert f"{raw[0]:.3f}\n± {(raw[2] - raw[1]) / 2:.2f}" in texts, texts
+    assert not any("[" in t for t in texts)
+    assert min(t.get_fontsize() for t in ax.texts) >= 9
+    # the colour scale covers the means (from 0 here: none is negative)
+    assert ax.images[0].get_clim() == (0.0, 1.0)
     # Attacker best responses (highest attacker return per column): A1 vs D1, A2 vs D2; the defender's
     # best response (highest defender return per row) is D2 for both, so (A2, D2) is the equilibrium.
-    triangles = sorted((round(x + 0.36), round(y + 0.3)) for line in ax.lines if line.get_marker() == "^"
-                       for x, y in [line.get_xydata()[0]])
-    squares = sorted((round(x - 0.36), round(y + 0.3)) for line in ax.lines if line.get_marker() == "s"
-                     for x, y in [line.get_xydata()[0]])
-    assert triangles == [(0, 0), (1, 1)] and squares == [(1, 0), (1, 1)]
-    frames = [p for p in ax.patches if p.get_edgecolor()[:3] != (0, 0, 0) and not p.get_fill()]
-    assert [(p.get_x() + 0.5, p.get_y() + 0.5) for p in frames] == [(1, 1)]
+    assert _cells(ax, "^", -0.34, -0.27) == [(0, 0), (1, 1)] and _cells(ax, "s", 0.34, -0.27) == [(1, 0), (1, 1)]
+    assert all(line.get_markersize() >= 11 for line in ax.lines)  # visible, not corner dots
+    frames = [p for p in ax.patches if not p.get_fill()]
+    assert [(p.get_x() + 0.48, p.get_y() + 0.48, p.get_edgecolor()[:3]) for p in frames] == [(1, 1, (1, 0, 0))]
+    assert frames[0].get_linewidth() >= 4
 
     few = _table(["A1"], ["D1"], {("A1", "D1"): 0.5}, episodes=3)
     with pytest.warns(UserWarning, match="only 3 episodes per pair \\(fewer than 5\\)"):
@@ -224,32 +233,65 @@ def test_heatmap_states_and_clips_its_interval_and_marks_best_responses():
     assert "unreliable" in fig.get_suptitle()
 
 
+def test_heatmap_colour_scale_reaches_a_negative_mean():
+    table = _table(["A1"], ["D1", "D2"], {("A1", "D1"): -0.4, ("A1", "D2"): 0.5}, spread=0.0)
+    ax = ev.heatmap_figure(table).axes[0]
+    assert ax.images[0].get_clim() == pytest.approx((-0.4, 1.0))
+
+
+def test_heatmap_outlines_the_support_of_mixed_equilibria():
+    ssim = {(a, d): 0.5 for a in ("A1", "A2", "A3") for d in ("D1", "D2")}
+    table = _table(["A1", "A2", "A3"], ["D1", "D2"], ssim)
+    mixed = [(np.array([0.5, 0.5, 0.0]), np.array([0.0, 1.0])), (np.array([0.0, 0.0, 1.0]), np.array([1.0, 0.0]))]
+    fig = ev.heatmap_figure(table, mixed=mixed)
+    dashed = [p for p in fig.axes[0].patches if p.get_linestyle() == "--"]
+    assert sorted((round(p.get_x() + 0.42), round(p.get_y() + 0.42)) for p in dashed) == [(0, 2), (1, 0), (1, 1)]
+    assert "in a mixed equilibrium's support (row and column)" in [t.get_text() for t in fig.legends[0].texts]
+    # without mixed=, no dashed frame and no legend entry (the call of before)
+    assert not [p for p in ev.heatmap_figure(table).axes[0].patches if p.get_linestyle() == "--"]
+    with pytest.raises(ValueError, match=r"mixed equilibrium of shapes \(2,\), \(2,\); allowed: \(3,\) attacker"):
+        ev.heatmap_figure(table, mixed=[(np.ones(2) / 2, np.ones(2) / 2)])
+
+
 @pytest.mark.parametrize("attackers,defenders", [(["ig-paper"], ["none"]),
                                                  (["random", "a-very-long-attacker-name-indeed", "ig-paper"], ["none"]),
                                                  (["random", "ig-paper"], ["none", "noise-0.1", "dcs2-paper"])])
-def test_gallery_shows_each_original_once_and_never_clips_its_title(attackers, defenders):
+def test_gallery_has_one_readable_panel_per_pair(attackers, defenders):
     table = _table(attackers, defenders, {(a, d): 0.5 for a in attackers for d in defenders})
     fig = ev.gallery_figure(table)
     fig.canvas.draw()
     assert _inside(fig, fig._suptitle), fig.get_suptitle()
-    n_images, n_columns = 3, 1 + len(attackers) * len(defenders)
-    assert len(fig.axes) == n_images * n_columns
-    top = fig.axes[:n_columns]
-    assert [ax.get_title() for ax in top].count("original") == 1
-    for ax in top:
-        assert _inside(fig, ax.title), ax.get_title()
-    assert [ax.get_xlabel() for ax in fig.axes[::n_columns]] == ["label 1", "label 7", "label 3"]
-    assert fig.axes[1].get_xlabel() == "SSIM 0.50\nPSNR 20.0 dB"
+    assert fig.get_suptitle().count("\n") <= 2  # a one-column gallery is wide enough for its title
+    panels = [sub for row in fig.subfigs for sub in ([row] if not isinstance(row, np.ndarray) else row)]
+    assert len(panels) == len(attackers) * len(defenders)
+    n_images = 3
+    assert [p.get_suptitle() for p in panels] == [f"{a}\nvs {d}" for a in attackers for d in defenders]
+    for panel in panels:
+        assert _inside(fig, panel._suptitle) and panel._suptitle.get_fontsize() >= 9
+        assert len(panel.axes) == 2 * n_images  # each image beside its reconstruction
+        labels = [ax.xaxis.label for ax in panel.axes]
+        assert min(label.get_fontsize() for label in labels) >= 8
+        assert [t.get_text() for t in labels[::2]] == ["original, class 1", "original, class 7", "original, class 3"]
+        assert labels[1].get_text() == "SSIM 0.50, 20.0 dB"
 
 
-def test_gallery_repeats_the_originals_only_when_they_differ():
+def test_gallery_without_labels_says_original():
     table = _table(["A1", "A2"], ["D1"], {("A1", "D1"): 0.5, ("A2", "D1"): 0.5}, labels=False)
-    other = table.pairs[1].last_round
-    other.originals = 1 - other.originals
-    fig = ev.gallery_figure(table)
-    top = fig.axes[:4]
-    assert [ax.get_title() for ax in top] == ["original", "A1\nvs D1", "original", "A2\nvs D1"]
-    assert fig.axes[0].get_xlabel() == ""  # no labels known
+    assert ev.gallery_figure(table).axes[0].get_xlabel() == "original"
+
+
+def test_neighbouring_pairs_keep_rounds_of_different_episodes():
+    """Pair (i, j) keeps the last round of its episode (i + j) mod episodes: with common random numbers the
+    gallery showed every pair the same private image. The payoff numbers do not depend on the choice."""
+    from leakgym.agents.payoff import gallery_episode
+
+    assert [gallery_episode(i, j, 2) for i in range(2) for j in range(3)] == [0, 1, 0, 1, 0, 1]
+    table = ev.evaluate("digits", ["random", "fixed:1,0,0,0"], ["none", "fixed:0,0,0,0,0,0"], episodes=2,
+                        overrides=TINY, progress=False)
+    last = {(p.attacker, p.defender): p.last_round.originals for p in table.pairs}
+    assert not np.array_equal(last[("random", "none")], last[("random", "fixed:0,0,0,0,0,0")])
+    assert not np.array_equal(last[("random", "none")], last[("fixed:1,0,0,0", "none")])
+    np.testing.assert_array_equal(last[("random", "none")], last[("fixed:1,0,0,0", "fixed:0,0,0,0,0,0")])
 
 
 def test_lockstep_pairs_match_pair_by_pair_play():

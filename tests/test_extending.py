@@ -1,4 +1,4 @@
-"""Adding a defense through the registry alone reaches every part of LeakGym (README "Extending")."""
+"""Adding a defense through the registry alone reaches every part of LeakGym (docs/extending.md)."""
 
 import numpy as np
 import pytest

@@ -34,6 +34,7 @@ from leakgym.attacks.labels import infer_labels, infer_labels_many
 from leakgym.attacks.loda_inversion import LodaInversion
 from leakgym.attacks.mixup_decoding import MixupDecoding
 from leakgym.attacks.trap_weights import TrapWeightsAttack
+from leakgym.suggest import did_you_mean
 
 ATTACKS: dict[str, type[Attack]] = {
     cls.name: cls
@@ -56,7 +57,7 @@ ATTACKS: dict[str, type[Attack]] = {
 def build_attack(name: str, **overrides: Any) -> Attack:
     """The attack registered as ``name`` with its config fields overridden."""
     if name not in ATTACKS:
-        raise ValueError(f"unknown attack {name!r}; allowed: {sorted(ATTACKS)}")
+        raise ValueError(f"unknown attack {name!r}{did_you_mean(name, ATTACKS)}; allowed: {sorted(ATTACKS)}")
     return ATTACKS[name](**overrides)
 
 

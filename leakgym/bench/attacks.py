@@ -38,6 +38,7 @@ from leakgym.bench import (
     write_results,
 )
 from leakgym.devices import device_argument
+from leakgym.suggest import did_you_mean
 
 DEFAULT_MODELS = "lenet,resnet18"
 DEFAULT_NS = "1,16,64"
@@ -68,7 +69,8 @@ def parse_models(text: str) -> list[str]:
     models = [s.strip() for s in str(text).split(",") if s.strip()]
     unknown = [m for m in models if m not in MODEL_NAMES]
     if unknown or not models:
-        what = f"unknown model(s) {unknown}" if unknown else "names no model"
+        what = (f"unknown model(s) {unknown}{did_you_mean(unknown[0], MODEL_NAMES)}" if unknown
+                else "names no model")  # fmt: skip
         raise ValueError(f"--models={text!r}: {what}; allowed: {', '.join(MODEL_NAMES)} (comma-separated)")
     return models
 

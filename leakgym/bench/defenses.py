@@ -77,6 +77,7 @@ import torch
 from leakgym.bench import check_output, device_label, dumps, interrupted, machine_label, progress_bar
 from leakgym.devices import canonical_device, check_device, device_argument
 from leakgym.files import write_atomically
+from leakgym.suggest import did_you_mean
 
 #: Rows of the default run, in table order.
 DEFAULT_DEFENSES = (
@@ -208,7 +209,9 @@ def _check(args: argparse.Namespace) -> list[str]:
             raise ValueError(f"--{flag.replace('_', '-')}={value!r}; allowed range (0, inf)")
     for flag in ("model", "precode_model"):
         if getattr(args, flag) not in MODEL_NAMES:
-            raise ValueError(f"--{flag.replace('_', '-')}={getattr(args, flag)!r}; allowed: {', '.join(MODEL_NAMES)}")
+            value = getattr(args, flag)
+            raise ValueError(f"--{flag.replace('_', '-')}={value!r}{did_you_mean(value, MODEL_NAMES)}; "
+                             f"allowed: {', '.join(MODEL_NAMES)}")
     if args.eval_size is not None and (not isinstance(args.eval_size, int) or args.eval_size < 1):
         raise ValueError(f"--eval-size={args.eval_size!r}; allowed: integers >= 1 (default: all test images)")
     if not isinstance(args.precode_width, int) or args.precode_width < 0:
@@ -231,7 +234,8 @@ def _check(args: argparse.Namespace) -> list[str]:
     known = {k.lower(): k for k in PRESETS} | {"precode": "precode"}
     unknown = [n for n in names if n.lower() not in known]
     if unknown or not names:
-        raise ValueError(f"--defenses: unknown name(s) {unknown}; allowed: {sorted(known.values())}")
+        hint = did_you_mean(unknown[0], known.values()) if unknown else ""
+        raise ValueError(f"--defenses: unknown name(s) {unknown}{hint}; allowed: {sorted(known.values())}")
     names = [known[n.lower()] for n in names]
     # The smallest image every model of the run accepts (a PRECODE model only with a PRECODE row), the
     # dataset and, when leakage is measured, the SSIM window of the scores (else the run fails after training).

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from leakgym.data.spec import DatasetSpec
+from leakgym.suggest import did_you_mean
 
 __all__ = ["DATASET_NAMES", "DatasetInfo", "dataset_info", "dataset_spec"]
 
@@ -217,7 +218,6 @@ def dataset_info(name: str) -> DatasetInfo:
             source=data.source,
             train_size=len(data.train_y),
         )
-    from leakgym.suggest import did_you_mean
 
     raise ValueError(f"unknown dataset {name!r}{did_you_mean(name, DATASET_NAMES)}; allowed: "
                      f"{', '.join(DATASET_NAMES)}, {PATH_HINT}")

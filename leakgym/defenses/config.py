@@ -47,6 +47,7 @@ from leakgym.defenses.oasis import ALL_BITS as OASIS_ALL_BITS
 from leakgym.defenses.perturbation import NOISE_KINDS
 from leakgym.defenses.ppp import PPP_MODES
 from leakgym.defenses.registry import DEFENSES, PIPELINE_ORDER, Field, defense_fields
+from leakgym.suggest import did_you_mean
 
 __all__ = ["DCS2_STARTS", "NOISE_KINDS", "OASIS_ALL_BITS", "PIPELINE_ORDER", "PPP_MODES", "PRESETS",
            "DefenseConfig"]
@@ -68,7 +69,10 @@ class DefenseConfig:
         known = defense_fields()
         unknown = sorted(set(values) - set(known))
         if unknown:
-            raise ValueError(f"unknown DefenseConfig field(s) {unknown}; allowed: {sorted(known)}")
+            raise ValueError(
+                f"unknown DefenseConfig field(s) {unknown}{did_you_mean(unknown[0], known)}; "
+                f"allowed: {sorted(known)}"
+            )
         for name, spec in known.items():
             if name in values:
                 spec.check(values[name])
@@ -138,7 +142,10 @@ class DefenseConfig:
         known = defense_fields()
         unknown = sorted(set(changes) - set(known))
         if unknown:
-            raise ValueError(f"unknown DefenseConfig field(s) {unknown}; allowed: {sorted(known)}")
+            raise ValueError(
+                f"unknown DefenseConfig field(s) {unknown}{did_you_mean(unknown[0], known)}; "
+                f"allowed: {sorted(known)}"
+            )
         return DefenseConfig(**{**self.to_dict(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,7 +162,9 @@ class DefenseConfig:
         key = name.lower()
         table = {k.lower(): v for k, v in PRESETS.items()}
         if key not in table:
-            raise ValueError(f"unknown defense preset {name!r}; allowed: {sorted(PRESETS)}")
+            raise ValueError(
+                f"unknown defense preset {name!r}{did_you_mean(name, PRESETS)}; allowed: {sorted(PRESETS)}"
+            )
         return table[key]
 
 

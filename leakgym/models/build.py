@@ -13,6 +13,7 @@ from leakgym.models.lenet import LeNet
 from leakgym.models.mlp import MLP
 from leakgym.models.precode import DEFAULT_PRECODE_BETA
 from leakgym.models.resnet import ResNet18
+from leakgym.suggest import did_you_mean
 
 MODEL_CLASSES: dict[str, type[LeakGymModel]] = {
     "lenet": LeNet,
@@ -53,7 +54,9 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
         device, dtype: where and in which floating dtype to place the parameters.
     """
     if name not in MODEL_CLASSES:
-        raise ValueError(f"unknown model name {name!r}; allowed: {', '.join(MODEL_NAMES)}")
+        raise ValueError(
+            f"unknown model name {name!r}{did_you_mean(name, MODEL_NAMES)}; allowed: {', '.join(MODEL_NAMES)}"
+        )
     width = _positive_integer(width, "width")
     precode_dim = _positive_integer(precode_dim, "precode_dim")
     cls = MODEL_CLASSES[name]

@@ -22,6 +22,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from leakgym.suggest import did_you_mean
+
 #: paper key -> module defining ``PAPER_SPEC`` (a :class:`~leakgym.reproduce.runner.Paper`).
 PAPERS: dict[str, str] = {
     "dcs2": "leakgym.reproduce.dcs2",
@@ -35,7 +37,7 @@ PAPERS: dict[str, str] = {
 def paper_spec(name: str):
     """The :class:`~leakgym.reproduce.runner.Paper` registered as ``name``."""
     if name not in PAPERS:
-        raise ValueError(f"unknown paper {name!r}; allowed: {sorted(PAPERS)}")
+        raise ValueError(f"unknown paper {name!r}{did_you_mean(name, PAPERS)}; allowed: {sorted(PAPERS)}")
     return importlib.import_module(PAPERS[name]).PAPER_SPEC
 
 
