@@ -12,7 +12,7 @@ import torch
 from leakgym.reproduce import PAPERS, add_arguments, paper_spec
 from leakgym.reproduce.harness import AttackColumn, DefenseRow, Scale, run_grid, victim_batches
 from leakgym.reproduce.runner import cell, est, run_paper
-from leakgym.reproduce.stats import FAILS, STATUSES, TIE
+from leakgym.reproduce.stats import FAILS, STATUSES, TIE, UNDECIDED
 
 TINY = {"iterations": 10, "utility_rounds": 2, "eval_size": 50, "utility_eval_every": 1}
 
@@ -87,7 +87,7 @@ def test_smoke_run_writes_schema_and_computed_numbers(tmp_path):
         assert u["curve"]["rounds"] == [0, 1, 2] and len(u["curve"]["accuracy"]) == 3
     for v in on_disk["verdicts"]:
         assert set(v) == {"claim", "status", "ours", "paper", "why"} and v["status"] in STATUSES
-        assert v["status"] not in (FAILS, TIE) or v["why"]  # a failed or tied claim always says why
+        assert v["status"] not in (FAILS, TIE, UNDECIDED) or v["why"]  # a failed, tied or undecided claim says why
     md = (tmp_path / "reproduce_dcs2.md").read_text()
     assert "Does the ordering/trend hold?" in md and "| DCS² |" in md and "±" in md
     # scale_overrides have no flag: the markdown gives the call that makes the run again, not a CLI that does not
