@@ -239,3 +239,27 @@ def test_rerender_alone_rewrites_from_the_recorded_json(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "rerender", lambda paper, path: calls.append(path))
     assert cli.main(["reproduce", "dcs2", "--rerender", "--out", str(tmp_path)]) == 0
     assert calls == [tmp_path / "reproduce_dcs2.json"]
+
+
+def test_the_utility_run_takes_the_fl_protocol(split, monkeypatch):
+    """Scale's FedAvg protocol (issue 36): every client trains with the local optimiser and the server
+    applies the mean model difference; the protocol is checked when the scale is built."""
+    from leakgym.defenses import DefenseConfig, pipeline
+    from leakgym.fl.optim import LocalOptimizer
+    from leakgym.reproduce.harness import measure_utility
+
+    seen = []
+    real = pipeline.compute_update
+    monkeypatch.setattr(pipeline, "compute_update", lambda *a, **k: seen.append(
+        (k["kind"], k["local_steps"], k["local_lr"], k["optimizer"])) or real(*a, **k))
+    scale = Scale(utility_rounds=2, utility_eval_every=2, eval_size=30, utility_update_kind="model_delta",
+                  utility_local_steps=3, utility_local_lr=1e-3, utility_optimizer="adam")
+    u = measure_utility(DefenseRow("none", DefenseConfig()), scale, split=split, seed=0, progress=False)
+    assert set(seen) == {("model_delta", 3, 1e-3, LocalOptimizer("adam"))}
+    assert len(seen) == 2 * scale.utility_clients and 0 <= u["accuracy"] <= 1
+    with pytest.raises(ValueError, match="need utility_update_kind='model_delta'"):
+        Scale(utility_optimizer="adam")
+    with pytest.raises(ValueError, match="utility_optimizer='lbfgs'"):
+        Scale(utility_update_kind="model_delta", utility_optimizer="lbfgs")
+    with pytest.raises(ValueError, match="utility_local_steps=0"):
+        Scale(utility_update_kind="model_delta", utility_local_steps=0)

@@ -623,9 +623,16 @@ def markdown(paper: Paper, result: dict) -> str:
     for s in result["settings"].values():
         split_clients.setdefault(s["image_size"], max(4, s["utility_clients"]))
     if utility_measured(result):
+        if u.get("utility_update_kind", "gradient") == "gradient":
+            protocol = f"FedSGD, {u['utility_rounds']} rounds"
+            server = f"server lr {u['utility_lr']}"
+        else:
+            protocol = (f"FedAvg ({u['utility_local_steps']} local {u['utility_optimizer']} steps of lr "
+                        f"{u['utility_local_lr']:g} per round, fresh optimiser state each round), {u['utility_rounds']} rounds")
+            server = "server step 1"
         utility_line = (
-            f"* Utility: FedSGD, {u['utility_rounds']} rounds, {u['utility_clients']} clients x batch "
-            f"{u['utility_batch']}, server lr {u['utility_lr']}, "
+            f"* Utility: {protocol}, {u['utility_clients']} clients x batch "
+            f"{u['utility_batch']}, {server}, "
             f"{'every client applies' if u['utility_defended'] == 'all' else 'only the victim (client 0) applies'} "
             f"the defense; accuracy on {u['eval_size'] or 'all'} test images (Acc_T), evaluated every "
             f"{u['utility_eval_every']} rounds (curves in the figure).")
