@@ -272,7 +272,10 @@ PAPER_SPEC = Paper(
          f"{SCALES['small']['B=1'].utility_rounds} rounds x batch {SCALES['small']['B=1'].utility_batch}, full: "
          f"{SCALES['full']['B=1'].utility_rounds} rounds x batch {SCALES['full']['B=1'].utility_batch}) instead of "
          "FL training with Adam to convergence. With the server lr 0.5 of the other papers' runs the PRECODE model diverged (loss NaN after "
-         "~50 rounds) under PPP-NG2/NG1/NG05/GC99 while the plain MLP did not; lr 0.1 is stable for every row."),
+         "~50 rounds) under PPP-NG2/NG1/NG05/GC99 while the plain MLP did not; lr 0.1 is stable for every row. "
+         "The harness can train FedAvg with the paper's Adam (Scale.utility_optimizer, docs/fl_protocol.md), but "
+         "LeakGym's PPP perturbs the shared update: under FedAvg it would perturb the model difference once per "
+         "round, not each local gradient as the paper's clients do, so the rows would not be the paper's defense."),
         ("The layer-skipping attack matches the pre-bottleneck layers even when PPP-GC zeroes most of them "
          "(skip_zeros=False), as in PPP Eq. 4."),
         (f"\"Sufficient protection\": SSIM below {PROTECTED_SSIM}. The paper's number is lost in our copy of §5.2; its "
