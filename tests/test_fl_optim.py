@@ -291,3 +291,30 @@ def test_batched_federated_steps_take_the_scenarios_optimiser_as_the_game_by_gam
             torch.testing.assert_close(pa, pb, rtol=1e-4, atol=2e-5)
         first = [next(iter(g.server.model.parameters())) for g in (a.game, c.game)]
         assert not torch.allclose(*first, atol=1e-5)
+
+
+def test_scenario_fl_fields_come_from_toml_and_cli_strings():
+    """Per-scenario defaults: a scenario file (TOML) sets the protocol; CLI/RLlib strings are coerced like TOML
+    values; the defaults are plain SGD at a constant rate (local_optimizer() is None: the clients' default)."""
+    import tomllib
+
+    from leakgym.envs.scenario import Scenario, local_optimizer, round_local_lr
+
+    text = """
+update_kind = "model_delta"
+local_steps = 5
+local_lr = 1e-3
+local_optimizer = "sgd"
+local_momentum = 0.9
+local_weight_decay = 5e-4
+local_lr_schedule = "exponential"
+local_lr_decay = 0.5
+"""
+    sc = Scenario.from_dict(tomllib.loads(text))
+    assert local_optimizer(sc) == LocalOptimizer("sgd", momentum=0.9, weight_decay=5e-4)
+    assert round_local_lr(sc, 2) == pytest.approx(2.5e-4)
+    strings = Scenario(update_kind="model_delta", local_momentum="0.9", local_weight_decay="0",
+                       local_lr_decay="1")
+    assert (strings.local_momentum, strings.local_weight_decay) == (0.9, 0.0)
+    default = Scenario()
+    assert local_optimizer(default) is None and round_local_lr(default, 5) == default.local_lr
