@@ -318,3 +318,21 @@ local_lr_decay = 0.5
     assert (strings.local_momentum, strings.local_weight_decay) == (0.9, 0.0)
     default = Scenario()
     assert local_optimizer(default) is None and round_local_lr(default, 5) == default.local_lr
+
+
+@pytest.mark.cuda
+def test_the_local_optimisers_run_on_cuda(digits, cuda_device):
+    """Adam and SGD with momentum on a CUDA device: the state is created on the parameters' device, and the
+    batched clients equal the plain ones (float64, as on the CPU)."""
+    spec = digits.spec
+    models = [build_model("lenet", spec, seed=s, device=cuda_device).double() for s in range(2)]
+    x = spec.normalize(digits.train_x[:8]).reshape(2, 1, 4, *spec.shape).to(cuda_device).double()
+    y = digits.train_y[:8].reshape(2, 1, 4).to(cuda_device)
+    for opt in OPTIMIZERS.values():
+        out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, kind="model_delta",
+                                     local_steps=3, local_lr=0.01, optimizer=opt)
+        for n, m in enumerate(models):
+            ref = compute_update(m, x[n, 0], y[n, 0], kind="model_delta", local_steps=3, local_lr=0.01, optimizer=opt)
+            for name, t in ref.tensors.items():
+                assert t.device.type == "cuda"
+                torch.testing.assert_close(out.tensors[name][n, 0], t, rtol=1e-7, atol=1e-9)
