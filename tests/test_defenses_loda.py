@@ -297,3 +297,21 @@ def test_once_for_all_obscures_each_image_once_whatever_the_round(setup, monkeyp
         assert torch.allclose(a.flat(), b.flat(), atol=1e-6) is same, mode
     with pytest.raises(ValueError, match="loda_mode='twice'"):
         DefenseConfig(loda_mode="twice")
+
+
+@pytest.mark.cuda
+def test_once_for_all_on_cuda(setup, monkeypatch, cuda_device):
+    """loda_mode="once" on a CUDA device: the hash-picked starts and the memo stay on the images' device, and
+    the memo returns the same image whatever the generator."""
+    s = setup
+    monkeypatch.setattr(loda, "_ONCE_MEMO", {})
+    spec, split = s["spec"], s["split"]
+    x = spec.normalize(split.clients[0][0][:3]).to(cuda_device)
+    y = split.clients[0][1][:3].to(cuda_device)
+    kwargs = {"spec": spec, "c": loda.CALIBRATED_C, "steps": 4, "lr": 0.1, "layers": 5,
+              "public_x": s["px"].to(cuda_device), "public_y": s["py"].to(cuda_device), "seed": 0,
+              "cache_dir": s["cache"], "epochs": EPOCHS, "once": True}
+    a, info = loda.loda_obscure(x, y, generator=torch.Generator(device=cuda_device).manual_seed(1), **kwargs)
+    b, again = loda.loda_obscure(x, y, generator=torch.Generator(device=cuda_device).manual_seed(2), **kwargs)
+    assert a.device.type == "cuda" and info["start_indices"].device.type == "cuda"
+    assert again["memo_hits"] == 3 and torch.equal(a, b)
