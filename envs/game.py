@@ -50,7 +50,7 @@ from .menus import Menu
 from .observations import attacker_obs_size, attacker_observation, defender_obs_size, defender_observation
 from .rewards import leakage_score, rewards
 from .round import AttackJob
-from .scenario import Scenario
+from .scenario import Scenario, local_optimizer, round_local_lr
 from .shared_data import SharedImages, shared_images
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
@@ -422,8 +422,14 @@ class LeakGame:
         update when the Round computed it already, for all games at once, :meth:`clean_updates`)."""
         sc = self.scenario
         return DefenseCall(drawn.model, drawn.x, drawn.y, plan.defense, seed=drawn.seed, update_kind=sc.update_kind,
-                           local_steps=sc.local_steps, local_lr=sc.local_lr, public_x=self.public_x,
-                           public_y=self.public_y, clean=clean, clean_seconds=clean_seconds)
+                           local_steps=sc.local_steps, local_lr=self.local_lr_now(), public_x=self.public_x,
+                           public_y=self.public_y, clean=clean, clean_seconds=clean_seconds,
+                           optimizer=local_optimizer(sc))
+
+    def local_lr_now(self) -> float:
+        """The clients' local learning rate in the round being played (the scenario's ``local_lr_schedule``,
+        :func:`leakgym.envs.scenario.round_local_lr`; ``local_lr`` for the constant schedule)."""
+        return round_local_lr(self.scenario, self.round)
 
     def share(self, plan: RoundPlan, drawn: Drawn, shared: tuple[SharedUpdate, DefenseReport],
               seconds: float) -> Defended:
@@ -461,17 +467,18 @@ class LeakGame:
         for i, (g, d) in enumerate(zip(games, drawn)):
             sc, signature = g.scenario, g.batch_signature(d.model)
             if signature is not None:
-                key = (signature, tuple(d.x.shape), sc.update_kind, sc.local_steps, sc.local_lr)
+                key = (signature, tuple(d.x.shape), sc.update_kind, sc.local_steps, g.local_lr_now(),
+                       local_optimizer(sc))
                 groups.setdefault(key, []).append(i)
         cleans: list[SharedUpdate | None] = [None] * len(games)
         seconds = [0.0] * len(games)
-        for (_, _, kind, steps, lr), members in groups.items():
+        for (_, _, kind, steps, lr, optimizer), members in groups.items():
             if len(members) < 2:
                 continue
             t0 = time.perf_counter()
             out = fl_batched.client_updates([drawn[i].model for i in members], [drawn[i].x for i in members],
                                             [drawn[i].y for i in members], kind=kind, local_steps=steps, local_lr=lr,
-                                            signed=True)
+                                            signed=True, optimizer=optimizer)
             share = (time.perf_counter() - t0) / len(members)
             for i, u in zip(members, out):
                 cleans[i], seconds[i] = u, share
@@ -560,8 +567,8 @@ class LeakGame:
                 # Ragged client batches: this game's updates one client at a time, from the same draws.
                 g.federated_step_from(defended[i], g.images.read(rows[i]))
                 continue
-            key = (signature, len(rows[i]), sizes.pop(), sc.update_kind, sc.local_steps, sc.local_lr,
-                   sc.server_lr, id(g.images))
+            key = (signature, len(rows[i]), sizes.pop(), sc.update_kind, sc.local_steps, g.local_lr_now(),
+                   local_optimizer(sc), sc.server_lr, id(g.images))
             groups.setdefault(key, []).append(i)
         for members in groups.values():
             # Every client batch of the group in one read of the shared images: (games, clients, batch, ...)
@@ -582,7 +589,8 @@ class LeakGame:
         seed = int(np.random.SeedSequence([defended.seed, BENIGN_STREAM]).generate_state(1)[0])
         with seeded_global_rng(seed, self.device):
             updates = [compute_update(self.server.model, bx, by, kind=sc.update_kind, local_steps=sc.local_steps,
-                                      local_lr=sc.local_lr) for bx, by in batches]
+                                      local_lr=self.local_lr_now(), optimizer=local_optimizer(sc))
+                       for bx, by in batches]
         self.server.aggregate([defended.update] + updates)
         self.advance_round(self.server.evaluate if self.evaluates_next() else None)
 
@@ -591,11 +599,12 @@ class LeakGame:
         """Phase 5 of games of one architecture and protocol, as one computation per step; ``x``/``y``:
         the benign clients' batches, ``(games, clients, batch, ...)``."""
         sc, model = games[0].scenario, games[0].server.model
+        lr, optimizer = games[0].local_lr_now(), local_optimizer(sc)  # (the group shares both)
         models = [g.server.model for g in games]
         params = fl_batched.stack_parameters(models)
         buffers = fl_batched.stack_buffers(models) or None
         benign = fl_batched.benign_updates(model, params, x, y, kind=sc.update_kind, local_steps=sc.local_steps,
-                                           local_lr=sc.local_lr, buffers=buffers)
+                                           local_lr=lr, buffers=buffers, optimizer=optimizer)
         k, b = x.shape[1], x.shape[2]
         # Slot 0: the victim's update (weight 0 when it sent nothing, or for names it lacks); 1..K: benign.
         victim = {name: torch.stack([d.update.tensors[name] if name in d.update.tensors else torch.zeros_like(p)
@@ -611,7 +620,8 @@ class LeakGame:
             for i in missing:
                 games[i].server.aggregate([defended[i].update]
                                           + [fl_batched.unpack(benign, i, j, kind=sc.update_kind, batch_size=b,
-                                                               local_steps=sc.local_steps, local_lr=sc.local_lr,
+                                                               local_steps=sc.local_steps, local_lr=lr,
+                                                               optimizer=optimizer,
                                                                model=models[i])
                                              for j in range(k)])
         step = sc.server_lr if sc.update_kind == "gradient" else 1.0

@@ -84,12 +84,15 @@ def share_update(
     public_y: Tensor | None = None,
     clean: SharedUpdate | None = None,
     clean_seconds: float = 0.0,
+    optimizer=None,
 ) -> tuple[SharedUpdate, DefenseReport]:
     """Phase 2 for one client: the update it shares under ``defense`` (``x`` normalised); ``clean``: its
-    clean update if already computed (``apply_defense``)."""
+    clean update if already computed (``apply_defense``); ``optimizer``: FedAvg's local optimiser
+    (:class:`leakgym.fl.optim.LocalOptimizer`, None: plain SGD)."""
     return apply_defense(
         model, x, y, defense, update_kind=update_kind, local_steps=local_steps, local_lr=local_lr,
         seed=seed, public_x=public_x, public_y=public_y, clean=clean, clean_seconds=clean_seconds,
+        optimizer=optimizer,
     )
 
 

@@ -90,6 +90,16 @@ class Scenario:
     update_kind: str = "gradient"
     local_steps: int = 1
     local_lr: float = 0.1
+    #: FedAvg's local optimiser (leakgym.fl.optim, docs/fl_protocol.md): "sgd" (with local_momentum in [0, 1)
+    #: and local_weight_decay >= 0) or "adam" (PPP's: betas 0.9/0.999, with local_weight_decay); fresh state
+    #: every round. Anything but plain SGD needs update_kind="model_delta".
+    local_optimizer: str = "sgd"
+    local_momentum: float = 0.0
+    local_weight_decay: float = 0.0
+    #: the local learning rate over the rounds: "constant", "exponential" (local_lr * local_lr_decay**round,
+    #: local_lr_decay in (0, 1]) or "cosine" (to 0 at the last round, leakgym.fl.optim.scheduled_lr)
+    local_lr_schedule: str = "constant"
+    local_lr_decay: float = 1.0
     #: server learning rate applied to the aggregated update
     server_lr: float = 0.1
     #: test accuracy is measured every eval_every rounds on eval_size held-out images
@@ -161,6 +171,7 @@ class Scenario:
                  f"defender menu {key!r} = {values!r}; needs a non-empty list of levels")
         need(self.update_kind != "gradient" or self.local_steps == 1,
              f"local_steps={self.local_steps} needs update_kind='model_delta' (FedSGD shares one gradient)")
+        _check_fl_protocol(self)
         _check_limits(self)
         _check_split(self)
         _check_model(self)
@@ -317,10 +328,12 @@ _INT_MIN = {"batch_size": 1, "num_clients": 0, "rounds": 1, "local_steps": 1, "e
 _OPTIONAL_INT_MIN = {"image_size": 8, "model_width": 1}
 #: float field -> (lower bound, lower bound excluded, upper bound, upper bound excluded)
 _FLOATS = {"local_lr": (0.0, True, math.inf, False), "server_lr": (0.0, True, math.inf, False),
-           "public_fraction": (0.0, True, 1.0, True)}
+           "public_fraction": (0.0, True, 1.0, True), "local_momentum": (0.0, False, 1.0, True),
+           "local_weight_decay": (0.0, False, math.inf, False), "local_lr_decay": (0.0, True, 1.0, False)}
 _OPTIONAL_FLOATS = {"dirichlet_alpha": (0.0, True, math.inf, False)}
 _BOOLS = ("precode", "known_labels", "allow_large")
-_STRINGS = ("name", "dataset", "model", "update_kind", "threat_model", "leakage_metric")
+_STRINGS = ("name", "dataset", "model", "update_kind", "threat_model", "leakage_metric", "local_optimizer",
+            "local_lr_schedule")
 _DICTS = ("defender_menu", "defense_defaults", "attacker_menu", "attack_defaults")
 
 
@@ -428,8 +441,11 @@ def _coerce_fields(sc: Scenario) -> None:
             sc.dataset = resolve_path(sc.dataset)
         except ValueError as exc:
             raise ValueError(f"scenario {name!r}: dataset: {exc}") from None
+    from leakgym.fl.optim import LOCAL_OPTIMIZERS, LR_SCHEDULES
+
     choices = {"model": MODEL_NAMES, "update_kind": UPDATE_KINDS,
-               "threat_model": THREAT_MODELS, "leakage_metric": LEAKAGE_METRICS}
+               "threat_model": THREAT_MODELS, "leakage_metric": LEAKAGE_METRICS,
+               "local_optimizer": LOCAL_OPTIMIZERS, "local_lr_schedule": LR_SCHEDULES}
     for key, allowed in choices.items():
         if getattr(sc, key) not in allowed:
             raise _bad(name, key, getattr(sc, key), ", ".join(map(str, allowed)))
@@ -466,6 +482,46 @@ def estimated_round_bytes(sc: Scenario) -> int:
     attack = 4 * 64 * restarts * sc.batch_size * pixels
     clients = 4 * 64 * (sc.num_clients + 1) * max(sc.batch_size, 8) * pixels
     return int(attack + clients)
+
+
+def _check_fl_protocol(sc: Scenario) -> None:
+    """FedAvg's local optimiser and schedule (types and ranges are checked by :func:`_coerce_fields`): only
+    with ``update_kind="model_delta"`` when they differ from plain SGD at a constant rate (FedSGD shares one
+    gradient and takes no local step), and no SGD momentum with Adam."""
+    from leakgym.fl.optim import LocalOptimizer
+
+    try:
+        LocalOptimizer(sc.local_optimizer, momentum=sc.local_momentum, weight_decay=sc.local_weight_decay)
+    except ValueError as exc:
+        raise ValueError(f"scenario {sc.name!r}: {exc}") from None
+    if sc.update_kind == "gradient":
+        changed = [f"{k}={getattr(sc, k)!r}" for k, plain in (("local_optimizer", "sgd"), ("local_momentum", 0.0),
+                   ("local_weight_decay", 0.0), ("local_lr_schedule", "constant"), ("local_lr_decay", 1.0))
+                   if getattr(sc, k) != plain]
+        if changed:
+            raise ValueError(f"scenario {sc.name!r}: {', '.join(changed)} needs update_kind='model_delta' (FedSGD "
+                             "shares one gradient and takes no local step)")
+    if sc.local_lr_schedule != "exponential" and sc.local_lr_decay != 1.0:
+        raise ValueError(f"scenario {sc.name!r}: local_lr_decay={sc.local_lr_decay!r} with local_lr_schedule="
+                         f"{sc.local_lr_schedule!r}; allowed: 1.0 (the decay is the 'exponential' schedule's)")
+
+
+def local_optimizer(sc: Scenario):
+    """The scenario's :class:`leakgym.fl.optim.LocalOptimizer` (None for plain SGD: the clients' default)."""
+    from leakgym.fl.optim import LocalOptimizer
+
+    opt = LocalOptimizer(sc.local_optimizer, momentum=sc.local_momentum, weight_decay=sc.local_weight_decay)
+    return None if opt.plain else opt
+
+
+def round_local_lr(sc: Scenario, rnd: int) -> float:
+    """The clients' local learning rate in round ``rnd`` (0-based) under the scenario's schedule
+    (:func:`leakgym.fl.optim.scheduled_lr`); ``local_lr`` itself for the constant schedule."""
+    from leakgym.fl.optim import scheduled_lr
+
+    if sc.local_lr_schedule == "constant":
+        return sc.local_lr
+    return scheduled_lr(sc.local_lr, sc.local_lr_schedule, min(rnd, sc.rounds - 1), sc.rounds, sc.local_lr_decay)
 
 
 def _check_model(sc: Scenario) -> None:

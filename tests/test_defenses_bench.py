@@ -383,3 +383,75 @@ def test_bench_defenses_seed_range_and_derived_seeds(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"--seed=1099511627776 with --rounds=100000000000000000 .* exceeds 2\*\*63 - 1"):
         bench.main(args)
     assert not (tmp_path / "out").exists()
+
+
+# --- issue 36: the FL protocol, both utility modes, several seeds -----------------------------------------
+def test_bench_shows_both_utility_modes_over_seeds_with_standard_errors(tmp_path, monkeypatch):
+    """--utility both (the default) trains a client-side defense twice -- the victim alone defending, then
+    every client -- and a row without one (none) once; --seeds 2 gives the mean accuracy and its standard
+    error over the seeds' runs, which are what run_defense returned."""
+    runs = []
+    real = bench.run_defense
+
+    def spy(name, *a, **k):
+        record, probs = real(name, *a, **k)
+        runs.append((name, k["all_clients"], k["seed"], record["accuracy"], len(probs)))
+        return record, probs
+
+    monkeypatch.setattr(bench, "run_defense", spy)
+    assert bench.main(_args(tmp_path, "--defenses", "none,censor-zeros", *TINY, "--attack-rounds", "1",
+                            "--seeds", "2", "--seed", "3")) == 0
+    assert [r[:3] for r in runs] == [("none", False, 3), ("none", False, 4), ("censor-zeros", False, 3),
+                                     ("censor-zeros", False, 4), ("censor-zeros", True, 3), ("censor-zeros", True, 4)]
+    assert [r[4] for r in runs] == [1, 0, 1, 0, 0, 0]  # leakage from the first run of each row only
+    result = json.loads((tmp_path / "bench.json").read_text(), parse_constant=_strict)
+    none, censor = result["results"]
+    victim, every = [r[3] for r in runs[2:4]], [r[3] for r in runs[4:]]
+    assert censor["accuracies"] == victim and censor["accuracies_all"] == every
+    assert censor["accuracy"] == pytest.approx(sum(victim) / 2)
+    assert censor["accuracy_se"] == pytest.approx(abs(victim[0] - victim[1]) / 2)  # sd / sqrt(2) for two values
+    assert none["accuracy_all"] == none["accuracy"] and none["accuracies_all"] == none["accuracies"]
+    assert censor["delta_acc_all"] == pytest.approx(100 * (censor["accuracy_all"] - none["accuracy_all"]))
+    assert result["settings"]["utility"] == "both" and result["settings"]["seed_list"] == [3, 4]
+    md = (tmp_path / "bench.md").read_text()
+    assert "| accuracy | Δ acc | accuracy (all) | Δ acc (all) |" in md and "mean ± standard error over 2 seeds" in md
+    assert "censor_fallback=zeros" in md
+
+
+def test_every_client_defends_in_the_all_mode_and_only_the_victim_otherwise(tmp_path, monkeypatch):
+    import leakgym.defenses
+
+    calls = []
+    real = leakgym.defenses.apply_defense
+    monkeypatch.setattr(leakgym.defenses, "apply_defense", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
+    for utility, per_round in (("victim", [2]), ("all", [2, 4])):
+        calls.clear()
+        assert bench.main(_args(tmp_path, "--defenses", "gaussian", *TINY, "--attack-rounds", "0",
+                                "--utility", utility)) == 0
+        assert calls == per_round * 2  # 2 rounds; the victim's batch is 2, the other client's 4
+
+
+def test_bench_trains_fedavg_with_the_local_optimiser(tmp_path, monkeypatch):
+    """--update-kind model_delta with Adam: the victim's pipeline and the honest clients get the protocol, the
+    table names it; an optimiser with FedSGD is refused before anything runs."""
+    from leakgym.fl import client as client_module
+    from leakgym.fl.optim import LocalOptimizer
+
+    seen = []
+    real = client_module.compute_updates
+    monkeypatch.setattr(client_module, "compute_updates", lambda jobs, *a, **k: seen.extend(
+        (j.kind, j.local_steps, j.local_lr, j.optimizer) for j in jobs) or real(jobs, *a, **k))
+    args = _args(tmp_path, "--defenses", "none", *TINY, "--attack-rounds", "1", "--update-kind", "model_delta",
+                 "--local-steps", "3", "--local-lr", "1e-3", "--local-optimizer", "adam")
+    assert bench.main(args) == 0
+    assert set(seen) == {("model_delta", 3, 1e-3, LocalOptimizer("adam"))} and len(seen) == 4
+    md = (tmp_path / "bench.md").read_text()
+    assert "FedAvg (3 local steps, adam lr 0.001) 2 rounds" in md and "server step 1" in md
+    _no_training(monkeypatch)
+    for extra, message in ((("--local-optimizer", "adam"), "need --update-kind model_delta"),
+                           (("--update-kind", "model_delta", "--local-momentum", "1.0"),
+                            r"--local-momentum=1.0; allowed range \[0, 1\)"),
+                           (("--update-kind", "model_delta", "--local-steps", "0"), "--local-steps=0"),
+                           (("--seeds", "0"), "--seeds=0; allowed: integers >= 1")):
+        with pytest.raises(ValueError, match=message):
+            bench.main(_args(tmp_path / "out", *extra))

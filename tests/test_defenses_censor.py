@@ -54,14 +54,22 @@ def test_candidates_are_orthogonal_even_for_a_single_layer_and_zero_layers_stay_
     torch.testing.assert_close(cand["w"].norm(), g["w"].norm())
 
 
-def test_falls_back_to_no_update_when_no_candidate_improves():
+def test_falls_back_to_the_original_gradient_by_default_as_algorithm_1_line_11():
+    """The default is Algorithm 1 as written (issue 36): G* = G0 when no trial improves; 'zeros' on request."""
     model, x, y = _setup(1)
     grad = compute_update(model, x, y).tensors
     # A step of 1e3 along a random direction of the gradient's size wrecks the loss every time.
     best, info = censor_gradient(model, x, y, grad, trials=5, step=1e3, generator=torch.Generator().manual_seed(0))
     assert info["chosen_trial"] == -1 and all(l > info["initial_loss"] for l in info["trial_losses"])
-    assert all(torch.count_nonzero(t) == 0 for t in best.values())
+    assert info["sent"] == "original" and all(torch.equal(best[n], grad[n]) for n in grad)
+    assert DefenseConfig().censor_fallback == "original" == DefenseConfig.preset("censor").censor_fallback
     upd, rep = apply_defense(model, x, y, DefenseConfig(censor_trials=5, censor_step=1e3))
+    assert rep.fidelity == pytest.approx(1.0)
+    zeros, _ = censor_gradient(model, x, y, grad, trials=5, step=1e3, generator=torch.Generator().manual_seed(0),
+                               fallback="zeros")
+    assert all(torch.count_nonzero(t) == 0 for t in zeros.values())
+    upd, rep = apply_defense(model, x, y, DefenseConfig.preset("censor-zeros").replace(censor_trials=5,
+                                                                                         censor_step=1e3))
     assert rep.fidelity == 0.0 and all(torch.count_nonzero(t) == 0 for t in upd.tensors.values())
 
 

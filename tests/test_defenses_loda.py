@@ -261,3 +261,57 @@ def test_loda_inversion_runs_both_of_its_stages(setup, monkeypatch):
     assert seen["history"][-1] < 0.5 * seen["history"][0]
     assert (seen["out"] - seen["start"]).norm() > 0.2 * seen["start"].norm()
     assert torch.equal(result.images, seen["out"])
+
+
+def test_once_for_all_obscures_each_image_once_whatever_the_round(setup, monkeypatch):
+    """loda_mode="once" (the paper's "once for all", issue 36): an image's obscured version does not depend on
+    the round's generator nor on the batch it comes in; shared again, it comes from the memo (no new run of
+    Algorithm 1). The default, per-round mode obscures it anew from another start image."""
+    s = setup
+    monkeypatch.setenv("LEAKGYM_DATA", str(s["root"]))
+    monkeypatch.setattr(loda, "_ONCE_MEMO", {})
+    spec, split = s["spec"], s["split"]
+    x, y = spec.normalize(split.clients[0][0][:4]), split.clients[0][1][:4]
+    kwargs = {"spec": spec, "c": loda.CALIBRATED_C, "steps": 6, "lr": 0.1, "layers": 5, "public_x": s["px"],
+              "public_y": s["py"], "seed": 0, "cache_dir": s["cache"], "epochs": EPOCHS}
+    runs = []
+    real = loda._obscure_images
+    monkeypatch.setattr(loda, "_obscure_images", lambda xs, *a, **k: runs.append(xs.shape[0]) or real(xs, *a, **k))
+    first, info = loda.loda_obscure(x[:2], y[:2], generator=torch.Generator().manual_seed(1), once=True, **kwargs)
+    assert runs == [2] and info["memo_hits"] == 0
+    again, info = loda.loda_obscure(x, y, generator=torch.Generator().manual_seed(2), once=True, **kwargs)
+    assert runs == [2, 2] and info["memo_hits"] == 2  # images 0 and 1 from the memo, 2 and 3 obscured
+    assert torch.equal(again[:2], first)
+    monkeypatch.setattr(loda, "_ONCE_MEMO", {})  # a fresh process: the same images, to rounding
+    fresh, _ = loda.loda_obscure(x.flip(0), y.flip(0), generator=torch.Generator().manual_seed(3), once=True,
+                                 **kwargs)
+    torch.testing.assert_close(fresh.flip(0), again, rtol=0, atol=1e-4)
+    per_round = [loda.loda_obscure(x, y, generator=torch.Generator().manual_seed(g), **kwargs)[0] for g in (1, 2)]
+    assert not torch.allclose(per_round[0], per_round[1], atol=1e-3)
+    # through the pipeline: two rounds (seeds) share the same update in "once" mode, not in the default mode
+    model = build_model("lenet", spec, seed=0)
+    for mode, same in (("once", True), ("per-round", False)):
+        cfg = DefenseConfig(loda_c=loda.CALIBRATED_C, loda_steps=3, loda_mode=mode)
+        a, b = (apply_defense(model, x, y, cfg, seed=seed, public_x=split.public_x, public_y=split.public_y)[0]
+                for seed in (10, 11))
+        assert torch.allclose(a.flat(), b.flat(), atol=1e-6) is same, mode
+    with pytest.raises(ValueError, match="loda_mode='twice'"):
+        DefenseConfig(loda_mode="twice")
+
+
+@pytest.mark.cuda
+def test_once_for_all_on_cuda(setup, monkeypatch, cuda_device):
+    """loda_mode="once" on a CUDA device: the hash-picked starts and the memo stay on the images' device, and
+    the memo returns the same image whatever the generator."""
+    s = setup
+    monkeypatch.setattr(loda, "_ONCE_MEMO", {})
+    spec, split = s["spec"], s["split"]
+    x = spec.normalize(split.clients[0][0][:3]).to(cuda_device)
+    y = split.clients[0][1][:3].to(cuda_device)
+    kwargs = {"spec": spec, "c": loda.CALIBRATED_C, "steps": 4, "lr": 0.1, "layers": 5,
+              "public_x": s["px"].to(cuda_device), "public_y": s["py"].to(cuda_device), "seed": 0,
+              "cache_dir": s["cache"], "epochs": EPOCHS, "once": True}
+    a, info = loda.loda_obscure(x, y, generator=torch.Generator(device=cuda_device).manual_seed(1), **kwargs)
+    b, again = loda.loda_obscure(x, y, generator=torch.Generator(device=cuda_device).manual_seed(2), **kwargs)
+    assert a.device.type == "cuda" and info["start_indices"].device.type == "cuda"
+    assert again["memo_hits"] == 3 and torch.equal(a, b)

@@ -12,7 +12,7 @@ import torch
 from leakgym.reproduce import PAPERS, add_arguments, paper_spec
 from leakgym.reproduce.harness import AttackColumn, DefenseRow, Scale, run_grid, victim_batches
 from leakgym.reproduce.runner import cell, est, run_paper
-from leakgym.reproduce.stats import FAILS, STATUSES, TIE
+from leakgym.reproduce.stats import FAILS, STATUSES, TIE, UNDECIDED
 
 TINY = {"iterations": 10, "utility_rounds": 2, "eval_size": 50, "utility_eval_every": 1}
 
@@ -87,7 +87,7 @@ def test_smoke_run_writes_schema_and_computed_numbers(tmp_path):
         assert u["curve"]["rounds"] == [0, 1, 2] and len(u["curve"]["accuracy"]) == 3
     for v in on_disk["verdicts"]:
         assert set(v) == {"claim", "status", "ours", "paper", "why"} and v["status"] in STATUSES
-        assert v["status"] not in (FAILS, TIE) or v["why"]  # a failed or tied claim always says why
+        assert v["status"] not in (FAILS, TIE, UNDECIDED) or v["why"]  # a failed, tied or undecided claim says why
     md = (tmp_path / "reproduce_dcs2.md").read_text()
     assert "Does the ordering/trend hold?" in md and "| DCS² |" in md and "±" in md
     # scale_overrides have no flag: the markdown gives the call that makes the run again, not a CLI that does not
@@ -239,3 +239,27 @@ def test_rerender_alone_rewrites_from_the_recorded_json(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "rerender", lambda paper, path: calls.append(path))
     assert cli.main(["reproduce", "dcs2", "--rerender", "--out", str(tmp_path)]) == 0
     assert calls == [tmp_path / "reproduce_dcs2.json"]
+
+
+def test_the_utility_run_takes_the_fl_protocol(split, monkeypatch):
+    """Scale's FedAvg protocol (issue 36): every client trains with the local optimiser and the server
+    applies the mean model difference; the protocol is checked when the scale is built."""
+    from leakgym.defenses import DefenseConfig, pipeline
+    from leakgym.fl.optim import LocalOptimizer
+    from leakgym.reproduce.harness import measure_utility
+
+    seen = []
+    real = pipeline.compute_update
+    monkeypatch.setattr(pipeline, "compute_update", lambda *a, **k: seen.append(
+        (k["kind"], k["local_steps"], k["local_lr"], k["optimizer"])) or real(*a, **k))
+    scale = Scale(utility_rounds=2, utility_eval_every=2, eval_size=30, utility_update_kind="model_delta",
+                  utility_local_steps=3, utility_local_lr=1e-3, utility_optimizer="adam")
+    u = measure_utility(DefenseRow("none", DefenseConfig()), scale, split=split, seed=0, progress=False)
+    assert set(seen) == {("model_delta", 3, 1e-3, LocalOptimizer("adam"))}
+    assert len(seen) == 2 * scale.utility_clients and 0 <= u["accuracy"] <= 1
+    with pytest.raises(ValueError, match="need utility_update_kind='model_delta'"):
+        Scale(utility_optimizer="adam")
+    with pytest.raises(ValueError, match="utility_optimizer='lbfgs'"):
+        Scale(utility_update_kind="model_delta", utility_optimizer="lbfgs")
+    with pytest.raises(ValueError, match="utility_local_steps=0"):
+        Scale(utility_update_kind="model_delta", utility_local_steps=0)

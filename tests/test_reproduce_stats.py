@@ -12,6 +12,7 @@ from leakgym.reproduce.stats import (
     HOLDS,
     TIE,
     UNCHECKED,
+    UNDECIDED,
     Estimate,
     against,
     combine,
@@ -59,6 +60,7 @@ def test_against_a_threshold_and_difference():
 def test_combine():
     assert combine([HOLDS, HOLDS]) == HOLDS
     assert combine([HOLDS, TIE]) == TIE
+    assert combine([HOLDS, TIE, UNDECIDED]) == UNDECIDED and combine([UNDECIDED, FAILS]) == FAILS
     assert combine([HOLDS, TIE, FAILS]) == FAILS
     assert combine([HOLDS, UNCHECKED]) == UNCHECKED
     assert combine([]) == UNCHECKED
@@ -88,6 +90,7 @@ def test_verdict_helpers():
     keeps = drop_verdict("keeps", Estimate(95.0, 0.2, 3), Estimate(94.5, 0.2, 3), 2.0)
     loses = drop_verdict("loses", Estimate(95.0, 0.2, 3), Estimate(80.0, 0.2, 3), 2.0, why="because")
     unsure = drop_verdict("unsure", Estimate(95.0, 1.0, 3), Estimate(93.0, 1.0, 3), 2.0)
-    assert (keeps["status"], loses["status"], unsure["status"]) == (HOLDS, FAILS, TIE)
+    # a drop that neither meets nor breaks its bound is undecided, not a tie (issue 36)
+    assert (keeps["status"], loses["status"], unsure["status"]) == (HOLDS, FAILS, UNDECIDED)
     assert loses["why"] == "because" and "two standard errors" in unsure["why"]
     assert drop_verdict("n/a", None, Estimate(1.0, 0.0, 1), 2.0)["status"] == UNCHECKED

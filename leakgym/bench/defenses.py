@@ -1,13 +1,28 @@
 """``leakgym bench defenses``: utility, leakage and cost of every defense next to no defense.
 
 For each defense the same federated model (``--model``; the PRECODE/PPP rows: see below) is trained
-from the same initialisation with plain FedSGD (:class:`leakgym.fl.server.Server`, example-weighted
-mean of the clients' gradients, server learning rate ``--lr``) on the digits dataset split over ``--clients`` IID shards
-(:func:`leakgym.data.federated_split`, which also holds out a public split). Every round each client
-draws a fresh batch from its shard; client 0 is the **victim**: it draws ``--victim-batch`` examples
-and shares its update through :func:`leakgym.defenses.apply_defense`. By default **only the victim
-defends** (the game's setting: one defended client among honest ones); ``--all-clients`` makes every
-client apply the defense, which shows the defense's full cost in accuracy.
+from the same initialisation with FedSGD (default: :class:`leakgym.fl.server.Server`, example-weighted
+mean of the clients' gradients, server learning rate ``--lr``) or FedAvg (``--update-kind model_delta``:
+``--local-steps`` steps of the local optimiser -- ``--local-optimizer sgd|adam``, ``--local-lr``,
+``--local-momentum``, ``--local-weight-decay``, :mod:`leakgym.fl.optim`, ``docs/fl_protocol.md`` -- and
+the mean model difference applied with server step 1) on the digits dataset split over ``--clients`` IID
+shards (:func:`leakgym.data.federated_split`, which also holds out a public split). Every round each
+client draws a fresh batch from its shard; client 0 is the **victim**: it draws ``--victim-batch``
+examples and shares its update through :func:`leakgym.defenses.apply_defense`.
+
+Two utility modes (``--utility``, default ``both``): ``victim`` -- **only the victim defends** (the game's
+setting: one defended client among honest ones); ``all`` -- **every client applies the defense** (the
+defense's full cost in accuracy: a defense that only the victim applies is diluted by the honest
+clients, e.g. CENSOR's "zeros" fallback costs 0.6 points as the victim's alone and stops training when
+every client uses it). ``both`` trains each row in both modes and the table shows both accuracy
+columns; a row whose defense is not a client-side change (``none``, ``precode``: the model is the
+defense) is trained once, its two modes being the same run. ``--all-clients`` is ``--utility all``.
+Leakage, fidelity and overhead are measured on the victim of the first mode's run.
+
+``--seeds N`` trains every row with seeds ``--seed`` .. ``--seed + N - 1`` (model initialisation,
+batches, defenses; the split stays that of ``--seed``, as the reproductions keep theirs) and reports the
+mean accuracy with its standard error over the seeds (``accuracy_se``; per seed in ``accuracies``);
+leakage is measured on the first seed's run.
 
 Measured per defense:
 
@@ -35,7 +50,11 @@ diverged under PPP noise), and the bench adds an undefended ``none`` row on that
 learning rate, so their ``Δ acc`` is measured against the same architecture (every row's ``Δ acc``
 is against the ``none`` row of its own model and learning rate; ``baseline`` in the JSON names it).
 With ``--precode-model lenet --precode-width 0 --precode-lr 0.5`` (width 0: the class default) the
-PRECODE rows share the main LeNet setting and its ``none`` row again.
+PRECODE rows share the main LeNet setting and its ``none`` row again. That LeNet's failure is the
+protocol's, not PRECODE's: in FedAvg with the PPP paper's local optimiser (``--update-kind model_delta
+--local-optimizer adam --local-lr 1e-3 --local-steps 5``, 100 rounds, 3 seeds) PRECODE-LeNet reaches
+93.7 ± 0.2% against 93.6 ± 0.4% undefended (``docs/results/bench_defenses_fedavg_precode.md``,
+``docs/fl_protocol.md``).
 
 The whole run -- data, models, batch sampling (a ``torch.Generator`` on the device), defenses and
 attacks -- runs on ``--device`` (default ``cpu``; checked when the arguments are parsed), with
@@ -79,6 +98,8 @@ from leakgym.devices import canonical_device, check_device, device_argument
 from leakgym.files import write_atomically
 from leakgym.suggest import did_you_mean
 
+#: ``--utility``: who applies the defense in the accuracy runs.
+UTILITY_MODES = ("victim", "all", "both")
 #: Rows of the default run, in table order.
 DEFAULT_DEFENSES = (
     "none", "gaussian", "laplace", "clip+gaussian", "prune", "topk", "soteria", "dcs2", "censor", "oasis",
@@ -182,7 +203,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attack-iterations", type=int, default=200, help="Inverting Gradients iterations")
     parser.add_argument("--eval-every", type=int, default=10, help="rounds between accuracy evaluations")
     parser.add_argument("--eval-size", type=int, default=None, help="test images used (default: all)")
-    parser.add_argument("--all-clients", action="store_true", help="every client applies the defense")
+    parser.add_argument("--all-clients", action="store_true", help="every client applies the defense (= --utility all)")
+    parser.add_argument("--utility", choices=UTILITY_MODES, default="both",
+                        help="who defends in the accuracy runs: the victim only, every client, or both runs side by "
+                        "side (default: %(default)s)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="train every row with this many seeds (--seed, --seed + 1, ...) and report mean accuracy "
+                        "+- standard error (default: %(default)s)")
+    parser.add_argument("--update-kind", choices=("gradient", "model_delta"), default="gradient",
+                        help="FedSGD ('gradient', server lr --lr) or FedAvg ('model_delta', server step 1) "
+                        "(default: %(default)s)")
+    parser.add_argument("--local-steps", type=int, default=1, help="FedAvg local steps per round (default: 1)")
+    parser.add_argument("--local-lr", type=float, default=0.1, help="FedAvg local learning rate (default: 0.1)")
+    parser.add_argument("--local-optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="FedAvg local optimiser (default: %(default)s; PPP's clients: adam with --local-lr 1e-3)")
+    parser.add_argument("--local-momentum", type=float, default=0.0, help="FedAvg SGD momentum in [0, 1) (default: 0)")
+    parser.add_argument("--local-weight-decay", type=float, default=0.0,
+                        help="FedAvg local weight decay >= 0 (default: 0)")
     parser.add_argument("--seed", type=seed_argument, default=0,
                         help="seed of split, model, batches, defenses and attacks; an integer in [0, 2**40] "
                         "(default: %(default)s)")
@@ -216,6 +253,11 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--eval-size={args.eval_size!r}; allowed: integers >= 1 (default: all test images)")
     if not isinstance(args.precode_width, int) or args.precode_width < 0:
         raise ValueError(f"--precode-width={args.precode_width!r}; allowed: integers >= 0 (0: class default)")
+    if not isinstance(args.seeds, int) or isinstance(args.seeds, bool) or args.seeds < 1:
+        raise ValueError(f"--seeds={args.seeds!r}; allowed: integers >= 1")
+    if getattr(args, "utility", "both") not in UTILITY_MODES:
+        raise ValueError(f"--utility={args.utility!r}; allowed: {', '.join(UTILITY_MODES)}")
+    _check_protocol(args)
     if args.threads is not None and (not isinstance(args.threads, int) or args.threads < 1):
         raise ValueError(f"--threads={args.threads!r}; allowed: integers >= 1 (default: torch's choice)")
     try:
@@ -225,7 +267,7 @@ def _check(args: argparse.Namespace) -> list[str]:
     seed = args.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise ValueError(f"--seed={seed!r}; allowed: integers in [0, 2**40 = {MAX_SEED}]")
-    largest = client_seed(seed, args.rounds - 1, args.clients - 1)
+    largest = client_seed(seed + args.seeds - 1, args.rounds - 1, args.clients - 1)
     if largest > MAX_DERIVED_SEED:
         raise ValueError(f"--seed={seed} with --rounds={args.rounds} and --clients={args.clients}: the last client "
                          f"seed {largest} exceeds 2**63 - 1; allowed: --seed * 100_003 + (--rounds - 1) * 101 + "
@@ -253,6 +295,41 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--image-size={size!r}; allowed: integers >= {smallest} (smallest image side of "
                          f"{', '.join(needs)})")
     return names
+
+
+def _check_protocol(args: argparse.Namespace) -> None:
+    """The FL protocol's options (FedAvg's local optimiser, :class:`leakgym.fl.optim.LocalOptimizer`)."""
+    if args.update_kind not in ("gradient", "model_delta"):
+        raise ValueError(f"--update-kind={args.update_kind!r}; allowed: gradient, model_delta")
+    steps = args.local_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"--local-steps={steps!r}; allowed: integers >= 1")
+    if not (args.local_lr > 0 and math.isfinite(args.local_lr)):
+        raise ValueError(f"--local-lr={args.local_lr!r}; allowed range (0, inf)")
+    try:
+        optimizer = protocol_optimizer(args)
+    except ValueError as exc:
+        raise ValueError(f"--{str(exc).replace('_', '-')}") from None
+    if args.update_kind == "gradient" and (steps != 1 or optimizer is not None):
+        raise ValueError(f"--local-steps={steps} / --local-optimizer={args.local_optimizer} (momentum "
+                         f"{args.local_momentum}, weight decay {args.local_weight_decay}) need --update-kind "
+                         "model_delta (FedSGD shares one gradient)")
+
+
+def protocol_optimizer(args: argparse.Namespace):
+    """The run's FedAvg local optimiser (None: plain SGD)."""
+    from leakgym.fl.optim import LocalOptimizer
+
+    opt = LocalOptimizer(args.local_optimizer, momentum=args.local_momentum, weight_decay=args.local_weight_decay)
+    return None if opt.plain else opt
+
+
+def protocol_label(settings: dict) -> str:
+    """E.g. ``FedSGD`` or ``FedAvg (5 local steps, adam lr 0.001)``."""
+    if settings.get("update_kind", "gradient") == "gradient":
+        return "FedSGD"
+    opt = settings.get("local_optimizer_label", "sgd")
+    return f"FedAvg ({settings['local_steps']} local steps, {opt} lr {settings['local_lr']:g})"
 
 
 def plan(names: list[str], args: argparse.Namespace) -> list[tuple[str, Setup]]:
@@ -298,6 +375,9 @@ def _setting(cfg) -> str:
     default = DefenseConfig()
     base = default.to_dict()
     parts = [f"{name}={value}" for name, value in cfg.to_dict().items() if value != base[name]]
+    if cfg.censor_trials and cfg.censor_fallback == base["censor_fallback"]:
+        # the fallback decides what CENSOR sends when no trial improves: always named (issue 36)
+        parts.append(f"censor_fallback={cfg.censor_fallback}")
     return ", ".join(parts) if parts else "-"
 
 
@@ -322,9 +402,12 @@ def split_on(split, device: str | torch.device):
 
 
 def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
-                setup: Setup | None = None) -> tuple[dict, list]:
+                setup: Setup | None = None, *, all_clients: bool | None = None, seed: int | None = None,
+                probe: bool = True) -> tuple[dict, list]:
     """Train under one defense on ``setup`` (default: the row's setup in :func:`plan`) on ``args.device``;
-    returns (record without leakage, attack problems)."""
+    returns (record without leakage, attack problems). ``all_clients``: every client defends (default:
+    ``args.all_clients``); ``seed``: the run's seed (default ``args.seed``); ``probe``: collect the victim's
+    updates for the attacks."""
     from tqdm import tqdm
 
     from leakgym.attacks.base import AttackerKnowledge
@@ -337,15 +420,20 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
     split = split_on(split, device)
     spec = split.spec
     cfg = _row_config(name)
+    all_clients = bool(args.all_clients) if all_clients is None else all_clients
+    run_seed = args.seed if seed is None else seed
+    kind, steps, local_lr = args.update_kind, args.local_steps, args.local_lr
+    optimizer = protocol_optimizer(args)
+    protocol = {"update_kind": kind, "local_steps": steps, "local_lr": local_lr, "optimizer": optimizer}
     if setup is None:
         setup = dict(plan([name], args))[name]
-    model = build_model(setup.model, spec, precode=setup.precode, width=setup.width, seed=args.seed, device=device)
+    model = build_model(setup.model, spec, precode=setup.precode, width=setup.width, seed=run_seed, device=device)
     test_x, test_y = split.test_x, split.test_y
     if args.eval_size is not None:
         test_x, test_y = test_x[: args.eval_size], test_y[: args.eval_size]
     server = Server(model, lr=setup.lr, eval_x=spec.normalize(test_x), eval_y=test_y)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    probe_rounds = set(attack_rounds(args.rounds, args.attack_rounds))
+    gen = torch.Generator(device=device).manual_seed(run_seed)
+    probe_rounds = set(attack_rounds(args.rounds, args.attack_rounds)) if probe else set()
     overheads, fidelities, curve, problems = [], [], [], []
     start = time.perf_counter()
     desc = f"{name} [{setup.label(args.lr)}]"
@@ -355,15 +443,15 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
             size = args.victim_batch if k == 0 else args.batch_size
             idx = torch.randperm(len(cx), generator=gen, device=device)[: min(size, len(cx))]
             x, y = spec.normalize(cx[idx]), cy[idx]
-            seed = client_seed(args.seed, rnd, k)
-            if k == 0 or args.all_clients:
+            seed = client_seed(run_seed, rnd, k)
+            if k == 0 or all_clients:
                 upd, rep = apply_defense(model, x, y, cfg, seed=seed, public_x=split.public_x,
-                                         public_y=split.public_y)
+                                         public_y=split.public_y, **protocol)
                 if k == 0:
                     overheads.append(rep.overhead_s)
                     fidelities.append(rep.fidelity)
             else:
-                upd = compute_update(model, x, y)
+                upd = compute_update(model, x, y, kind=kind, local_steps=steps, local_lr=local_lr, optimizer=optimizer)
             if k == 0 and rnd in probe_rounds:
                 knowledge = AttackerKnowledge(model=copy.deepcopy(model), spec=spec, batch_size=upd.batch_size,
                                               labels=y.clone())
@@ -385,6 +473,8 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
         "precode": setup.precode,
         "model_label": setup.label(args.lr),
         "applied": cfg.active(),
+        "all_clients": all_clients,
+        "seed": run_seed,
         "accuracy": accuracy,
         "test_loss": loss,
         "accuracy_curve": curve,
@@ -393,6 +483,63 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
         "wall_s": wall,
     }
     return record, problems
+
+
+def _plain_sgd():
+    from leakgym.fl.optim import PLAIN_SGD
+
+    return PLAIN_SGD
+
+
+def utility_modes(args: argparse.Namespace) -> list[bool]:
+    """The accuracy runs of a row, as ``all_clients`` values, the first one's run measuring leakage."""
+    mode = "all" if args.all_clients else getattr(args, "utility", "both")
+    return {"victim": [False], "all": [True], "both": [False, True]}[mode]
+
+
+def _mean_se(values: list[float]) -> tuple[float, float | None]:
+    """Mean and standard error of the mean (sample standard deviation / sqrt(n); None for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var / len(values))
+
+
+def train_row(name: str, args: argparse.Namespace, split, progress: bool, setup: Setup) -> tuple[dict, list]:
+    """Every accuracy run of one row (:func:`utility_modes` x ``--seeds``) combined into one record:
+    ``accuracy`` / ``accuracy_se`` / ``accuracies`` of the first mode (the victim-only mode unless
+    ``--utility all``), ``accuracy_all`` / ``accuracy_all_se`` / ``accuracies_all`` of the every-client mode
+    (None when it is not run); leakage problems, fidelity, overhead and curve from the first run. A row
+    with no client-side defense (``none``, ``precode``) is the same run in both modes: trained once."""
+    modes = utility_modes(args)
+    seeds = [args.seed + i for i in range(args.seeds)]
+    client_side = bool(_row_config(name).active())
+    runs: dict[bool, list[dict]] = {}
+    first, problems = None, []
+    for all_clients in modes:
+        if all_clients and False in runs and not client_side:
+            runs[True] = runs[False]
+            continue
+        runs[all_clients] = []
+        for seed in seeds:
+            record, probs = run_defense(name, args, split, progress, setup, all_clients=all_clients, seed=seed,
+                                        probe=first is None)
+            if first is None:
+                first, problems = record, probs
+            runs[all_clients].append(record)
+    out = dict(first)
+    primary = runs[modes[0]]
+    out["accuracy"], out["accuracy_se"] = _mean_se([r["accuracy"] for r in primary])
+    out["test_loss"] = sum(r["test_loss"] for r in primary) / len(primary)
+    out["accuracies"] = [r["accuracy"] for r in primary]
+    out["seeds"] = seeds
+    out["wall_s"] = sum(r["wall_s"] for rs in {id(v): v for v in runs.values()}.values() for r in rs)
+    every = runs.get(True)
+    out["accuracy_all"], out["accuracy_all_se"] = _mean_se([r["accuracy"] for r in every]) if every else (None, None)
+    out["accuracies_all"] = [r["accuracy"] for r in every] if every else None
+    out["all_clients"] = modes == [True]
+    return out, problems
 
 
 def attack_all(problems: list, args: argparse.Namespace, spec) -> list[dict]:
@@ -422,10 +569,15 @@ def add_baselines(records: list[dict]) -> None:
         j = baseline_index(records, i)
         if j is None:
             r["baseline"], r["delta_acc"] = None, None
+            if "accuracy_all" in r:
+                r["delta_acc_all"] = None
         else:
             ref = records[j]
             r["baseline"] = {"defense": ref["defense"], "model": ref["model"], "width": ref["width"], "lr": ref["lr"]}
             r["delta_acc"] = 100 * (r["accuracy"] - ref["accuracy"])
+            if "accuracy_all" in r:
+                both = r["accuracy_all"] is not None and ref.get("accuracy_all") is not None
+                r["delta_acc_all"] = 100 * (r["accuracy_all"] - ref["accuracy_all"]) if both else None
 
 
 def _num(value, spec: str) -> str:
@@ -435,41 +587,63 @@ def _num(value, spec: str) -> str:
     return format(value, spec)
 
 
+def _percent(value, se) -> str:
+    """``97.5%``, or ``97.5 ± 0.3%`` with a standard error; ``-`` when missing."""
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}%" if se is None else f"{100 * value:.1f} ± {100 * se:.1f}%"
+
+
 def markdown_table(records: list[dict], settings: dict) -> str:
     """The results as a markdown table (accuracy and leakage next to no defense on the same model); a
     missing or non-finite number shows ``-``."""
     add_baselines(records)
     who = "every client" if settings["all_clients"] else "the victim (client 0) only"
+    both = settings.get("utility") == "both" and not settings["all_clients"]
+    if both:
+        who = ("the victim (client 0) only in `accuracy` (and leakage), by every client in `accuracy (all)`, "
+               "the utility mode of the defense's full cost")
+    seeds = settings.get("seeds", 1)
     pre = settings.get("precode_model")
+    server = f"server lr {settings['lr']}" if settings.get("update_kind", "gradient") == "gradient" else "server step 1"
     header = (
-        f"Digits {settings['image_size']}x{settings['image_size']}, FedSGD {settings['rounds']} rounds, "
-        f"{settings['clients']} clients (batch {settings['batch_size']}, victim batch {settings['victim_batch']}); "
-        f"defense applied by {who}. Model column: rows train {settings['model']} with server lr "
-        f"{settings['lr']}")
+        f"Digits {settings['image_size']}x{settings['image_size']}, {protocol_label(settings)} {settings['rounds']} "
+        f"rounds, {settings['clients']} clients (batch {settings['batch_size']}, victim batch "
+        f"{settings['victim_batch']}); defense applied by {who}."
+        + (f" Accuracy: mean ± standard error over {seeds} seeds {settings.get('seed_list')}." if seeds > 1 else "")
+        + f" Model column: rows train {settings['model']} with {server}")
     if pre is not None:
         width = settings.get("precode_width") or "class default"
-        header += (f"; the PRECODE/PPP rows train {pre} (width {width}) with a PRECODE bottleneck and server lr "
-                   f"{settings['precode_lr']}, next to an undefended {pre} row with the same lr")
+        header += (f"; the PRECODE/PPP rows train {pre} (width {width}) with a PRECODE bottleneck and "
+                   + (f"server lr {settings['precode_lr']}" if server != "server step 1" else "server step 1")
+                   + f", next to an undefended {pre} row with the same lr")
     header += (". Δ acc: accuracy points against the `none` row of the same model and lr. "
                f"Leakage: Inverting Gradients on all layers ({settings['attack_iterations']} iterations, labels "
                f"known) on the victim's update at rounds {settings['attack_rounds']}; SSIM/PSNR lower = less "
                "leakage.")
     if settings.get("device") is not None:  # (results written before the device was recorded have none)
         header += f" Device: {settings['device']}."
+    extra_head, extra_rule = (" accuracy (all) | Δ acc (all) |", "---:|---:|") if both else ("", "")
     lines = [
         header,
         "",
-        "| defense | model | setting | accuracy | Δ acc | SSIM ↓ | PSNR ↓ | fidelity | overhead ms/update |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| defense | model | setting | accuracy | Δ acc |{extra_head} SSIM ↓ | PSNR ↓ | fidelity | overhead ms/update |",
+        f"|---|---|---|---:|---:|{extra_rule}---:|---:|---:|---:|",
     ]
     for r in records:
         if "error" in r:
-            lines.append(f"| {r['defense']} | {r.get('model_label', '')} | error: {r['error']} | | | | | | |")
+            blanks = " | | | | | |" + (" | |" if both else "")
+            lines.append(f"| {r['defense']} | {r.get('model_label', '')} | error: {r['error']}{blanks}")
             continue
         delta = "" if r["delta_acc"] is None else _num(r["delta_acc"], "+.1f")
         setting = r["setting"] + (" (bench: fewer steps)" if r["bench_override"] else "")
+        extra = ""
+        if both:
+            delta_all = "" if r.get("delta_acc_all") is None else _num(r["delta_acc_all"], "+.1f")
+            extra = f" {_percent(r.get('accuracy_all'), r.get('accuracy_all_se'))} | {delta_all} |"
         lines.append(
-            f"| {r['defense']} | {r['model_label']} | {setting} | {100 * r['accuracy']:.1f}% | {delta} | "
+            f"| {r['defense']} | {r['model_label']} | {setting} | {_percent(r['accuracy'], r.get('accuracy_se'))} | "
+            f"{delta} |{extra} "
             f"{_num(r.get('ssim'), '.3f')} | {_num(r.get('psnr'), '.2f')} | {_num(r['fidelity'], '.3f')} | "
             f"{_num(r['overhead_ms'], '.1f')} |"
         )
@@ -517,6 +691,11 @@ def main(args: argparse.Namespace) -> int:
         "clients": args.clients, "batch_size": args.batch_size, "victim_batch": args.victim_batch,
         "lr": args.lr, "precode_model": args.precode_model, "precode_width": args.precode_width or None,
         "precode_lr": args.precode_lr, "all_clients": bool(args.all_clients), "seed": args.seed,
+        "utility": "all" if args.all_clients else args.utility, "seeds": args.seeds,
+        "seed_list": [args.seed + i for i in range(args.seeds)], "update_kind": args.update_kind,
+        "local_steps": args.local_steps, "local_lr": args.local_lr, "local_optimizer": args.local_optimizer,
+        "local_momentum": args.local_momentum, "local_weight_decay": args.local_weight_decay,
+        "local_optimizer_label": (protocol_optimizer(args) or _plain_sgd()).describe(),
         "attack": "inverting-gradients", "attack_iterations": args.attack_iterations,
         "attack_rounds": attack_rounds(args.rounds, args.attack_rounds), "bench_overrides": BENCH_OVERRIDES,
         "device": device_label(device),
@@ -529,7 +708,7 @@ def main(args: argparse.Namespace) -> int:
             for name, setup in rows_plan:
                 label = setup.label(args.lr)
                 try:
-                    record, probs = run_defense(name, args, split, progress, setup)
+                    record, probs = train_row(name, args, split, progress, setup)
                 except Exception as err:  # noqa: BLE001 - keep the other rows; the failure is in the table and exit code
                     failed = True
                     bar.write(f"defense {name!r} [{label}] failed: {type(err).__name__}: {err}", file=sys.stderr)
@@ -539,7 +718,10 @@ def main(args: argparse.Namespace) -> int:
                 else:
                     records.append(record)
                     problems.extend((len(records) - 1, rnd, upd, kn, orig) for rnd, upd, kn, orig in probs)
-                    bar.write(f"{name:>14s} [{label}]: accuracy {100 * record['accuracy']:.1f}%  "
+                    every = record.get("accuracy_all")
+                    bar.write(f"{name:>14s} [{label}]: accuracy {_percent(record['accuracy'], record['accuracy_se'])}"
+                              + ("" if every is None or record["all_clients"] else
+                                 f", every client defending {_percent(every, record['accuracy_all_se'])}") + "  "
                               f"wall {record['wall_s']:.1f}s", file=sys.stderr)
                 write_results(records, settings, json_path, md_path, complete=False)
                 bar.update()

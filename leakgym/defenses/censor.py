@@ -39,12 +39,14 @@ Subspace (``subspace``, config field ``censor_subspace``):
 Fallback when no trial lowers the loss (``fallback``, config field ``censor_fallback``):
 
 * ``"original"`` — Algorithm 1 line 11 as written: ``G*`` starts as ``G0``, so the client sends its
-  *original* gradient. This is the paper's setting (preset ``censor-paper``), but it sends exactly
-  what CENSOR exists to hide (the paper's own §I: "we will not inadvertently return the original
-  gradients").
-* ``"zeros"`` — ``G*`` starts as zeros: the client sends an all-zero update. The library default
-  (the previous issue asked never to leak the original gradient), kept so that existing games do
-  not change.
+  *original* gradient. The paper's setting and the library default (issue 36: the default is the
+  algorithm as published; until then it was ``"zeros"``). It sends exactly what CENSOR exists to
+  hide (the paper's own §I: "we will not inadvertently return the original gradients"), in the
+  rounds where no trial improves.
+* ``"zeros"`` — ``G*`` starts as zeros: the client sends an all-zero update (preset ``censor-zeros``;
+  the default before issue 36). A deviation from the paper: it never leaks the original gradient,
+  but a client whose trials keep failing stops contributing -- measured on digits LeNet, FedSGD,
+  every client defending: the model stays near chance (``docs/results/bench_defenses.md``).
 * ``"skip"`` — the client sends no update this round: the step uses zeros and the pipeline marks
   the shared update ``metadata["skipped"] = True`` (tensors all zero); the server leaves it out of
   the aggregate (:meth:`leakgym.fl.server.Server.aggregate`).
@@ -240,7 +242,7 @@ def censor_gradient(
     trials: int,
     step: float,
     generator: torch.Generator,
-    fallback: str = "zeros",
+    fallback: str = "original",
     subspace: str = "layer",
 ) -> tuple[Update, dict]:
     """Algorithm 1 LOCAL_UPDATE: the best of ``trials`` orthogonal candidates, or the fallback.
@@ -252,7 +254,7 @@ def censor_gradient(
         trials: ``T``.
         step: the trial step size ``eta`` of line 15.
         generator: source of the Gaussian samples (draws happen on its device).
-        fallback: ``"zeros"``, ``"original"`` (line 11) or ``"skip"`` (see the module docstring).
+        fallback: ``"original"`` (line 11, the default), ``"zeros"`` or ``"skip"`` (see the module docstring).
         subspace: ``"layer"`` (Eq. 12) or ``"samples"`` (Eq. 11).
 
     Returns:
@@ -353,7 +355,7 @@ def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequ
             raise ValueError(f"client {i}'s model or subspace is not client 0's batchable kind; use censor_gradient")
         if tuple(x.shape[1:]) != tuple(xs[0].shape[1:]):
             raise ValueError(f"client {i} has images {tuple(x.shape[1:])}; client 0 has {tuple(xs[0].shape[1:])}")
-        _check(s["trials"], s["step"], s.get("fallback", "zeros"), s.get("subspace", "layer"))
+        _check(s["trials"], s["step"], s.get("fallback", "original"), s.get("subspace", "layer"))
     device = xs[0].device
     names = [n for n, _ in models[0].named_parameters()]
     sets: dict[str, list[Tensor]] = {n: [] for n in names}  # the parameter sets, client after client
@@ -402,7 +404,7 @@ def censor_gradients(models: Sequence[nn.Module], xs: Sequence[Tensor], ys: Sequ
     for grad, s, cands, c in zip(grads, settings, candidates, counts):
         mine = losses[first:first + c]
         first += c
-        out.append(_choose(grad, cands, mine[0], mine[1:], s.get("fallback", "zeros"), "layer"))
+        out.append(_choose(grad, cands, mine[0], mine[1:], s.get("fallback", "original"), "layer"))
     return out
 
 
@@ -421,8 +423,8 @@ class Censor(GroupedStepDefense):
         int_field("censor_trials", 0, "CENSOR number of trials T of Algorithm 1; 0 off (paper: 20)."),
         real_field("censor_step", 0.1, "CENSOR trial step size eta of Algorithm 1 line 15 (paper's FL learning "
                    "rate: 0.1).", low_open=True, high=CENSOR_STEP_MAX),
-        choice_field("censor_fallback", "zeros", "CENSOR when no trial lowers the loss: send 'zeros', the "
-                     "'original' gradient (Algorithm 1 line 11, paper) or 'skip' the round.", FALLBACKS),
+        choice_field("censor_fallback", "original", "CENSOR when no trial lowers the loss: send the 'original' "
+                     "gradient (Algorithm 1 line 11, the paper's; default), 'zeros' or 'skip' the round.", FALLBACKS),
         choice_field("censor_subspace", "layer", "CENSOR candidates orthogonal to each 'layer' of the batch gradient "
                      "(Algorithm 1) or to every example's gradient, 'samples' (Eq. 11).", SUBSPACES),
     )

@@ -24,8 +24,9 @@ Defaults of the parameters that only matter once a defense is switched on follow
   value calibrated for LeakGym's extractor (see :mod:`leakgym.defenses.loda`).
 * CENSOR (Algorithm 1): ``T = 20`` trials is what the paper calls "usually sufficient" (§IV-B);
   the trial step is the FL learning rate eta, 0.1 in its experiments (§V-E). The default fallback
-  is ``"zeros"`` (see :mod:`leakgym.defenses.censor`); preset ``censor-paper`` is Algorithm 1 as
-  written (fallback to the original gradient, line 11).
+  is Algorithm 1 as written, ``"original"`` (line 11: the original gradient when no trial lowers the
+  loss; ``"zeros"`` until issue 36, now preset ``censor-zeros``, see :mod:`leakgym.defenses.censor`);
+  presets ``censor`` and ``censor-paper`` are Algorithm 1 as written.
 * PPP (Scheliga et al., §5.2): NG with sigma in {1e-3, 1e-2, 1e-1, 0.5} (NG3, NG2, NG1, NG05) or
   GC with pruning ratio in {0.9, 0.99} (GC90, GC99), on the layers before the PRECODE bottleneck.
 * OASIS (Jeter et al., §IV-A): see :mod:`leakgym.defenses.oasis` for the bit mask.
@@ -191,7 +192,9 @@ def _presets() -> dict[str, DefenseConfig]:
         "PPP-NG05": d(ppp="ng", ppp_sigma=0.5),
         "PPP-GC90": d(ppp="gc", ppp_prune=0.9),
         "PPP-GC99": d(ppp="gc", ppp_prune=0.99),
-        "censor": d(censor_trials=20, censor_step=0.1),
+        "censor": d(censor_trials=20, censor_step=0.1, censor_fallback="original"),
+        # The pre-issue-36 default: an all-zero update when no trial improves (never the original gradient).
+        "censor-zeros": d(censor_trials=20, censor_step=0.1, censor_fallback="zeros"),
         # Algorithm 1 as written: layer-wise projection, the original gradient when no trial improves.
         "censor-paper": d(censor_trials=20, censor_step=0.1, censor_fallback="original", censor_subspace="layer"),
         "oasis": d(oasis=1 | 4),              # major rotation + shear, the paper's strongest combination

@@ -22,9 +22,18 @@ Deviations, and why:
   "first five" and runs on a CPU; ``arch="resnet18"`` gives the paper's architecture.
 * The extractor is trained with Adam (lr 1e-3, batch 32, ``epochs`` epochs) and cached on disk;
   the paper does not state its training recipe. It is trained once per dataset ("once for all",
-  LODA §1) with the fixed seed :data:`LODA_EXTRACTOR_SEED`; the *start images* (Algorithm 1 line 3)
-  are drawn from the round's own generator, so they differ between batches, rounds, clients and
-  games and are reproducible from the round's seed.
+  LODA §1) with the fixed seed :data:`LODA_EXTRACTOR_SEED`.
+* **Deviation, by default: obscured every round.** The paper obscures each private image *once*
+  ("once for all", §1: the obscured data replace the private data for the whole training); with
+  ``loda_mode="per-round"`` (the default, kept so that existing games do not change) every batch is
+  obscured anew each round, from start images (Algorithm 1 line 3) drawn from the round's own
+  generator -- so an image shared twice is obscured twice from different starts, and an attacker
+  sees several obscured versions of it. ``loda_mode="once"`` is the paper's protocol (and the one
+  ``leakgym reproduce loda`` uses): ``E(x*)`` is a function of the image alone -- its start image is
+  picked by a hash of the image's bytes, not by the round's generator -- computed the first time the
+  image is shared and remembered (an in-process memo of at most :data:`ONCE_MEMO_IMAGES` images;
+  an image that fell out of it is obscured again from the same start, to the same result up to the
+  rounding of the extractor's kernels at another batch size).
 * Units. LeakGym's images are normalised model inputs ``(x_unit - mean) / std``; the paper (and its
   code) works on [0, 1] images. The step ``tau`` is applied in image units, as in Algorithm 1: every
   step moves the [0, 1] image by ``tau`` in L2 (an earlier version took the step in normalised units:
@@ -92,9 +101,11 @@ import torch
 from torch import Tensor, nn
 
 from leakgym.data.spec import DatasetSpec
-from leakgym.defenses.registry import DefenseContext, InputDefense, int_field, real_field
+from leakgym.defenses.registry import DefenseContext, InputDefense, choice_field, int_field, real_field
 from leakgym.models import build_model
 
+#: ``loda_mode``: obscure every round (the default, a deviation) or each image once (the paper's).
+LODA_MODES = ("per-round", "once")
 #: Seed of the feature extractor, trained once per dataset and cached (not the start-image draw).
 LODA_EXTRACTOR_SEED = 0
 #: ``c`` calibrated for the default extractor on digits (module docstring; the paper's LODA1: 20).
@@ -106,6 +117,9 @@ EXTRACTOR_CONV_LAYERS = 8
 """Convolutional layers of the default extractor (``DEFAULT_ARCH``): the most ``loda_layers`` can take
 (the registered field's bound, checked when a configuration is built, not after the extractor trained)."""
 DEFAULT_EPOCHS = 20
+#: Largest number of obscured images ``loda_mode="once"`` remembers per process (oldest first out): ~100 MB
+#: of 32x32 RGB float32 images.
+ONCE_MEMO_IMAGES = 8192
 #: Extractor training hyper-parameters (not given in the paper).
 TRAIN_LR = 1e-3
 TRAIN_BATCH = 32
@@ -338,6 +352,7 @@ def loda_obscure(
     epochs: int = DEFAULT_EPOCHS,
     arch: str = DEFAULT_ARCH,
     width: int | None = DEFAULT_WIDTH,
+    once: bool = False,
 ) -> tuple[Tensor, dict]:
     """Obscure a batch with LODA (Eq. 4, Algorithm 1); labels are kept.
 
@@ -355,6 +370,8 @@ def loda_obscure(
         generator: source of the start-image draw (Algorithm 1 line 3), drawn on its device;
             ``None``: a CPU generator seeded with ``seed`` (the same starts for every call).
         cache_dir: extractor cache (default :func:`default_cache_dir`).
+        once: obscure each image once for all rounds (the paper's protocol, see :func:`loda_obscure_many`);
+            ``generator`` is then not drawn from.
 
     Returns:
         ``(x_obscured, details)``; details has ``feature_distance`` / ``pixel_distance`` (mean per
@@ -366,7 +383,7 @@ def loda_obscure(
                                        public_x=public_x, public_y=public_y, seed=seed,
                                        generators=[torch.Generator().manual_seed(seed) if generator is None
                                                    else generator],
-                                       cache_dir=cache_dir, epochs=epochs, arch=arch, width=width)
+                                       cache_dir=cache_dir, epochs=epochs, arch=arch, width=width, once=once)
     return xo, details
 
 
@@ -387,12 +404,18 @@ def loda_obscure_many(
     epochs: int = DEFAULT_EPOCHS,
     arch: str = DEFAULT_ARCH,
     width: int | None = DEFAULT_WIDTH,
+    once: bool = False,
 ) -> list[tuple[Tensor, dict]]:
     """:func:`loda_obscure` of several clients' batches that share the dataset, the public split (so
     the extractor) and the settings: each client's start images drawn from its own generator, every
     image of every client obscured in one run of Algorithm 1 (:func:`obscure`: each image's objective
     and normalised step are its own, so this is each client's own result, to the rounding of the
-    extractor's kernels at another batch size). Returns ``(x_obscured, details)`` per client."""
+    extractor's kernels at another batch size). Returns ``(x_obscured, details)`` per client.
+
+    ``once``: the paper's "once for all" (module docstring): every image's start is picked by a hash of
+    its bytes (the generators are not drawn from), and an image obscured before with the same settings,
+    dataset and public split is taken from the memo instead of being obscured again (``details``:
+    ``memo_hits``, the images of the batch that were)."""
     for x, y in zip(xs, ys):
         if x.ndim != 4 or tuple(x.shape[1:]) != spec.shape:
             raise ValueError(f"x must be (B, {', '.join(map(str, spec.shape))}); got {tuple(x.shape)}")
@@ -411,14 +434,40 @@ def loda_obscure_many(
         spec, public_x, public_y, seed=seed, cache_dir=cache_dir, epochs=epochs, arch=arch, width=width
     )
     g = LayerFeatures(extractor, layers)
-    picks = [torch.randint(0, public_x.shape[0], (x.shape[0],), generator=gen, device=gen.device).to(public_x.device)
-             for x, gen in zip(xs, generators)]
+    if once:  # the start image is a function of the image: E(x*) depends on x* alone
+        picks = [torch.tensor([_image_hash(im) % public_x.shape[0] for im in x], dtype=torch.int64,
+                              device=public_x.device) for x in xs]
+    else:
+        picks = [torch.randint(0, public_x.shape[0], (x.shape[0],), generator=gen, device=gen.device).to(
+            public_x.device) for x, gen in zip(xs, generators)]
     x = torch.cat(list(xs))
     x0 = public_x[torch.cat(picks)].to(x)
     lo, hi = spec.unit_bounds(x)
     x0 = torch.max(torch.min(x0, hi), lo)
     std = torch.tensor(spec.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    xp, objective = _obscure_images(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi, pixel_scale=std)
+    hits = [False] * x.shape[0]
+    if once:
+        setting = (c, steps, lr, str(layers), spec, seed, epochs, arch, width, _fingerprint(public_x, public_y),
+                   x.dtype, str(x.device))
+        keys = [(setting, _image_hash(im)) for im in x]
+        hits = [k in _ONCE_MEMO for k in keys]
+        todo = [i for i, hit in enumerate(hits) if not hit]
+        xp = torch.empty_like(x)
+        objective = torch.zeros(steps, x.shape[0], dtype=torch.float64, device=x.device)
+        if todo:
+            index = torch.tensor(todo, device=x.device)
+            fresh, obj = _obscure_images(x[index], g, x0[index], c=c, steps=steps, lr=lr, lo=lo, hi=hi,
+                                         pixel_scale=std)
+            xp[index], objective[:, index] = fresh, obj
+            for i, im in zip(todo, fresh):
+                _ONCE_MEMO[keys[i]] = im.detach().clone()
+            while len(_ONCE_MEMO) > ONCE_MEMO_IMAGES:
+                _ONCE_MEMO.pop(next(iter(_ONCE_MEMO)))
+        for i, hit in enumerate(hits):
+            if hit:
+                xp[i] = _ONCE_MEMO[keys[i]]
+    else:
+        xp, objective = _obscure_images(x, g, x0, c=c, steps=steps, lr=lr, lo=lo, hi=hi, pixel_scale=std)
     with torch.no_grad():
 
         def distances(z: Tensor) -> tuple[Tensor, Tensor]:
@@ -444,8 +493,19 @@ def loda_obscure_many(
             "objective": objective[:, mine].mean(dim=1).tolist(),
             "start_indices": pick,
             "extractor_cached": cached,
+            **({"memo_hits": sum(hits[mine])} if once else {}),
         }))
     return out
+
+
+#: ``loda_mode="once"``: (settings, image hash) -> the obscured image (insertion order: oldest first).
+_ONCE_MEMO: dict[tuple, Tensor] = {}
+
+
+def _image_hash(image: Tensor) -> int:
+    """A 64-bit hash of an image's bytes (its dtype's), the same on every device and in every process."""
+    data = image.detach().to("cpu").contiguous().numpy().tobytes()
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
 
 
 #: Upper bound of ``loda_c`` (the paper's is 20, the calibrated 9): far beyond any useful value (at ``c = 20``
@@ -466,6 +526,8 @@ class Loda(InputDefense):
         real_field("loda_lr", 0.1, "LODA step size tau: L2 step of the [0, 1] image (paper: 0.1).", low_open=True),
         int_field("loda_layers", 5, "LODA feature extractor g: output of the first ``loda_layers`` convolutional "
                   "layers (paper LODA1: 5).", low=1, high=EXTRACTOR_CONV_LAYERS),
+        choice_field("loda_mode", "per-round", "LODA: obscure every batch anew each round ('per-round', a "
+                     "deviation) or each image once for all training ('once', the paper's).", LODA_MODES),
     )
 
     def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:
@@ -474,7 +536,7 @@ class Loda(InputDefense):
             raise ValueError("LODA needs the public split: pass public_x and public_y to apply_defense")
         xo, info = loda_obscure(x, y, spec=ctx.spec, c=c.loda_c, steps=c.loda_steps, lr=c.loda_lr,
                                 layers=c.loda_layers, public_x=ctx.public_x, public_y=ctx.public_y,
-                                seed=LODA_EXTRACTOR_SEED, generator=ctx.generator)
+                                seed=LODA_EXTRACTOR_SEED, generator=ctx.generator, once=c.loda_mode == "once")
         return xo, y, info
 
     def apply_many(self, ctxs: Sequence[DefenseContext], xs: Sequence[Tensor],
@@ -497,7 +559,7 @@ class Loda(InputDefense):
             results = loda_obscure_many(
                 [xs[i] for i in members], [ys[i] for i in members], spec=lead.spec, c=c.loda_c, steps=c.loda_steps,
                 lr=c.loda_lr, layers=c.loda_layers, public_x=lead.public_x, public_y=lead.public_y,
-                seed=LODA_EXTRACTOR_SEED, generators=[ctxs[i].generator for i in members])
+                seed=LODA_EXTRACTOR_SEED, generators=[ctxs[i].generator for i in members], once=c.loda_mode == "once")
             for i, (xo, info) in zip(members, results):
                 out[i] = (xo, ys[i], info)
         return out
@@ -509,7 +571,7 @@ class Loda(InputDefense):
 
 def _same_extractor_and_settings(a: DefenseContext, b: DefenseContext) -> bool:
     """Whether two clients' LODA runs can be one: equal settings, dataset, device and public split."""
-    fields = ("loda_c", "loda_steps", "loda_lr", "loda_layers")
+    fields = ("loda_c", "loda_steps", "loda_lr", "loda_layers", "loda_mode")
     return (all(getattr(a.config, f) == getattr(b.config, f) for f in fields) and a.spec == b.spec
             and a.device == b.device and a.public_x.shape == b.public_x.shape and a.public_y.shape == b.public_y.shape
             and bool(torch.equal(a.public_x, b.public_x)) and bool(torch.equal(a.public_y, b.public_y)))

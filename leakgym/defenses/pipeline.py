@@ -72,6 +72,7 @@ from leakgym.defenses.registry import (
     seeded_global_rng,
 )
 from leakgym.fl.client import LocalTraining, compute_update, compute_updates
+from leakgym.fl.optim import LocalOptimizer
 from leakgym.fl.update import SharedUpdate, UpdateKind, cosine_similarity
 
 __all__ = ["DefenseCall", "DefenseReport", "apply_defense", "apply_defense_many", "derived_generator"]
@@ -112,6 +113,7 @@ def apply_defense(
     public_y: Tensor | None = None,
     clean: SharedUpdate | None = None,
     clean_seconds: float = 0.0,
+    optimizer: LocalOptimizer | None = None,
 ) -> tuple[SharedUpdate, DefenseReport]:
     """Compute the update a defended client shares (see the module docstring for the order).
 
@@ -130,6 +132,8 @@ def apply_defense(
             ``compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr)``
             returns, e.g. for all games of a vector step at once (:mod:`leakgym.fl.batched`); it is not
             modified. ``clean_seconds``: the time it took (this client's share), for ``overhead_s``.
+        optimizer: FedAvg's local optimiser (:class:`leakgym.fl.optim.LocalOptimizer`; None: plain SGD),
+            used for the clean and the defended training alike.
 
     Without input-side or step defenses the defended update *is* the clean update, post-processed by
     the update-side defenses: it is not computed a second time.
@@ -139,7 +143,7 @@ def apply_defense(
     """
     return apply_defense_many([DefenseCall(
         model, x, y, config, update_kind=update_kind, local_steps=local_steps, local_lr=local_lr, seed=seed,
-        public_x=public_x, public_y=public_y, clean=clean, clean_seconds=clean_seconds)])[0]
+        public_x=public_x, public_y=public_y, clean=clean, clean_seconds=clean_seconds, optimizer=optimizer)])[0]
 
 
 @dataclass
@@ -158,6 +162,7 @@ class DefenseCall:
     public_y: Tensor | None = None
     clean: SharedUpdate | None = None
     clean_seconds: float = 0.0
+    optimizer: LocalOptimizer | None = None
 
 
 @dataclass
@@ -237,7 +242,8 @@ def _begin(call: DefenseCall) -> _Client:
     if clean is None:
         t0 = time.perf_counter()
         with seeded_global_rng(seed, device):
-            clean = compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr)
+            clean = compute_update(model, x, y, kind=update_kind, local_steps=local_steps, local_lr=local_lr,
+                                   optimizer=call.optimizer)
         t_clean = time.perf_counter() - t0
     else:
         trained = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -330,7 +336,8 @@ def _train(clients: list[_Client], batch_defenses: bool = True) -> None:
         return grads
 
     jobs = [LocalTraining(c.call.model, c.x_in, c.y_in, kind=c.call.update_kind, local_steps=c.call.local_steps,
-                          local_lr=c.call.local_lr, batch_size=int(c.call.x.shape[0]), rng=stream)
+                          local_lr=c.call.local_lr, batch_size=int(c.call.x.shape[0]), rng=stream,
+                          optimizer=c.call.optimizer)
             for c, stream in zip(training, streams)]
     t0 = time.perf_counter()
     updates = compute_updates(jobs, transform if step_defenses else None, batched=batch_defenses)

@@ -1,4 +1,5 @@
-"""PPP: PRECODE with Partial gradient Perturbation (Scheliga et al., 2022).
+"""PPP: PRECODE with Partial gradient Perturbation (Scheliga, Mäder & Seeland, "Combining Variational Modeling with
+Partial Gradient Perturbation to Prevent Deep Gradient Leakage", 2022; the copy in the papers folder names no venue).
 
 "Combining Variational Modeling with Partial Gradient Perturbation to Prevent Deep Gradient
 Leakage", §3.4: PRECODE's variational bottleneck already protects the gradients of every layer

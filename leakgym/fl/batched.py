@@ -8,7 +8,8 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
 * :func:`benign_updates` -- the ``N x K`` client updates as one ``torch.func.vmap`` (over games, with
   each game's parameters stacked) of a ``vmap`` (over clients) of ``torch.func.grad`` of
   :func:`leakgym.models.task_loss`: FedSGD gradients, or FedAvg model differences ``w_0 - w_E`` after
-  ``E`` local SGD steps unrolled functionally, and for BatchNorm models each client's running
+  ``E`` local steps of the clients' optimiser unrolled functionally (plain SGD, or
+  :meth:`leakgym.fl.optim.LocalOptimizer.step`: SGD with momentum / weight decay, Adam), and for BatchNorm models each client's running
   statistics after its training; :func:`client_updates` -- the same for one client per game (the
   victims' clean updates), as ``SharedUpdate`` objects. A plain layer stack (DLG's LeNet) skips vmap:
   its ``N x K`` clients are rows of :mod:`leakgym.models.rowwise`, each with its own copy of its game's
@@ -60,6 +61,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from leakgym.fl.bank import ModelBank
+from leakgym.fl.optim import PLAIN_SGD, LocalOptimizer
 from leakgym.fl.server import check_weights, correct_predictions
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, bn_eval_if_single, in_mode, task_loss
@@ -160,6 +162,7 @@ def benign_updates(
     local_steps: int = 1,
     local_lr: float = 0.1,
     buffers: dict[str, Tensor] | None = None,
+    optimizer: LocalOptimizer | None = None,
 ) -> ClientUpdates:
     """The updates of K clients in each of N games.
 
@@ -171,6 +174,9 @@ def benign_updates(
         kind, local_steps, local_lr: the update protocol, as in :func:`leakgym.fl.client.compute_update`.
         buffers: each game's BN running statistics, ``name -> (N, *shape)`` (:func:`stack_buffers`);
             required for models with BatchNorm.
+        optimizer: FedAvg's local optimiser (None: plain SGD), as in :func:`~leakgym.fl.client.compute_update`;
+            its update is :meth:`~leakgym.fl.optim.LocalOptimizer.step` (``torch.optim`` cannot run inside
+            ``vmap``), the formulas of the ``torch.optim`` class the plain client uses.
 
     Client ``(n, k)``'s update is ``compute_update(model_n, x[n, k], y[n, k], ...)`` computed in one
     vectorised call (equal to rounding, see the module docstring), its BN statistics included.
@@ -183,6 +189,12 @@ def benign_updates(
         raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
     if not (local_lr > 0 and math.isfinite(local_lr)):  # as compute_update checks it
         raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
+    opt = PLAIN_SGD if optimizer is None else optimizer
+    if not isinstance(opt, LocalOptimizer):
+        raise ValueError(  # noqa: TRY004 - the library's one error type for bad arguments (compute_update's)
+            f"optimizer={optimizer!r}; allowed: a leakgym.fl.optim.LocalOptimizer or None (plain SGD)")
+    if kind == "gradient" and not opt.plain:
+        raise ValueError(f"optimizer={opt.describe()!r} with kind='gradient'; allowed only with kind='model_delta'")
     if x.dim() != 6 or y.shape[:3] != x.shape[:3] or y.dim() not in (3, 4):
         raise ValueError(f"x must be (N, K, b, C, H, W) and y (N, K, b), or (N, K, b, classes) soft labels; got "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
@@ -200,7 +212,7 @@ def benign_updates(
     form = None if bns else RowwiseForward.of(model, b, tuple(x.shape[3:]))
     if form is not None:  # a plain layer stack (DLG's LeNet) and small batches: every client a row, no vmap
         return ClientUpdates(tensors=_rowwise_updates(form, params, frozen, x, y, kind=kind, local_steps=local_steps,
-                                                      local_lr=local_lr))
+                                                      local_lr=local_lr, optimizer=opt))
 
     def loss(p: dict[str, Tensor], bufs: dict[str, Tensor], xb: Tensor, yb: Tensor):
         if recorder is not None:
@@ -214,11 +226,11 @@ def benign_updates(
         if kind == "gradient":
             g, stats = step(p0, bufs, xb, yb)
             return g, (stats,)
-        p, all_stats = p0, []
-        for _ in range(local_steps):
+        p, all_stats, state = p0, [], opt.init(p0)
+        for t in range(local_steps):
             g, stats = step(p, bufs, xb, yb)
             all_stats.append(stats)
-            p = {n: p[n] - local_lr * g[n] for n in p}
+            p, state = opt.step(p, g, state, local_lr, t + 1)  # plain SGD: p - local_lr * g, as before
         return {n: p0[n] - p[n] for n in p0}, tuple(all_stats)
 
     game_buffers = buffers if (bns and single) else {}
@@ -243,7 +255,8 @@ def benign_updates(
 
 
 def _rowwise_updates(form: RowwiseForward, params: dict[str, Tensor], frozen: dict[str, Tensor], x: Tensor,
-                     y: Tensor, *, kind: str, local_steps: int, local_lr: float) -> dict[str, Tensor]:
+                     y: Tensor, *, kind: str, local_steps: int, local_lr: float,
+                     optimizer: LocalOptimizer = PLAIN_SGD) -> dict[str, Tensor]:
     """:func:`benign_updates` of a model in :mod:`leakgym.models.rowwise` form: client ``(n, k)`` is row
     ``n * K + k`` with its own copy of game ``n``'s parameters, and the gradient of the rows' summed
     losses is each client's own gradient (the same mathematics as the vmapped ``grad``, to rounding;
@@ -255,15 +268,19 @@ def _rowwise_updates(form: RowwiseForward, params: dict[str, Tensor], frozen: di
     fixed = {name: t.expand(rows, *t.shape) for name, t in frozen.items()}
     xs, ys = x.reshape(rows, *x.shape[2:]), y.reshape(rows, *y.shape[2:])
     form.rows = rows
-    current = start
+    current, state = start, optimizer.init(start)
     with torch.enable_grad():
-        for _ in range(local_steps):
+        for index in range(local_steps):
             leaves = {name: t.detach().requires_grad_(True) for name, t in current.items()}
             grads = torch.autograd.grad(form({**fixed, **leaves}, xs, ys).sum(), list(leaves.values()))
             if kind == "gradient":
                 current = dict(zip(leaves, grads))
                 break
-            current = {name: leaves[name].detach() - local_lr * g for name, g in zip(leaves, grads)}
+            if optimizer.plain:
+                current = {name: leaves[name].detach() - local_lr * g for name, g in zip(leaves, grads)}
+            else:  # every row its own client: the elementwise step of all rows at once
+                current, state = optimizer.step({name: t.detach() for name, t in leaves.items()},
+                                                dict(zip(leaves, grads)), state, local_lr, index + 1)
     out = current if kind == "gradient" else {name: start[name] - current[name] for name in start}
     return {name: t.reshape(n_games, k_clients, *t.shape[1:]) for name, t in out.items()}
 
@@ -277,6 +294,7 @@ def client_updates(
     local_steps: int = 1,
     local_lr: float = 0.1,
     signed: bool = False,
+    optimizer: LocalOptimizer | None = None,
 ) -> list[SharedUpdate]:
     """``compute_update(models[i], x[i], y[i], ...)`` for N clients of N games, as one vectorised call.
 
@@ -294,13 +312,13 @@ def client_updates(
     params = stack_parameters(models)
     buffers = stack_buffers(models) if _bn_layers(models[0]) else None
     out = benign_updates(models[0], params, torch.stack(list(x)).unsqueeze(1), torch.stack(list(y)).unsqueeze(1),
-                         kind=kind, local_steps=local_steps, local_lr=local_lr, buffers=buffers)
+                         kind=kind, local_steps=local_steps, local_lr=local_lr, buffers=buffers, optimizer=optimizer)
     return [unpack(out, i, 0, kind=kind, batch_size=int(x[i].shape[0]), local_steps=local_steps, local_lr=local_lr,
-                   model=m) for i, m in enumerate(models)]
+                   model=m, optimizer=optimizer) for i, m in enumerate(models)]
 
 
 def unpack(updates: ClientUpdates, game: int, client: int, *, kind: str, batch_size: int, local_steps: int,
-           local_lr: float, model: nn.Module | None = None) -> SharedUpdate:
+           local_lr: float, model: nn.Module | None = None, optimizer: LocalOptimizer | None = None) -> SharedUpdate:
     """Client ``client`` of game ``game`` out of :func:`benign_updates`' output, as the
     :class:`~leakgym.fl.update.SharedUpdate` that :func:`~leakgym.fl.client.compute_update` returns;
     ``model`` (the game's model) gives BN models their ``num_batches_tracked`` after the client's steps."""
@@ -312,9 +330,12 @@ def unpack(updates: ClientUpdates, game: int, client: int, *, kind: str, batch_s
             for n, b in model.named_buffers():
                 if not b.is_floating_point():
                     buffers[n] = b.detach() + (local_steps if trained else 0)
-    return SharedUpdate(tensors={n: t[game, client] for n, t in updates.tensors.items()}, kind=kind,
-                        batch_size=batch_size, local_steps=local_steps,
-                        local_lr=float(local_lr) if kind == "model_delta" else 0.0, buffers=buffers)
+    update = SharedUpdate(tensors={n: t[game, client] for n, t in updates.tensors.items()}, kind=kind,
+                          batch_size=batch_size, local_steps=local_steps,
+                          local_lr=float(local_lr) if kind == "model_delta" else 0.0, buffers=buffers)
+    if optimizer is not None and not optimizer.plain:  # as leakgym.fl.client.mark_optimizer
+        update.metadata["local_optimizer"] = optimizer.describe()
+    return update
 
 
 @torch.no_grad()

@@ -8,9 +8,13 @@ their running statistics when the batch holds a single example
 
 * FedSGD (``kind="gradient"``, McMahan et al. 2017): the shared tensors are
   ``g = grad_w L(w; x, y)``, the gradient of the batch-mean :func:`leakgym.models.task_loss`.
-* FedAvg (``kind="model_delta"``): ``E = local_steps`` full-batch SGD steps
-  ``w_{e+1} = w_e - lr * g_e`` on the same batch, and the shared tensors are ``w_0 - w_E``
-  (signed like a gradient, see :class:`~leakgym.fl.update.SharedUpdate`).
+* FedAvg (``kind="model_delta"``): ``E = local_steps`` full-batch steps of the local optimiser on the
+  same batch -- plain SGD ``w_{e+1} = w_e - lr * g_e`` by default, or SGD with momentum / weight decay or
+  Adam (``optimizer=``, :class:`leakgym.fl.optim.LocalOptimizer`, fresh state every round) -- and the
+  shared tensors are ``w_0 - w_E`` (signed like a gradient, see :class:`~leakgym.fl.update.SharedUpdate`).
+  The plain client steps with ``torch.optim`` on its private copy; the stacked cohort
+  (``batched=True``) with the same ``torch.optim`` class on its stacked ``(K, ...)`` parameters (the
+  optimisers are elementwise, so a stacked step is every client's own step).
 
 ``gradient_transform``, if given, is called on every step's gradient before it is used (FedSGD: the
 one gradient that is shared; FedAvg: each local step). This is where per-step defenses (DCS²,
@@ -36,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from leakgym.fl import batched as fl_batched
+from leakgym.fl.optim import PLAIN_SGD, LocalOptimizer
 from leakgym.fl.update import SharedUpdate, UpdateKind
 from leakgym.models import bn_eval_if_single, has_batchnorm, in_mode, task_loss
 
@@ -74,6 +79,8 @@ class LocalTraining:
     local_lr: float = 0.1
     batch_size: int | None = None
     rng: AbstractContextManager | None = None
+    #: FedAvg's local optimiser (None: plain SGD, :data:`leakgym.fl.optim.PLAIN_SGD`)
+    optimizer: LocalOptimizer | None = None
 
 
 class BatchedGradientTransform(Protocol):
@@ -99,6 +106,12 @@ def _check(job: LocalTraining) -> None:
         raise ValueError(f"x must be a non-empty (N, C, H, W) batch, got shape {tuple(x.shape)}")
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"y has {y.shape[0]} entries but x has {x.shape[0]} images")
+    opt = job.optimizer
+    if opt is not None and not isinstance(opt, LocalOptimizer):
+        raise ValueError(f"optimizer={opt!r}; allowed: a leakgym.fl.optim.LocalOptimizer or None (plain SGD)")
+    if kind == "gradient" and opt is not None and not opt.plain:
+        raise ValueError(f"optimizer={opt.describe()!r} with kind='gradient'; FedSGD shares one gradient and takes "
+                         "no local step: allowed only with kind='model_delta'")
     size = job.batch_size
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError(f"batch_size={size!r}; allowed: integers >= 1, or None (the batch's size)")
@@ -130,6 +143,7 @@ def compute_update(
     local_lr: float = 0.1,
     gradient_transform: GradientTransform | None = None,
     batch_size: int | None = None,
+    optimizer: LocalOptimizer | None = None,
 ) -> SharedUpdate:
     """The update a client shares after training on ``(x, y)``; ``model`` is not modified.
 
@@ -144,12 +158,15 @@ def compute_update(
         gradient_transform: optional per-step transform (see the module docstring).
         batch_size: the batch size the client *declares* (default ``N``); defenses that add
             examples (OASIS) declare the original size.
+        optimizer: FedAvg's local optimiser (:class:`~leakgym.fl.optim.LocalOptimizer`; None: plain SGD);
+            anything but plain SGD needs ``kind="model_delta"``.
 
     Returns:
         A :class:`SharedUpdate`. ``buffers`` holds the BatchNorm running statistics after the round
         when the model has BatchNorm, else ``None``.
     """
-    job = LocalTraining(model, x, y, kind=kind, local_steps=local_steps, local_lr=local_lr, batch_size=batch_size)
+    job = LocalTraining(model, x, y, kind=kind, local_steps=local_steps, local_lr=local_lr, batch_size=batch_size,
+                        optimizer=optimizer)
     many = None
     if gradient_transform is not None:
         def many(clients, models, xs, ys, grads, *, step):
@@ -205,7 +222,7 @@ def compute_updates(jobs: list[LocalTraining], gradient_transform: BatchedGradie
 
 
 def _shared_update(job: LocalTraining, tensors: dict[str, Tensor], buffers: dict[str, Tensor] | None) -> SharedUpdate:
-    return SharedUpdate(
+    update = SharedUpdate(
         tensors=tensors,
         kind=job.kind,
         batch_size=int(job.x.shape[0] if job.batch_size is None else job.batch_size),
@@ -213,6 +230,16 @@ def _shared_update(job: LocalTraining, tensors: dict[str, Tensor], buffers: dict
         local_lr=float(job.local_lr) if job.kind == "model_delta" else 0.0,
         buffers=buffers,
     )
+    mark_optimizer(update, job.optimizer)
+    return update
+
+
+def mark_optimizer(update: SharedUpdate, optimizer: LocalOptimizer | None) -> None:
+    """Record a FedAvg update's local optimiser in ``update.metadata["local_optimizer"]`` when it is not plain
+    SGD (the attacks' simulation of the local steps is plain SGD with ``local_lr``; the mark says when the
+    client's steps were another rule)."""
+    if optimizer is not None and not optimizer.plain:
+        update.metadata["local_optimizer"] = optimizer.describe()
 
 
 class _OnItsCopy:
@@ -226,6 +253,11 @@ class _OnItsCopy:
         # FedAvg's update is start - end: only model_delta clients keep a copy of their start.
         self.start = {n: self.params[n].detach().clone() for n in self.names} if job.kind == "model_delta" else {}
         self.last: dict[str, Tensor] = {}
+        opt = job.optimizer or PLAIN_SGD
+        # Plain SGD keeps its in-place w -= lr * g (bit-identical to the trajectories before optimisers);
+        # any other rule is torch.optim's on the private copy, with fresh state (stateless clients).
+        self.optimizer = (None if opt.plain or job.kind != "model_delta"
+                          else opt.torch_optimizer([self.params[n] for n in self.names], job.local_lr))
 
     def training(self) -> AbstractContextManager:
         return bn_eval_if_single(self.work, self.job.x.shape[0])
@@ -239,7 +271,13 @@ class _OnItsCopy:
 
     def take_step(self, grads: list[dict[str, Tensor]]) -> None:
         self.last = grads[0]
-        if self.job.kind == "model_delta":
+        if self.optimizer is not None:
+            for n in self.names:
+                self.params[n].grad = self.last[n].detach().clone()
+            self.optimizer.step()
+            for n in self.names:
+                self.params[n].grad = None
+        elif self.job.kind == "model_delta":
             with torch.no_grad():
                 for n in self.names:
                     self.params[n].sub_(self.job.local_lr * self.last[n])
@@ -266,6 +304,13 @@ class _Stacked:
         self.architecture = lead.model
         self.start = fl_batched.stack_parameters([j.model for j in self.jobs])
         self.params = self.start
+        opt = lead.optimizer or PLAIN_SGD
+        self.optimizer = None
+        if self.kind == "model_delta" and not opt.plain:
+            # torch.optim on the stacked (K, ...) leaves: SGD and Adam are elementwise, so one step of the
+            # stack is each client's own step (what _OnItsCopy takes on a copy of one model).
+            self.params = {n: t.detach().clone() for n, t in self.start.items()}
+            self.optimizer = opt.torch_optimizer(list(self.params.values()), self.local_lr)
         self.buffers = fl_batched.stack_buffers([j.model for j in self.jobs]) if has_batchnorm(lead.model) else None
         self.x = torch.stack([j.x for j in self.jobs]).unsqueeze(1)
         self.y = torch.stack([j.y for j in self.jobs]).unsqueeze(1)
@@ -301,7 +346,13 @@ class _Stacked:
 
     def take_step(self, grads: list[dict[str, Tensor]]) -> None:
         self.last = grads
-        if self.kind == "model_delta":
+        if self.optimizer is not None:
+            for n, p in self.params.items():
+                p.grad = torch.stack([g[n] for g in grads])
+            self.optimizer.step()
+            for p in self.params.values():
+                p.grad = None
+        elif self.kind == "model_delta":
             self.params = {n: p - self.local_lr * torch.stack([g[n] for g in grads]) for n, p in self.params.items()}
 
     def updates(self) -> list[SharedUpdate]:
@@ -325,7 +376,7 @@ def _cohorts(jobs: list[LocalTraining], batched: bool) -> list[_OnItsCopy | _Sta
         model = job.model
         if batched and fl_batched.supports(model) and (job.x.shape[0] == 1 or not has_batchnorm(model)):
             key = (fl_batched.signature(model), tuple(job.x.shape), job.x.dtype, job.x.device, tuple(job.y.shape),
-                   job.y.dtype, job.kind, job.local_steps, job.local_lr)
+                   job.y.dtype, job.kind, job.local_steps, job.local_lr, job.optimizer or PLAIN_SGD)
             groups.setdefault(key, []).append(i)
     cohorts: list[_OnItsCopy | _Stacked] = [_Stacked(m, jobs) for m in groups.values() if len(m) > 1]
     stacked = {i for c in cohorts for i in c.members}

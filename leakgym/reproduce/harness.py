@@ -106,6 +106,13 @@ class Scale:
     ``"victim"`` (client 0; DCS²'s setting, where one target client's data is sensitive)."""
     utility_batch: int = 8
     utility_lr: float = 0.5
+    """FedSGD's server learning rate (FedAvg's server step is 1)."""
+    utility_update_kind: str = "gradient"
+    """The utility run's protocol: FedSGD (``"gradient"``) or FedAvg (``"model_delta"``, docs/fl_protocol.md)."""
+    utility_local_steps: int = 1
+    utility_local_lr: float = 0.1
+    utility_optimizer: str = "sgd"
+    """FedAvg's local optimiser, ``"sgd"`` or ``"adam"`` (:class:`leakgym.fl.optim.LocalOptimizer`)."""
     eval_size: int | None = 300
     utility_eval_every: int = 25
     """Evaluate the test accuracy every this many rounds (the accuracy curve; the last round always)."""
@@ -132,6 +139,22 @@ class Scale:
             raise ValueError(f"Scale.images={self.images} must be a multiple of batch_size={self.batch_size}")
         if not (self.utility_lr > 0 and math.isfinite(self.utility_lr)):
             raise ValueError(f"Scale.utility_lr={self.utility_lr!r}; allowed range (0, inf)")
+        if self.utility_update_kind not in ("gradient", "model_delta"):
+            raise ValueError(f"Scale.utility_update_kind={self.utility_update_kind!r}; allowed: 'gradient', "
+                             "'model_delta'")
+        steps = self.utility_local_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"Scale.utility_local_steps={steps!r}; allowed: integers >= 1")
+        if not (self.utility_local_lr > 0 and math.isfinite(self.utility_local_lr)):
+            raise ValueError(f"Scale.utility_local_lr={self.utility_local_lr!r}; allowed range (0, inf)")
+        from leakgym.fl.optim import LOCAL_OPTIMIZERS
+
+        if self.utility_optimizer not in LOCAL_OPTIMIZERS:
+            raise ValueError(f"Scale.utility_optimizer={self.utility_optimizer!r}; allowed: "
+                             f"{', '.join(LOCAL_OPTIMIZERS)}")
+        if self.utility_update_kind == "gradient" and (steps != 1 or self.utility_optimizer != "sgd"):
+            raise ValueError(f"Scale.utility_local_steps={steps} / utility_optimizer={self.utility_optimizer!r} "
+                             "need utility_update_kind='model_delta' (FedSGD shares one gradient)")
 
     def replace(self, **changes: Any) -> Scale:
         known = {f.name for f in dataclasses.fields(self)}
@@ -313,6 +336,7 @@ def _fedsgd(model, row: DefenseRow, scale: Scale, split, seed: int, *, progress:
     from tqdm import tqdm
 
     from leakgym.envs.round import share_update
+    from leakgym.fl.optim import LocalOptimizer
     from leakgym.fl.server import Server
 
     spec = split.spec
@@ -325,6 +349,9 @@ def _fedsgd(model, row: DefenseRow, scale: Scale, split, seed: int, *, progress:
     start = time.perf_counter()
     curve: list[list[float]] = [[0, float(server.evaluate()[0])]]
     sent: dict[str, int] = {}
+    optimizer = LocalOptimizer(scale.utility_optimizer)
+    protocol = {"update_kind": scale.utility_update_kind, "local_steps": scale.utility_local_steps,
+                "local_lr": scale.utility_local_lr, "optimizer": None if optimizer.plain else optimizer}
     for rnd in tqdm(range(scale.utility_rounds), desc=f"utility {row.name}", leave=False, disable=not progress):
         updates = []
         for k, (cx, cy) in enumerate(clients):
@@ -333,7 +360,7 @@ def _fedsgd(model, row: DefenseRow, scale: Scale, split, seed: int, *, progress:
             upd, rep = share_update(server.model, spec.normalize(cx[idx]), cy[idx],
                                     row.config if defends else DefenseConfig(),
                                     seed=seed * 100_003 + rnd * 101 + k, public_x=split.public_x,
-                                    public_y=split.public_y)
+                                    public_y=split.public_y, **protocol)
             updates.append(upd)
             if defends:
                 for kind in sent_kinds(rep.details):

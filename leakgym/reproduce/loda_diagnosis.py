@@ -46,7 +46,7 @@ def _obscure(spec, x_unit: Tensor, y: Tensor, config: DefenseConfig, public, gen
     px, py = public
     xo, det = loda_obscure(spec.normalize(x_unit), y, spec=spec, c=config.loda_c, steps=config.loda_steps,
                            lr=config.loda_lr, layers=config.loda_layers, public_x=spec.normalize(px), public_y=py,
-                           generator=gen)
+                           generator=gen, once=config.loda_mode == "once")
     return spec.denormalize(xo).clamp(0, 1), py[det["start_indices"].cpu()], det
 
 

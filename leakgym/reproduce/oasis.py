@@ -66,7 +66,7 @@ ACC_REASON = {
 #: source of the paper's numbers printed by this reproduction.
 PAPER = {
     "fig5_rtf_text": {
-        "cite": "OASIS §VI, Fig. 5 (RTF) text",
+        "cite": "OASIS §IV-B, Fig. 5 (RTF) text; attack optimum: §IV-A, Fig. 3",
         "WO, B=8": "most images 130-145 dB (perfect reconstruction)",
         "MR, B=8": "15-20 dB (most robust transformation)",
         "flips": "PSNR slightly higher than major rotation",
@@ -75,7 +75,7 @@ PAPER = {
                           "CIFAR100 B=8: 500, 147.72 dB; B=64: 600, 121.72 dB (Fig. 3)",
     },
     "fig6_cah_text": {
-        "cite": "OASIS §VI, Fig. 6 (CAH) text",
+        "cite": "OASIS §IV-B, Fig. 6 (CAH) text; attack optimum: §IV-A, Fig. 4",
         "MR/SH, B=8": "fail to prevent many images from being perfectly reconstructed",
         "MR, B=64": "keeps PSNR low",
         "MR+SH": "ImageNet: from above 125 dB to below 25 dB; same effect on CIFAR100",

@@ -46,6 +46,7 @@ from leakgym.reproduce.stats import (
     STATUSES,
     TIE,
     UNCHECKED,
+    UNDECIDED,
     Estimate,
     against,
     combine,
@@ -588,7 +589,8 @@ def drop_verdict(claim: str, base: Estimate | None, other: Estimate | None, max_
         return unmeasured(claim)
     drop = difference(base, other)
     status = against(drop, max_drop, lower=True)
-    if status == TIE:
+    if status == TIE:  # a bound neither met nor broken: undecided, not a tie of two values (issue 36)
+        status = UNDECIDED
         why = (f"the drop ({drop} points) cannot be told from the {max_drop:g}-point bound at two standard errors "
                "(more seeds would decide it).")
     return verdict(claim, status, ours=f"{labels[0]} {base}%, {labels[1]} {other}% (drop {drop})", paper=paper,
@@ -601,7 +603,8 @@ def listing(values: dict[str, Estimate | None], digits: int = 2) -> str:
 
 
 # -- writing ---------------------------------------------------------------------------------------------
-_MARK = {HOLDS: "holds", TIE: "tie (within noise)", FAILS: "**does not hold**", UNCHECKED: "not checkable"}
+_MARK = {HOLDS: "holds", TIE: "tie (within noise)", FAILS: "**does not hold**", UNCHECKED: "not checkable",
+         UNDECIDED: "undecided (more seeds needed)"}
 
 
 def markdown(paper: Paper, result: dict) -> str:
@@ -620,9 +623,16 @@ def markdown(paper: Paper, result: dict) -> str:
     for s in result["settings"].values():
         split_clients.setdefault(s["image_size"], max(4, s["utility_clients"]))
     if utility_measured(result):
+        if u.get("utility_update_kind", "gradient") == "gradient":
+            protocol = f"FedSGD, {u['utility_rounds']} rounds"
+            server = f"server lr {u['utility_lr']}"
+        else:
+            protocol = (f"FedAvg ({u['utility_local_steps']} local {u['utility_optimizer']} steps of lr "
+                        f"{u['utility_local_lr']:g} per round, fresh optimiser state each round), {u['utility_rounds']} rounds")
+            server = "server step 1"
         utility_line = (
-            f"* Utility: FedSGD, {u['utility_rounds']} rounds, {u['utility_clients']} clients x batch "
-            f"{u['utility_batch']}, server lr {u['utility_lr']}, "
+            f"* Utility: {protocol}, {u['utility_clients']} clients x batch "
+            f"{u['utility_batch']}, {server}, "
             f"{'every client applies' if u['utility_defended'] == 'all' else 'only the victim (client 0) applies'} "
             f"the defense; accuracy on {u['eval_size'] or 'all'} test images (Acc_T), evaluated every "
             f"{u['utility_eval_every']} rounds (curves in the figure).")
@@ -641,7 +651,8 @@ def markdown(paper: Paper, result: dict) -> str:
          "split."),
         (f"* Statistics: seeds {seeds}; every privacy number is the mean ± standard error over the images of all "
          "seeds, every accuracy the mean ± standard error over the seeds. A verdict \"holds\" only when the "
-         "difference exceeds two standard errors; \"tie (within noise)\" otherwise."),
+         "difference exceeds two standard errors; \"tie (within noise)\" otherwise, and \"undecided\" for a bound "
+         "(an accuracy drop below a paper's gap) that the estimate neither meets nor breaks at two standard errors."),
         utility_line,
         f"* {plateau_line(result)}",
         f"* CIFAR-10: {result['cifar10']}; all our numbers are on digits.",

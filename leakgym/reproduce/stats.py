@@ -9,7 +9,12 @@ A claim compares estimates:
   **does not hold** when it exceeds them the other way, **tie (within noise)** otherwise;
 * :func:`against` — the same for an estimate against a fixed threshold (e.g. "below 25 dB");
 * :func:`combine` — a claim made of several comparisons (a ranking, "every defense ...") holds when
-  every part holds, does not hold when any part does not, and is a tie otherwise.
+  every part holds, does not hold when any part does not, and is a tie otherwise (undecided when a
+  part is);
+* **undecided** — a bound on a difference (an accuracy drop "below 3 points") that the estimate can
+  neither meet nor break at two standard errors: the data do not decide it, which is not a tie
+  between two measured values (a 42 ± 21-point drop against a 3-point bound was reported as a "tie
+  (within noise)" before issue 36). :func:`leakgym.reproduce.runner.drop_verdict` gives it.
 
 Standard errors over images treat the images as independent draws; images of one seed share the
 model initialisation, so the seed-to-seed spread is part of the spread of the pooled images.
@@ -24,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 HOLDS, TIE, FAILS, UNCHECKED = "holds", "tie (within noise)", "does not hold", "not checkable"
-STATUSES = (HOLDS, TIE, FAILS, UNCHECKED)
+UNDECIDED = "undecided"
+STATUSES = (HOLDS, TIE, FAILS, UNCHECKED, UNDECIDED)
 #: A difference must exceed this many standard errors to count.
 Z = 2.0
 
@@ -75,7 +81,8 @@ def against(a: Estimate, threshold: float, *, lower: bool = True) -> str:
 
 
 def combine(statuses: Sequence[str]) -> str:
-    """All parts hold -> holds; any part fails -> does not hold; otherwise a tie (or not checkable)."""
+    """All parts hold -> holds; any part fails -> does not hold; otherwise undecided when a part is, else a tie
+    (or not checkable)."""
     bad = [s for s in statuses if s not in STATUSES]
     if bad:
         raise ValueError(f"unknown verdict status(es) {bad}; allowed: {STATUSES}")
@@ -85,7 +92,7 @@ def combine(statuses: Sequence[str]) -> str:
         return FAILS
     if all(s == HOLDS for s in statuses):
         return HOLDS
-    return TIE
+    return UNDECIDED if UNDECIDED in statuses else TIE
 
 
 def ranking(ours: dict[str, Estimate], paper: dict[str, float]) -> tuple[str, list[str]]:
@@ -114,6 +121,7 @@ __all__ = [
     "STATUSES",
     "TIE",
     "UNCHECKED",
+    "UNDECIDED",
     "Estimate",
     "Z",
     "against",
