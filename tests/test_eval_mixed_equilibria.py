@@ -60,7 +60,7 @@ def test_payoff_json_carries_mixed_equilibria(tmp_path):
     payload = json.loads((tmp_path / "payoff.json").read_text())
     eqs = payload["mixed_equilibria"]["equilibria"]
     assert len(eqs) == 3  # battle of the sexes: two pure, one mixed
-    mixed = [e for e in eqs if len(e["attacker_support"]) == 2][0]
+    mixed = next(e for e in eqs if len(e["attacker_support"]) == 2)
     assert mixed["attacker_mix"]["a0"] == pytest.approx(0.6) and mixed["defender_mix"]["d1"] == pytest.approx(0.6)
     assert {"attacker_value", "defender_value", "support_stability"} <= set(mixed)
 
