@@ -24,6 +24,7 @@ attacker return and leakage SSIM, the meta-strategies on the margins and their s
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,55 @@ def write_report_card(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         w.writerows(rows)
     (out / "report_card.md").write_text(report_markdown(rows))
     return [out / "report_card.csv", out / "report_card.md"]
+
+
+def _interval_md(d: dict[str, float]) -> str:
+    return f"{d['mean']:.3f} [{d['ci95_low']:.3f}, {d['ci95_high']:.3f}]"
+
+
+def summary_markdown(state: MetagameState, rows: list[dict[str, Any]], *, device: str | None = None) -> str:
+    """``metagame.md``: the run's settings, exploitability per iteration, final meta-strategies and the
+    report card, as markdown (what docs/results/metagame_digits.md is)."""
+    from .psro import halved
+
+    st = state.settings
+    lines = [f"# PSRO on {st.get('env_id')}", "",
+             (f"`leakgym metagame`, {st.get('meta_solver')} meta-solver, {len(state.iterations)} iterations; "
+             f"{st.get('timesteps')} {str(st.get('algo', '')).upper()} steps per best response, "
+             f"{st.get('episodes')} evaluation episodes per cell (seed {st.get('seed')}); initial populations: the "
+             f"attackers {', '.join(st.get('initial', {}).get('attacker', []))}; the defenders "
+             f"{', '.join(st.get('initial', {}).get('defender', []))}."), "",
+             (f"Scenario overrides: `{json.dumps(st.get('overrides', {}))}`; hyperparameters: "
+             f"`{json.dumps(st.get('hyperparams', {}))}`."), "",
+             f"Status: {state.status}; {state.env_steps:,} environment steps (training and evaluation); wall time "
+             f"{state.wall_time_s / 60:.1f} min" + (f" on {device}" if device else "") + ".", "",
+             "## Exploitability per iteration", "",
+             ("Each side's best-response gain against the meta-strategy solved at the start of the iteration, and their "
+             "sum (NashConv); mean and 95% interval over the evaluation episodes (paired: common random numbers)."), "",
+             ("| iteration | exploitability | attacker gain | defender gain | best attacker deviation | "
+             "best defender deviation | env steps (total) | wall time (s) |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in state.iterations:
+        lines.append(f"| {r['iteration']} | {_interval_md(r['exploitability'])} | {_interval_md(r['attacker_gain'])} | "
+                     f"{_interval_md(r['defender_gain'])} | {r['attacker_best_deviation']} | "
+                     f"{r['defender_best_deviation']} | {r['env_steps_total']:,} | {r['wall_time_s']:.0f} |")
+    verdict = halved(state)
+    if verdict is not None:
+        lines += ["", "Target (last exploitability below half of the first, 95% intervals apart): "
+                  + ("**met**." if verdict else "**not met**.")]
+    lines += ["", "## Meta-strategies", "", "| iteration | attackers | defenders |", "| --- | --- | --- |"]
+    records = [*state.iterations, {"iteration": "final", **state.final}] if state.final else state.iterations
+    for r in records:
+        names_a = r.get("attackers", [m.name for m in state.populations["attacker"]])
+        names_d = r.get("defenders", [m.name for m in state.populations["defender"]])
+        mix = lambda names, p: ", ".join(f"{n} {v:.2f}" for n, v in zip(names, p) if v > 1e-6)
+        lines.append(f"| {r['iteration']} | {mix(names_a, r['attacker_meta'])} | {mix(names_d, r['defender_meta'])} |")
+    lines += ["", "## Defense report card", "",
+              ("Against the final attacker population: leakage SSIM against the attackers' final meta-strategy "
+              "(equilibrium) and against the worst attacker; accuracy at the end of the episodes (mean over every "
+              "attacker's cells) and its drop from `none`; Pareto: no other defense has both lower equilibrium "
+              "leakage and lower accuracy cost."), "", report_markdown(rows)]
+    return "\n".join(lines) + "\n"
 
 
 def _plt():
@@ -235,5 +285,15 @@ def write_figures(state: MetagameState, out: Path, rows: list[dict[str, Any]] | 
     return paths
 
 
-__all__ = ["REPORT_COLUMNS", "exploitability_figure", "meta_strategy_figure", "payoff_figure", "report_card",
-           "report_card_figure", "report_markdown", "write_figures", "write_report_card"]
+__all__ = [
+    "REPORT_COLUMNS",
+    "exploitability_figure",
+    "meta_strategy_figure",
+    "payoff_figure",
+    "report_card",
+    "report_card_figure",
+    "report_markdown",
+    "summary_markdown",
+    "write_figures",
+    "write_report_card",
+]
