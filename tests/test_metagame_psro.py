@@ -212,7 +212,7 @@ def test_leakgym_metagame_end_to_end_writes_every_file_and_resumes(tmp_path, mon
     assert len(played) == 4 + 3 + 4 * 5
     state = json.loads((out / STATE_FILE).read_text())
     assert state["status"] == "finished" and len(state["iterations"]) == 2
-    for name in ("payoff.csv", "report_card.csv", "report_card.md", "report_card.png", "exploitability.png",
+    for name in ("payoff.csv", "metagame.md", "report_card.csv", "report_card.md", "report_card.png", "exploitability.png",
                  "meta_strategies.png", "payoff.png"):
         assert (out / name).is_file(), name
     for k in (1, 2):
