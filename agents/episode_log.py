@@ -14,8 +14,9 @@ Files under the run's output folder ``OUT``:
     its lockstep group (the pairs played together, :mod:`leakgym.agents.play`) ends.
 ``last_round/a<i>_d<j>.npz``
     the last round of pair (attacker ``i``, defender ``j``): private images, matched
-    reconstructions, their SSIM and PSNR and the images' labels when known (what ``gallery.png``
-    shows), written just before its rows.
+    reconstructions, their SSIM and PSNR, the images' labels when known and their LPIPS when the game
+    scored it (``lpips``, only with the user's LPIPS weights; a file without it reads back as LPIPS not
+    available), what ``gallery.png`` shows; written just before its rows.
 
 Resuming (:meth:`EpisodeLog.open` with ``resume=True``) refuses a folder whose ``run.json`` holds
 other settings, or whose recorded files changed since (a policy retrained at the same path would mix two
@@ -214,9 +215,9 @@ class EpisodeLog:
         if pair.last_round is not None:
             buffer = io.BytesIO()
             last = pair.last_round
-            labels = {} if last.labels is None else {"labels": last.labels}
+            optional = {k: v for k, v in (("labels", last.labels), ("lpips", last.lpips)) if v is not None}
             np.savez(buffer, originals=last.originals, matched=last.matched, ssim=last.ssim, psnr=last.psnr,
-                     attacker=np.array(pair.attacker), defender=np.array(pair.defender), **labels)
+                     attacker=np.array(pair.attacker), defender=np.array(pair.defender), **optional)
             write_atomically(self._last_round_path(pair.attacker, pair.defender), buffer.getvalue())
         self._write_rows([pair], mode="append")
 
@@ -283,7 +284,8 @@ class EpisodeLog:
                 if str(data["attacker"]) != attacker or str(data["defender"]) != defender:
                     return None
                 last = LastRound(originals=data["originals"], matched=data["matched"], ssim=data["ssim"],
-                                 psnr=data["psnr"], labels=data["labels"] if "labels" in data.files else None)
+                                 psnr=data["psnr"], labels=data["labels"] if "labels" in data.files else None,
+                                 lpips=data["lpips"] if "lpips" in data.files else None)
         except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
             return None
         per_image = (len(last.originals),)
@@ -291,6 +293,9 @@ class EpisodeLog:
               and last.originals.ndim == 4 and last.matched.shape == last.originals.shape
               and last.ssim.shape == per_image and last.psnr.shape == per_image
               and (last.labels is None or (last.labels.shape == per_image and last.labels.dtype.kind in "iu")))
+        if ok and last.lpips is not None and not (last.lpips.dtype.kind == "f" and last.lpips.shape == per_image
+                                                  and np.isfinite(last.lpips).all()):
+            last.lpips = None  # a damaged LPIPS entry: the images are still shown, LPIPS as not available
         return last if ok else None
 
 

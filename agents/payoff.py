@@ -76,8 +76,10 @@ class LastRound:
     gallery shows).
 
     ``originals[i]`` is a private image (unit range, ``(C, H, W)``), ``matched[i]`` the
-    reconstruction matched to it, ``ssim[i]`` and ``psnr[i]`` their SSIM and PSNR (dB), and
-    ``labels[i]`` its class (``None`` when the round record does not carry labels).
+    reconstruction matched to it, ``ssim[i]`` and ``psnr[i]`` their SSIM and PSNR (dB),
+    ``labels[i]`` its class (``None`` when the round record does not carry labels), and ``lpips[i]``
+    their LPIPS: ``None`` (not available) unless the game scored it with the user's backbone weights
+    (a last round saved before LPIPS was kept reads back as ``None`` too).
     """
 
     originals: np.ndarray
@@ -85,6 +87,7 @@ class LastRound:
     ssim: np.ndarray
     psnr: np.ndarray
     labels: np.ndarray | None = None
+    lpips: np.ndarray | None = None
 
     @classmethod
     def from_game(cls, last: Any) -> LastRound | None:
@@ -98,12 +101,17 @@ class LastRound:
         n = len(originals)
         assignment = np.asarray(scores.assignment, dtype=np.int64)[:n]
         per_image = {k: np.asarray(scores.per_image[k], dtype=np.float64)[:n] for k in ("ssim", "psnr")}
+        lpips = scores.per_image.get("lpips")  # scored only where the LPIPS weights are present
+        if lpips is not None:
+            lpips = np.asarray(lpips, dtype=np.float64)[:n]
+            if not np.isfinite(lpips).all():  # NaN: the weights were missing; never shown as a number
+                lpips = None
         labels = last.labels  # the private batch's classes
         if labels is not None:
             labels = labels.detach().cpu()
             labels = (labels.argmax(-1) if labels.ndim == 2 else labels).numpy().astype(np.int64)[:n]
         return cls(originals=originals, matched=recon[assignment], ssim=per_image["ssim"], psnr=per_image["psnr"],
-                   labels=labels)
+                   labels=labels, lpips=lpips)
 
 
 def gallery_episode(attacker_index: int, defender_index: int, episodes: int) -> int:

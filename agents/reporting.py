@@ -260,7 +260,8 @@ def gallery_figure(table: PayoffTable, max_images: int = 4):
 
     Panels are laid out as the payoff table (rows: attackers, columns: defenders). In each, every row is
     one private image (at most ``max_images``; blue frame, with its class when known) beside the
-    attacker's reconstruction matched to it, with SSIM and PSNR under it. The pair in row ``i`` and column
+    attacker's reconstruction matched to it, with SSIM and PSNR under it, and LPIPS where the game scored
+    it (the user's LPIPS backbone weights; the title says when no pair has it). The pair in row ``i`` and column
     ``j`` keeps the last round of its episode ``(i + j) mod episodes``
     (:func:`~leakgym.agents.payoff.gallery_episode`), so neighbouring panels show different originals when
     the run has several episodes.
@@ -272,7 +273,8 @@ def gallery_figure(table: PayoffTable, max_images: int = 4):
     attackers = [a for a in table.attackers if any((a, d) in by_pair for d in table.defenders)]
     defenders = [d for d in table.defenders if any((a, d) in by_pair for a in table.attackers)]
     longest = max(len(short_label(x)) + 3 for x in [*attackers, *defenders])  # "vs " before a defender
-    panel_w, panel_h = max(2.6, 0.075 * longest + 0.3), 1.25 * n + 0.95  # labels at 9 pt fit their panel
+    with_lpips = any(last.lpips is not None for last in by_pair.values())
+    panel_w, panel_h = max(2.6, 0.075 * longest + 0.3), (1.4 if with_lpips else 1.25) * n + 0.95  # labels fit
     width = max(panel_w * len(defenders), 5.2)  # a one-column gallery still has room for its title
     fig = _figure(figsize=(width, panel_h * len(attackers) + 0.7), dpi=100)
     panels = fig.subfigures(len(attackers), len(defenders), squeeze=False)
@@ -297,10 +299,16 @@ def gallery_figure(table: PayoffTable, max_images: int = 4):
                 _image(right, last.matched[k])
                 for spine in right.spines.values():
                     spine.set_visible(False)
-                right.set_xlabel(f"SSIM {last.ssim[k]:.2f}, {last.psnr[k]:.1f} dB", fontsize=8)
+                label = f"SSIM {last.ssim[k]:.2f}, {last.psnr[k]:.1f} dB"
+                if last.lpips is not None:
+                    label += f"\nLPIPS {last.lpips[k]:.2f}"
+                elif with_lpips:  # a pair kept from a run without the weights (--resume)
+                    label += "\nLPIPS n/a"
+                right.set_xlabel(label, fontsize=8)
+    metrics = "SSIM, PSNR and LPIPS" if with_lpips else "SSIM and PSNR (LPIPS not available: no backbone weights)"
     fig.suptitle(
         _wrap(f"{table.env_id}: each pair's kept round: the private images (blue frames) and the attacker's "
-              "matched reconstructions, with SSIM and PSNR", width, fontsize=10),
+              f"matched reconstructions, with {metrics}", width, fontsize=10),
         fontsize=10,
     )
     return fig

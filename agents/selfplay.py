@@ -17,6 +17,11 @@ Output::
     OUT/iter_01/defender/policy.zip ...
     OUT/summary.json   settings, per-iteration policy paths and evaluation numbers
 
+The evaluation numbers are each pair's means of ``leakage_ssim``, ``leakage_psnr``, ``accuracy`` and the
+returns, and ``leakage_lpips`` where the user's LPIPS backbone weights are on disk (``lpips`` in the
+summary names the backbone; without the weights it is ``null``, ``lpips_note`` says why once, and the
+pairs carry no ``leakage_lpips``).
+
 ``summary.json`` is rewritten after every iteration. Ctrl-C (``KeyboardInterrupt``) saves the policy
 being trained (see :mod:`leakgym.agents.training`), records the unfinished iteration in the summary
 (its ``interrupted`` entry names the stage: attacker training, defender training or evaluation)
@@ -61,11 +66,13 @@ class SelfPlayInterrupted(KeyboardInterrupt):
 
 
 def _eval_pairs(env_id: str, attacker: str, defenders: list[str], episodes: int, seed: int, overrides: dict,
-                device: str = "cpu") -> list[dict[str, Any]]:
-    """``attacker`` against each of ``defenders`` (one evaluation: the pairs play in lockstep)."""
+                device: str = "cpu", lpips: bool = False) -> list[dict[str, Any]]:
+    """``attacker`` against each of ``defenders`` (one evaluation: the pairs play in lockstep); ``lpips``:
+    keep ``leakage_lpips`` too (the games report it where the LPIPS weights are present)."""
     table = evaluate(env_id, [attacker], defenders, episodes=episodes, seed=seed, overrides=overrides, progress=False,
                      device=device)
-    keep = ("leakage_ssim", "leakage_psnr", "accuracy", "attacker_return", "defender_return")
+    keep = ("leakage_ssim", "leakage_psnr", *(("leakage_lpips",) if lpips else ()), "accuracy", "attacker_return",
+            "defender_return")
     return [{m: row[f"{m}_mean"] for m in keep} for row in table.rows()]
 
 
@@ -101,8 +108,11 @@ def selfplay(
     check_config(TrainConfig(env_id=gym_id, role="attacker", algo=algo, timesteps=timesteps, opponent=initial_defender,
                              out=Path(out), seed=seed + 2, overrides=overrides, hyperparams=dict(hyperparams or {}),
                              hyperparams_file=hyperparams_file, device=device))
+    from leakgym.metrics import lpips_available, lpips_status
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    with_lpips = lpips_available()
     summary: dict[str, Any] = {
         "env_id": gym_id,
         "algo": algo,
@@ -113,6 +123,9 @@ def selfplay(
         "overrides": overrides,
         "hyperparams": dict(hyperparams or {}),
         "hyperparams_file": None if hyperparams_file is None else str(hyperparams_file),
+        # LPIPS beside SSIM/PSNR where the user's backbone weights are on disk, else null with the reason once
+        "lpips": "alex" if with_lpips else None,
+        "lpips_note": lpips_status(),
         "history": [],
     }
     defender: str = initial_defender
@@ -141,7 +154,8 @@ def selfplay(
                 # hyperparameter file's env_kwargs, without the view's settings (device, flat actions, ...).
                 trained = dfd.metadata["overrides"]
                 entry["attacker_vs_previous_defender"], entry["attacker_vs_new_defender"] = _eval_pairs(
-                    gym_id, attacker, [defender, str(dfd.policy_path)], eval_episodes, seed, trained, device)
+                    gym_id, attacker, [defender, str(dfd.policy_path)], eval_episodes, seed, trained, device,
+                    lpips=with_lpips)
         except KeyboardInterrupt as stop:
             if isinstance(stop, TrainingInterrupted):  # the policy reached so far was saved
                 entry[stage] = str(stop.result.policy_path)

@@ -238,11 +238,11 @@ def _tiny_run_on(tmp_path, monkeypatch, device: str) -> dict:
         seen.extend(("shared update", t) for t in upd.tensors.values())
         return upd, rep
 
-    def attack_spy(problems, args, spec):
+    def attack_spy(problems, args, spec, **kwargs):
         for _, _, upd, knowledge, orig in problems:
             seen.extend([("victim images", orig), ("known labels", knowledge.labels)])
             seen.extend(("attacked model", p) for p in knowledge.model.parameters())
-        return real_attack(problems, args, spec)
+        return real_attack(problems, args, spec, **kwargs)
 
     loading = []  # the dataset's fixed train/test split is drawn on the CPU while it loads (not a batch)
 

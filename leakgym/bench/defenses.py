@@ -31,8 +31,10 @@ Measured per defense:
 * leakage: the reference attack (Inverting Gradients, ``--attack-iterations`` iterations, one
   restart, labels known to the attacker) on the victim's shared update at ``--attack-rounds``
   evenly spaced rounds (first and last included); ``ssim`` / ``psnr`` are the means over those
-  rounds and the victim's images (:func:`leakgym.metrics.score_reconstruction`). All attacks of a
-  run are batched into one engine call at the end;
+  rounds and the victim's images (:func:`leakgym.metrics.score_reconstruction`), and ``lpips`` beside
+  them where the user's LPIPS backbone weights are on disk (``settings["lpips"]`` names the backbone;
+  without the weights it is ``null``, ``settings["lpips_note"]`` says why, and the table has no LPIPS
+  column). All attacks of a run are batched into one engine call at the end;
 * ``fidelity``: the victim's mean cosine between shared and clean update (the DefenseReport's);
 * ``overhead_ms``: the victim's mean extra wall time per update over the clean computation, and
   ``wall_s`` the training wall time of the whole run.
@@ -542,9 +544,9 @@ def train_row(name: str, args: argparse.Namespace, split, progress: bool, setup:
     return out, problems
 
 
-def attack_all(problems: list, args: argparse.Namespace, spec) -> list[dict]:
+def attack_all(problems: list, args: argparse.Namespace, spec, *, lpips: bool = False) -> list[dict]:
     """Inverting Gradients on every collected victim update (one batched call, on ``args.device``);
-    per-problem scores."""
+    per-problem scores (``lpips``: with the LPIPS of each, from the user's backbone weights)."""
     from leakgym.attacks.inverting_gradients import InvertingGradients
     from leakgym.metrics import score_reconstruction
 
@@ -554,9 +556,9 @@ def attack_all(problems: list, args: argparse.Namespace, spec) -> list[dict]:
     results = attack.reconstruct_batch([p[2] for p in problems], [p[3] for p in problems], seed=args.seed)
     scores = []
     for (_, rnd, _, _, orig), res in zip(problems, results):
-        s = score_reconstruction(spec.denormalize(res.images), orig)
+        s = score_reconstruction(spec.denormalize(res.images), orig, lpips=lpips)
         scores.append({"round": rnd, "ssim": s.mean["ssim"], "psnr": s.mean["psnr"],
-                       "attack_s": res.cost.wall_time_s})
+                       **({"lpips": s.mean["lpips"]} if lpips else {}), "attack_s": res.cost.wall_time_s})
     return scores
 
 
@@ -621,18 +623,25 @@ def markdown_table(records: list[dict], settings: dict) -> str:
                f"Leakage: Inverting Gradients on all layers ({settings['attack_iterations']} iterations, labels "
                f"known) on the victim's update at rounds {settings['attack_rounds']}; SSIM/PSNR lower = less "
                "leakage.")
+    with_lpips = settings.get("lpips") is not None
+    if with_lpips:
+        header += " LPIPS higher = less leakage (the digits upsampled to 32x32 where smaller)."
+    elif settings.get("lpips_note"):  # said once, instead of a column of dashes
+        header += f" {settings['lpips_note']}."
     if settings.get("device") is not None:  # (results written before the device was recorded have none)
         header += f" Device: {settings['device']}."
     extra_head, extra_rule = (" accuracy (all) | Δ acc (all) |", "---:|---:|") if both else ("", "")
+    lpips_head, lpips_rule = (" LPIPS ↑ |", "---:|") if with_lpips else ("", "")
     lines = [
         header,
         "",
-        f"| defense | model | setting | accuracy | Δ acc |{extra_head} SSIM ↓ | PSNR ↓ | fidelity | overhead ms/update |",
-        f"|---|---|---|---:|---:|{extra_rule}---:|---:|---:|---:|",
+        (f"| defense | model | setting | accuracy | Δ acc |{extra_head} SSIM ↓ | PSNR ↓ |{lpips_head} fidelity | "
+         "overhead ms/update |"),
+        f"|---|---|---|---:|---:|{extra_rule}---:|---:|{lpips_rule}---:|---:|",
     ]
     for r in records:
         if "error" in r:
-            blanks = " | | | | | |" + (" | |" if both else "")
+            blanks = " | | | | | |" + (" | |" if both else "") + (" |" if with_lpips else "")
             lines.append(f"| {r['defense']} | {r.get('model_label', '')} | error: {r['error']}{blanks}")
             continue
         delta = "" if r["delta_acc"] is None else _num(r["delta_acc"], "+.1f")
@@ -644,7 +653,8 @@ def markdown_table(records: list[dict], settings: dict) -> str:
         lines.append(
             f"| {r['defense']} | {r['model_label']} | {setting} | {_percent(r['accuracy'], r.get('accuracy_se'))} | "
             f"{delta} |{extra} "
-            f"{_num(r.get('ssim'), '.3f')} | {_num(r.get('psnr'), '.2f')} | {_num(r['fidelity'], '.3f')} | "
+            f"{_num(r.get('ssim'), '.3f')} | {_num(r.get('psnr'), '.2f')} |"
+            + (f" {_num(r.get('lpips'), '.3f')} |" if with_lpips else "") + f" {_num(r['fidelity'], '.3f')} | "
             f"{_num(r['overhead_ms'], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
@@ -653,10 +663,11 @@ def markdown_table(records: list[dict], settings: dict) -> str:
 def write_results(records: list[dict], settings: dict, json_path: Path, md_path: Path, *,
                   complete: bool) -> str:
     """Write the JSON (strict: non-finite numbers as ``null``) and the markdown table; return the table.
-    Before the attacks (``complete=False``) trained rows have ``ssim``/``psnr``/``leakage`` ``null``."""
+    Before the attacks (``complete=False``) trained rows have ``ssim``/``psnr``/``leakage`` ``null`` (and
+    ``lpips`` where it is reported)."""
     add_baselines(records)
-    rows = [r if "error" in r or "leakage" in r else {**r, "ssim": None, "psnr": None, "leakage": None}
-            for r in records]
+    unscored = {"ssim": None, "psnr": None, "leakage": None} | ({"lpips": None} if settings.get("lpips") else {})
+    rows = [r if "error" in r or "leakage" in r else {**r, **unscored} for r in records]
     result = {"benchmark": "defenses", "complete": complete, "settings": settings, "results": rows}
     write_atomically(json_path, dumps(result) + "\n")  # Ctrl-C never leaves half a file (nor loses the rows)
     md = markdown_table(rows, settings)
@@ -671,6 +682,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the benchmark; returns 0, 1 if any defense failed (its row then holds the error), or 130 after
     Ctrl-C (the rows trained so far are written)."""
     from leakgym.data import federated_split, load_dataset
+    from leakgym.metrics import lpips_available, lpips_status
 
     names = _check(args)
     json_path = check_output(args.json, "--json")
@@ -699,6 +711,8 @@ def main(args: argparse.Namespace) -> int:
         "attack": "inverting-gradients", "attack_iterations": args.attack_iterations,
         "attack_rounds": attack_rounds(args.rounds, args.attack_rounds), "bench_overrides": BENCH_OVERRIDES,
         "device": device_label(device),
+        # LPIPS beside SSIM/PSNR where the user's backbone weights are on disk, else null with the reason once
+        "lpips": "alex" if lpips_available() else None, "lpips_note": lpips_status(),
         "machine": machine_label(torch.get_num_threads(), device),  # where wall_s and overhead_ms were timed
     }
     records, problems, failed = [], [], False
@@ -726,7 +740,7 @@ def main(args: argparse.Namespace) -> int:
                 write_results(records, settings, json_path, md_path, complete=False)
                 bar.update()
         start = time.perf_counter()
-        scores = attack_all(problems, args, split.spec)
+        scores = attack_all(problems, args, split.spec, lpips=settings["lpips"] is not None)
     except KeyboardInterrupt:
         return interrupted(len(records), len(rows_plan), json_path, md_path)
     print(f"attacks: {len(problems)} updates in {time.perf_counter() - start:.1f}s", file=sys.stderr)
@@ -740,6 +754,8 @@ def main(args: argparse.Namespace) -> int:
         record["leakage"] = rows
         record["ssim"] = sum(s["ssim"] for s in rows) / len(rows) if rows else None  # None: not attacked
         record["psnr"] = sum(s["psnr"] for s in rows) / len(rows) if rows else None
+        if settings["lpips"] is not None:
+            record["lpips"] = sum(s["lpips"] for s in rows) / len(rows) if rows else None
     print(write_results(records, settings, json_path, md_path, complete=True))
     return 1 if failed else 0
 

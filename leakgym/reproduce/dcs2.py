@@ -22,6 +22,7 @@ from leakgym.reproduce.runner import (
     drop_verdict,
     est,
     extreme_verdict,
+    lpips_reported,
     quote,
     ranking_verdict,
     still_rising,
@@ -145,13 +146,16 @@ def verdicts(result: dict) -> list[dict]:
 
 def tables(result: dict) -> str:
     body = []
+    with_lpips = lpips_reported(result)  # the paper reports no LPIPS; ours where the weights were present
     for r in ROWS:
         p, q = PAPER["MNIST"][r], PAPER["CIFAR10"][r]
         body.append([r, est(result, r, ATTACK, "psnr"), quote(p["psnr"]), quote(q["psnr"]),
                      est(result, r, ATTACK, "ssim"), quote(p["ssim"]), quote(q["ssim"]),
+                     *([est(result, r, ATTACK, "lpips")] if with_lpips else []),
                      accuracy(result, r, "accuracy_victim"), quote(p["acc_s"]), quote(q["acc_s"]),
                      accuracy(result, r), quote(p["acc_t"]), quote(q["acc_t"])])
     header = ["defense", "PSNR↓ ours", "PSNR MNIST", "PSNR CIFAR10", "SSIM↓ ours", "SSIM MNIST", "SSIM CIFAR10",
+              *(["LPIPS↑ ours"] if with_lpips else []),
               "Acc_S ours %", "Acc_S MNIST", "Acc_S CIFAR10", "Acc_T ours %", "Acc_T MNIST", "Acc_T CIFAR10"]
     settings = "\n".join(f"* {r['name']}: {r['note'] or '-'} (active: {', '.join(r['active']) or 'none'})"
                          for r in result["rows"])

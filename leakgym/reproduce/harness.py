@@ -14,7 +14,9 @@ the game's round for every cell, exactly as ``docs/architecture.md`` draws it:
    batches of **all** rows that share one model in a single ``reconstruct_batch`` call, each
    problem with its own seed;
 4. the round's scoring phase (:func:`leakgym.envs.round.score_all`) scores each reconstruction
-   against its batch (optimal matching), and the cell keeps the per-image PSNR / SSIM / MSE.
+   against its batch (optimal matching), and the cell keeps the per-image PSNR / SSIM / MSE, and LPIPS
+   where the user's backbone weights are on disk (:func:`leakgym.metrics.lpips_available`; never a
+   number from an untrained backbone: without the weights the cells have no ``lpips`` entry).
 
 Utility (:func:`measure_utility`) is a FedSGD run in which every client (or, with
 ``Scale.utility_defended="victim"``, only client 0) applies the row's defense, evaluated on the
@@ -49,7 +51,8 @@ from torch import Tensor
 
 from leakgym.defenses import DefenseConfig
 
-#: The metrics each cell keeps per image (all from :func:`leakgym.metrics.score_reconstruction`).
+#: The metrics each cell keeps per image (all from :func:`leakgym.metrics.score_reconstruction`); ``"lpips"``
+#: joins them where the LPIPS backbone weights are present (:func:`run_grid`'s ``lpips``).
 METRICS = ("psnr", "ssim", "mse")
 
 
@@ -243,6 +246,7 @@ def run_grid(
     split,
     seed: int = 0,
     progress: bool = True,
+    lpips: bool | None = None,
 ) -> dict[tuple[str, str], Cell]:
     """Attack every defended update of every (row, column) pair; returns ``{(row, column): Cell}``.
 
@@ -253,8 +257,18 @@ def run_grid(
             defenses/attacks that use one).
         seed: seeds the victim's images, the models, the defenses and the attacks.
         progress: show tqdm bars.
+        lpips: also keep per-image LPIPS (``None``: where the backbone weights are on disk,
+            :func:`leakgym.metrics.lpips_available`); ``True`` without the weights raises ``ValueError``.
     """
     from tqdm import tqdm
+
+    from leakgym.metrics import lpips_available, lpips_status
+
+    if lpips is None:
+        lpips = lpips_available()
+    elif lpips and not lpips_available():
+        raise ValueError(f"run_grid(lpips=True): {lpips_status()}")
+    metrics = (*METRICS, "lpips") if lpips else METRICS
 
     from leakgym.attacks.base import AttackerKnowledge
     from leakgym.envs.round import AttackJob, reconstruct_all, score_all, share_update
@@ -298,9 +312,9 @@ def run_grid(
             results, _ = reconstruct_all(jobs)
             elapsed = time.perf_counter() - start
             per_row: dict[str, dict[str, list[float]]] = {}
-            for owner, s in zip(owners, score_all(spec, results, origs)):
-                acc = per_row.setdefault(owner, {k: [] for k in METRICS})
-                for k in METRICS:
+            for owner, s in zip(owners, score_all(spec, results, origs, lpips=lpips)):
+                acc = per_row.setdefault(owner, {k: [] for k in metrics})
+                for k in metrics:
                     acc[k].extend(float(v) for v in s.per_image[k])
             for row in group:
                 cells[(row.name, column.name)] = Cell(

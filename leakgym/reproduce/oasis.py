@@ -29,6 +29,7 @@ from leakgym.reproduce.runner import (
     est,
     extreme_verdict,
     listing,
+    lpips_reported,
     quote,
     unmeasured,
     utility_measured,
@@ -196,7 +197,10 @@ def verdicts(result: dict) -> list[dict]:
 
 def tables(result: dict) -> str:
     settings = list(result["settings"])
-    header = ["transformation"] + [f"{a.split()[0]} {s} PSNR (share recovered)" for a in (RTF, CAH) for s in settings]
+    with_lpips = lpips_reported(result)  # ours, beside the PSNR, where the LPIPS weights were present
+    extra = ", LPIPS" if with_lpips else ""
+    header = ["transformation"] + [f"{a.split()[0]} {s} PSNR (share recovered){extra}" for a in (RTF, CAH)
+                                   for s in settings]
     header += ["Acc ours %", "Acc ImageNet", "Acc CIFAR100"]
     t1 = PAPER["table1_accuracy"]
     body = []
@@ -204,7 +208,10 @@ def tables(result: dict) -> str:
         line = [r]
         for a in (RTF, CAH):
             for s in settings:
-                line.append(f"{est(result, r, a, 'psnr', s).fmt(1)} ({_recovered(result, r, a, s)})")
+                text = f"{est(result, r, a, 'psnr', s).fmt(1)} ({_recovered(result, r, a, s)})"
+                if with_lpips:
+                    text += f", {est(result, r, a, 'lpips', s).fmt(2)}"
+                line.append(text)
         body.append(line + [accuracy(result, r), quote(t1[r][0]), quote(t1[r][1])])
     text = {k: v for k, v in PAPER["fig5_rtf_text"].items() if k != "cite"}
     text |= {f"CAH {k}": v for k, v in PAPER["fig6_cah_text"].items() if k != "cite"}

@@ -24,6 +24,7 @@ from leakgym.reproduce.runner import (
     drop_verdict,
     est,
     listing,
+    lpips_reported,
     quote,
     ranking_verdict,
     utility_table,
@@ -224,18 +225,20 @@ def verdicts(result: dict) -> list[dict]:
 
 def tables(result: dict) -> str:
     body = []
+    with_lpips = lpips_reported(result)
     for r in ROWS:
         p, q = PAPER["MNIST"][r], PAPER["CIFAR10"][r]
         body.append([r, _attack(r), _acc(result, r), quote(p["acc"]), quote(q["acc"]), _m(result, r, "ssim"),
                      quote(p["ssim"]), quote(q["ssim"]), _m(result, r, "psnr"), quote(p["psnr"]), quote(q["psnr"]),
-                     _m(result, r, "mse"), quote(p["mse"]), quote(q["mse"]), quote(p["lpips"]), quote(q["lpips"])])
+                     _m(result, r, "mse"), quote(p["mse"]), quote(q["mse"]),
+                     *([_m(result, r, "lpips")] if with_lpips else []), quote(p["lpips"]), quote(q["lpips"])])
     header = ["defense", "attack", "Acc ours %", "Acc MNIST", "Acc CIFAR10", "SSIM↑ ours", "SSIM MNIST",
               "SSIM CIFAR10", "PSNR ours", "PSNR MNIST", "PSNR CIFAR10", "MSE ours", "MSE MNIST", "MSE CIFAR10",
-              "LPIPS MNIST", "LPIPS CIFAR10"]
-    note = ("Privacy metrics: higher SSIM/PSNR = more leakage. MSE: ours on unit images; the paper's scale is not "
-            "stated in our copy (values up to 4.68 suggest normalised images), so compare it only within a column. "
-            "LPIPS not measured (no pretrained backbone offline). PRECODE* trains exactly as PRECODE (same model, "
-            "no perturbation), so it shows PRECODE's accuracy.")
+              *(["LPIPS ours"] if with_lpips else []), "LPIPS MNIST", "LPIPS CIFAR10"]
+    note = ("Privacy metrics: higher SSIM/PSNR (lower LPIPS) = more leakage. MSE: ours on unit images; the paper's "
+            "scale is not stated in our copy (values up to 4.68 suggest normalised images), so compare it only within "
+            "a column. PRECODE* trains exactly as PRECODE (same model, no perturbation), so it shows PRECODE's "
+            "accuracy.")
     return (f"## Tables I-II: ours vs paper ({PAPER['MNIST']['cite']}; {PAPER['CIFAR10']['cite']})\n\n"
             + markdown_table(header, body) + "\n\n" + note + "\n\n" + utility_table(result, ROWS))
 

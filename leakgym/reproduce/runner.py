@@ -189,7 +189,7 @@ MAX_SEED = 2**40
 #: The utility note of every row when the utility runs were skipped (``utility=False``, ``--no-utility``).
 NO_UTILITY = "not measured (--no-utility)"
 #: The fields of a results file that must match for ``resume=True`` to continue it.
-RUN_FIELDS = ("paper", "size", "seeds", "settings", "rows", "columns", "utility_measured", "scale_overrides")
+RUN_FIELDS = ("paper", "size", "seeds", "settings", "rows", "columns", "utility_measured", "scale_overrides", "lpips")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -318,7 +318,12 @@ def run_paper(
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise ValueError(f"out={str(out)!r} is not a writable folder")
+    from leakgym.metrics import lpips_available, lpips_status
+
     torch.set_num_threads(1)
+    # LPIPS beside SSIM/PSNR where the user's backbone weights are on disk; decided once per run (a resumed run
+    # must decide alike, RUN_FIELDS). Without them: null, with the reason once (``lpips_note``).
+    with_lpips = lpips_available()
     start, cpu_start = time.perf_counter(), time.process_time()
     settings = {}
     for label, scale in paper.scales[size].items():
@@ -349,6 +354,8 @@ def run_paper(
         "scale_overrides": scale_overrides or {},
         "images_requested": images,
         "utility_measured": bool(utility),
+        "lpips": "alex" if with_lpips else None,
+        "lpips_note": lpips_status(),
     }
     path = out / f"reproduce_{paper.key}.json" if out is not None else None
     recorded = _recorded(paper, path, head) if resume else None
@@ -397,7 +404,8 @@ def run_paper(
             for seed in seeds:
                 if (label, seed) in grids:
                     continue
-                grid = run_grid(rows, columns, scale, split=split_for(scale), seed=seed, progress=progress)
+                grid = run_grid(rows, columns, scale, split=split_for(scale), seed=seed, progress=progress,
+                                lpips=with_lpips)
                 grids[(label, seed)] = _plain([{"setting": label, **c.summary()} for c in grid.values()])
                 state["grids"].append({"setting": label, "seed": seed, "cells": grids[(label, seed)]})
                 save()
@@ -430,7 +438,7 @@ def run_paper(
             utility_rows.update(extras.pop("utility", {}))
         result = {k: head[k] for k in ("paper", "title", "source", "paper_setting", "size", "seeds", "dataset")}
         result["cifar10"] = dataset_status("cifar10")
-        result |= {k: head[k] for k in ("settings", "utility_setting", "rows", "columns")}
+        result |= {k: head[k] for k in ("settings", "utility_setting", "rows", "columns", "lpips", "lpips_note")}
         result |= {"cells": cells, "utility": utility_rows}
         result |= {k: head[k] for k in ("paper_numbers", "deviations", "scale_overrides")}
         result["extras"] = extras
@@ -481,14 +489,17 @@ def cell(result: dict, defense: str, attack: str, setting: str | None = None) ->
 
 def est(result: dict, defense: str, attack: str, name: str, setting: str | None = None, *,
         sent: Sequence[str] | None = None) -> Estimate | None:
-    """``name`` (psnr/ssim/mse) of one cell: mean ± standard error over the images of every seed.
+    """``name`` (psnr/ssim/mse; lpips where the run had the weights, :func:`lpips_reported`) of one cell:
+    mean ± standard error over the images of every seed.
 
     Images whose update was not sent (CENSOR's ``skip`` fallback) are left out: nothing reached the
     attacker. ``sent``: keep only the images whose update was one of these kinds (e.g. ``("original",)``).
-    ``None`` if the cell was not run or no update of it was sent.
+    ``None`` if the cell was not run, no update of it was sent or the run did not score ``name``.
     """
     c = cell(result, defense, attack, setting)
     if c is None:
+        return None
+    if name not in c["per_image"]:  # lpips of a run without the backbone weights
         return None
     values = c["per_image"][name]
     kinds = c.get("sent") or []
@@ -602,6 +613,23 @@ def listing(values: dict[str, Estimate | None], digits: int = 2) -> str:
     return ", ".join(f"{k} {'n/a' if v is None else v.fmt(digits)}" for k, v in values.items())
 
 
+def lpips_reported(result: dict) -> bool:
+    """Did the run score LPIPS (the user's backbone weights were on disk)? Results written before LPIPS
+    was reported did not."""
+    return result.get("lpips") is not None
+
+
+def lpips_line(result: dict) -> str:
+    """The results' one statement about LPIPS: reported (which backbone, which file) or why not."""
+    note = result.get("lpips_note")
+    if note is None:
+        return "LPIPS: not reported (these results were written before LeakGym reported LPIPS)."
+    if lpips_reported(result):
+        return (f"{note}; every LPIPS number of ours is on the digits images, upsampled to 32x32 where smaller "
+                "(comparable among our rows, not with the paper's LPIPS).")
+    return note
+
+
 # -- writing ---------------------------------------------------------------------------------------------
 _MARK = {HOLDS: "holds", TIE: "tie (within noise)", FAILS: "**does not hold**", UNCHECKED: "not checkable",
          UNDECIDED: "undecided (more seeds needed)"}
@@ -654,6 +682,7 @@ def markdown(paper: Paper, result: dict) -> str:
          "difference exceeds two standard errors; \"tie (within noise)\" otherwise, and \"undecided\" for a bound "
          "(an accuracy drop below a paper's gap) that the estimate neither meets nor breaks at two standard errors."),
         utility_line,
+        f"* {lpips_line(result)}",
         f"* {plateau_line(result)}",
         f"* CIFAR-10: {result['cifar10']}; all our numbers are on digits.",
         "",
