@@ -305,10 +305,10 @@ def gallery_figure(table: PayoffTable, max_images: int = 4):
                 elif with_lpips:  # a pair kept from a run without the weights (--resume)
                     label += "\nLPIPS n/a"
                 right.set_xlabel(label, fontsize=8)
-    metrics = "SSIM, PSNR and LPIPS" if with_lpips else "SSIM and PSNR (LPIPS not available: no backbone weights)"
+    metrics = "SSIM, PSNR and LPIPS" if with_lpips else "SSIM, PSNR (LPIPS not available)"
     fig.suptitle(
-        _wrap(f"{table.env_id}: each pair's kept round: the private images (blue frames) and the attacker's "
-              f"matched reconstructions, with {metrics}", width, fontsize=10),
+        _wrap(f"{table.env_id}: private images (blue) beside each pair's matched reconstructions; {metrics}",
+              width, fontsize=10),
         fontsize=10,
     )
     return fig
