@@ -120,26 +120,19 @@ def _milp_equilibria(a: np.ndarray, b: np.ndarray, limit: int = MAX_MILP_EQUILIB
         r = np.zeros(size)
         r[idx] = 1
         add(r, 1, 1)
-    for i in range(m):  # u_a - (a y)_i in [0, s_a_i]; x_i <= 1 - s_a_i
-        r = np.zeros(size)
-        r[iua], r[iy] = 1, -a[i]
-        add(r, 0, np.inf)
-        r2 = r.copy()
-        r2[isa[i]] = -1
-        add(r2, -np.inf, 0)
-        r3 = np.zeros(size)
-        r3[ix[i]], r3[isa[i]] = 1, 1
-        add(r3, -np.inf, 1)
-    for j in range(n):
-        r = np.zeros(size)
-        r[iud], r[ix] = 1, -b[:, j]
-        add(r, 0, np.inf)
-        r2 = r.copy()
-        r2[isd[j]] = -1
-        add(r2, -np.inf, 0)
-        r3 = np.zeros(size)
-        r3[iy[j]], r3[isd[j]] = 1, 1
-        add(r3, -np.inf, 1)
+    # For each side: u - (payoff of pure strategy k against the other's mix) in [0, s_k], and p_k <= 1 - s_k
+    # (rows of ``a`` against y for the attacker; columns of ``b`` against x for the defender)
+    for payoffs, own, value, outside, other in ((a, ix, iua, isa, iy), (b.T, iy, iud, isd, ix)):
+        for k in range(len(own)):
+            r = np.zeros(size)
+            r[value], r[other] = 1, -payoffs[k]
+            add(r, 0, np.inf)
+            r2 = r.copy()
+            r2[outside[k]] = -1
+            add(r2, -np.inf, 0)
+            r3 = np.zeros(size)
+            r3[own[k]], r3[outside[k]] = 1, 1
+            add(r3, -np.inf, 1)
     cost = np.zeros(size)
     if largest_support:
         cost[np.concatenate([isa, isd])] = 1.0
