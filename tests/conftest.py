@@ -1,7 +1,13 @@
-"""Shared fixtures: a cheap LeakGym scenario for API and determinism tests."""
+"""Shared fixtures: a cheap LeakGym scenario for API and determinism tests, a fake download server."""
+
+import shutil
+import urllib.error
+from pathlib import Path
 
 import pytest
 import torch
+
+from leakgym.data import download as download_module
 
 # The models are tiny: one intra-op thread is fastest and keeps pytest from oversubscribing 2 cores.
 torch.set_num_threads(1)
@@ -106,3 +112,19 @@ def eval_bn_convnets():
         return models
 
     return make
+
+
+@pytest.fixture
+def fake_server(monkeypatch):
+    """Serve local files in place of URLs; records every URL requested."""
+    served: dict[str, Path] = {}
+    requested: list[str] = []
+
+    def fake_download_url(url, root, filename=None, md5=None):
+        requested.append(url)
+        if url not in served:
+            raise urllib.error.URLError("Temporary failure in name resolution")
+        shutil.copyfile(served[url], Path(root) / (filename or Path(url).name))
+
+    monkeypatch.setattr(download_module, "download_url", fake_download_url)
+    return served, requested

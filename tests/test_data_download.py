@@ -9,9 +9,7 @@ import hashlib
 import io
 import pickle
 import re
-import shutil
 import tarfile
-import urllib.error
 from pathlib import Path
 
 import numpy as np
@@ -36,22 +34,6 @@ def _tiny_cifar10_archive(directory: Path) -> Path:
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(staging, arcname="cifar-10-batches-py")
     return archive
-
-
-@pytest.fixture
-def fake_server(monkeypatch):
-    """Serve local files in place of URLs; records every URL requested."""
-    served: dict[str, Path] = {}
-    requested: list[str] = []
-
-    def fake_download_url(url, root, filename=None, md5=None):
-        requested.append(url)
-        if url not in served:
-            raise urllib.error.URLError("Temporary failure in name resolution")
-        shutil.copyfile(served[url], Path(root) / (filename or Path(url).name))
-
-    monkeypatch.setattr(download_module, "download_url", fake_download_url)
-    return served, requested
 
 
 def _use_remote(monkeypatch, md5: str) -> RemoteFile:

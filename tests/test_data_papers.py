@@ -4,9 +4,7 @@ tests write in that format; downloads through a fake server; the "put these file
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import tarfile
-import urllib.error
 from pathlib import Path
 
 import numpy as np
@@ -17,29 +15,12 @@ import torchvision
 from PIL import Image
 
 from leakgym.data import DatasetUnavailableError, imagesets, load_dataset
-from leakgym.data import download as download_module
 from leakgym.data.download import file_md5
 
 
 def _jpeg(path: Path, colour, size=(20, 16)) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", size, colour).save(path, quality=100)
-
-
-@pytest.fixture
-def fake_server(monkeypatch):
-    """Serve local files in place of URLs; records every URL requested."""
-    served: dict[str, Path] = {}
-    requested: list[str] = []
-
-    def fake_download_url(url, root, filename=None, md5=None):
-        requested.append(url)
-        if url not in served:
-            raise urllib.error.URLError("Temporary failure in name resolution")
-        shutil.copyfile(served[url], Path(root) / (filename or Path(url).name))
-
-    monkeypatch.setattr(download_module, "download_url", fake_download_url)
-    return served, requested
 
 
 # -- SVHN ------------------------------------------------------------------------------------------

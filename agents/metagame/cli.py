@@ -118,24 +118,6 @@ def summary_text(state: MetagameState) -> str:
     return "\n".join(lines)
 
 
-def device_label(device: str) -> str:
-    """The device in words for the results file: the CPU model and core count, or the GPU's name."""
-    import os
-    import platform
-
-    if str(device).startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(torch.device(device))
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{cpu}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} CPU cores"
-
-
 def main(args: argparse.Namespace) -> int:
     from .report import report_card, write_figures, write_report_card
     from .simulation import LeakGymSimulator, SB3Oracle
@@ -193,7 +175,9 @@ def main(args: argparse.Namespace) -> int:
     from .report import summary_markdown
 
     summary_md = Path(args.out) / "metagame.md"
-    summary_md.write_text(summary_markdown(state, rows, device=device_label(args.device)))
+    from leakgym.bench import machine_label
+
+    summary_md.write_text(summary_markdown(state, rows, device=machine_label(args.threads, args.device)))
     paths = [write_payoff_csv(state, Path(args.out) / "payoff.csv"), *write_report_card(rows, args.out), summary_md]
     paths += write_figures(state, args.out, rows)
     print(summary_text(state))

@@ -31,10 +31,20 @@ def device_label(device: str | torch.device) -> str:
     return str(dev)
 
 
+def cpu_name() -> str:
+    """The CPU model as the OS names it (``/proc/cpuinfo``'s "model name", e.g. ``"AMD EPYC"``), else the
+    architecture (``"x86_64"``)."""
+    fallback = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), fallback)
+    except OSError:  # not Linux
+        return fallback
+
+
 def machine_label(threads: int, device: str | torch.device) -> str:
-    """Where a bench's timings come from: ``"x86_64, 2 cores, 1 torch thread(s), device cpu"``."""
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {threads} torch thread(s), "
-            f"device {device_label(device)}")
+    """Where a run's timings come from: ``"AMD EPYC, 2 cores, 1 torch thread(s), device cpu"``."""
+    return f"{cpu_name()}, {os.cpu_count()} cores, {threads} torch thread(s), device {device_label(device)}"
 
 
 def dumps(obj) -> str:
