@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..payoff import t_interval
-from .solvers import GameAnalysis, analyse_game, meta_solver
+from .solvers import meta_solver
 
 STATE_FILE = "metagame.json"
 #: metrics every cell records per episode; the payoffs are the two returns
@@ -387,21 +387,6 @@ def run_psro(
     return state
 
 
-def final_analysis(state: MetagameState) -> tuple[list[str], list[str], GameAnalysis]:
-    """The final table's member names and every equilibrium of it."""
-    a_names = [m.name for m in state.populations["attacker"]]
-    d_names = [m.name for m in state.populations["defender"]]
-    A = state.game.means(a_names, d_names, "attacker_return")
-    B = state.game.means(a_names, d_names, "defender_return")
-    return a_names, d_names, analyse_game(A, B)
-
-
-def exploitability_series(state: MetagameState) -> list[dict[str, float]]:
-    """Per iteration: exploitability with its interval, and the env steps used up to that iteration."""
-    return [{"iteration": r["iteration"], **r["exploitability"], "env_steps_total": r["env_steps_total"]}
-            for r in state.iterations]
-
-
 def halved(state: MetagameState) -> bool | None:
     """Whether the last iteration's exploitability is below half of the first's with non-overlapping
     95% intervals (the benchmark's target); None with fewer than 2 iterations or undefined intervals."""
@@ -424,9 +409,7 @@ __all__ = [
     "Oracle",
     "Simulator",
     "best_response_gain",
-    "exploitability_series",
     "fill_cells",
-    "final_analysis",
     "halved",
     "open_state",
     "run_psro",
