@@ -201,7 +201,7 @@ def evaluate(
     """
     from tqdm.auto import tqdm
 
-    from leakgym.envs.leakgym_env import parallel_env
+    from leakgym.envs.leakgym_env import parallel_env, share_batch
 
     if episodes < 1:
         raise ValueError(f"episodes={episodes}; must be >= 1")
@@ -239,7 +239,10 @@ def evaluate(
                     "device": device_label, "threads": torch.get_num_threads()}
         log = EpisodeLog.open(out, settings, resume=resume, files=_input_files(scenario_name, attackers + defenders))
     finished = log.finished if log is not None else {}
-    envs = [penv]
+    # Every group's games are rows of one batch, so each round of a group is one batched round (step_together).
+    envs = [penv] + [parallel_env(scenario_name, device=device, **overrides)
+                     for _ in range(max(len(group) for group in groups) - 1)]
+    share_batch(envs)
     played: dict[tuple[str, str], PairResult] = dict(finished)
     stats: dict[int, dict[int, EpisodeStats]] = {p: {} for p in range(len(table))}
     bar = tqdm(total=len(table) * episodes, initial=len(finished) * episodes, desc="eval", unit="episode",
@@ -253,8 +256,6 @@ def evaluate(
                 continue
             # The whole group plays (its make-up decides the rounding of its shared attack computations),
             # so a resumed run gets the numbers the uninterrupted one got; only unfinished pairs are recorded.
-            while len(envs) < len(group):
-                envs.append(parallel_env(scenario_name, device=device, **overrides))
             pairs_here = sorted({t.pair for t in group})
             bar.set_postfix_str(f"pairs {pairs_here[0] + 1}-{pairs_here[-1] + 1} of {len(table)}" if len(pairs_here) > 1
                                 else "{} vs {}".format(*labels[pairs_here[0]]))
@@ -267,7 +268,7 @@ def evaluate(
                     track = group[j]
                     stats[track.pair][track.episodes[wave]] = result
                     if track.episodes[wave] == gallery_episode(*divmod(track.pair, len(d_labels)), episodes):
-                        last[track.pair] = LastRound.from_game(envs[j].game.last)
+                        last[track.pair] = LastRound.from_game(envs[j].last_round)
                 bar.update(sum(labels[group[j].pair] not in finished for j in live))
             for p in pairs_here:
                 if labels[p] in finished or len(stats[p]) < episodes:

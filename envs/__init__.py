@@ -2,7 +2,7 @@
 
 * :func:`parallel_env` — the PettingZoo ``ParallelEnv`` (agents ``attacker`` and ``defender``);
 * :func:`env` — its AEC form through PettingZoo's standard conversion and wrappers;
-* :func:`step_together` — several parallel envs' steps played as one batched round;
+* :func:`step_together` — several parallel envs' steps played as one batched round (:func:`share_batch`);
 * Gymnasium ids (``LeakGym-Digits-v0``, ``LeakGym-CIFAR-v0``, ...) registered on ``import leakgym``,
   one per scenario TOML file in ``envs/scenarios/``.
 """
@@ -12,7 +12,7 @@ from .scenario import Scenario, load_scenario, scenario_names
 
 register_envs()
 
-_LAZY = {"parallel_env", "env", "raw_env", "step_together", "LeakGymParallelEnv", "RoundError"}
+_LAZY = {"parallel_env", "env", "raw_env", "share_batch", "step_together", "LeakGymParallelEnv", "RoundError"}
 
 
 def __getattr__(name: str):
@@ -36,5 +36,6 @@ __all__ = [
     "register_envs",
     "registered_ids",
     "scenario_names",
+    "share_batch",
     "step_together",
 ]

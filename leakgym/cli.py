@@ -251,7 +251,7 @@ _OUT_OF_MEMORY = ("can't allocate memory", "not enough memory", "out of memory",
 
 
 def allocation_failure(exc: BaseException) -> BaseException | None:
-    """The allocation failure behind ``exc`` (itself or a cause, e.g. the :class:`~leakgym.envs.round.RoundError`
+    """The allocation failure behind ``exc`` (itself or a cause, e.g. the :class:`~leakgym.game.round.RoundError`
     of a round that ran out of memory): a ``MemoryError`` or torch's out-of-memory ``RuntimeError`` (CPU or
     CUDA); None when ``exc`` is not one."""
     seen: set[int] = set()

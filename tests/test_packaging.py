@@ -75,7 +75,7 @@ def test_envs_never_import_agents():
     import sys
 
     code = ("import sys, leakgym.envs.leakgym_env, leakgym.envs.single_agent, leakgym.envs.vector, "
-            "leakgym.envs.round, leakgym.envs.describe; "
+            "leakgym.game.round, leakgym.envs.describe; "
             "print(sorted(m for m in sys.modules if m.startswith('leakgym.agents')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
