@@ -2,7 +2,7 @@
 
 ``gym.make("LeakGym-Digits-v0", role="attacker", opponent="random")`` returns the attacker's view
 against a uniformly randomised scripted defender (the default). The Gymnasium entry point
-(:mod:`leakgym.agents.gym_entry_points`) turns ``opponent`` names, presets and policy paths into
+(:mod:`leakgym.agents.policies.gym_entry_points`) turns ``opponent`` names, presets and policy paths into
 agents; this class itself takes the opponent *object*: anything with
 ``act(observation, action_space, rng) -> action`` (optionally ``reset(seed)`` and
 ``observe(reward, info)``, as :class:`leakgym.agents.Agent` has), or a plain callable

@@ -35,7 +35,7 @@ class LeakGymVectorEnv(VectorEnv):
     Args:
         num_envs: number of games.
         opponents: one opponent object per game (agents keep per-episode state); ``gym.make_vec``
-            builds them from ``opponent=`` (:func:`leakgym.agents.gym_entry_points.make_vector_env`).
+            builds them from ``opponent=`` (:func:`leakgym.agents.policies.gym_entry_points.make_vector_env`).
         batch_attacks: True (default) runs the attacks that share a configuration as one batched
             call; False runs each game's attack alone, so that every game's trajectory is
             bit-identical to the single-agent view's (batching may change attack results by

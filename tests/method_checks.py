@@ -39,7 +39,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.scripted import FixedAgent
 from leakgym.attacks import ATTACKS, AttackCost, AttackerKnowledge, AttackResult, build_attack
 from leakgym.attacks.adaptive import class_mean_images
 from leakgym.data import federated_split, load_dataset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leakgym.agents import evaluation
+from leakgym.agents.experiments.evaluation import cli as evaluation
 from leakgym.cli import main
 from leakgym.envs.scenario import load_scenario
 from leakgym.game.round import RoundError

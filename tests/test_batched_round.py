@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401  (registers the ids)
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.scripted import FixedAgent
 from leakgym.attacks import build_attack
 from leakgym.attacks.engine import optimization
 from leakgym.envs import RoundError, parallel_env

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.scripted import FixedAgent
 
 pytestmark = pytest.mark.cuda
 
@@ -130,7 +130,7 @@ def test_leakgym_train_with_the_default_hyperparameters_on_cuda(tmp_path, game_m
 def test_eval_in_lockstep_on_cuda_matches_pair_by_pair(cheap_overrides, game_model_devices):
     """`leakgym eval`'s lockstep groups (several games, one Round per round: step_together) on CUDA;
     the games' shared normalised dataset lives on the device."""
-    from leakgym.agents.play import evaluate
+    from leakgym.agents.experiments.evaluation.play import evaluate
 
     kwargs = {"episodes": 1, "overrides": cheap_overrides, "progress": False, "device": "cuda"}
     attackers, defenders = ["random", "bandit"], ["none", "random"]
@@ -157,7 +157,7 @@ def test_devices_this_machine_has_are_accepted_and_others_named():
 
 
 def test_training_evaluations_in_lockstep_on_cuda(game_model_devices):
-    from leakgym.agents import training as tr
+    from leakgym.agents.experiments import training as tr
 
     kwargs = {"rounds": 1, "num_clients": 1, "iterations": [1], "restarts": [1], "eval_size": 32,
               "opponent": "random", "device": "cuda"}

@@ -208,7 +208,7 @@ def test_missing_paths_and_unknown_names_are_refused(tmp_path):
 
 
 def test_the_dataset_option_takes_a_path_as_keyword_toml_key_and_cli_override(tmp_path, capsys):
-    from leakgym.agents.cli_common import parse_overrides
+    from leakgym.agents.experiments.cli_common import parse_overrides
     from leakgym.cli import main
 
     root = _folder(tmp_path / "faces", {"young": 6, "old": 6}, shape=(12, 12, 3))

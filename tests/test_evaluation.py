@@ -12,7 +12,7 @@ import torch
 from scipy import stats
 
 from leakgym.agents import EpsilonGreedyBandit, make_agent
-from leakgym.agents import evaluation as ev
+from leakgym.agents.experiments.evaluation import cli as ev
 from leakgym.envs.leakgym_env import parallel_env
 
 # Tiny digits games: 2 rounds, one benign client, 1-2 attack iterations, small test set.
@@ -283,7 +283,7 @@ def test_gallery_without_labels_says_original():
 def test_neighbouring_pairs_keep_rounds_of_different_episodes():
     """Pair (i, j) keeps the last round of its episode (i + j) mod episodes: with common random numbers the
     gallery showed every pair the same private image. The payoff numbers do not depend on the choice."""
-    from leakgym.agents.payoff import gallery_episode
+    from leakgym.agents.experiments.evaluation.payoff import gallery_episode
 
     assert [gallery_episode(i, j, 2) for i in range(2) for j in range(3)] == [0, 1, 0, 1, 0, 1]
     table = ev.evaluate("digits", ["random", "fixed:1,0,0,0"], ["none", "fixed:0,0,0,0,0,0"], episodes=2,
@@ -312,8 +312,8 @@ def test_episodic_pairs_play_their_episodes_at_once_and_each_pair_its_own_copy_o
     """A learning agent given as an object plays each pair from the object as given, as a name builds a
     fresh agent per pair: it used to play every pair itself, carrying what it learnt from one pair
     into the next (and from one call of evaluate into the next, same seed, other numbers)."""
-    from leakgym.agents.base import UniformRandomAgent
-    from leakgym.agents.play import _groups, _tracks
+    from leakgym.agents.experiments.evaluation.play import _groups, _tracks
+    from leakgym.agents.policies.base import UniformRandomAgent
     from leakgym.envs import parallel_env
 
     penv = parallel_env("digits", **TINY)

@@ -35,7 +35,9 @@ def test_wheel_contains_the_three_packages(wheel):
         "leakgym/defenses/__init__.py",
         "leakgym/__main__.py",
         "leakgym/py.typed",
-        "leakgym/agents/hyperparams/ppo.yml",
+        "leakgym/agents/policies/gym_entry_points.py",
+        "leakgym/agents/experiments/training/loop.py",
+        "leakgym/agents/experiments/hyperparams/ppo.yml",
     ):
         assert required in names, f"{required} missing from {wheel.name}"
     # every source package (a folder with __init__.py) is in pyproject's package list, so in the wheel

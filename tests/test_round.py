@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401  (registers the ids)
-from leakgym.agents.base import UniformRandomAgent
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.base import UniformRandomAgent
+from leakgym.agents.policies.scripted import FixedAgent
 from leakgym.envs import RoundError, parallel_env
 from leakgym.envs.leakgym_env import share_batch
 from leakgym.game import round as round_module
@@ -94,7 +94,7 @@ def test_each_game_of_a_vector_meets_its_own_copy_of_an_opponent_object(cheap_ov
     """An Agent object given as ``opponent`` is a template: every game plays a copy. A shared instance
     advanced one game's round-robin position in its neighbour's rounds, so two games with one seed
     diverged (and a bandit would credit one game's reward to another game's arm)."""
-    from leakgym.agents.scripted import RoundRobinAgent
+    from leakgym.agents.policies.scripted import RoundRobinAgent
 
     template = RoundRobinAgent()
     single = gym.make("LeakGym-Digits-v0", opponent=RoundRobinAgent(), **cheap_overrides)
@@ -326,7 +326,7 @@ def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, mo
     (here a round-robin position) is put back with its generator, so the retried step plays what a
     fresh env plays. Ctrl-C mid-round too (it left the round half played: model, round counter and
     generators moved on)."""
-    from leakgym.agents.scripted import RoundRobinAgent
+    from leakgym.agents.policies.scripted import RoundRobinAgent
 
     def make():
         if vector:
@@ -382,7 +382,7 @@ def test_view_options_are_checked_when_built():
 def test_a_rejected_action_leaves_the_opponent_holding_the_callers_objects(cheap_overrides, kind):
     """A rejected learner action used to restore the opponent from deep copies: an opponent sharing a
     policy with the caller stopped seeing the caller's updates after any rejected step."""
-    from leakgym.agents.base import Agent
+    from leakgym.agents.policies.base import Agent
     from leakgym.envs.single_agent import LeakGymSingleAgentEnv
 
     table = {"action": np.zeros(6, np.int64)}  # a policy the caller keeps training

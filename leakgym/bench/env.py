@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="scenario overrides for every game of both paths, e.g. iterations=[1] num_clients=1 "
                              "(one attack iteration: the per-game host cost); named in each row")
-    from leakgym.agents.cli_common import add_allow_large_argument
+    from leakgym.agents.experiments.cli_common import add_allow_large_argument
 
     add_allow_large_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (rows done / total)")
@@ -331,7 +331,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 def parse_ids(text: str) -> list[str]:
     """``"LeakGym-Digits-v0,digits"`` -> Gymnasium ids (ids or scenario names, as ``leakgym eval --env``);
     ValueError naming ``--envs`` and the bad entry, or an empty list."""
-    from leakgym.agents.cli_common import resolve_env
+    from leakgym.agents.experiments.cli_common import resolve_env
 
     names = [s.strip() for s in str(text).split(",") if s.strip()]
     if not names:
@@ -357,7 +357,7 @@ def main(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import leakgym  # noqa: F401  (registers the ids)
-    from leakgym.agents.cli_common import scenario_overrides
+    from leakgym.agents.experiments.cli_common import scenario_overrides
     from leakgym.envs.scenario import load_scenario
 
     ids = parse_ids(args.envs)

@@ -152,7 +152,8 @@ class PairResult:
 
 @dataclass
 class PayoffTable:
-    """The result of :func:`leakgym.agents.play.evaluate`: one :class:`PairResult` per pair."""
+    """The result of :func:`leakgym.agents.experiments.evaluation.play.evaluate`: one :class:`PairResult`
+    per pair."""
 
     env_id: str
     scenario: str

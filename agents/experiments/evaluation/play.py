@@ -14,7 +14,7 @@ when the pretrained LPIPS weights are installed — and ``label_accuracy``), the
 Games play in *lockstep*, ``lockstep`` at a time (:func:`play_episodes`): each round of a group's games
 is one :class:`~leakgym.envs.round.Round` (:func:`~leakgym.envs.leakgym_env.step_together`), so their
 attacks share engine calls as a vector env's do. A pair whose two agents are
-:attr:`~leakgym.agents.base.Agent.episodic` (they carry nothing between episodes: scripted agents,
+:attr:`~leakgym.agents.policies.base.Agent.episodic` (they carry nothing between episodes: scripted agents,
 presets, saved policies) plays its episodes at once, one game and one copy of each agent per episode; a
 pair with an agent that learns across episodes (the bandit) plays them one after another with one
 instance, as before. A pair's numbers equal its episodes played alone up to the floating-point rounding
@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from leakgym.agents.policies.base import Agent
+from leakgym.agents.policies.factory import make_agent
 from leakgym.devices import canonical_device
 
-from .base import Agent
-from .cli_common import resolve_env
+from ..cli_common import resolve_env
 from .episode_log import EpisodeLog
-from .factory import make_agent
 from .payoff import ROUND_METRICS, EpisodeStats, LastRound, PairResult, PayoffTable, gallery_episode
 
 #: pairs of an evaluation that play in lockstep by default (:func:`evaluate`)
@@ -105,13 +105,12 @@ def play_episode(env, attacker: Agent, defender: Agent, seed: int) -> EpisodeSta
 def _input_files(scenario_name: str, specs: list[Any]) -> dict[str, str]:
     """Path -> content hash (:func:`leakgym.files.file_digest`) of every file the run's agents and scenario
     are read from: each policy's ``.zip`` and ``.json`` (a :class:`LearnedAgent` or a spec naming a file,
-    as :func:`~leakgym.agents.factory.make_agent` reads it) and the scenario's TOML file."""
+    as :func:`~leakgym.agents.policies.factory.make_agent` reads it) and the scenario's TOML file."""
+    from leakgym.agents.policies.factory import SCRIPTED_NAMES
+    from leakgym.agents.policies.learned import LearnedAgent, metadata_path
+    from leakgym.agents.policies.presets import PRESETS
     from leakgym.envs.scenario import SCENARIO_DIR
     from leakgym.files import file_digest
-
-    from .factory import SCRIPTED_NAMES
-    from .learned import LearnedAgent, metadata_path
-    from .presets import PRESETS
 
     paths = [SCENARIO_DIR / f"{scenario_name}.toml"]
     for spec in specs:
@@ -194,8 +193,8 @@ def evaluate(
     ``lockstep`` games play together (in table order: a pair of episodic agents is one game per
     episode, any other pair one game for all its episodes; 1: one game at a time). With ``out``, each
     pair's episodes are written to ``out/episodes.csv`` as soon as the group of its last game ends (see
-    :mod:`leakgym.agents.episode_log`); with ``resume`` too, the pairs already there are read back
-    instead of played again (``ValueError`` if that run had other settings; a group with an unfinished
+    :mod:`leakgym.agents.experiments.evaluation.episode_log`); with ``resume`` too, the pairs already
+    there are read back instead of played again (``ValueError`` if that run had other settings; a group with an unfinished
     pair is replayed whole, recording only that pair). An interrupted call (``KeyboardInterrupt``)
     leaves every finished pair on disk.
     """
