@@ -8,7 +8,7 @@
     leakgym selfplay ...              alternating best responses
     leakgym metagame ...              PSRO: populations of attackers and defenders, equilibria, exploitability
     leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--resume|--rerender]   re-run each paper's main table (docs/results/)
-    leakgym bench attacks|defenses|env|eval --json PATH
+    leakgym bench attacks|defenses|env|eval|trace --json PATH
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ BENCHMARKS = {
     "defenses": ("leakgym.bench.defenses", "accuracy, leakage and overhead of each defense"),
     "env": ("leakgym.bench.env", "environment steps per second and the cost split"),
     "eval": ("leakgym.bench.eval", "leakgym eval with games in lockstep vs one game at a time"),
+    "trace": ("leakgym.bench.trace", "the project files one round enters (docs/architecture.md)"),
 }
 
 DEMO_ATTACKERS = "random,ig-paper,prior-init-dcs2"

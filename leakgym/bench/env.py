@@ -3,7 +3,7 @@
 For each environment id and each vector size N (``--num-envs 1,16,256,1024``), one spawned worker
 process builds
 
-* the **batched** vector env (``gym.make_vec``, N games, one :class:`~leakgym.envs.round.Round` per
+* the **batched** vector env (``gym.make_vec``, N games, one :func:`~leakgym.game.round.play_round` per
   step with batched attacks and batched benign clients), and
 * the **sequential baseline**: the same games (same seeds, same actions) as single-agent envs
   (``gym.make``) stepped one at a time, on ``min(N, --baseline-games)`` of them,
