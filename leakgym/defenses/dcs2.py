@@ -73,7 +73,7 @@ from torch import Tensor, nn
 from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
 from leakgym.fl.batched import independent_rows, signature, stack_buffers, stack_parameters
 from leakgym.models import has_batchnorm, task_loss
-from leakgym.models.convolution import UnfoldedConvolutions
+from leakgym.models.parameter_sets import batched_forward
 from leakgym.models.rowwise import RowwiseForward
 
 #: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
@@ -404,10 +404,11 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     ``torch.autograd.grad(..., create_graph=True)`` of the rows' weighted losses (the clients' losses
     are independent, so the gradient of their sum is each one's own) and every row's image gradient
     with one more, and steps a per-row Adam (:class:`~leakgym.attacks.engine.adam.BatchedAdam`,
-    ``torch.optim.Adam`` with ``MultiStepLR``, each row at its client's step size). Small convolutions
-    take the attack engine's unfolded form (:mod:`leakgym.models.convolution`: a per-row weight
-    would make them grouped convolutions, whose double backward loops over the groups); a plain layer
-    stack (DLG's LeNet) skips vmap and computes every row with :mod:`leakgym.models.rowwise` (measured,
+    ``torch.optim.Adam`` with ``MultiStepLR``, each row at its client's step size). The rows' forward pass
+    is :func:`~leakgym.models.parameter_sets.batched_forward`: under vmap, small convolutions take the
+    unfolded form (:mod:`leakgym.models.convolution`: a per-row weight would make them grouped
+    convolutions, whose double backward loops over the groups); a plain layer stack (DLG's LeNet) skips
+    vmap and computes every row in its row-wise form (:mod:`leakgym.models.rowwise`; measured,
     20 steps, one image per client, one CPU thread: 1 client 69 -> 44 ms, 16 clients 185 -> 148 ms;
     test: ``test_batched_synthesis_of_lenet_is_rowwise_and_equals_the_vmap_form``). Start points
     come from each client's own generator, drawn as :func:`dcs2_gradient` draws them; the mixing and
@@ -454,22 +455,13 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     stacked = stack_buffers(models)
     constants = {n: b.detach() for n, b in base.named_buffers() if n not in stacked}
     row_buffers = {n: t.index_select(0, owner) for n, t in stacked.items()}
+    # The row-wise form for a plain layer stack (DLG's LeNet), else None: the vmap form (leakgym.models.parameter_sets)
     rowwise = RowwiseForward.of(base, 1, tuple(xs[0].shape[1:]))
-    seen: list[Tensor] = []
-    hook = base.head.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
-    convolutions = UnfoldedConvolutions(base)
 
-    def forward(p: dict[str, Tensor], b: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        logits = torch.func.functional_call(base, {**constants, **b, **p}, (xc.unsqueeze(0),))
-        # one concealed sample's cross-entropy; f(x~_c) of Eq. 8 is the head's input in this same forward pass
-        return torch.nn.functional.cross_entropy(logits, y.unsqueeze(0)), seen.pop().squeeze(0)
-
-    def forward_rows(p: dict[str, Tensor], b: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        # The same for a plain layer stack (DLG's LeNet), every row at once without vmap (leakgym.models.rowwise)
-        logits, z = rowwise.logits(p, xc.unsqueeze(1))
+    def forward_all(p: dict[str, Tensor], b: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        # every concealed sample a row of one image; f(x~_c) of Eq. 8 is the head's input in this same forward pass
+        logits, z = batched_forward(base, p, xc.unsqueeze(1), b, shared=constants, rowwise=rowwise, features=True)
         return torch.nn.functional.cross_entropy(logits.squeeze(1), y, reduction="none"), z.squeeze(1)
-
-    forward_all = torch.func.vmap(forward, randomness="error") if rowwise is None else forward_rows
 
     def objective(xc: Tensor, create_graph: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Eq. 9 of every client ``(K,)`` and its ingredients (cosine, pixel and latent distances)."""
@@ -486,22 +478,15 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     milestones = _milestones(steps)
     rates = torch.tensor([decayed_rates(s["lr"], milestones) for s in settings], dtype=torch.float64, device=device)
     xc = torch.cat([c.x0 for c in cs]).detach().clone().requires_grad_(True)
-    convolutions.on, convolutions.rows = True, xc.shape[0]  # the rows decide the matrix unfold (takes_matrix)
-    if rowwise is not None:
-        rowwise.rows = xc.shape[0]
-    try:
-        _, cos0, pix0, _ = objective(xc, create_graph=False)
-        opt = BatchedAdam([xc], lr=rates.index_select(0, owner),
-                          milestones=torch.tensor([milestones] * xc.shape[0], device=device).reshape(xc.shape[0], -1))
-        for _ in range(steps):
-            obj = objective(xc, create_graph=True)[0]
-            (grad_x,) = torch.autograd.grad(obj.sum(), [xc])
-            opt.step([grad_x])
-        xc = xc.detach()
-        final = objective(xc.clone().requires_grad_(True), create_graph=False)
-    finally:
-        convolutions.close()
-        hook.remove()
+    _, cos0, pix0, _ = objective(xc, create_graph=False)
+    opt = BatchedAdam([xc], lr=rates.index_select(0, owner),
+                      milestones=torch.tensor([milestones] * xc.shape[0], device=device).reshape(xc.shape[0], -1))
+    for _ in range(steps):
+        obj = objective(xc, create_graph=True)[0]
+        (grad_x,) = torch.autograd.grad(obj.sum(), [xc])
+        opt.step([grad_x])
+    xc = xc.detach()
+    final = objective(xc.clone().requires_grad_(True), create_graph=False)
     obj, cos, pix, lat = (t.detach().tolist() for t in final)
     cos0, pix0 = cos0.detach().tolist(), pix0.detach().tolist()
     mine = xc.split(sizes)

@@ -15,7 +15,7 @@ parameters of the same architecture), each with R restarts folded into the batch
   TV weights that differ between the problems of one call);
 * :mod:`~leakgym.attacks.engine.problems` -- :class:`ProblemSet` (N stacked problems) and the
   simulator of the victims' updates (``vmap`` over ``torch.func.grad``, BatchNorm, PRECODE noise);
-  the simulator computes convolutions as unfold + matrix product (:mod:`leakgym.models.convolution`),
+  the simulator computes convolutions as unfold + matrix product (:mod:`leakgym.models.parameter_sets`),
   whose double backward stays one computation for all rows, and a plain layer stack (DLG's LeNet)
   without vmap (:mod:`leakgym.models.rowwise`);
 * :mod:`~leakgym.attacks.engine.adam` -- :class:`BatchedAdam`, Adam with a step size and decay per row;
