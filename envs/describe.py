@@ -17,7 +17,7 @@ import numpy as np
 
 from .observations import attacker_obs_names, defender_obs_names
 from .registration import registered_ids
-from .scenario import LIMITS, Scenario, load_scenario
+from .scenario import LIMITS, Scenario, load_scenario, scenario_options
 
 #: per environment id: the versions and what changed
 VERSION_HISTORY = {
@@ -161,11 +161,10 @@ def env_page(gym_id: str) -> str:
         "",
     ]
     rows = []
-    for f in dataclasses.fields(sc):
-        value = getattr(sc, f.name)
+    for key, value in scenario_options(sc).items():
         if dataclasses.is_dataclass(value):
             value = dataclasses.asdict(value)
-        rows.append([f"`{f.name}`", f"`{value}`"])
+        rows.append([f"`{key}`", f"`{value}`"])
     lines += _table(["field", "value"], rows)
     lines += ["", f"Documented limits (lifted by `allow_large=True`): {LIMITS}.", "", "## Version history", ""]
     lines += [f"* {v}: {text}" for v, text in VERSION_HISTORY.items()]

@@ -512,10 +512,11 @@ class DCS2(GroupedStepDefense):
                    high=DCS2_SETTING_MAX),
         real_field("dcs2_epsilon", 0.01, "DCS² latent distance epsilon of Eq. (8)-(9) (authors' MNIST script: 0.01).",
                    high=DCS2_SETTING_MAX),
+        # limits: a scenario's documented bounds on the synthesis (the authors': 1 sample, 1,000 steps)
         int_field("dcs2_num_concealed", 1, "DCS² number of concealed samples per sensitive sample (authors: 1).",
-                  low=1),
+                  low=1, limit=64),
         int_field("dcs2_steps", 1000, "DCS² optimisation steps for the concealed sample (authors' MNIST script: 1000).",
-                  low=1),
+                  low=1, limit=30_000),
         real_field("dcs2_lr", 0.1, "DCS² learning rate of the concealed-sample optimisation (authors: 0.1).",
                    low_open=True, high=DCS2_SETTING_MAX),
         choice_field("dcs2_start", "mixup", "DCS² starting point x0: 'random' noise, a 'public' image, or 'mixup' "
