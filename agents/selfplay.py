@@ -39,6 +39,7 @@ from typing import Any
 
 from leakgym.checks import is_integer
 from leakgym.devices import device_argument
+from leakgym.files import json_safe
 
 from .cli_common import (
     INTERRUPTED,
@@ -52,7 +53,6 @@ from .cli_common import (
 )
 from .learned import ALGORITHMS
 from .play import evaluate
-from .reporting import json_safe
 from .training import MAX_TRAIN_SEED, TrainConfig, TrainingInterrupted, check_config, train
 
 

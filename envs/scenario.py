@@ -431,8 +431,8 @@ def _coerce_fields(sc: Scenario) -> None:
     if not isinstance(sc.oasis_bits, list) or not all(isinstance(b, str) for b in sc.oasis_bits):
         raise _bad(name, "oasis_bits", sc.oasis_bits, "a list of OASIS augmentation names")
     if sc.dataset not in DATASET_NAMES:  # else a path: an image folder or an .npz (leakgym.data.custom)
-        from leakgym.data.catalog import PATH_HINT
-        from leakgym.data.custom import is_dataset_path, resolve_path
+        from leakgym.data.catalog import PATH_HINT, is_dataset_path
+        from leakgym.data.custom import resolve_path
 
         if not is_dataset_path(sc.dataset):
             raise _bad(name, "dataset", sc.dataset,

@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from leakgym.agents.cli_common import INTERRUPTED  # exit status after Ctrl-C, as leakgym eval / train
-from leakgym.agents.reporting import json_safe  # NaN / infinity -> None, numpy scalars -> Python
-from leakgym.files import write_atomically
+from leakgym.files import json_safe, write_atomically  # json_safe: NaN / inf -> None, numpy scalars -> Python
 
 
 def device_label(device: str | torch.device) -> str:
