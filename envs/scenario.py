@@ -489,8 +489,8 @@ def _coerce_fields(sc: Scenario) -> None:
             raise _bad(name, menu.option if menu else f"defender_bits.{key}", names,
                        f"a list of {menu.what if menu else 'bit'} names")
     if sc.dataset not in DATASET_NAMES:  # else a path: an image folder or an .npz (leakgym.data.custom)
-        from leakgym.data.catalog import PATH_HINT
-        from leakgym.data.custom import is_dataset_path, resolve_path
+        from leakgym.data.catalog import PATH_HINT, is_dataset_path
+        from leakgym.data.custom import resolve_path
 
         if not is_dataset_path(sc.dataset):
             raise _bad(name, "dataset", sc.dataset,

@@ -75,6 +75,7 @@ from leakgym.fl.batched import independent_rows, signature, stack_buffers, stack
 from leakgym.models import has_batchnorm, task_loss
 from leakgym.models.parameter_sets import batched_forward
 from leakgym.models.rowwise import RowwiseForward
+from leakgym.optim.adam import BatchedAdam, decayed_rates
 
 #: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
 STARTS = ("random", "public", "mixup")
@@ -403,7 +404,7 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     concealed samples through client ``k``'s model), takes every client's parameter gradient with one
     ``torch.autograd.grad(..., create_graph=True)`` of the rows' weighted losses (the clients' losses
     are independent, so the gradient of their sum is each one's own) and every row's image gradient
-    with one more, and steps a per-row Adam (:class:`~leakgym.attacks.engine.adam.BatchedAdam`,
+    with one more, and steps a per-row Adam (:class:`~leakgym.optim.adam.BatchedAdam`,
     ``torch.optim.Adam`` with ``MultiStepLR``, each row at its client's step size). The rows' forward pass
     is :func:`~leakgym.models.parameter_sets.batched_forward`: under vmap, small convolutions take the
     unfolded form (:mod:`leakgym.models.convolution`: a per-row weight would make them grouped
@@ -418,9 +419,6 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     with 1-3 images and 1-2 concealed samples per image (an earlier form that padded every client to
     the largest count took 322 ms).
     """
-    # Imported here: leakgym.attacks imports leakgym.defenses (LODA), so a module-level import would be circular.
-    from leakgym.attacks.engine.adam import BatchedAdam, decayed_rates
-
     k = len(models)
     if not (k == len(xs) == len(ys) == len(clean_grads) == len(settings) == len(generators)) or k == 0:
         raise ValueError("dcs2_gradients needs one model, batch, clean gradient, settings and generator per client")

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -46,12 +46,22 @@ from leakgym.devices import seed_generators
 
 if TYPE_CHECKING:
     from leakgym.data.spec import DatasetSpec
-    from leakgym.defenses.config import DefenseConfig
 
 Stage = Literal["input", "step", "update"]
 #: The pipeline's stages, in the order they run.
 STAGES: tuple[Stage, ...] = ("input", "step", "update")
 Update = dict[str, Tensor]
+
+
+class FieldValues(Protocol):
+    """A :class:`~leakgym.defenses.config.DefenseConfig` as the registry reads it: every registered field's
+    value as an attribute, and the names of the switched-on defenses. (``DefenseConfig`` is built from this
+    registry, so the registry names it only through this protocol, not by importing it.)"""
+
+    def active(self) -> list[str]: ...
+
+    def __getattr__(self, name: str) -> Any: ...
+
 
 #: Names a field may not take: they are DefenseConfig's own attributes.
 RESERVED_NAMES = frozenset({"active", "is_identity", "replace", "to_dict", "from_dict", "preset", "fields"})
@@ -307,7 +317,7 @@ class DefenseContext:
     """
 
     name: str
-    config: DefenseConfig
+    config: FieldValues
     model: nn.Module
     spec: DatasetSpec
     device: torch.device
@@ -343,15 +353,15 @@ class Defense(ABC):
     stage: ClassVar[Stage]
     fields: ClassVar[tuple[Field, ...]] = ()
 
-    def is_active(self, config: DefenseConfig) -> bool:
+    def is_active(self, config: FieldValues) -> bool:
         """On when the first field (the switch) differs from its default ("off")."""
         switch = self.fields[0]
         return getattr(config, switch.name) != switch.default
 
-    def validate(self, config: DefenseConfig) -> None:
+    def validate(self, config: FieldValues) -> None:
         """Cross-field rules this defense owns; raise ``ValueError`` naming the values. Default: none."""
 
-    def cost(self, config: DefenseConfig) -> float:
+    def cost(self, config: FieldValues) -> float:
         """Extra client compute when active, in clean-gradient evaluations. Default: 0 (free by comparison)."""
         return 0.0
 
@@ -594,7 +604,7 @@ class _PipelineOrder(Sequence[str]):
 PIPELINE_ORDER: Sequence[str] = _PipelineOrder()
 
 
-def defense_compute_units(config: DefenseConfig) -> float:
+def defense_compute_units(config: FieldValues) -> float:
     """Extra client compute of ``config``'s defenses, in clean-gradient evaluations.
 
     The sum of :meth:`Defense.cost` over the active defenses; each defense documents its own model.
