@@ -4,11 +4,12 @@
 * :func:`env` — its AEC form through PettingZoo's standard conversion and wrappers;
 * :func:`step_together` — several parallel envs' steps played as one batched round (:func:`share_batch`);
 * Gymnasium ids (``LeakGym-Digits-v0``, ``LeakGym-CIFAR-v0``, ...) registered on ``import leakgym``,
-  one per scenario TOML file in ``envs/scenarios/``.
+  one per scenario TOML file in ``leakgym/game/scenarios/``.
 """
 
+from leakgym.game.scenario import Scenario, load_scenario, scenario_names
+
 from .registration import register_envs, registered_ids
-from .scenario import Scenario, load_scenario, scenario_names
 
 register_envs()
 

@@ -67,7 +67,7 @@ def _list_presets(env: str | None) -> int:
     """Every preset: role, settings, source paper, and whether ``env`` (if given) allows it."""
     from leakgym.agents.policies.presets import PRESETS, preset_action
     from leakgym.envs.describe import describe
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     scenario = load_scenario(describe(env)["scenario"]) if env is not None else None
     for role in ("defender", "attacker"):
@@ -277,7 +277,7 @@ def memory_message(failure: BaseException, args: argparse.Namespace) -> str:
     if hasattr(args, "env") and hasattr(args, "overrides"):
         try:
             from leakgym.agents.experiments.cli_common import resolve_env, scenario_overrides
-            from leakgym.envs.scenario import MEMORY_LIMIT_BYTES, estimated_round_bytes, load_scenario
+            from leakgym.game.scenario import MEMORY_LIMIT_BYTES, estimated_round_bytes, load_scenario
 
             scenario = load_scenario(resolve_env(args.env)[1], **scenario_overrides(args))
             estimate = (f"; LeakGym estimates one round of this scenario at {estimated_round_bytes(scenario) / 2**30:.2f} GiB "

@@ -13,7 +13,7 @@ from PIL import Image
 
 from leakgym.data import dataset_spec, load_dataset
 from leakgym.data.custom import USER_TEST_FRACTION, user_data
-from leakgym.envs.scenario import Scenario, load_scenario
+from leakgym.game.scenario import Scenario, load_scenario
 
 
 def _folder(root: Path, counts: dict[str, int], shape=(10, 12, 3), seed=0) -> Path:

@@ -113,7 +113,7 @@ def test_builtin_registry_matches_the_config_and_the_cost_model():
                 "clip_value": 0.1, "noise_sigma": 0.1}
     for (name, defense), (switch, value) in zip(DEFENSES.items(), switches.items()):
         assert defense.fields[0].name == switch and DefenseConfig(**{switch: value}).active() == [name]
-    # The cost model that envs/rewards.py computed before the registry, term by term.
+    # The cost model that leakgym/game/feedback.py computed before the registry, term by term.
     cfg = DefenseConfig(dcs2_lambda_g=0.7, dcs2_num_concealed=2, dcs2_steps=10, censor_trials=20, oasis=1 | 8,
                         loda_c=7.0, loda_steps=30, noise_sigma=0.1, soteria=0.5)
     assert defense_compute_units(cfg) == (2 * 10 + 1) + 0.5 * 20 + (3 + 1) + 30

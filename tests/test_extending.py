@@ -10,7 +10,7 @@ from toy_defense import ToyMask, ToyScale
 from leakgym.cli import main
 from leakgym.defenses import DEFENSES, DefenseConfig, defense_fields, registered
 from leakgym.envs import parallel_env
-from leakgym.envs.scenario import LIMITS, load_scenario
+from leakgym.game.scenario import LIMITS, load_scenario
 
 ENVS = Path(__file__).resolve().parents[1] / "envs"
 

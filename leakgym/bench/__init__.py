@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-from leakgym.agents.experiments.cli_common import INTERRUPTED  # exit status after Ctrl-C, as leakgym eval / train
+from leakgym.agents.experiments.cli_common import (
+    INTERRUPTED,  # exit status after Ctrl-C, as leakgym eval / train
+)
 from leakgym.files import json_safe, write_atomically  # json_safe: NaN / inf -> None, numpy scalars -> Python
 
 

@@ -125,8 +125,8 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
     from leakgym.data import load_dataset
     from leakgym.data.catalog import dataset_spec
     from leakgym.data.loading import Dataset, DatasetUnavailableError
-    from leakgym.envs.scenario import load_scenario
     from leakgym.game import batch as game_module
+    from leakgym.game.scenario import load_scenario
 
     sc = load_scenario(gym.spec(gym_id).kwargs["scenario"])
     with contextlib.suppress(DatasetUnavailableError):
@@ -358,7 +358,7 @@ def main(args: argparse.Namespace) -> int:
 
     import leakgym  # noqa: F401  (registers the ids)
     from leakgym.agents.experiments.cli_common import scenario_overrides
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     ids = parse_ids(args.envs)
     overrides = scenario_overrides(args)

@@ -105,10 +105,10 @@ def main(args: argparse.Namespace) -> int:
     result = trace_round(args.scenario, defender, attacker)
     lines = [f"# One round of `{args.scenario}`: the project files it enters",
              "",
-             f"Defender action {result['defender_action']}, attacker action {result['attacker_action']} "
-             f"(`leakgym bench trace`); {result['file_count']} project files, {result['layer_count']} of them in "
-             f"the game/env layer (`envs/`, `leakgym/game/`); the round came back {result['returns_to_a_file_left']} "
-             "times to a file it had left.",
+             (f"Defender action {result['defender_action']}, attacker action {result['attacker_action']} "
+              f"(`leakgym bench trace`); {result['file_count']} project files, {result['layer_count']} of them in "
+              f"the game/env layer (`envs/`, `leakgym/game/`); the round came back "
+              f"{result['returns_to_a_file_left']} times to a file it had left."),
              ""]
     lines += [f"{i}. `{f}`" + (" (game/env layer)" if f in result["layer_files"] else "")
               for i, f in enumerate(result["files"], 1)]

@@ -119,7 +119,7 @@ class Field:
         choices: the allowed strings (``"choice"``).
         limit: the documented upper bound a scenario puts on the field's ``defender_menu`` levels and
             ``defense_defaults`` entry (an inner loop's trials or steps, so that one step finishes
-            and fits in memory); listed in :data:`leakgym.envs.scenario.LIMITS` under the field's name and
+            and fits in memory); listed in :data:`leakgym.game.scenario.LIMITS` under the field's name and
             lifted by ``allow_large=True``. ``None``: no documented bound.
         limit_option: a scenario option whose value bounds the field's nonzero levels and default
             (Mixup's ``mixup_k <= batch_size``); not lifted by ``allow_large``.

@@ -350,9 +350,9 @@ def _fedsgd(model, row: DefenseRow, scale: Scale, split, seed: int, *, progress:
     """Train ``model`` in place by ``scale.utility_rounds`` FedSGD rounds under ``row``'s defense."""
     from tqdm import tqdm
 
-    from leakgym.game.round import share_update
     from leakgym.fl.optim import LocalOptimizer
     from leakgym.fl.server import Server
+    from leakgym.game.round import share_update
 
     spec = split.spec
     test_x, test_y = split.test_x, split.test_y

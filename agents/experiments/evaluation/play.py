@@ -109,8 +109,8 @@ def _input_files(scenario_name: str, specs: list[Any]) -> dict[str, str]:
     from leakgym.agents.policies.factory import SCRIPTED_NAMES
     from leakgym.agents.policies.learned import LearnedAgent, metadata_path
     from leakgym.agents.policies.presets import PRESETS
-    from leakgym.envs.scenario import SCENARIO_DIR
     from leakgym.files import file_digest
+    from leakgym.game.scenario import SCENARIO_DIR
 
     paths = [SCENARIO_DIR / f"{scenario_name}.toml"]
     for spec in specs:

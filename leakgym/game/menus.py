@@ -22,7 +22,7 @@ Which kind a defense field gets, and its bits' names, is the defense registry's 
 (:mod:`leakgym.defenses.registry`); this module names no defense.
 
 Index 0 of every defender dimension should be "off", so that the all-zero action is no defense.
-The "own last action" entries of the observations (:mod:`leakgym.envs.observations`) and the
+The "own last action" entries of the observations (:mod:`leakgym.game.feedback`) and the
 presets of :mod:`leakgym.agents.policies.presets` use these same dimensions.
 """
 

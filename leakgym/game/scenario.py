@@ -2,12 +2,12 @@
 
 A :class:`Scenario` fixes the federated setting (dataset, model, batch size B, K benign clients,
 rounds, FedSGD/FedAvg), the threat model, the two agents' action menus and the reward weights.
-Named scenarios are TOML files in ``envs/scenarios/``; each registers a Gymnasium id on
+Named scenarios are TOML files in ``leakgym/game/scenarios/``; each registers a Gymnasium id on
 ``import leakgym`` (see :mod:`leakgym.envs.registration`).
 
 Action menus
 ------------
-Both actions are ``MultiDiscrete`` vectors whose dimensions are :mod:`leakgym.envs.menus` objects:
+Both actions are ``MultiDiscrete`` vectors whose dimensions are :mod:`leakgym.game.menus` objects:
 
 * defender: one dimension per entry of ``defender_menu`` (a
   :class:`~leakgym.defenses.DefenseConfig` field and the values it may take), then one on/off
@@ -65,7 +65,7 @@ PSNR_FOR_FULL_LEAKAGE = 40.0
 
 @dataclass
 class RewardWeights:
-    """Weights of the reward formulas (see :mod:`leakgym.envs.rewards`)."""
+    """Weights of the reward formulas (see :mod:`leakgym.game.feedback`)."""
 
     #: attacker pays this per 1000 budget units (iterations x restarts)
     attack_cost: float = 0.05
@@ -208,7 +208,7 @@ class Scenario:
     # -- menus and spaces ------------------------------------------------------------------------
     @property
     def defender_menu_dims(self) -> Menu:
-        """The defender's :class:`~leakgym.envs.menus.Menu` (menu entries, then the bits of each bit-mask field)."""
+        """The defender's :class:`~leakgym.game.menus.Menu` (menu entries, then the bits of each bit-mask field)."""
         from leakgym.defenses import defense_field
 
         dims: list = [ValueDimension(k, tuple(v)) for k, v in self.defender_menu.items()]
@@ -219,7 +219,7 @@ class Scenario:
 
     @property
     def attacker_menu_dims(self) -> Menu:
-        """The attacker's :class:`~leakgym.envs.menus.Menu` (strategy, then attack-config fields)."""
+        """The attacker's :class:`~leakgym.game.menus.Menu` (strategy, then attack-config fields)."""
         dims = [ValueDimension(k, tuple(v)) for k, v in self.attacker_menu.items()]
         return Menu("attacker", dims, where=f"scenario {self.name!r}: ")
 
@@ -857,7 +857,7 @@ def read_scenario_file(path: str | Path) -> Scenario:
 
 
 def load_scenario(name: str | Path | Scenario = "digits", **overrides: Any) -> Scenario:
-    """A scenario with overrides applied: a packaged name (``envs/scenarios/<name>.toml``), an
+    """A scenario with overrides applied: a packaged name (``leakgym/game/scenarios/<name>.toml``), an
     explicit path to a ``.toml`` file, or a :class:`Scenario`.
 
     Only the packaged folder is searched by name; any other file must be named by its path.
