@@ -208,7 +208,7 @@ def _updates(device="cpu"):
 def test_update_summaries_of_all_games_equal_each_update_alone(monkeypatch):
     """One batched computation per architecture gives every game exactly its own summary (a vector game
     sees what it sees alone), equal to the summary written out per update; chunking changes nothing."""
-    from leakgym.envs import observations
+    from leakgym.game import feedback as observations
 
     ups = _updates()
     together = observations.update_summaries(ups)

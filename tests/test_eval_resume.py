@@ -299,7 +299,7 @@ def test_resume_refuses_a_policy_or_scenario_file_that_changed_naming_it(tmp_pat
     """``--resume`` trusted a policy's path, not its contents: one retrained at the same path between the
     interrupt and the resume was mixed into the same table. run.json records a hash of every policy file
     and of the scenario file; a resume whose files differ is refused, naming them."""
-    from leakgym.envs import scenario as scenario_module
+    from leakgym.game import scenario as scenario_module
 
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()

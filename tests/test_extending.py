@@ -12,7 +12,7 @@ from leakgym.defenses import DEFENSES, DefenseConfig, defense_fields, registered
 from leakgym.envs import parallel_env
 from leakgym.game.scenario import LIMITS, load_scenario
 
-ENVS = Path(__file__).resolve().parents[1] / "envs"
+GAME = Path(__file__).resolve().parents[1] / "leakgym" / "game"
 
 
 def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_overrides, capsys):
@@ -38,7 +38,7 @@ def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_over
 
 def test_a_toy_defense_brings_its_limits_and_bit_menu_to_scenarios(cheap_overrides, tmp_path):
     """A defense registered from a test module: a scenario offers its bit mask bit by bit (through the option
-    its field declares), holds its levels to the limits its fields declare, and envs/ is not touched."""
+    its field declares), holds its levels to the limits its fields declare, and neither envs/ nor leakgym/game/ is touched."""
     with registered(ToyMask()):
         assert LIMITS["toy_repeats"] == 8 and "toy_group" not in LIMITS
         sc = load_scenario("digits", **cheap_overrides, defender_menu={"toy_repeats": [1, 4]},
@@ -77,12 +77,12 @@ def test_a_toy_defense_brings_its_limits_and_bit_menu_to_scenarios(cheap_overrid
         load_scenario("digits", toy_mask_bits=["first"])
 
 
-def test_envs_name_no_defense():
+def test_scenarios_and_menus_name_no_defense():
     """What a scenario knows of a defense comes from the registry: its menus and limits name none."""
     names = set(DEFENSES) | set(defense_fields())
     for spec in defense_fields().values():  # a bit menu's scenario option and bit names
         names |= {spec.bit_menu.option, *spec.bit_menu.bits} if spec.bit_menu else set()
     for module in ("scenario.py", "menus.py"):
-        source = (ENVS / module).read_text()
+        source = (GAME / module).read_text()
         named = sorted(n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", source))
-        assert not named, f"envs/{module} names defense(s) or field(s) {named}: declare them in the registry"
+        assert not named, f"leakgym/game/{module} names defense(s) or field(s) {named}: declare them in the registry"

@@ -508,7 +508,17 @@ def defense_field(name: str) -> Field:
     return _FIELDS[name]
 
 
+#: bumped at every change of the registry: what a config cached from it (its active defenses) is valid for
+_GENERATION = [0]
+
+
+def registry_generation() -> int:
+    """A number that changes whenever a defense is registered or unregistered (cache key)."""
+    return _GENERATION[0]
+
+
 def _rebuild(order: list[Defense]) -> None:
+    _GENERATION[0] += 1
     by_stage = sorted(order, key=lambda d: STAGES.index(d.stage))  # stable: keeps order within a stage
     _REGISTRY.clear()
     _REGISTRY.update((d.name, d) for d in by_stage)
