@@ -189,7 +189,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if missing or extra:
             raise ValueError(f"actions need exactly the agents {self.agents}; missing {missing}, unknown {extra}")
         defender, attacker = self.to_multi("defender", actions["defender"]), self.to_multi("attacker", actions["attacker"])
-        plan_one(self.games, self.row, defender, attacker, keep=True)  # decoded once: the round takes the kept plan
+        plan_one(self.games, self.row, defender, attacker)  # decoded once per action pair: the round finds it
         return defender, attacker
 
     def record(self, outcome: RoundOutcome) -> tuple:

@@ -443,9 +443,10 @@ def test_flat_actions_refuse_what_multidiscrete_actions_refuse(cheap_overrides, 
         env.step(bad)
 
 
-def test_a_step_decodes_each_games_actions_once(cheap_overrides, monkeypatch):
-    """The step validated its actions by decoding them (plan_one) and the round decoded them again; the
-    round now takes the validated plan. A plan kept by validation serves one round only."""
+def test_a_batch_decodes_each_action_pair_once(cheap_overrides, monkeypatch):
+    """The step validated its actions by decoding them (plan_one) and the round decoded them again, game by
+    game, every step; a batch now decodes each (defender, attacker) pair once. What the plan hands out is
+    copied, so changing an info or a record changes no later round."""
     from leakgym.game.round import plan_one
 
     decoded = []
@@ -456,19 +457,23 @@ def test_a_step_decodes_each_games_actions_once(cheap_overrides, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(round_module, "attack_for", counting)
-    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
+    vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none", **cheap_overrides)
     vec.reset(seed=0)
     action = np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64)
     vec.step(action)
-    assert len(decoded) == 2
+    vec.step(action)
+    assert len(decoded) == 1  # one pair, two games, two steps
     env = parallel_env("digits", **cheap_overrides)
     env.reset(seed=0)
     games, row = env.games, env.row
     d, a = np.zeros(len(games.menus["defender"].dims), np.int64), np.zeros(len(games.menus["attacker"].dims), np.int64)
-    kept = plan_one(games, row, d, a, keep=True)
-    assert plan_one(games, row, d, a) is kept  # the round's call takes the validated plan ...
-    assert plan_one(games, row, d, a) is not kept  # ... once
-    other = a.copy()
-    other[0] = 1
-    plan_one(games, row, d, a, keep=True)
-    assert plan_one(games, row, d, other).attacker_action.tolist() == other.tolist()  # other actions: decoded anew
+    first = plan_one(games, row, d, a)
+    assert plan_one(games, row, d, a) is first and plan_one(games, row, d.tolist(), a) is first
+    a[1] = 1  # the caller's array is the caller's: the plan kept its own copy
+    assert first.attacker_action.tolist() == [0, 0, 0, 0] and not first.attacker_action.flags.writeable
+    assert plan_one(games, row, d, a).attacker_action.tolist() == a.tolist()  # other actions: decoded anew
+    _, _, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": d})
+    infos["defender"]["defense_settings"]["oasis"].append("hflip")
+    env.last_round.defense_settings["oasis"].append("hflip")
+    _, _, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": d})
+    assert infos["defender"]["defense_settings"]["oasis"] == [] and first.defense_settings["oasis"] == []

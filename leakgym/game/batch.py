@@ -180,7 +180,9 @@ class GameBatch:
         self.benign_rows: list[list[Tensor]] = [[] for _ in range(size)]
         self.last: list[RoundRecord | None] = [None] * size
         self.timings: list[dict[str, float]] = [{} for _ in range(size)]
-        self.kept_plans: list[RoundPlan | None] = [None] * size  # a validated step's plan (plan phase)
+        #: decoded plans by (defender action, attacker action): a plan depends on the actions and the
+        #: (fixed) scenario only, so a batch decodes each pair once (plan phase; at most PLAN_CACHE pairs)
+        self.plans: dict[tuple[bytes, bytes], RoundPlan] = {}
         self._signatures: list[tuple[nn.Module, tuple | None] | None] = [None] * size
         self._has_buffers = False
 
@@ -253,7 +255,6 @@ class GameBatch:
         self.victim_rows[row], self.benign_rows[row] = split.clients[0], list(split.clients[1:])
         self.servers[row] = server
         self._signatures[row] = None
-        self.kept_plans[row] = None
         self.accuracy[row], self.test_loss[row] = server.evaluate()
         self.last[row] = None
         self.timings[row] = {}
@@ -304,7 +305,6 @@ class GameBatch:
         self.test_loss[snap.rows] = snap.test_loss
         for i, r in enumerate(snap.rows):
             self.diverged_at[r], self.last[r], self.timings[r] = snap.diverged_at[i], snap.last[i], snap.timings[i]
-            self.kept_plans[r] = None
 
     # ------------------------------------------------------------------ copies
     def __getstate__(self) -> dict:

@@ -149,30 +149,36 @@ def attack_for(scenario, attack_settings: dict[str, Any]) -> Attack:
     return build_attack(strategy, **overrides)
 
 
-def plan_one(batch: GameBatch, row: int, defender_action: Any, attacker_action: Any, *,
-             keep: bool = False) -> RoundPlan:
+#: decoded plans a batch keeps (:attr:`GameBatch.plans`); beyond it the cache starts again
+PLAN_CACHE = 4096
+
+
+def plan_one(batch: GameBatch, row: int, defender_action: Any, attacker_action: Any) -> RoundPlan:
     """Validate and decode one game's actions. Draws nothing and changes no game state.
 
-    ``keep``: a view validating its actions before the round plays them keeps the decoded plan, and the
-    round's :func:`plan` for the same actions takes it instead of decoding again (building the attack and
-    its config: about 0.2 ms a game and step, a tenth of a host-bound vector step). A kept plan serves
-    one call."""
-    sc, defender, attacker = batch.scenario, batch.menus["defender"], batch.menus["attacker"]
+    A plan depends on the actions and the (fixed) scenario only, and its parts are immutable (the config,
+    the attack's config, the actions; the settings reach infos and records as copies), so the batch decodes
+    each action pair once (:attr:`GameBatch.plans`): decoding builds the attack and validates the defense
+    config, about 0.2 ms a game and step, and a view validates a step's actions before the round plans
+    them."""
+    defender, attacker = batch.menus["defender"], batch.menus["attacker"]
     d_action, a_action = defender.check(defender_action), attacker.check(attacker_action)
-    kept, batch.kept_plans[row] = batch.kept_plans[row], None
-    if (kept is not None and np.array_equal(kept.defender_action, d_action)
-            and np.array_equal(kept.attacker_action, a_action)):
-        out = kept  # a plan depends on the actions and the (fixed) scenario only
-    else:
+    key = (d_action.tobytes(), a_action.tobytes())
+    out = batch.plans.get(key)
+    if out is None:
+        sc = batch.scenario
         a_settings = attacker.read(a_action)
         d_settings = defender.read(d_action)  # (Scenario.decode_defender: each bit-mask field listed)
-        for key in batch.bit_fields:
-            d_settings.setdefault(key, [])
+        for field in batch.bit_fields:
+            d_settings.setdefault(field, [])
+        d_action, a_action = d_action.copy(), a_action.copy()  # (check may return the caller's array)
+        d_action.flags.writeable = a_action.flags.writeable = False
         out = RoundPlan(defender_action=d_action, attacker_action=a_action, defense_settings=d_settings,
                         attack_settings=a_settings,
                         defense=defense_config_for(sc, d_action, defender), attack=attack_for(sc, a_settings))
-    if keep:
-        batch.kept_plans[row] = out
+        if len(batch.plans) >= PLAN_CACHE:
+            batch.plans.clear()
+        batch.plans[key] = out
     return out
 
 
@@ -537,6 +543,12 @@ def _aggregate_together(batch: GameBatch, rows: list[int], defended: list[Defend
 # --------------------------------------------------------------------------------------------------
 # Phase 6: reward
 # --------------------------------------------------------------------------------------------------
+def _settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a plan's decoded settings (its lists too) for a record or an info: the plan is shared by
+    every round that plays the same actions (:func:`plan_one`)."""
+    return {k: list(v) if isinstance(v, list) else v for k, v in settings.items()}
+
+
 def _finite(value: float, default: float = 0.0) -> float:
     value = float(value)
     return value if math.isfinite(value) else default
@@ -592,7 +604,7 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
     diverged = batch.diverged_at[row]
     record = RoundRecord(
         round=rnd, defender_action=plan.defender_action, attacker_action=plan.attacker_action,
-        defense_settings=plan.defense_settings, attack_settings=plan.attack_settings,
+        defense_settings=_settings(plan.defense_settings), attack_settings=_settings(plan.attack_settings),
         strategy=plan.attack_settings["strategy"], applied=tuple(defended.report.applied), update=defended.update,
         update_summary=update_summary, matching_loss=matching_loss, audit_leakage=scored.audit_leakage,
         fidelity=fidelity, leakage=scored.leakage, scores=scored.scores, originals=scored.originals,
@@ -617,7 +629,7 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
         common["diverged_round"] = diverged
     if "lpips" in mean and math.isfinite(mean["lpips"]):
         common["leakage_lpips"] = mean["lpips"]
-    attacker_info = dict(common, strategy=plan.attack_settings["strategy"], attack_settings=dict(plan.attack_settings),
+    attacker_info = dict(common, strategy=plan.attack_settings["strategy"], attack_settings=_settings(plan.attack_settings),
                          reward_leakage=r["attacker_leakage"], reward_cost=r["attacker_cost"], attack_units=float(units))
     if matching_loss is not None:
         attacker_info["matching_loss"] = matching_loss
@@ -625,7 +637,7 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
         "attacker": attacker_info,
         "defender": dict(
             common,
-            defense_settings=dict(plan.defense_settings),
+            defense_settings=_settings(plan.defense_settings),
             defenses=list(defended.report.applied),
             reward_leakage=r["defender_leakage"],
             reward_fidelity=r["defender_fidelity"],
