@@ -4,7 +4,8 @@ Plays one round of the PettingZoo env (default: LeakGym-Digits-v0 with the defen
 DCS² λ_g = 0.5 against Inverting Gradients with 20 iterations, the configuration issue 35 traced) under
 :func:`sys.setprofile` and lists every file of the project (``leakgym/``, ``envs/``, ``agents/``) in which
 a Python function ran, in order of first entry, with the number of times the round came back to a file
-it had left. A warm-up round is played first, so one-time work (lazy imports, caches) is not counted.
+it had left. A warm-up round with other actions is played first, so one-time work (lazy imports) is not
+counted, while the traced round still decodes its own actions.
 Functions generated at run time (dataclass ``__init__``, ``<string>``) belong to no file and are not
 counted. The result goes to ``--json`` and a markdown list beside it.
 """
@@ -53,7 +54,11 @@ def trace_round(scenario: str = "digits", defender: list[int] | None = None,
     env.reset(seed=0)
     actions = {"defender": np.array(defender if defender is not None else [1, 0, 1, 0, 0, 0]),
                "attacker": np.array(attacker if attacker is not None else [0, 0, 0, 0])}
-    env.step(actions)  # warm-up: lazy imports and caches
+    # Warm-up: lazy imports and caches, with other actions (no defense; the attacker's first menu entry
+    # changed), so that the traced round still decodes its own actions (a batch decodes each pair once).
+    warm = np.zeros_like(actions["attacker"])
+    warm[0] = 1 if actions["attacker"][0] == 0 else 0
+    env.step({"defender": np.zeros_like(actions["defender"]), "attacker": warm})
     roots = {str(path): name for name, path in project_roots().items()}
     names: dict[str, str | None] = {}
     order: list[str] = []

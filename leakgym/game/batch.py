@@ -157,6 +157,13 @@ class GameBatch:
                     f"leakage_metric='lpips' needs the pretrained LPIPS backbone weights: {lpips_status()}; or "
                     "choose 'ssim', 'psnr' or 'ssim+psnr'"
                 )
+        from leakgym.metrics import lpips_available
+
+        #: LPIPS is scored where the leakage metric needs it and, beside SSIM and PSNR, wherever the backbone
+        #: weights are on disk when the batch is made (``$LEAKGYM_LPIPS_WEIGHTS`` or torch's hub cache,
+        #: leakgym.metrics.perceptual): the step infos then carry ``leakage_lpips``; without them no LPIPS
+        #: number is reported
+        self.reports_lpips = "lpips" in scenario.leakage_metric or lpips_available()
         #: the scenario's action menus, built once (the scenario is fixed for the batch's lifetime)
         self.menus = {role: scenario.menu(role) for role in AGENTS}
         #: the defender's bit-mask fields (OASIS's augmentation set), listed in every decoded defense

@@ -381,15 +381,6 @@ def nothing_sent(spec, x: Tensor) -> AttackResult:
 # --------------------------------------------------------------------------------------------------
 # Phase 4: score
 # --------------------------------------------------------------------------------------------------
-def _reports_lpips(scenario) -> bool:
-    """LPIPS is scored where the scenario's leakage metric needs it and, beside SSIM and PSNR, wherever the
-    backbone weights are on disk (``$LEAKGYM_LPIPS_WEIGHTS`` or torch's hub cache; leakgym.metrics.perceptual):
-    the step infos then carry ``leakage_lpips``. Without the weights no LPIPS number is reported."""
-    from leakgym.metrics import lpips_available
-
-    return "lpips" in scenario.leakage_metric or lpips_available()
-
-
 def score_all(spec, results: Sequence[AttackResult], originals: Sequence[Tensor], *,
               true_labels: Sequence[Tensor] | None = None, lpips: bool = False) -> list[ReconstructionScores]:
     """Match and score each reconstruction (normalised) against its originals (normalised), all of them at
@@ -413,7 +404,7 @@ def score(batch: GameBatch, rows: list[int], defended: list[Defended], results: 
     originals = [spec.denormalize(d.x).clamp(0, 1) for d in defended]
     recons = [spec.denormalize(r.images.detach()).clamp(0, 1) for r in results]
     scores = score_reconstructions(recons, originals, pred_labels=[r.labels for r in results],
-                                   true_labels=[d.y for d in defended], lpips=_reports_lpips(batch.scenario))
+                                   true_labels=[d.y for d in defended], lpips=batch.reports_lpips)
     labels = to_host([d.y.detach() for d in defended])
     out = []
     for d, s, o, rec, y in zip(defended, scores, to_host(originals), to_host(recons), labels):
