@@ -1,0 +1,175 @@
+"""Third-party RL clients drive LeakGym unchanged (issue 37, item 2): TorchRL (``GymEnv`` by id,
+``GymWrapper`` on the single-agent and the native vector env, ``PettingZooWrapper``), Tianshou, SB3 on
+the batched env (:func:`leakgym.envs.make_sb3_vec`), SuperSuit (:func:`leakgym.envs.supersuit_vec_env`),
+and Gymnasium's ``TypeError`` for an unknown keyword. TorchRL and Tianshou are in the dev extra; a test
+skips (with the reason) where its client is not installed."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import leakgym  # noqa: F401  (registers the ids)
+from leakgym.envs import parallel_env
+
+ID = "LeakGym-Digits-v0"
+
+
+def _needs(module: str):
+    return pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[dev]' installs it)")
+
+
+# -- unknown keywords ---------------------------------------------------------------------------------
+def test_an_unknown_keyword_is_a_type_error_naming_it_with_a_suggestion(cheap_overrides):
+    for make in (lambda: gym.make(ID, roundz=3), lambda: gym.make_vec(ID, num_envs=2, roundz=3),
+                 lambda: parallel_env("digits", roundz=3)):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'roundz' \(did you mean 'rounds'\?\)"):
+            make()
+    # still a ValueError, LeakGym's bad-input type (callers that catch it keep working)
+    with pytest.raises(ValueError, match="unknown scenario option"):
+        gym.make(ID, frameskip=4)
+
+
+# -- TorchRL ------------------------------------------------------------------------------------------
+def test_torchrl_gym_env_by_id(cheap_overrides):
+    _needs("torchrl")
+    from torchrl.envs import GymEnv
+    from torchrl.envs.utils import check_env_specs
+
+    env = GymEnv(ID, opponent="random", **cheap_overrides)  # probes frameskip=1, drops it on the TypeError
+    check_env_specs(env, seed=0)
+    td = env.rollout(cheap_overrides["rounds"] + 1, break_when_any_done=False)
+    assert td["next", "done"].squeeze(-1).tolist() == [False, False, True, False]
+    assert env.observation_spec["observation"].shape == (env._env.observation_space.shape[0],)
+    env.close()
+
+
+def test_torchrl_gym_wrapper_on_the_single_agent_env(cheap_overrides):
+    _needs("torchrl")
+    from torchrl.envs import GymWrapper
+    from torchrl.envs.utils import check_env_specs
+
+    env = GymWrapper(gym.make(ID, role="defender", opponent="random", **cheap_overrides))
+    check_env_specs(env, seed=0)
+    td = env.rollout(cheap_overrides["rounds"])
+    assert td.batch_size == (cheap_overrides["rounds"],) and bool(td["next", "truncated"][-1])
+    env.close()
+
+
+@pytest.mark.xfail(strict=True, raises=(TypeError, AttributeError, RuntimeError),
+                   reason="TorchRL needs the native vector env to offer autoreset_mode SAME_STEP or DISABLED as an "
+                          "attribute (gym.make_vec(..., autoreset_mode=...)); it has NEXT_STEP only, in metadata (issue 37 item 2, "
+                          "after the core rewrite)")
+def test_torchrl_gym_wrapper_on_the_native_vector_env(cheap_overrides):
+    _needs("torchrl")
+    from torchrl.envs import GymWrapper
+
+    env = GymWrapper(gym.make_vec(ID, num_envs=2, opponent="random", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+                                  **cheap_overrides))
+    td = env.rollout(2 * cheap_overrides["rounds"], break_when_any_done=False)
+    assert td.batch_size == (2, 2 * cheap_overrides["rounds"])
+    assert td["next", "done"].sum() == 4
+    env.close()
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="reset infos hold only 'round' and step infos add string/dict entries: TorchRL stacks "
+                          "infos by the keys it saw at reset (issue 37 item 2, after the core rewrite)")
+def test_torchrl_pettingzoo_wrapper_on_the_parallel_env(cheap_overrides):
+    _needs("torchrl")
+    from torchrl.envs import PettingZooWrapper
+
+    env = PettingZooWrapper(parallel_env("digits", **cheap_overrides), use_mask=False)
+    td = env.rollout(cheap_overrides["rounds"], break_when_any_done=False)
+    assert td.batch_size == (cheap_overrides["rounds"],)
+    assert set(env.group_map) == {"attacker", "defender"}
+    env.close()
+
+
+# -- Tianshou -----------------------------------------------------------------------------------------
+def test_tianshou_collector_over_a_dummy_vector_env(cheap_overrides):
+    _needs("tianshou")
+    from tianshou.algorithm.algorithm_base import RandomActionPolicy
+    from tianshou.data import Collector, VectorReplayBuffer
+    from tianshou.env import DummyVectorEnv
+
+    # Tianshou's random policy samples Discrete spaces only: flat actions
+    envs = DummyVectorEnv([lambda: gym.make(ID, opponent="random", flat_actions=True, **cheap_overrides)] * 2)
+    envs.seed(0)
+    collector = Collector(RandomActionPolicy(envs.action_space[0]), envs, VectorReplayBuffer(32, 2))
+    collector.reset()
+    stats = collector.collect(n_step=2 * cheap_overrides["rounds"])
+    assert stats.n_collected_steps == 2 * cheap_overrides["rounds"]
+    assert stats.n_collected_episodes == 2
+    assert np.isfinite(collector.buffer.info["leakage"][: stats.n_collected_steps]).all()
+    envs.close()
+
+
+# -- Stable-Baselines3 on the batched env --------------------------------------------------------------
+def test_make_sb3_vec_feeds_ppo(cheap_overrides):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecEnv, VecMonitor
+
+    from leakgym.envs import make_sb3_vec
+
+    venv = make_sb3_vec(ID, 2, seed=0, opponent="random", **cheap_overrides)
+    assert isinstance(venv, VecEnv) and isinstance(venv, VecMonitor) and venv.num_envs == 2
+    model = PPO("MlpPolicy", venv, n_steps=4, batch_size=8, n_epochs=1, seed=0, device="cpu")
+    model.learn(total_timesteps=8)
+    assert model.num_timesteps == 8
+    venv.close()
+    with pytest.raises(ValueError, match="did you mean 'LeakGym-Digits-v0'"):
+        make_sb3_vec("LeakGym-Digit-v0", 2)
+
+
+# -- SuperSuit ----------------------------------------------------------------------------------------
+#: a defender menu as large as the cheap attacker menu (2 x 2 x 1 x 2 = 8 flat actions)
+EQUAL_MENUS = {"defender_menu": {"noise_sigma": [0.0, 0.1], "prune": [0.0, 0.9], "censor_trials": [0, 5]},
+               "oasis_bits": []}
+
+
+def _game(cheap_overrides):
+    return {k: v for k, v in cheap_overrides.items() if k != "rounds"} | {"max_cycles": 2}
+
+
+def test_supersuit_recipe_refuses_unequal_menus_by_default(cheap_overrides):
+    _needs("supersuit")
+    from leakgym.envs import supersuit_vec_env
+
+    with pytest.raises(ValueError, match=r"attacker 8, defender 144.*invalid_action='raise'"):
+        supersuit_vec_env("digits", 2, **_game(cheap_overrides))
+    with pytest.raises(ValueError, match="invalid_action='remap'; allowed"):
+        supersuit_vec_env("digits", 2, invalid_action="remap", **_game(cheap_overrides))
+
+
+def test_supersuit_recipe_pads_and_a_padded_action_raises(cheap_overrides):
+    _needs("supersuit")
+    from leakgym.envs import supersuit_vec_env
+
+    venv = supersuit_vec_env("digits", 2, invalid_action="raise", **_game(cheap_overrides))
+    assert venv.num_envs == 4 and venv.action_space.n == 144  # 2 games x (attacker, defender)
+    obs = venv.reset()
+    assert obs.shape == (4, venv.observation_space.shape[0])
+    np.testing.assert_array_equal(obs[:, -2:], [[1, 0], [0, 1], [1, 0], [0, 1]])  # the role indicator
+    _, rewards, _, _ = venv.step(np.array([7, 143, 0, 100]))  # the last in-menu actions are played
+    assert np.isfinite(rewards).all()
+    with pytest.raises(ValueError, match=r"attacker flat action 8 is a padding action.*0\.\.7"):
+        venv.step(np.array([8, 0, 0, 0]))
+    venv.close()
+
+
+def test_supersuit_recipe_feeds_sb3_ppo_with_equal_menus(cheap_overrides):
+    _needs("supersuit")
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.utils import set_random_seed
+
+    from leakgym.envs import supersuit_vec_env
+
+    venv = supersuit_vec_env("digits", 2, **_game(cheap_overrides), **EQUAL_MENUS)  # refuse: sizes are equal
+    assert venv.num_envs == 4 and venv.action_space.n == 8
+    set_random_seed(0)  # SuperSuit's vector env has no seed() for SB3 to call
+    model = PPO("MlpPolicy", venv, n_steps=4, batch_size=8, n_epochs=1, device="cpu")
+    model.learn(16)
+    assert model.num_timesteps == 16
+    venv.close()
