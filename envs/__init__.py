@@ -2,7 +2,7 @@
 
 * :func:`parallel_env` — the PettingZoo ``ParallelEnv`` (agents ``attacker`` and ``defender``);
 * :func:`env` — its AEC form through PettingZoo's standard conversion and wrappers;
-* :func:`step_together` — several parallel envs' steps played as one batched round;
+* :func:`step_together` — several parallel envs' steps played as one batched round (:func:`share_batch`);
 * :func:`make_sb3_vec` — a Stable-Baselines3 ``VecEnv`` over the batched vector env;
 * :func:`supersuit_vec_env` — the parallel env through SuperSuit's vector wrappers, in one call;
 * Gymnasium ids (``LeakGym-Digits-v0``, ``LeakGym-CIFAR-v0``, ...) registered on ``import leakgym``,
@@ -16,8 +16,8 @@ register_envs()
 
 #: lazily imported names -> their module
 _LAZY = {
-    **dict.fromkeys(("parallel_env", "env", "raw_env", "step_together", "LeakGymParallelEnv", "RoundError"),
-                    "leakgym_env"),
+    **dict.fromkeys(("parallel_env", "env", "raw_env", "share_batch", "step_together", "LeakGymParallelEnv",
+                     "RoundError"), "leakgym_env"),
     "make_sb3_vec": "sb3_vec",
     "supersuit_vec_env": "supersuit_vec",
 }
@@ -46,6 +46,7 @@ __all__ = [
     "register_envs",
     "registered_ids",
     "scenario_names",
+    "share_batch",
     "step_together",
     "supersuit_vec_env",
 ]

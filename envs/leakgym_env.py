@@ -1,7 +1,9 @@
 """The LeakGym multi-agent environment (PettingZoo ``ParallelEnv``).
 
 Agents ``"attacker"`` (the federated-learning server) and ``"defender"`` (the victim client) act
-at once; one step is one federated-learning round, played by :class:`leakgym.envs.round.Round`::
+at once; one step is one federated-learning round, played by :func:`leakgym.game.round.play_round`
+over the env's row of a :class:`~leakgym.game.batch.GameBatch` (a batch of its own, or one that several
+envs share for :func:`step_together`)::
 
     from leakgym.envs import parallel_env
     env = parallel_env(scenario="digits", rounds=4)
@@ -34,12 +36,13 @@ from pettingzoo import ParallelEnv
 from pettingzoo.utils import parallel_to_aec, wrappers
 
 from leakgym.checks import is_integer
+from leakgym.game.batch import GameBatch
+from leakgym.game.records import RoundOutcome, RoundRecord
+from leakgym.game.round import RoundError, observe, plan_one, play_round
 
 from .checks import check_seed
-from .game import LeakGame, RoundOutcome
 from .menus import FlatActions
 from .rendering import WINDOW_TITLE, figure_to_rgb, placeholder_figure, round_figure, show_figure
-from .round import Round, RoundError
 from .scenario import Scenario, load_scenario
 
 
@@ -100,8 +103,11 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         self._flat = {a: FlatActions(self.scenario.menu(a)) for a in self.possible_agents}
         self.render_mode = render_mode
         self.render_dir = Path(render_dir)
-        self.game = LeakGame(self.scenario, device=device)
-        sizes = self.game.observation_sizes()
+        #: the game state: this env is row :attr:`row` of :attr:`games` (its own batch of one, or a batch that
+        #: several envs share, :func:`share_batch`)
+        self.games = GameBatch(self.scenario, 1, device=device)
+        self.row = 0
+        sizes = {a: len(o) for a, o in _empty_observations(self.games).items()}
         self._observation_spaces = {
             a: spaces.Box(low=0.0, high=1.0, shape=(sizes[a],), dtype=np.float32) for a in self.possible_agents
         }
@@ -128,7 +134,28 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             raise ValueError(f"agent={agent!r}; allowed: {self.possible_agents}")
         if self.flat_actions:
             return self._flat[agent].to_multi(action)
-        return self.game.menus[agent].check(action)
+        return self.games.menus[agent].check(action)
+
+    @property
+    def round(self) -> int:
+        """Rounds played in the current episode."""
+        return int(self.games.round[self.row])
+
+    @property
+    def last_round(self) -> RoundRecord | None:
+        """The record of the last round played (originals, reconstructions, scores, actions); None before."""
+        return self.games.last[self.row]
+
+    def join(self, games: GameBatch, row: int) -> None:
+        """Make this env row ``row`` of ``games`` (a batch of its scenario and device that other envs share, so
+        that :func:`step_together` plays their rounds as one), before its first reset: ``ValueError``
+        otherwise, naming what differs."""
+        if self.games.started(self.row):
+            raise ValueError("join() moves an env before its first reset(); this env has started an episode")
+        if games.scenario != self.scenario or games.device != self.games.device:
+            raise ValueError(f"cannot join {games!r}: its scenario or device differs from this env's "
+                             f"({self.scenario.name!r} on {self.games.device})")
+        self.games, self.row = games, games.check_row(row)
 
     # ------------------------------------------------------------------ reset / step
     def reset(self, seed: int | None = None, options: dict | None = None):
@@ -138,7 +165,8 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if seed is not None:
             self._seed_rng = np.random.default_rng(seed)
         episode_seed = int(self._seed_rng.integers(2**31 - 1))
-        obs = self.game.reset(episode_seed)
+        self.games.reset(self.row, episode_seed)
+        obs = observe(self.games, self.row)
         self._episode += 1
         self.agents = list(self.possible_agents)
         self.history = []
@@ -161,14 +189,14 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         if missing or extra:
             raise ValueError(f"actions need exactly the agents {self.agents}; missing {missing}, unknown {extra}")
         defender, attacker = self.to_multi("defender", actions["defender"]), self.to_multi("attacker", actions["attacker"])
-        self.game.plan(defender, attacker, keep=True)  # decoded once: the Round takes the kept plan
+        plan_one(self.games, self.row, defender, attacker, keep=True)  # decoded once: the round takes the kept plan
         return defender, attacker
 
     def record(self, outcome: RoundOutcome) -> tuple:
         """Bookkeeping after a played round; returns the PettingZoo step tuple."""
         self.history.append(
             {
-                "round": self.game.round,
+                "round": self.round,
                 "strategy": outcome.record.strategy,
                 "defenses": list(outcome.record.applied),
                 "rewards": dict(outcome.rewards),
@@ -185,19 +213,19 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
             try:
                 self.render()
             except OSError as exc:  # the round is played and recorded: a lost frame must not lose the step
-                warnings.warn(f"LeakGym: the frame of round {self.game.round} was not written ({exc})", stacklevel=3)
+                warnings.warn(f"LeakGym: the frame of round {self.round} was not written ({exc})", stacklevel=3)
         return obs, dict(outcome.rewards), terminations, truncations, outcome.infos
 
     def step(self, actions: dict[str, Any]):
         defender, attacker = self.check_actions(actions)  # ValueError before any state changes
-        (outcome,) = Round([self.game]).play([(defender, attacker)])  # RoundError: game left unchanged
-        return self.record(outcome)  # (several envs in one Round: step_together)
+        (outcome,) = play_round(self.games, [self.row], [(defender, attacker)])  # RoundError: game left unchanged
+        return self.record(outcome)  # (several envs in one round: step_together)
 
     # ------------------------------------------------------------------ render / close
     def render(self):
         if self.render_mode is None:
             return None
-        last = self.game.last
+        last = self.last_round
         if last is None:  # before the first round: an empty, labelled frame
             fig = placeholder_figure(f"{self.scenario.name}: no round played yet")
             if self.render_mode == "human":
@@ -210,7 +238,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         fig = round_figure(last.originals, last.reconstructions, last.scores, title=title)
         if self.render_mode == "png":
             self.render_dir.mkdir(parents=True, exist_ok=True)
-            path = self.render_dir / f"episode_{self._episode:04d}_round_{self.game.round:04d}.png"
+            path = self.render_dir / f"episode_{self._episode:04d}_round_{self.round:04d}.png"
             fig.savefig(path)
             return str(path)
         if self.render_mode == "human":
@@ -227,26 +255,27 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
                 plt.close(WINDOW_TITLE)
 
     def state(self) -> np.ndarray:
-        obs = self.game.observations()
+        obs = observe(self.games, self.row) if self.games.started(self.row) else _empty_observations(self.games)
         return np.concatenate([obs[a] for a in self.possible_agents])
 
 
 def step_together(envs: Sequence[LeakGymParallelEnv], actions: Sequence[dict[str, Any]], *,
                   batch_attacks: bool = True, batch_clients: bool = False) -> list[tuple]:
-    """``[env.step(a) for env, a in zip(envs, actions)]``, played as one :class:`~leakgym.envs.round.Round`.
+    """``[env.step(a) for env, a in zip(envs, actions)]``, played as one round per shared game batch.
 
-    The rounds of several independent games (an evaluation's pairs, say) then share their batched
-    computations: with ``batch_attacks`` the attacks of all games make one engine call per
-    architecture (:func:`~leakgym.envs.round.reconstruct_all`), with ``batch_clients`` the clients'
-    updates, aggregation and evaluation are vectorised too. Each game keeps its own draws; its numbers
-    equal its own ``env.step`` to the floating-point rounding of those batched kernels (exactly with
-    both off, or for one env). Every env's actions are validated before anything changes (``ValueError``
-    naming the env); a failed round raises :class:`RoundError` and leaves every game as it was.
+    Envs that are rows of one :class:`~leakgym.game.batch.GameBatch` (:func:`share_batch`) play one
+    :func:`~leakgym.game.round.play_round`: their rounds share their batched computations (with
+    ``batch_attacks`` the attacks of all games make one engine call per architecture, with
+    ``batch_clients`` the clients' updates, aggregation and evaluation are vectorised too). Envs of
+    different batches play one round per batch. Each game keeps its own draws; its numbers equal its own
+    ``env.step`` to the floating-point rounding of those batched kernels (exactly with both off, or for one
+    env). Every env's actions are validated before anything changes (``ValueError`` naming the env); a
+    failed round raises :class:`RoundError` and leaves every game of every env as it was.
     Returns each env's PettingZoo step tuple.
     """
     if len(envs) != len(actions):
         raise ValueError(f"got {len(actions)} action dicts for {len(envs)} environments")
-    if len({id(env.game) for env in envs}) != len(envs):
+    if len({(id(env.games), env.row) for env in envs}) != len(envs):
         raise ValueError("each environment may appear once in step_together")
     checked = []
     for i, (env, action) in enumerate(zip(envs, actions)):
@@ -254,8 +283,48 @@ def step_together(envs: Sequence[LeakGymParallelEnv], actions: Sequence[dict[str
             checked.append(env.check_actions(action))
         except ValueError as exc:
             raise ValueError(f"environment {i}: {exc}") from None
-    outcomes = Round([env.game for env in envs], batch_attacks=batch_attacks, batch_clients=batch_clients).play(checked)
+    groups: dict[int, list[int]] = {}
+    for i, env in enumerate(envs):
+        groups.setdefault(id(env.games), []).append(i)
+    outcomes: list = [None] * len(envs)
+    done: list[tuple[GameBatch, Any]] = []  # the batches already played, with their state before the round
+    try:
+        for members in groups.values():
+            games = envs[members[0]].games
+            rows = [envs[i].row for i in members]
+            if len(groups) > 1:
+                done.append((games, games.snapshot(rows)))
+            played = play_round(games, rows, [checked[i] for i in members], batch_attacks=batch_attacks,
+                                batch_clients=batch_clients)
+            for i, outcome in zip(members, played):
+                outcomes[i] = outcome
+    except BaseException:  # a later batch failed (and restored itself): undo the batches played before it
+        for games, snap in done[:-1]:
+            games.restore(snap)
+        raise
     return [env.record(outcome) for env, outcome in zip(envs, outcomes)]
+
+
+def share_batch(envs: Sequence[LeakGymParallelEnv]) -> GameBatch:
+    """Make ``envs`` (parallel envs of one scenario and device, before their first reset) the rows of one
+    :class:`~leakgym.game.batch.GameBatch`, so that :func:`step_together` plays their rounds as one batched
+    round. Returns the batch."""
+    if not envs:
+        raise ValueError("share_batch needs at least one environment")
+    games = GameBatch(envs[0].scenario, len(envs), device=envs[0].games.device)
+    for i, env in enumerate(envs):
+        env.join(games, i)
+    return games
+
+
+def _empty_observations(games: GameBatch) -> dict[str, np.ndarray]:
+    """All-zero observations of ``games``' sizes (the spaces' shapes; :meth:`LeakGymParallelEnv.state`
+    before the first reset)."""
+    from .observations import attacker_obs_size, defender_obs_size
+
+    sc = games.scenario
+    return {"attacker": np.zeros(attacker_obs_size(sc.attacker_nvec), np.float32),
+            "defender": np.zeros(defender_obs_size(sc.defender_nvec), np.float32)}
 
 
 def parallel_env(scenario: str | Scenario = "digits", **overrides: Any) -> LeakGymParallelEnv:
@@ -289,4 +358,6 @@ def env(scenario: str | Scenario = "digits", **overrides: Any):
     return wrappers.OrderEnforcingWrapper(raw_env(scenario, **overrides))
 
 
-__all__ = ["ActionChecking", "LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env", "step_together"]
+__all__ = [
+    "ActionChecking", "LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env", "share_batch", "step_together",
+]

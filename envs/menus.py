@@ -19,7 +19,7 @@ Two kinds cover every menu LeakGym ships:
 
 Index 0 of every defender dimension should be "off", so that the all-zero action is no defense.
 The "own last action" entries of the observations (:mod:`leakgym.envs.observations`) and the
-presets of :mod:`leakgym.agents.presets` use these same dimensions.
+presets of :mod:`leakgym.agents.policies.presets` use these same dimensions.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ def register_envs() -> None:
             continue
         register(
             id=gym_id,
-            entry_point="leakgym.agents.gym_entry_points:make_single_agent_env",
-            vector_entry_point="leakgym.agents.gym_entry_points:make_vector_env",
+            entry_point="leakgym.agents.policies.gym_entry_points:make_single_agent_env",
+            vector_entry_point="leakgym.agents.policies.gym_entry_points:make_vector_env",
             kwargs={"scenario": name},
             # No max_episode_steps: the horizon is the scenario's ``rounds`` alone -- the game truncates
             # itself after its last round, so gym.make(id, rounds=12) plays 12 rounds (a registered

@@ -4,8 +4,8 @@ SB3 steps its environments through its own ``VecEnv`` API (``reset() -> obs``, `
 ``step_wait`` returning per-env info dicts, finished environments reset in the same step with the final
 observation under ``info["terminal_observation"]``). Its ``DummyVecEnv`` steps N single-agent views one
 after the other; :class:`LeakGymSB3VecEnv` instead plays each SB3 step as one step of
-:class:`~leakgym.envs.vector.LeakGymVectorEnv`, i.e. one :class:`~leakgym.envs.round.Round` over the N
-games (batched attacks, and batched benign clients where the Round does so)::
+:class:`~leakgym.envs.vector.LeakGymVectorEnv`, i.e. one :func:`~leakgym.game.round.play_round` over the N
+games (batched attacks, and batched benign clients where the round does so)::
 
     from stable_baselines3 import PPO
     from leakgym.envs import make_sb3_vec

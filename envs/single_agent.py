@@ -2,7 +2,7 @@
 
 ``gym.make("LeakGym-Digits-v0", role="attacker", opponent="random")`` returns the attacker's view
 against a uniformly randomised scripted defender (the default). The Gymnasium entry point
-(:mod:`leakgym.agents.gym_entry_points`) turns ``opponent`` names, presets and policy paths into
+(:mod:`leakgym.agents.policies.gym_entry_points`) turns ``opponent`` names, presets and policy paths into
 agents; this class itself takes the opponent *object*: anything with
 ``act(observation, action_space, rng) -> action`` (optionally ``reset(seed)`` and
 ``observe(reward, info)``, as :class:`leakgym.agents.Agent` has), or a plain callable
@@ -12,7 +12,7 @@ with an opponent that does not learn across episodes (a bandit opponent updates 
 every episode, by design: the same seed later plays against a wiser opponent).
 
 A step first validates the learner's action, then lets the opponent act, then plays the round
-(:class:`leakgym.envs.round.Round`); a rejected action or a failed round leaves the view, its
+(:func:`leakgym.game.round.play_round`); a rejected action or a failed round leaves the view, its
 opponent generator and its game exactly as they were.
 """
 
@@ -25,11 +25,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from leakgym.game.records import RoundOutcome
+from leakgym.game.round import play_round
+
 from .checks import check_seed
-from .game import RoundOutcome
 from .leakgym_env import LeakGymParallelEnv
 from .menus import FlatActions
-from .round import Round
 from .scenario import Scenario
 
 ROLES = ("attacker", "defender")
@@ -126,7 +127,7 @@ class LeakGymSingleAgentEnv(gym.Env):
         self._opponent_space = self.parallel.action_space(self.other)
         if hasattr(self.opponent, "check_spaces"):  # a misfit opponent fails here, not rounds into a rollout
             self.opponent.check_spaces(self.parallel.observation_space(self.other), self._opponent_space)
-        self._menu = self.parallel.game.menus[role]
+        self._menu = self.parallel.games.menus[role]
         self._flat = FlatActions(self._menu)
         self.action_space = spaces.Discrete(self._flat.n) if self.flat_actions else self.parallel.action_space(role)
         self._other_obs: np.ndarray | None = None
@@ -189,7 +190,7 @@ class LeakGymSingleAgentEnv(gym.Env):
         saved = self.opponent_state()
         try:
             defender, attacker = self.prepare_step(mine)
-            (outcome,) = Round([self.parallel.game]).play([(defender, attacker)])
+            (outcome,) = play_round(self.parallel.games, [self.parallel.row], [(defender, attacker)])
         except BaseException:  # Ctrl-C too: the opponent's draws and state are put back with the game
             self.undo_prepare(saved)
             raise

@@ -1,13 +1,14 @@
-"""N LeakGym games in lockstep, each vector step played as one :class:`~leakgym.envs.round.Round`.
+"""N LeakGym games in lockstep: one :class:`~leakgym.game.batch.GameBatch`, each vector step one round.
 
 ``gym.make_vec("LeakGym-Digits-v0", num_envs=16)`` builds this (it is the ids' vector entry point).
 A step validates every learner action first (a bad one raises ``ValueError`` and changes nothing in
 any sub-environment), lets every opponent act, then plays one Round over all active games: the
 attacks of one strategy become one batched ``Attack.reconstruct_batch`` call whatever their budgets
 (per-problem iterations, restarts, TV weight and learning rate), and every game
-keeps its own seed, so game ``i`` plays the same trajectory alone or beside any neighbours. The games'
-global models are the rows of one :class:`~leakgym.fl.bank.ModelBank` (their parameters stacked per
-name; each game's module holds views of its row).
+keeps its own seed, so game ``i`` plays the same trajectory alone or beside any neighbours. The games
+are the rows of one batch (:func:`leakgym.game.round.play_round` plays the active rows); their global
+models are the rows of its :class:`~leakgym.fl.bank.ModelBank` (their parameters stacked per name; each
+game's module holds views of its row).
 Sub-environments reset automatically on the step after their episode ends (Gymnasium's
 ``NEXT_STEP`` autoreset mode).
 """
@@ -21,10 +22,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from leakgym.checks import is_integer
-from leakgym.fl.bank import ModelBank
+from leakgym.game.batch import GameBatch
+from leakgym.game.round import play_round
 
 from .checks import is_seed
-from .round import Round
 from .single_agent import LeakGymSingleAgentEnv
 
 
@@ -34,7 +35,7 @@ class LeakGymVectorEnv(VectorEnv):
     Args:
         num_envs: number of games.
         opponents: one opponent object per game (agents keep per-episode state); ``gym.make_vec``
-            builds them from ``opponent=`` (:func:`leakgym.agents.gym_entry_points.make_vector_env`).
+            builds them from ``opponent=`` (:func:`leakgym.agents.policies.gym_entry_points.make_vector_env`).
         batch_attacks: True (default) runs the attacks that share a configuration as one batched
             call; False runs each game's attack alone, so that every game's trajectory is
             bit-identical to the single-agent view's (batching may change attack results by
@@ -78,11 +79,9 @@ class LeakGymVectorEnv(VectorEnv):
             raise ValueError(f"need one opponent per game: got {None if opponents is None else len(opponents)} "
                              f"for num_envs={num_envs}")
         self.envs = [LeakGymSingleAgentEnv(render_mode=render_mode, opponent=o, **kwargs) for o in opponents]
-        # The games' global models as stacked tensors, one row per game (leakgym/fl/bank.py): the batched
-        # phases and the round's snapshot read and write all games with one operation per parameter name.
-        self.bank = ModelBank(int(num_envs))
-        for i, env in enumerate(self.envs):
-            env.parallel.game.use_bank(self.bank, i)
+        # All games as the rows of one batch (their global models stacked per parameter name): the batched
+        # phases and the round's snapshot read and write all games with one operation per name.
+        self._join_games()
         self.num_envs = int(num_envs)
         self.render_mode = render_mode
         self.single_observation_space = self.envs[0].observation_space
@@ -92,19 +91,22 @@ class LeakGymVectorEnv(VectorEnv):
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
         self._obs = create_empty_array(self.single_observation_space, self.num_envs)
 
+    def _join_games(self) -> None:
+        self.games = GameBatch(self.envs[0].scenario, len(self.envs), device=self.envs[0].parallel.games.device)
+        for i, env in enumerate(self.envs):
+            env.parallel.join(self.games, i)
+
     def __getstate__(self) -> dict:
         """Pickling and ``copy.deepcopy`` rebuild the sub-environments' games from their arguments (the
-        parallel env is an ``EzPickle``: fresh games, before their first reset), so the bank of this
-        vector's games does not travel; :meth:`__setstate__` gives the copy's games a bank of their own."""
+        parallel env is an ``EzPickle``: fresh games, before their first reset), so this vector's batch does
+        not travel; :meth:`__setstate__` gives the copy's games a batch of their own."""
         state = dict(self.__dict__)
-        del state["bank"]
+        del state["games"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.bank = ModelBank(self.num_envs)
-        for i, env in enumerate(self.envs):
-            env.parallel.game.use_bank(self.bank, i)
+        self._join_games()
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
         # Every seed is checked before any game resets: a rejected reset changes nothing.
@@ -147,8 +149,8 @@ class LeakGymVectorEnv(VectorEnv):
         saved = {i: self.envs[i].opponent_state() for i in active}
         try:
             pairs = [self.envs[i].prepare_step(mine[i]) for i in active]
-            outcomes = Round([self.envs[i].parallel.game for i in active], batch_attacks=self.batch_attacks,
-                             batch_clients=self.batch_clients).play(pairs) if active else []
+            outcomes = play_round(self.games, active, pairs, batch_attacks=self.batch_attacks,
+                                  batch_clients=self.batch_clients) if active else []
         except BaseException:  # Ctrl-C too: the opponents are put back with their games
             for i, state in saved.items():
                 self.envs[i].undo_prepare(state)
@@ -166,7 +168,7 @@ class LeakGymVectorEnv(VectorEnv):
             obs[i], rewards[i], terminations[i], truncations[i], info = self.envs[i].finish_step(outcome)
             infos = self._add_info(infos, info, i)
             # A step is a round: the game's round count is the episode's step count that TimeLimit keeps.
-            if self.max_episode_steps is not None and self.envs[i].parallel.game.round >= self.max_episode_steps:
+            if self.max_episode_steps is not None and self.games.round[i] >= self.max_episode_steps:
                 truncations[i] = True
         self._autoreset = np.logical_or(terminations, truncations)
         self._obs = concatenate(self.single_observation_space, obs, self._obs)

@@ -6,7 +6,7 @@
         --overrides rounds=4
 
 ``leakgym train --role attacker --opponent noise-0.1`` does the same with the settings of
-agents/hyperparams/ppo.yml, TensorBoard logs, checkpoints and evaluations. ``save_policy`` writes
+agents/experiments/hyperparams/ppo.yml, TensorBoard logs, checkpoints and evaluations. ``save_policy`` writes
 the JSON file beside the zip that LeakGym needs to load the policy without un-pickling anything.
 ``PPO("MlpPolicy", gym.make("LeakGym-Digits-v0", ...))`` trains on one game per step instead.
 """

@@ -22,11 +22,11 @@ from leakgym.suggest import did_you_mean
 
 # subcommand -> (module with add_arguments(parser) and main(args), one-line help)
 COMMANDS = {
-    "eval": ("leakgym.agents.evaluation", "play attackers against defenders and write payoff tables"),
-    "train": ("leakgym.agents.training", "train a learned agent with Stable-Baselines3"),
-    "selfplay": ("leakgym.agents.selfplay", "alternating best responses between learned agents"),
+    "eval": ("leakgym.agents.experiments.evaluation.cli", "play attackers against defenders and write payoff tables"),
+    "train": ("leakgym.agents.experiments.training.cli", "train a learned agent with Stable-Baselines3"),
+    "selfplay": ("leakgym.agents.experiments.selfplay", "alternating best responses between learned agents"),
     "reproduce": ("leakgym.reproduce", "scaled-down re-runs of each paper's main table"),
-    "metagame": ("leakgym.agents.metagame.cli", "PSRO: populations, mixed equilibria and exploitability"),
+    "metagame": ("leakgym.agents.experiments.metagame.cli", "PSRO: populations, mixed equilibria and exploitability"),
 }
 BENCHMARKS = {
     "attacks": ("leakgym.bench.attacks", "batched attack engine vs a sequential loop"),
@@ -64,7 +64,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _list_presets(env: str | None) -> int:
     """Every preset: role, settings, source paper, and whether ``env`` (if given) allows it."""
-    from leakgym.agents.presets import PRESETS, preset_action
+    from leakgym.agents.policies.presets import PRESETS, preset_action
     from leakgym.envs.describe import describe
     from leakgym.envs.scenario import load_scenario
 
@@ -97,14 +97,14 @@ def _describe(args: argparse.Namespace) -> int:
         return 0
     if args.env is None:
         raise ValueError("describe needs an environment id (e.g. LeakGym-Digits-v0) or --write-docs FOLDER")
-    from leakgym.agents.cli_common import parse_overrides
+    from leakgym.agents.experiments.cli_common import parse_overrides
 
     print(format_description(describe(args.env, parse_overrides(args.overrides))))
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    evaluation = importlib.import_module("leakgym.agents.evaluation")
+    evaluation = importlib.import_module("leakgym.agents.experiments.evaluation.cli")
     parser = argparse.ArgumentParser()
     evaluation.add_arguments(parser)
     eval_args = parser.parse_args(
@@ -251,7 +251,7 @@ _OUT_OF_MEMORY = ("can't allocate memory", "not enough memory", "out of memory",
 
 
 def allocation_failure(exc: BaseException) -> BaseException | None:
-    """The allocation failure behind ``exc`` (itself or a cause, e.g. the :class:`~leakgym.envs.round.RoundError`
+    """The allocation failure behind ``exc`` (itself or a cause, e.g. the :class:`~leakgym.game.round.RoundError`
     of a round that ran out of memory): a ``MemoryError`` or torch's out-of-memory ``RuntimeError`` (CPU or
     CUDA); None when ``exc`` is not one."""
     seen: set[int] = set()
@@ -275,7 +275,7 @@ def memory_message(failure: BaseException, args: argparse.Namespace) -> str:
     estimate = ""
     if hasattr(args, "env") and hasattr(args, "overrides"):
         try:
-            from leakgym.agents.cli_common import resolve_env, scenario_overrides
+            from leakgym.agents.experiments.cli_common import resolve_env, scenario_overrides
             from leakgym.envs.scenario import MEMORY_LIMIT_BYTES, estimated_round_bytes, load_scenario
 
             scenario = load_scenario(resolve_env(args.env)[1], **scenario_overrides(args))

@@ -39,7 +39,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.scripted import FixedAgent
 from leakgym.attacks import ATTACKS, AttackCost, AttackerKnowledge, AttackResult, build_attack
 from leakgym.attacks.adaptive import class_mean_images
 from leakgym.data import federated_split, load_dataset
@@ -605,14 +605,15 @@ class GameRecord:
     rewards: list[float] = field(default_factory=list)
 
 
-def record_reset(game) -> GameRecord:
-    """A record of ``game`` (a :class:`leakgym.envs.game.LeakGame`) right after its reset."""
-    return GameRecord({k: v.detach().clone() for k, v in game.server.model.state_dict().items()})
+def record_reset(env) -> GameRecord:
+    """A record of the game of ``env`` (a parallel env: a row of a :class:`leakgym.game.batch.GameBatch`)
+    right after its reset."""
+    return GameRecord({k: v.detach().clone() for k, v in env.games.model(env.row).state_dict().items()})
 
 
-def record_round(rec: GameRecord, game, observation: np.ndarray, reward: float) -> None:
-    """Append the round ``game`` just played."""
-    last = game.last
+def record_round(rec: GameRecord, env, observation: np.ndarray, reward: float) -> None:
+    """Append the round the game of ``env`` (a parallel env) just played."""
+    last = env.last_round
     rec.batches.append(last.originals.clone())
     rec.updates.append({k: v.detach().clone() for k, v in last.update.tensors.items()})
     rec.reconstructions.append(last.reconstructions.clone())
@@ -633,10 +634,10 @@ def play_pettingzoo(overrides: dict, seed: int) -> GameRecord:
     """A PettingZoo game (:func:`leakgym.envs.parallel_env`) reset with ``seed``, playing :data:`JOINT_ACTIONS`."""
     env = parallel_env("digits", **overrides)
     env.reset(seed=seed)
-    rec = record_reset(env.game)
+    rec = record_reset(env)
     for joint in JOINT_ACTIONS:
         obs, rewards, *_ = env.step(joint)
-        record_round(rec, env.game, np.concatenate([obs[a] for a in sorted(obs)]), rewards["attacker"])
+        record_round(rec, env, np.concatenate([obs[a] for a in sorted(obs)]), rewards["attacker"])
     return rec
 
 
@@ -645,7 +646,7 @@ def play_gymnasium(overrides: dict, seed: int) -> GameRecord:
     half of :data:`JOINT_ACTIONS`."""
     env = gym.make("LeakGym-Digits-v0", opponent=FixedAgent(DEFENDER_ACTION), **overrides)
     env.reset(seed=seed)
-    game = env.unwrapped.parallel.game
+    game = env.unwrapped.parallel
     rec = record_reset(game)
     for joint in JOINT_ACTIONS:
         obs, reward, *_ = env.step(joint["attacker"])
@@ -658,7 +659,7 @@ def play_vector(overrides: dict, seeds: list[int], *, batch_attacks: bool) -> li
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=len(seeds), opponent=FixedAgent(DEFENDER_ACTION),
                        batch_attacks=batch_attacks, **overrides)
     vec.reset(seed=list(seeds))
-    games = [e.parallel.game for e in vec.envs]
+    games = [e.parallel for e in vec.envs]
     recs = [record_reset(g) for g in games]
     for joint in JOINT_ACTIONS:
         obs, rewards, *_ = vec.step(np.stack([joint["attacker"]] * len(seeds)))

@@ -18,7 +18,7 @@ from leakgym.agents import (
     preset_names,
     valid_presets,
 )
-from leakgym.agents.cli_common import parse_overrides, split_agent_list
+from leakgym.agents.experiments.cli_common import parse_overrides, split_agent_list
 from leakgym.envs.scenario import load_scenario
 
 
@@ -131,7 +131,7 @@ def test_an_opponent_that_cannot_play_its_role_fails_when_the_env_is_built(digit
     actions against its role's space when they are built, before anything runs or is written."""
     import gymnasium as gym
 
-    from leakgym.agents.play import evaluate
+    from leakgym.agents.experiments.evaluation.play import evaluate
 
     agent = _misfits(np.asarray(digits.defender_nvec))[case]
     with pytest.raises(ValueError, match=r"action\[\d\] = \d|entries; the space has"):
@@ -234,7 +234,7 @@ def test_the_docs_agents_table_lists_every_preset():
     missing)."""
     from pathlib import Path
 
-    from leakgym.agents.presets import preset_names
+    from leakgym.agents.policies.presets import preset_names
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text()
     for role in ("defender", "attacker"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leakgym.agents import evaluation
+from leakgym.agents.experiments.evaluation import cli as evaluation
 from leakgym.cli import main
-from leakgym.envs.round import RoundError
 from leakgym.envs.scenario import load_scenario
+from leakgym.game.round import RoundError
 
 EVAL = ["eval", "--env", "LeakGym-Digits-v0", "--attackers", "random", "--defenders", "none", "--episodes", "1",
         "--no-progress"]

@@ -96,41 +96,41 @@ def test_bad_rows_and_architectures_are_refused():
 def test_a_vectors_games_live_in_its_bank_across_rounds_and_resets(cheap_overrides, batch_clients):
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, batch_clients=batch_clients, **cheap_overrides)
     vec.reset(seed=0)
-    games = [e.parallel.game for e in vec.unwrapped.envs]
-    bank = vec.unwrapped.bank
+    games = vec.unwrapped.games
+    bank = games.bank
     action = np.zeros((3, len(vec.single_action_space.nvec)), dtype=np.int64)
     for _ in range(cheap_overrides["rounds"] + 1):  # past the end: the games reset and bind new models
         vec.step(action)
-        assert ModelBank.of([g.server.model for g in games]) == (bank, [0, 1, 2])
-        for i, g in enumerate(games):
-            for name, p in g.server.model.named_parameters():
+        assert ModelBank.of([games.model(i) for i in range(3)]) == (bank, [0, 1, 2])
+        for i in range(3):
+            for name, p in games.model(i).named_parameters():
                 assert torch.equal(bank.stacks[name][i], p)
 
 
 def test_a_failed_vector_round_restores_the_banked_parameters(cheap_overrides, monkeypatch):
-    """A round fails after aggregation wrote every game's new parameters into the bank: the Round's copy of
-    the bank rows puts them back (the games' own snapshots leave banked parameters out)."""
-    import leakgym.envs.game as game_module
+    """A round fails after aggregation wrote every game's new parameters into the bank: the snapshot's copy
+    of the bank rows puts them back (the per-game part of the snapshot leaves banked parameters out)."""
+    from leakgym.game import round as round_module
 
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, batch_clients=True, **cheap_overrides)
     vec.reset(seed=0)
-    games = [e.parallel.game for e in vec.unwrapped.envs]
+    games = vec.unwrapped.games
     action = np.zeros((3, len(vec.single_action_space.nvec)), dtype=np.int64)
     vec.step(action)
-    before = [{n: p.detach().clone() for n, p in g.server.model.named_parameters()} for g in games]
-    original = game_module.LeakGame.conclude
+    before = [{n: p.detach().clone() for n, p in games.model(i).named_parameters()} for i in range(3)]
+    original = round_module._conclude
 
-    def fails(self, *args, **kwargs):
+    def fails(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(game_module.LeakGame, "conclude", fails)
+    monkeypatch.setattr(round_module, "_conclude", fails)
     with pytest.raises(RoundError, match="disk on fire"):
         vec.step(action)
-    for g, b in zip(games, before):
-        assert g.banked
-        for n, p in g.server.model.named_parameters():
+    assert ModelBank.of([games.model(i) for i in range(3)]) == (games.bank, [0, 1, 2])
+    for i, b in enumerate(before):
+        for n, p in games.model(i).named_parameters():
             assert torch.equal(p, b[n])
-    monkeypatch.setattr(game_module.LeakGame, "conclude", original)
+    monkeypatch.setattr(round_module, "_conclude", original)
     vec.step(action)  # and it plays on
 
 
@@ -184,46 +184,51 @@ def test_copies_of_a_vectors_games_bank_apart_from_the_original(cheap_overrides,
 
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
     vec.reset(seed=0)
-    games = [e.parallel.game for e in vec.unwrapped.envs]
+    games = vec.unwrapped.games
     action = np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64)
     duplicate = copy.deepcopy if how == "deepcopy" else lambda x: pickle.loads(pickle.dumps(x))
-    twin = duplicate(games[0])
-    twin.reset(5)
-    assert ModelBank.of([g.server.model for g in games]) == (vec.unwrapped.bank, [0, 1])
+    twin = duplicate(games)
+    assert ModelBank.of([twin.model(0), twin.model(1)]) == (twin.bank, [0, 1])  # the copy's own bank
+    twin.reset(0, 5)
+    assert ModelBank.of([games.model(0), games.model(1)]) == (games.bank, [0, 1])
     other = duplicate(vec.unwrapped)
     other.reset(seed=0)
     other.step(action)
-    copied = [e.parallel.game for e in other.envs]
-    assert other.bank is not vec.unwrapped.bank
-    assert ModelBank.of([g.server.model for g in copied]) == (other.bank, [0, 1])
+    copied = other.games
+    assert copied.bank is not games.bank
+    assert ModelBank.of([copied.model(0), copied.model(1)]) == (copied.bank, [0, 1])
     vec.step(action)
-    assert ModelBank.of([g.server.model for g in games]) == (vec.unwrapped.bank, [0, 1])
-    for g, c in zip(games, copied):  # the same seeds and actions: the same models
-        for (name, p), q in zip(g.server.model.named_parameters(), c.server.model.parameters()):
+    assert ModelBank.of([games.model(0), games.model(1)]) == (games.bank, [0, 1])
+    for i in range(2):  # the same seeds and actions: the same models
+        for (name, p), q in zip(games.model(i).named_parameters(), copied.model(i).parameters()):
             assert torch.equal(p, q), name
 
 
-def test_a_refused_use_bank_changes_nothing(cheap_overrides, monkeypatch):
-    """Found in review: ``use_bank`` set the game's bank and row before binding, so a refused bind (the
-    model is in another bank) left the game naming a bank that does not hold its model; ``banked`` did not
-    check which bank holds it, so the next failed round restored the game's parameters from the wrong
-    bank's row (here: left them as the failed round changed them)."""
-    import leakgym.envs.game as game_module
+def test_a_refused_join_changes_nothing(cheap_overrides, monkeypatch):
+    """An env may join another batch only before its first reset: a refused join leaves it in its batch and
+    row, its model in that batch's bank, and a failed round still restores its parameters from there."""
+    from leakgym.envs import load_scenario, parallel_env
+    from leakgym.game import round as round_module
+    from leakgym.game.batch import GameBatch
 
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
     vec.reset(seed=0)
-    game = vec.unwrapped.envs[1].parallel.game
-    elsewhere = ModelBank(1)
-    with pytest.raises(ValueError, match="bound to another bank or row"):
-        game.use_bank(elsewhere, 0)
-    assert game.bank is vec.unwrapped.bank and game.bank_row == 1 and game.banked
-    before = {n: p.detach().clone() for n, p in game.server.model.named_parameters()}
+    env = vec.unwrapped.envs[1].parallel
+    games = vec.unwrapped.games
+    with pytest.raises(ValueError, match="before its first reset"):
+        env.join(GameBatch(env.scenario, 1), 0)
+    assert env.games is games and env.row == 1
+    assert ModelBank.of([games.model(1)]) == (games.bank, [1])
+    before = {n: p.detach().clone() for n, p in games.model(1).named_parameters()}
 
-    def fails(self, *args, **kwargs):
+    def fails(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(game_module.LeakGame, "conclude", fails)
+    monkeypatch.setattr(round_module, "_conclude", fails)
     with pytest.raises(RoundError, match="disk on fire"):
         vec.step(np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64))
-    for n, p in game.server.model.named_parameters():
+    for n, p in games.model(1).named_parameters():
         assert torch.equal(p, before[n]), n
+    fresh = parallel_env("digits", **cheap_overrides)
+    with pytest.raises(ValueError, match="scenario or device differs"):
+        fresh.join(GameBatch(load_scenario("digits", **dict(cheap_overrides, rounds=7)), 1), 0)

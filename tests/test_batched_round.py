@@ -1,4 +1,4 @@
-"""The Round at RL scale: one engine call for all strategies whatever the budgets; batched benign clients.
+"""The round at RL scale: one engine call for all strategies whatever the budgets; batched benign clients.
 
 A game's result stays a function of its own (update, knowledge, seed, budget): exactly on the
 engine's sequential path, within the seed tests' tolerance on the vectorised one
@@ -8,6 +8,7 @@ when the benign clients are batched.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import gymnasium as gym
@@ -16,12 +17,15 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401  (registers the ids)
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.scripted import FixedAgent
 from leakgym.attacks import build_attack
 from leakgym.attacks.engine import optimization
 from leakgym.envs import RoundError, parallel_env
-from leakgym.envs.game import LeakGame
-from leakgym.envs.round import AttackJob, Round, reconstruct_all
+from leakgym.envs.leakgym_env import share_batch
+from leakgym.game import round as round_module
+from leakgym.game.batch import GameBatch
+from leakgym.game.records import AttackJob
+from leakgym.game.round import play_round, reconstruct_all
 
 VECTORISED_TOL = {"rtol": 1e-4, "atol": 1e-4}
 FL_TOL = 1e-5
@@ -120,23 +124,24 @@ def test_batched_clients_play_the_game_by_game_trajectory_to_rounding(cheap_over
 
 def test_a_failing_batched_phase_restores_every_game(cheap_overrides, monkeypatch):
     envs = [parallel_env("digits", **cheap_overrides) for _ in range(3)]
+    games = share_batch(envs)
     for i, e in enumerate(envs):
         e.reset(seed=i)
-    before = [({k: v.clone() for k, v in e.game.server.model.state_dict().items()},
-               e.game.rng.bit_generator.state, e.game.round) for e in envs]
-    original = LeakGame.federated_steps
+    before = [({k: v.clone() for k, v in games.model(i).state_dict().items()},
+               copy.deepcopy(games.rngs[i].bit_generator.state), e.round) for i, e in enumerate(envs)]
+    original = round_module._aggregate_together
 
-    def fails(games, defended):
-        original(games, defended)
+    def fails(*args, **kwargs):
+        original(*args, **kwargs)
         raise RuntimeError("aggregation on fire")
 
-    monkeypatch.setattr(LeakGame, "federated_steps", staticmethod(fails))
+    monkeypatch.setattr(round_module, "_aggregate_together", fails)
     actions = [(np.zeros(6, np.int64), np.zeros(4, np.int64))] * 3
     with pytest.raises(RoundError, match="aggregation on fire"):
-        Round([e.game for e in envs], batch_clients=True).play(actions)
-    for e, (state, rng, rnd) in zip(envs, before):
-        assert e.game.round == rnd and e.game.rng.bit_generator.state == rng
-        assert all(torch.equal(v, state[k]) for k, v in e.game.server.model.state_dict().items())
+        play_round(games, [0, 1, 2], actions, batch_clients=True)
+    for i, (e, (state, rng, rnd)) in enumerate(zip(envs, before)):
+        assert e.round == rnd and games.rngs[i].bit_generator.state == rng
+        assert all(torch.equal(v, state[k]) for k, v in games.model(i).state_dict().items())
 
 
 @pytest.mark.parametrize("batch_clients", [False, True])
@@ -237,17 +242,17 @@ def test_a_games_batch_signature_is_its_server_models_signature_for_the_episode(
     from leakgym.envs.scenario import load_scenario
     from leakgym.fl import batched
 
-    game = LeakGame(load_scenario("digits", **cheap_overrides))
-    game.reset(seed=0)
+    games = GameBatch(load_scenario("digits", **cheap_overrides))
+    games.reset(0, seed=0)
     calls = []
     real = batched.signature
     monkeypatch.setattr(batched, "signature", lambda m: calls.append(m) or real(m))
-    model = game.server.model
-    assert game.batch_signature(model) == real(model) and game.batch_signature(model) == real(model)
+    model = games.model(0)
+    assert games.signature(0, model) == real(model) and games.signature(0, model) == real(model)
     assert calls == [model]
     other = copy.deepcopy(model)
-    assert game.batch_signature(other) == real(other) and game.batch_signature(other) == real(other)
+    assert games.signature(0, other) == real(other) and games.signature(0, other) == real(other)
     assert calls == [model, other, other]
-    game.reset(seed=1)  # a new episode, a new model
-    assert game.server.model is not model and game.batch_signature(game.server.model) == real(game.server.model)
-    assert calls[-1] is game.server.model
+    games.reset(0, seed=1)  # a new episode, a new model
+    assert games.model(0) is not model and games.signature(0, games.model(0)) == real(games.model(0))
+    assert calls[-1] is games.model(0)

@@ -91,7 +91,7 @@ def test_top_level_help_imports_no_subcommand_module():
     import sys
 
     code = ("import sys\nfrom leakgym.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('torch', 'leakgym.agents.evaluation', 'leakgym.bench.attacks', "
+            "print(sorted(m for m in ('torch', 'leakgym.agents.experiments.evaluation.cli', 'leakgym.bench.attacks', "
             "'leakgym.reproduce', 'leakgym.data') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "usage: leakgym" in done.stdout and "eval" in done.stdout

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.scripted import FixedAgent
 
 pytestmark = pytest.mark.cuda
 
@@ -24,7 +24,7 @@ MALICIOUS_CHEAP = {"rounds": 3, "num_clients": 1, "eval_size": 32, "attack_defau
 def game_model_devices(monkeypatch):
     """The device of every game model built while the test runs (a run that silently stayed on the CPU
     would still pass a test that only compares two paths or checks an exit status)."""
-    import leakgym.envs.game as game_module
+    import leakgym.game.batch as game_module
 
     devices = []
     real = game_module.build_model
@@ -49,13 +49,14 @@ def _scenarios(cheap):
 def test_every_offline_scenario_plays_on_cuda_in_both_roles(role, cheap_overrides):
     for gym_id, overrides in _scenarios(cheap_overrides):
         env = gym.make(gym_id, role=role, device="cuda", **overrides)
-        game = env.unwrapped.parallel.game
+        game = env.unwrapped.parallel
         env.reset(seed=0)
-        assert next(game.server.model.parameters()).device.type == "cuda"
+        assert next(game.games.model(game.row).parameters()).device.type == "cuda"
         for _ in range(overrides["rounds"]):
             obs, reward, *_ = env.step(env.action_space.sample())
             assert env.observation_space.contains(obs) and math.isfinite(reward)
-            assert game.last.update.tensors[next(iter(game.last.update.tensors))].device.type == "cuda"
+            last = game.last_round
+            assert last.update.tensors[next(iter(last.update.tensors))].device.type == "cuda"
 
 
 @pytest.mark.parametrize("batch_clients", [False, True])
@@ -80,8 +81,8 @@ def test_vector_env_on_cuda_matches_the_single_view_within_tolerance(cheap_overr
         np.testing.assert_allclose(obs[0], s_obs, atol=1e-2)
         assert rew[0] == pytest.approx(s_rew, abs=1e-2)
     assert len(game_model_devices) >= 9 and set(game_model_devices) == {"cuda"}
-    for game in [e.parallel.game for e in vec.unwrapped.envs]:
-        assert {t.device.type for t in game.last.update.tensors.values()} == {"cuda"}
+    for last in vec.unwrapped.games.last:
+        assert {t.device.type for t in last.update.tensors.values()} == {"cuda"}
 
 
 def test_a_short_training_run_on_cuda(tmp_path, cheap_overrides):
@@ -92,7 +93,7 @@ def test_a_short_training_run_on_cuda(tmp_path, cheap_overrides):
     model.learn(total_timesteps=32)
     assert all(torch.isfinite(p).all() for p in model.policy.parameters())
     assert model.policy.device.type == "cuda"
-    assert next(env.unwrapped.parallel.game.server.model.parameters()).device.type == "cuda"
+    assert next(env.unwrapped.parallel.games.model(0).parameters()).device.type == "cuda"
     model.save(tmp_path / "policy.zip")
 
 
@@ -129,7 +130,7 @@ def test_leakgym_train_with_the_default_hyperparameters_on_cuda(tmp_path, game_m
 def test_eval_in_lockstep_on_cuda_matches_pair_by_pair(cheap_overrides, game_model_devices):
     """`leakgym eval`'s lockstep groups (several games, one Round per round: step_together) on CUDA;
     the games' shared normalised dataset lives on the device."""
-    from leakgym.agents.play import evaluate
+    from leakgym.agents.experiments.evaluation.play import evaluate
 
     kwargs = {"episodes": 1, "overrides": cheap_overrides, "progress": False, "device": "cuda"}
     attackers, defenders = ["random", "bandit"], ["none", "random"]
@@ -156,7 +157,7 @@ def test_devices_this_machine_has_are_accepted_and_others_named():
 
 
 def test_training_evaluations_in_lockstep_on_cuda(game_model_devices):
-    from leakgym.agents import training as tr
+    from leakgym.agents.experiments import training as tr
 
     kwargs = {"rounds": 1, "num_clients": 1, "iterations": [1], "restarts": [1], "eval_size": 32,
               "opponent": "random", "device": "cuda"}
@@ -199,10 +200,10 @@ def test_a_vectors_model_bank_lives_on_cuda(cheap_overrides):
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, device="cuda", batch_clients=True, **cheap_overrides)
     vec.reset(seed=0)
     vec.step(np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64))
-    games = [e.parallel.game for e in vec.unwrapped.envs]
-    bank = vec.unwrapped.bank
-    assert ModelBank.of([g.server.model for g in games]) == (bank, [0, 1])
+    games = vec.unwrapped.games
+    bank = games.bank
+    assert ModelBank.of([games.model(0), games.model(1)]) == (bank, [0, 1])
     assert {t.device.type for t in bank.stacks.values()} == {"cuda"}
-    for i, g in enumerate(games):
-        for name, p in g.server.model.named_parameters():
+    for i in range(2):
+        for name, p in games.model(i).named_parameters():
             assert torch.equal(bank.stacks[name][i], p)

@@ -208,7 +208,7 @@ def test_missing_paths_and_unknown_names_are_refused(tmp_path):
 
 
 def test_the_dataset_option_takes_a_path_as_keyword_toml_key_and_cli_override(tmp_path, capsys):
-    from leakgym.agents.cli_common import parse_overrides
+    from leakgym.agents.experiments.cli_common import parse_overrides
     from leakgym.cli import main
 
     root = _folder(tmp_path / "faces", {"young": 6, "old": 6}, shape=(12, 12, 3))
@@ -250,12 +250,12 @@ def test_a_game_plays_on_the_users_data(tmp_path, cheap_overrides, kind):
         shape = (1, 10, 10)
     env = parallel_env("digits", dataset=str(path), image_size=None, **cheap_overrides)
     _observations, _ = env.reset(seed=0)
-    game = env.unwrapped.game if hasattr(env.unwrapped, "game") else env.game
-    assert game.spec.shape == shape and game.spec.name == str(path)
-    assert game.server.model(torch.zeros(1, *shape)).shape[-1] == game.spec.num_classes  # the model adapted
+    games = env.unwrapped.games
+    assert games.spec.shape == shape and games.spec.name == str(path)
+    assert games.model(0)(torch.zeros(1, *shape)).shape[-1] == games.spec.num_classes  # the model adapted
     actions = {agent: env.action_space(agent).sample() for agent in env.agents}
     _, rewards, _, _, infos = env.step(actions)
-    assert set(rewards) == {"attacker", "defender"} and game.round == 1
+    assert set(rewards) == {"attacker", "defender"} and env.round == 1
     assert all(np.isfinite(r) for r in rewards.values())
     assert -1.0 <= infos["attacker"]["leakage_ssim"] <= 1.0 and 0.0 <= infos["attacker"]["leakage"] <= 1.0
     env.close()

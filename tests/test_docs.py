@@ -101,6 +101,6 @@ def test_the_site_builds_strictly(tmp_path):
                           check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
-    for documented in ("envs.leakgym_env.parallel_env", "agents.reporting.heatmap_figure",
+    for documented in ("envs.leakgym_env.parallel_env", "agents.experiments.evaluation.reporting.heatmap_figure",
                        "leakgym.defenses.pipeline.apply_defense", "leakgym.attacks.base.Attack"):
         assert f'id="{documented}"' in api, documented

@@ -151,14 +151,14 @@ def test_vector_env_refuses_bool_actions_as_the_single_agent_view_does(cheap_ove
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
     vec.reset(seed=0)
     zero = [0] * len(vec.single_action_space.nvec)
-    rounds = [e.parallel.game.round for e in vec.unwrapped.envs]
+    rounds = [e.parallel.round for e in vec.unwrapped.envs]
     with pytest.raises(ValueError, match=r"sub-environment 0: attacker action \[True, .*has bool entries"):
         vec.step([[True, *zero[1:]], zero])
     with pytest.raises(ValueError, match="sub-environment 0: .*has dtype bool"):
         vec.step(np.zeros((2, len(zero)), dtype=bool))
-    assert [e.parallel.game.round for e in vec.unwrapped.envs] == rounds
+    assert [e.parallel.round for e in vec.unwrapped.envs] == rounds
     vec.step([zero, np.array(zero)])
-    assert [e.parallel.game.round for e in vec.unwrapped.envs] == [r + 1 for r in rounds]
+    assert [e.parallel.round for e in vec.unwrapped.envs] == [r + 1 for r in rounds]
 
 
 def test_vector_env_rejects_render_modes_it_does_not_have(cheap_overrides):

@@ -36,7 +36,7 @@ def test_aec_rejects_a_bad_action_when_it_is_given(cheap_overrides, form):
     assert e.agent_selection == first and np.array_equal(e.observe(first), before)
     for _ in e.possible_agents:  # the round then plays normally
         e.step(e.action_space(e.agent_selection).sample())
-    assert e.unwrapped.game.round == 1
+    assert e.unwrapped.round == 1
 
 
 def test_parallel_seed(cheap_overrides):
@@ -74,7 +74,7 @@ def test_invalid_action_raises_before_state_changes(cheap_overrides):
     bad = {"attacker": np.array([0, 9, 0, 0]), "defender": e.action_space("defender").sample()}
     with pytest.raises(ValueError, match=r"attacker action\[1\] \(iterations\) = 9; allowed range 0..1"):
         e.step(bad)
-    assert e.game.round == 0
+    assert e.round == 0
     with pytest.raises(ValueError, match="missing"):
         e.step({"attacker": e.action_space("attacker").sample()})
 
@@ -86,7 +86,7 @@ def test_a_bad_reset_seed_is_named_and_changes_nothing(cheap_overrides, seed):
     e.step({a: e.action_space(a).sample() for a in e.agents})
     with pytest.raises(ValueError, match=rf"seed={seed!r}; allowed: None or an integer >= 0"):
         e.reset(seed=seed)
-    assert e.game.round == 1
+    assert e.round == 1
     again, _ = e.reset(seed=0)
     for a in e.agents:
         np.testing.assert_array_equal(first[a], again[a])
@@ -100,7 +100,9 @@ def test_round_failure_is_reported_with_context_and_history_kept(cheap_overrides
     def boom(*args, **kwargs):
         raise RuntimeError("engine exploded")
 
-    monkeypatch.setattr(e.game, "federated_step", boom)
+    from leakgym.game import round as round_module
+
+    monkeypatch.setattr(round_module, "_aggregate_alone", boom)
     with pytest.raises(RoundError, match="round 2 .*engine exploded.*left as it was before the round"):
         e.step({a: e.action_space(a).sample() for a in e.agents})
     assert len(e.history) == 1
@@ -146,7 +148,7 @@ def test_a_lost_frame_does_not_lose_the_played_round(cheap_overrides, tmp_path, 
     monkeypatch.setattr(type(p), "render", lambda self: (_ for _ in ()).throw(OSError(28, "No space left on device")))
     with pytest.warns(UserWarning, match="frame of round 1 was not written"):
         _, rewards, *_ = p.step({a: np.zeros(len(p.action_space(a).nvec), np.int64) for a in p.agents})
-    assert p.game.round == 1 and len(p.history) == 1 and set(rewards) == {"attacker", "defender"}
+    assert p.round == 1 and len(p.history) == 1 and set(rewards) == {"attacker", "defender"}
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import leakgym  # noqa: F401
-from leakgym.envs.game import LeakGame
+from leakgym.game import round as round_module
 
 #: Steps before the memory baseline is taken.
 WARMUP = 20
@@ -92,13 +92,13 @@ def test_200_step_soak(soak_overrides):
 def test_a_leak_of_0_7_mb_per_round_fails_the_memory_bound(soak_overrides, monkeypatch):
     """0.7 MB kept per round (the review's leak): measured +26.7 MB over the 40 steps after warm-up."""
     leaked: list[bytearray] = []
-    conclude = LeakGame.conclude
+    conclude = round_module._conclude
 
-    def leaky_conclude(self, *args, **kwargs):
+    def leaky_conclude(*args, **kwargs):
         leaked.append(bytearray(b"\x01") * 700_000)  # written, so resident
-        return conclude(self, *args, **kwargs)
+        return conclude(*args, **kwargs)
 
-    monkeypatch.setattr(LeakGame, "conclude", leaky_conclude)
+    monkeypatch.setattr(round_module, "_conclude", leaky_conclude)
     rss, _ = soak(soak_overrides, WARMUP + 40)
     with pytest.raises(AssertionError, match="RSS grew"):
         assert_memory_bounded(rss)

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from leakgym.agents.analysis import mixed_equilibria, mixed_equilibria_text
-from leakgym.agents.payoff import METRICS, EpisodeStats, PairResult, PayoffTable
-from leakgym.agents.reporting import write_json
+from leakgym.agents.experiments.evaluation.analysis import mixed_equilibria, mixed_equilibria_text
+from leakgym.agents.experiments.evaluation.payoff import METRICS, EpisodeStats, PairResult, PayoffTable
+from leakgym.agents.experiments.evaluation.reporting import write_json
 
 
 def _table(attacker_returns, defender_returns, attackers, defenders) -> PayoffTable:

@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from leakgym.agents import episode_log as el
-from leakgym.agents import evaluation as ev
-from leakgym.agents import play
-from leakgym.agents.payoff import METRICS, EpisodeStats, LastRound, PairResult
+from leakgym.agents.experiments.evaluation import cli as ev
+from leakgym.agents.experiments.evaluation import episode_log as el
+from leakgym.agents.experiments.evaluation import play
+from leakgym.agents.experiments.evaluation.payoff import METRICS, EpisodeStats, LastRound, PairResult
 
 TINY = {"rounds": 1, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 
@@ -94,7 +94,7 @@ def test_interrupted_eval_resumes_to_the_uninterrupted_table(tmp_path, monkeypat
 
 
 def test_ctrl_c_while_the_tables_are_written_leaves_no_half_file_and_resume_writes_them(tmp_path, monkeypatch, capsys):
-    from leakgym.agents import reporting
+    from leakgym.agents.experiments.evaluation import reporting
 
     out = tmp_path / "run"
     real = reporting.write_heatmap
@@ -287,7 +287,7 @@ def _save_policy(path, seed: int):
     import gymnasium as gym
     from stable_baselines3 import PPO
 
-    from leakgym.agents import learned
+    from leakgym.agents.policies import learned
 
     env = gym.make("LeakGym-Digits-v0", role="attacker", **TINY)
     model = PPO("MlpPolicy", env, n_steps=8, batch_size=8, seed=seed, device="cpu", policy_kwargs={"net_arch": [8]})

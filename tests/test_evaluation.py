@@ -12,7 +12,7 @@ import torch
 from scipy import stats
 
 from leakgym.agents import EpsilonGreedyBandit, make_agent
-from leakgym.agents import evaluation as ev
+from leakgym.agents.experiments.evaluation import cli as ev
 from leakgym.envs.leakgym_env import parallel_env
 
 # Tiny digits games: 2 rounds, one benign client, 1-2 attack iterations, small test set.
@@ -283,7 +283,7 @@ def test_gallery_without_labels_says_original():
 def test_neighbouring_pairs_keep_rounds_of_different_episodes():
     """Pair (i, j) keeps the last round of its episode (i + j) mod episodes: with common random numbers the
     gallery showed every pair the same private image. The payoff numbers do not depend on the choice."""
-    from leakgym.agents.payoff import gallery_episode
+    from leakgym.agents.experiments.evaluation.payoff import gallery_episode
 
     assert [gallery_episode(i, j, 2) for i in range(2) for j in range(3)] == [0, 1, 0, 1, 0, 1]
     table = ev.evaluate("digits", ["random", "fixed:1,0,0,0"], ["none", "fixed:0,0,0,0,0,0"], episodes=2,
@@ -312,8 +312,8 @@ def test_episodic_pairs_play_their_episodes_at_once_and_each_pair_its_own_copy_o
     """A learning agent given as an object plays each pair from the object as given, as a name builds a
     fresh agent per pair: it used to play every pair itself, carrying what it learnt from one pair
     into the next (and from one call of evaluate into the next, same seed, other numbers)."""
-    from leakgym.agents.base import UniformRandomAgent
-    from leakgym.agents.play import _groups, _tracks
+    from leakgym.agents.experiments.evaluation.play import _groups, _tracks
+    from leakgym.agents.policies.base import UniformRandomAgent
     from leakgym.envs import parallel_env
 
     penv = parallel_env("digits", **TINY)
@@ -357,21 +357,35 @@ def test_step_together_validates_every_env_first_and_restores_every_game_on_fail
     for i, env in enumerate(envs):
         env.reset(seed=i)
     zero = {a: np.zeros(len(envs[0].action_space(a).nvec), dtype=np.int64) for a in envs[0].possible_agents}
-    before = [env.game.snapshot() for env in envs]
+    def state(env):
+        return (env.round, env.games.rngs[env.row].bit_generator.state,
+                {k: v.clone() for k, v in env.games.model(env.row).state_dict().items()})
+
+    before = [state(env) for env in envs]
     bad = {**zero, "attacker": np.full_like(zero["attacker"], 99)}
     with pytest.raises(ValueError, match="environment 1: "):
         step_together(envs, [zero, bad])
     with pytest.raises(ValueError, match="appear once"):
         step_together([envs[0], envs[0]], [zero, zero])
-    real = envs[1].game.conclude
-    envs[1].game.conclude = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
-    with pytest.raises(RoundError):
-        step_together(envs, [zero, zero])
-    envs[1].game.conclude = real
-    for env, snap in zip(envs, before):
-        now = env.game.snapshot()
-        assert now.round == snap.round == 0 and now.rng_state == snap.rng_state
-        assert all(torch.equal(now.model_state[k], snap.model_state[k]) for k in snap.model_state)
+    from leakgym.game import round as round_module
+
+    real = round_module._conclude
+
+    def second_env_fails(games, *args, **kwargs):
+        if games is envs[1].games:  # the first env's round (a batch of its own) has been played by now
+            raise RuntimeError("boom")
+        return real(games, *args, **kwargs)
+
+    round_module._conclude = second_env_fails
+    try:
+        with pytest.raises(RoundError):
+            step_together(envs, [zero, zero])
+    finally:
+        round_module._conclude = real
+    for env, (rnd, rng, model) in zip(envs, before):
+        now_round, now_rng, now_model = state(env)
+        assert now_round == rnd == 0 and now_rng == rng
+        assert all(torch.equal(now_model[k], model[k]) for k in model)
     together = step_together(envs, [zero, zero])
     alone = parallel_env("digits", **TINY)
     alone.reset(seed=1)

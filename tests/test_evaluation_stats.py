@@ -14,10 +14,16 @@ import pickle
 import numpy as np
 import pytest
 
-from leakgym.agents import episode_log as el
-from leakgym.agents import evaluation as ev
-from leakgym.agents import play
-from leakgym.agents.payoff import METRICS, EpisodeStats, LastRound, PairResult, PayoffTable
+from leakgym.agents.experiments.evaluation import cli as ev
+from leakgym.agents.experiments.evaluation import episode_log as el
+from leakgym.agents.experiments.evaluation import play
+from leakgym.agents.experiments.evaluation.payoff import (
+    METRICS,
+    EpisodeStats,
+    LastRound,
+    PairResult,
+    PayoffTable,
+)
 
 TINY = {"rounds": 1, "num_clients": 1, "iterations": [1], "eval_size": 16}
 

@@ -251,45 +251,49 @@ def test_a_game_trains_every_client_with_the_scenarios_optimiser_and_schedule(ch
     assert "job" in {path for *_, path in seen}
 
 
-def test_batched_federated_steps_take_the_scenarios_optimiser_as_the_game_by_game_step(cheap_overrides):
-    """Three FedAvg rounds (Adam, cosine schedule) of three games through LeakGame.federated_steps (the
-    batched benign clients) equal federated_step game by game; the models move away from plain SGD's."""
+def test_the_batched_aggregation_takes_the_scenarios_optimiser_as_the_game_by_game_one(cheap_overrides, monkeypatch):
+    """Three FedAvg rounds (Adam, cosine schedule) of three games through the batched aggregation
+    (leakgym.fl.rounds: the batched benign clients) equal the game-by-game one; the models move away from
+    plain SGD's."""
     import numpy as np
 
-    from leakgym.envs import parallel_env
+    from leakgym.envs import load_scenario
+    from leakgym.game import round as game_round
+    from leakgym.game.batch import GameBatch
 
     def games(**extra):
-        envs = []
+        batch = GameBatch(load_scenario("digits", **dict(cheap_overrides, num_clients=3, update_kind="model_delta",
+                                                         local_steps=2, local_lr=0.01, rounds=4, **extra)), 3)
         for i in range(3):
-            e = parallel_env("digits", **dict(cheap_overrides, num_clients=3, update_kind="model_delta", local_steps=2,
-                                              local_lr=0.01, rounds=4, **extra))
-            e.reset(seed=20 + i)
-            envs.append(e)
-        return envs
+            batch.reset(i, seed=20 + i)
+        return batch
 
-    def defended(envs):
-        zeros = [np.zeros(len(e.game.scenario.defender_nvec), np.int64) for e in envs]
-        return [e.game.defend(e.game.plan(z, np.zeros(len(e.game.scenario.attacker_nvec), np.int64)))
-                for e, z in zip(envs, zeros)]
+    def defended(batch):
+        sc, rows = batch.scenario, [0, 1, 2]
+        zero = (np.zeros(len(sc.defender_nvec), np.int64), np.zeros(len(sc.attacker_nvec), np.int64))
+        return game_round.defend(batch, rows, game_round.plan(batch, rows, [zero] * 3), batch_clients=False)
 
     extra = {"local_optimizer": "adam", "local_lr_schedule": "cosine"}
     loop, batch, sgd = games(**extra), games(**extra), games()
-    for e in batch:
-        e.game.federated_step = lambda d: pytest.fail("federated_steps fell back to federated_step")
+    real = game_round._aggregate_alone
+
+    def guarded(games_, *args, **kwargs):
+        if games_ is batch:
+            pytest.fail("the batched aggregation fell back to the game-by-game path")
+        return real(games_, *args, **kwargs)
+
+    monkeypatch.setattr(game_round, "_aggregate_alone", guarded)
     for _ in range(3):
         d_loop, d_batch, d_sgd = defended(loop), defended(batch), defended(sgd)
         assert d_loop[0].update.metadata["local_optimizer"] == "adam"
-        for e, d in zip(loop, d_loop):
-            e.game.federated_step(d)
-        for e, d in zip(sgd, d_sgd):
-            e.game.federated_step(d)
-        type(batch[0].game).federated_steps([e.game for e in batch], d_batch)
-    for a, b, c in zip(loop, batch, sgd):
-        for (_, pa), (_, pb), (_, pc) in zip(a.game.server.model.state_dict().items(),
-                                             b.game.server.model.state_dict().items(),
-                                             c.game.server.model.state_dict().items()):
+        game_round.aggregate(loop, [0, 1, 2], d_loop, batch_clients=False)
+        game_round.aggregate(sgd, [0, 1, 2], d_sgd, batch_clients=False)
+        game_round.aggregate(batch, [0, 1, 2], d_batch, batch_clients=True)
+    for i in range(3):
+        for (_, pa), (_, pb), (_, pc) in zip(loop.model(i).state_dict().items(), batch.model(i).state_dict().items(),
+                                             sgd.model(i).state_dict().items()):
             torch.testing.assert_close(pa, pb, rtol=1e-4, atol=2e-5)
-        first = [next(iter(g.server.model.parameters())) for g in (a.game, c.game)]
+        first = [next(iter(g.model(i).parameters())) for g in (loop, sgd)]
         assert not torch.allclose(*first, atol=1e-5)
 
 

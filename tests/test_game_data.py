@@ -1,4 +1,4 @@
-"""Games read their clients' images from one shared normalised copy of the dataset (envs/shared_data.py).
+"""Games read their clients' images from one shared normalised copy of the dataset (leakgym/game/batch.py: SharedImages).
 
 A game used to keep normalised copies of all its clients' shards (the whole training set: 614 MB per
 CIFAR-10 game). These tests pin what replaced it: one copy per (dataset, device) shared by every game,
@@ -16,14 +16,15 @@ import torch
 
 import leakgym  # noqa: F401  (registers the ids)
 from leakgym.data import federated_split, split_indices
-from leakgym.envs import game as game_module
-from leakgym.envs.shared_data import shared_images
+from leakgym.game import batch as game_module
+from leakgym.game import round as game_round
+from leakgym.game.batch import shared_images
 
 
 def _games(num_envs: int, **overrides):
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=num_envs, opponent="none", **overrides)
     vec.reset(seed=0)
-    return vec, [env.parallel.game for env in vec.envs]
+    return vec, vec.games
 
 
 def test_split_indices_is_federated_splits_split():
@@ -42,14 +43,13 @@ def test_split_indices_is_federated_splits_split():
 def test_games_share_one_normalised_copy_and_evaluation_set():
     vec, games = _games(3)
     try:
-        assert games[0].images is games[1].images is games[2].images
-        assert games[0].images is shared_images(games[0].dataset, "cpu")
-        assert games[0].server.eval_x is games[2].server.eval_x  # the batched round's shared-evaluation path
+        assert games.images is shared_images(games.dataset, "cpu")  # one copy for every row
+        assert games.servers[0].eval_x is games.servers[2].eval_x  # the batched round's shared-evaluation path
         # What a game keeps of its own: the public split (unit images, 10% of the training set) and index
         # sets. Copies of the clients' shards (the whole training set) would be ten times more.
-        train_bytes = games[0].dataset.train_x.nbytes
-        for g in games:
-            own = [g.public_x, g.public_y, g.victim_rows, *g.benign_rows]
+        train_bytes = games.dataset.train_x.nbytes
+        for r in range(3):
+            own = [games.public_x[r], games.public_y[r], games.victim_rows[r], *games.benign_rows[r]]
             assert sum(t.nbytes for t in own) < 0.15 * train_bytes
     finally:
         vec.close()
@@ -60,24 +60,33 @@ def test_a_games_batches_are_the_normalised_rows_of_its_split():
     do not depend on where the images are kept."""
     vec, games = _games(2, batch_clients=True)
     try:
-        g = games[1]
-        g.reset(seed=1234)
+        g = games
+        g.reset(1, seed=1234)
         sc = g.scenario
         split = federated_split(g.dataset, num_clients=sc.num_clients + 1, public_fraction=sc.public_fraction,
                                 alpha=sc.dirichlet_alpha, seed=1234)
         norm = g.spec.normalize
-        assert torch.equal(g.public_x, split.public_x)
-        rng = copy.deepcopy(g.rng)
+        assert torch.equal(g.public_x[1], split.public_x)
+        rng = copy.deepcopy(g.rngs[1])
         nvec = [len(d) for d in (g.menus["defender"].dims, g.menus["attacker"].dims)]
-        drawn = g.draw(g.plan(np.zeros(nvec[0], np.int64), np.zeros(nvec[1], np.int64)))
+        plans = game_round.plan(g, [1], [(np.zeros(nvec[0], np.int64), np.zeros(nvec[1], np.int64))])
+        (drawn,) = game_round.defend(g, [1], plans, batch_clients=False)
         rng.integers(2**31 - 1)  # the round seed, drawn first
         victim_x, victim_y = split.clients[0]
         idx = rng.choice(len(victim_x), size=sc.batch_size, replace=len(victim_x) < sc.batch_size)
         assert torch.equal(drawn.x, norm(victim_x)[idx]) and torch.equal(drawn.y, victim_y[idx])
-        for (bx, by), (ux, uy) in zip(g.benign_batches(), split.clients[1:]):
+        benign = []
+        real = game_round._aggregate_alone
+        game_round._aggregate_alone = lambda games_, row, d, batches: benign.extend(batches)
+        try:
+            game_round.aggregate(g, [1], [drawn], batch_clients=False)
+        finally:
+            game_round._aggregate_alone = real
+        assert len(benign) == len(split.clients) - 1
+        for (bx, by), (ux, uy) in zip(benign, split.clients[1:]):
             take = rng.choice(len(ux), size=min(len(ux), max(sc.batch_size, 8)), replace=False)
             assert torch.equal(bx, norm(ux)[take]) and torch.equal(by, uy[take])
-        ex, ey = g.server.eval_x, g.server.eval_y
+        ex, ey = g.servers[1].eval_x, g.servers[1].eval_y
         n = min(sc.eval_size, len(split.test_x))
         assert torch.equal(ex, norm(split.test_x[:n])) and torch.equal(ey, split.test_y[:n])
     finally:
@@ -94,7 +103,7 @@ def test_a_vector_step_reads_the_shared_images_once_per_phase():
 
     vec, games = _games(8, batch_clients=True, num_clients=4, iterations=[1], eval_size=16)
     try:
-        images = games[0].images
+        images = games.images
         reads = []
 
         class CountReads(TorchDispatchMode):
@@ -121,7 +130,7 @@ def test_shared_copy_is_freed_with_its_games():
     import weakref
 
     vec, games = _games(2)
-    ref = weakref.ref(games[0].images)
+    ref = weakref.ref(games.images)
     vec.close()
     del vec, games
     gc.collect()
@@ -134,10 +143,9 @@ def test_games_on_cuda_share_a_device_copy():
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none", device="cuda", rounds=1, iterations=[2])
     try:
         vec.reset(seed=0)
-        games = [env.parallel.game for env in vec.envs]
-        assert games[0].images is games[1].images
-        assert games[0].images.train_x.device.type == "cuda"
-        assert shared_images(games[0].dataset, "cuda") is shared_images(games[0].dataset, f"cuda:{torch.cuda.current_device()}")
+        games = vec.games
+        assert games.images.train_x.device.type == "cuda"
+        assert shared_images(games.dataset, "cuda") is shared_images(games.dataset, f"cuda:{torch.cuda.current_device()}")
         vec.step(np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64))
     finally:
         vec.close()

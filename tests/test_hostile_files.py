@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leakgym.agents.cli_common import parse_overrides
-from leakgym.agents.training import read_hyperparams_file
+from leakgym.agents.experiments.cli_common import parse_overrides
+from leakgym.agents.experiments.training import read_hyperparams_file
 from leakgym.cli import main
 from leakgym.data import federated_split, load_dataset
 from leakgym.defenses import loda

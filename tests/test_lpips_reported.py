@@ -185,7 +185,7 @@ SELFPLAY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64
 
 
 def test_selfplay_summary_reports_lpips_where_the_weights_are(weights, tmp_path):
-    from leakgym.agents import selfplay as sp
+    from leakgym.agents.experiments import selfplay as sp
 
     summary = sp.selfplay("LeakGym-Digits-v0", iterations=1, timesteps=16, out=tmp_path, overrides=SELFPLAY,
                           hyperparams={"n_steps": 16, "batch_size": 16, "n_epochs": 1}, eval_episodes=1,
@@ -199,7 +199,7 @@ def test_selfplay_summary_reports_lpips_where_the_weights_are(weights, tmp_path)
 
 
 def test_selfplay_pairs_carry_no_lpips_without_the_weights(no_weights):
-    from leakgym.agents import selfplay as sp
+    from leakgym.agents.experiments import selfplay as sp
 
     pairs = sp._eval_pairs("LeakGym-Digits-v0", "fixed:1,0,0,0", ["none"], 1, 0, SELFPLAY)
     assert "leakage_ssim" in pairs[0] and "leakage_lpips" not in pairs[0]
@@ -207,7 +207,7 @@ def test_selfplay_pairs_carry_no_lpips_without_the_weights(no_weights):
 
 def test_selfplay_summary_records_lpips_as_null_with_the_reason(no_weights, tmp_path, monkeypatch):
     """(training replaced: what is checked is the summary's LPIPS fields, not the learning)"""
-    from leakgym.agents import selfplay as sp
+    from leakgym.agents.experiments import selfplay as sp
 
     class Trained:
         def __init__(self, path):
@@ -223,7 +223,7 @@ def test_selfplay_summary_records_lpips_as_null_with_the_reason(no_weights, tmp_
 
 # -- leakgym eval: the gallery and the last rounds it keeps -----------------------------------------------
 def _eval(tmp_path):
-    from leakgym.agents import evaluation as ev
+    from leakgym.agents.experiments.evaluation import cli as ev
 
     parser = argparse.ArgumentParser()
     ev.add_arguments(parser)
@@ -234,9 +234,9 @@ def _eval(tmp_path):
 
 
 def _gallery_labels(tmp_path):
-    from leakgym.agents import episode_log as el
-    from leakgym.agents.payoff import PayoffTable
-    from leakgym.agents.reporting import gallery_figure
+    from leakgym.agents.experiments.evaluation import episode_log as el
+    from leakgym.agents.experiments.evaluation.payoff import PayoffTable
+    from leakgym.agents.experiments.evaluation.reporting import gallery_figure
 
     saved = json.loads((tmp_path / el.RUN_FILE).read_text())
     settings = saved["settings"]
@@ -275,7 +275,7 @@ def test_eval_gallery_without_weights_and_old_last_rounds_say_lpips_is_not_avail
 def test_last_round_keeps_lpips_only_when_scored_with_weights():
     from types import SimpleNamespace
 
-    from leakgym.agents.payoff import LastRound
+    from leakgym.agents.experiments.evaluation.payoff import LastRound
     from leakgym.metrics import score_reconstruction
 
     x = torch.rand(2, 1, 8, 8)
@@ -289,8 +289,8 @@ def test_last_round_keeps_lpips_only_when_scored_with_weights():
 
 
 def test_a_damaged_lpips_entry_reads_back_as_not_available(tmp_path):
-    from leakgym.agents import episode_log as el
-    from leakgym.agents.payoff import METRICS, EpisodeStats, LastRound, PairResult
+    from leakgym.agents.experiments.evaluation import episode_log as el
+    from leakgym.agents.experiments.evaluation.payoff import METRICS, EpisodeStats, LastRound, PairResult
 
     settings = {"env_id": "X-v0", "scenario": "x", "attackers": ["A"], "defenders": ["D"], "episodes": 1, "seed": 0,
                 "overrides": {}}

@@ -1,5 +1,5 @@
-"""PSRO (``leakgym.agents.metagame``): convergence with exact oracles on a matrix game, the mixture opponent,
-the state file, and ``leakgym metagame`` end to end on LeakGym-Digits-v0 with tiny budgets."""
+"""PSRO (``leakgym.agents.experiments.metagame``): convergence with exact oracles on a matrix game, the
+mixture opponent, the state file, and ``leakgym metagame`` end to end on LeakGym-Digits-v0 with tiny budgets."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from leakgym.agents import make_agent
-from leakgym.agents.metagame import CellSamples, Member, MixtureAgent, run_psro
-from leakgym.agents.metagame.psro import STATE_FILE, best_response_gain, halved
+from leakgym.agents.experiments.metagame import CellSamples, Member, MixtureAgent, run_psro
+from leakgym.agents.experiments.metagame.psro import STATE_FILE, best_response_gain, halved
 from leakgym.cli import main as cli_main
 from leakgym.envs.scenario import load_scenario
 
@@ -175,8 +175,8 @@ TINY = ["--overrides", "rounds=1", "iterations=[2]", "num_clients=1", "eval_size
 def test_leakgym_metagame_end_to_end_writes_every_file_and_resumes(tmp_path, monkeypatch):
     """2 iterations on LeakGym-Digits-v0 with tiny budgets; an interrupt during the second iteration's
     training and ``--resume`` then play no cell twice."""
-    from leakgym.agents import play
-    from leakgym.agents.metagame import simulation
+    from leakgym.agents.experiments.evaluation import play
+    from leakgym.agents.experiments.metagame import simulation
 
     out = tmp_path / "run"
     base = ["metagame", "--env", "LeakGym-Digits-v0", "--iterations", "2", "--out", str(out),
@@ -251,7 +251,7 @@ def test_ray_cells_equal_the_in_process_cells(tmp_path):
     its numbers equal the in-process simulator's for the same seeds (a cell alone, lockstep over its
     episodes, both ways)."""
     ray = pytest.importorskip("ray")
-    from leakgym.agents.metagame.simulation import LeakGymSimulator
+    from leakgym.agents.experiments.metagame.simulation import LeakGymSimulator
 
     overrides = {"rounds": 1, "iterations": [2], "num_clients": 1, "eval_size": 16}
     members = ([Member("dlg-paper", "dlg-paper")], [Member("none", "none"), Member("prune-0.9", "prune-0.9")])

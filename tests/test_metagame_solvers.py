@@ -1,4 +1,4 @@
-"""The meta-solvers of ``leakgym.agents.metagame``: every equilibrium of a bimatrix game, PRD, uniform."""
+"""The meta-solvers of ``leakgym.agents.experiments.metagame``: every equilibrium of a bimatrix game, PRD, uniform."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from leakgym.agents.metagame import (
+from leakgym.agents.experiments.metagame import (
     DegenerateGameWarning,
     IncompleteEnumerationWarning,
     analyse_game,
@@ -15,7 +15,12 @@ from leakgym.agents.metagame import (
     nash_equilibria,
     projected_replicator_dynamics,
 )
-from leakgym.agents.metagame.solvers import MAX_ENUMERATION, is_equilibrium, nash_conv, select_equilibrium
+from leakgym.agents.experiments.metagame.solvers import (
+    MAX_ENUMERATION,
+    is_equilibrium,
+    nash_conv,
+    select_equilibrium,
+)
 
 
 def _quiet(A, B):
@@ -93,7 +98,7 @@ def test_one_strategy_on_a_side():
 def test_large_tables_by_mixed_integer_programming_agree_with_vertex_enumeration(seed):
     """Past MAX_ENUMERATION strategies the equilibria come one support pattern at a time from a MILP; on a
     table small enough for both, the two lists are the same (a random table is nondegenerate)."""
-    from leakgym.agents.metagame import solvers
+    from leakgym.agents.experiments.metagame import solvers
 
     rng = np.random.default_rng(seed)
     A, B = rng.normal(size=(5, 6)), rng.normal(size=(5, 6))
@@ -111,7 +116,7 @@ def test_large_tables_by_mixed_integer_programming_agree_with_vertex_enumeration
 
 
 def test_an_incomplete_list_is_said(monkeypatch):
-    from leakgym.agents.metagame import solvers
+    from leakgym.agents.experiments.metagame import solvers
 
     rng = np.random.default_rng(4)
     A, B = rng.normal(size=(9, 9)), rng.normal(size=(9, 9))

@@ -35,7 +35,9 @@ def test_wheel_contains_the_three_packages(wheel):
         "leakgym/defenses/__init__.py",
         "leakgym/__main__.py",
         "leakgym/py.typed",
-        "leakgym/agents/hyperparams/ppo.yml",
+        "leakgym/agents/policies/gym_entry_points.py",
+        "leakgym/agents/experiments/training/loop.py",
+        "leakgym/agents/experiments/hyperparams/ppo.yml",
     ):
         assert required in names, f"{required} missing from {wheel.name}"
     # every source package (a folder with __init__.py) is in pyproject's package list, so in the wheel
@@ -75,7 +77,7 @@ def test_envs_never_import_agents():
     import sys
 
     code = ("import sys, leakgym.envs.leakgym_env, leakgym.envs.single_agent, leakgym.envs.vector, "
-            "leakgym.envs.round, leakgym.envs.describe; "
+            "leakgym.game.round, leakgym.envs.describe; "
             "print(sorted(m for m in sys.modules if m.startswith('leakgym.agents')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from leakgym.agents.presets import preset_action, preset_names
+from leakgym.agents.policies.presets import preset_action, preset_names
 from leakgym.envs import parallel_env
 from leakgym.envs.scenario import load_scenario
 

@@ -165,7 +165,7 @@ def test_self_audit_runs_when_asked_and_its_observation_tracks_its_leakage():
 # Aggregation
 # --------------------------------------------------------------------------------------------------
 def _parameters(env) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in env.game.server.model.named_parameters()}
+    return {k: v.detach().clone() for k, v in env.games.model(env.row).named_parameters()}
 
 
 @pytest.mark.parametrize("num_clients", [0, 2])
@@ -181,7 +181,7 @@ def test_victims_update_moves_the_global_model_by_its_weight(num_clients):
         env.reset(seed=3)
         before = _parameters(env)
         env.step({"attacker": np.array([IG, WEAK, 0, 0]), "defender": np.array(action)})
-        runs.append((before, _parameters(env), env.game.last.update.tensors))
+        runs.append((before, _parameters(env), env.last_round.update.tensors))
     (before_a, after_a, u_a), (before_b, after_b, u_b) = runs
     weight = 1.0 / (1 + 8 * num_clients)
     moved = 0.0
@@ -196,22 +196,22 @@ def test_victims_update_moves_the_global_model_by_its_weight(num_clients):
 
 
 def test_victims_update_reaches_the_model_in_the_batched_aggregation():
-    """The same weight through the vector envs' path (``Round(batch_clients=True)``: the games' benign
+    """The same weight through the vector envs' path (``play_round(batch_clients=True)``: the games' benign
     clients and aggregations as one computation): two games with the same seed, one victim without a
     defense and one with noise, end one aggregation apart by the victim's weighted difference."""
-    from leakgym.envs.game import LeakGame
-    from leakgym.envs.round import Round
     from leakgym.envs.scenario import load_scenario
+    from leakgym.game.batch import GameBatch
+    from leakgym.game.round import play_round
 
     sc = load_scenario("digits", **{**CHEAP, "num_clients": 2, "server_lr": 0.5})
-    games = [LeakGame(sc), LeakGame(sc)]
-    for g in games:
-        g.reset(seed=3)
-    before = [{k: v.detach().clone() for k, v in g.server.model.named_parameters()} for g in games]
-    Round(games, batch_clients=True).play([(np.array(NO_DEFENSE), np.array([IG, WEAK, 0, 0])),
-                                           (np.array(NOISE), np.array([IG, WEAK, 0, 0]))])
-    after = [dict(g.server.model.named_parameters()) for g in games]
-    u_a, u_b = (g.last.update.tensors for g in games)
+    games = GameBatch(sc, 2)
+    for i in range(2):
+        games.reset(i, seed=3)
+    before = [{k: v.detach().clone() for k, v in games.model(i).named_parameters()} for i in range(2)]
+    play_round(games, [0, 1], [(np.array(NO_DEFENSE), np.array([IG, WEAK, 0, 0])),
+                               (np.array(NOISE), np.array([IG, WEAK, 0, 0]))], batch_clients=True)
+    after = [dict(games.model(i).named_parameters()) for i in range(2)]
+    u_a, u_b = (games.last[i].update.tensors for i in range(2))
     for name in after[0]:
         assert torch.equal(before[0][name], before[1][name])
         torch.testing.assert_close((after[0][name] - after[1][name]).detach(), -0.5 / 17 * (u_a[name] - u_b[name]),

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from leakgym.agents import training as tr
+from leakgym.agents.experiments import training as tr
 
 REPO = Path(__file__).resolve().parents[1]
 #: a tiny digits game for the rl-zoo run
@@ -29,7 +29,7 @@ def _needs(module: str) -> None:
 
 
 def test_rl_zoo3_trains_from_leakgyms_hyperparams_file(tmp_path):
-    """``python -m rl_zoo3.train`` reads agents/hyperparams/ppo.yml and trains on LeakGym-Digits-v0."""
+    """``python -m rl_zoo3.train`` reads agents/experiments/hyperparams/ppo.yml and trains on LeakGym-Digits-v0."""
     _needs("rl_zoo3")
     env_kwargs = ["role:'attacker'", "opponent:'none'"] + [f"{k}:{v!r}" for k, v in TINY.items()]
     cmd = [sys.executable, "-m", "rl_zoo3.train", "--algo", "ppo", "--env", "LeakGym-Digits-v0",

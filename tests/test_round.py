@@ -1,4 +1,5 @@
-"""The Round: one owner for a round, per-game seeds, atomic failures, validate-then-act."""
+"""The round (leakgym.game.round.play_round): one owner for a round, per-game seeds, atomic failures,
+validate-then-act."""
 
 import copy
 
@@ -8,10 +9,12 @@ import pytest
 import torch
 
 import leakgym  # noqa: F401  (registers the ids)
-from leakgym.agents.base import UniformRandomAgent
-from leakgym.agents.scripted import FixedAgent
+from leakgym.agents.policies.base import UniformRandomAgent
+from leakgym.agents.policies.scripted import FixedAgent
 from leakgym.envs import RoundError, parallel_env
-from leakgym.envs.round import Round
+from leakgym.envs.leakgym_env import share_batch
+from leakgym.game import round as round_module
+from leakgym.game.round import play_round
 
 
 def _scrub(info):
@@ -91,7 +94,7 @@ def test_each_game_of_a_vector_meets_its_own_copy_of_an_opponent_object(cheap_ov
     """An Agent object given as ``opponent`` is a template: every game plays a copy. A shared instance
     advanced one game's round-robin position in its neighbour's rounds, so two games with one seed
     diverged (and a bandit would credit one game's reward to another game's arm)."""
-    from leakgym.agents.scripted import RoundRobinAgent
+    from leakgym.agents.policies.scripted import RoundRobinAgent
 
     template = RoundRobinAgent()
     single = gym.make("LeakGym-Digits-v0", opponent=RoundRobinAgent(), **cheap_overrides)
@@ -119,11 +122,11 @@ def test_games_of_a_vector_with_different_seeds_differ(cheap_overrides):
 
 
 def _state(e):
-    g = e.game
+    g, r = e.games, e.row
     return (
-        {k: v.clone() for k, v in g.server.model.state_dict().items()},
-        copy.deepcopy(g.rng.bit_generator.state),
-        g.round, g.accuracy, g.test_loss, g.last, list(e.history), e.agents,
+        {k: v.clone() for k, v in g.model(r).state_dict().items()},
+        copy.deepcopy(g.rngs[r].bit_generator.state),
+        int(g.round[r]), float(g.accuracy[r]), float(g.test_loss[r]), g.last[r], list(e.history), e.agents,
     )
 
 
@@ -135,7 +138,7 @@ def _assert_state_equal(s1, s2):
     assert rest1 == rest2
 
 
-@pytest.mark.parametrize("phase", ["defend", "score", "federated_step", "conclude"])
+@pytest.mark.parametrize("phase", ["defend", "attack", "score", "aggregate", "reward"])
 def test_a_failing_round_leaves_the_game_exactly_as_it_was(cheap_overrides, monkeypatch, phase):
     e = parallel_env("digits", **cheap_overrides)
     e.reset(seed=3)
@@ -143,17 +146,17 @@ def test_a_failing_round_leaves_the_game_exactly_as_it_was(cheap_overrides, monk
     second = {"attacker": np.array([1, 0, 0, 0]), "defender": np.array([2, 0, 0, 0, 0, 1])}
     e.step(first)
     before = _state(e)
-    original = getattr(type(e.game), phase)
+    original = getattr(round_module, phase)
 
-    def late_failure(self, *args, **kwargs):
-        original(self, *args, **kwargs)  # the phase runs (and changes state) ... then fails
+    def late_failure(*args, **kwargs):
+        original(*args, **kwargs)  # the phase runs (and changes state) ... then fails
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(type(e.game), phase, late_failure)
+    monkeypatch.setattr(round_module, phase, late_failure)
     with pytest.raises(RoundError, match=r"round 2 of scenario 'digits' with actions attacker=\[1, 0, 0, 0\].*disk on fire"):
         e.step(second)
     _assert_state_equal(before, _state(e))
-    monkeypatch.setattr(type(e.game), phase, original)
+    monkeypatch.setattr(round_module, phase, original)
 
     # ... and the game goes on exactly as if the failed round had never been tried
     after_failure = e.step(second)
@@ -168,22 +171,23 @@ def test_a_failing_round_leaves_the_game_exactly_as_it_was(cheap_overrides, monk
 
 def test_a_failing_game_restores_every_game_of_the_round(cheap_overrides, monkeypatch):
     envs = [parallel_env("digits", **cheap_overrides) for _ in range(3)]
+    games = share_batch(envs)
     for i, e in enumerate(envs):
         e.reset(seed=i)
     before = [_state(e) for e in envs]
     calls = {"n": 0}
-    original = type(envs[0].game).federated_step
+    original = round_module._aggregate_alone
 
-    def third_fails(self, *args, **kwargs):
+    def third_fails(*args, **kwargs):
         calls["n"] += 1
-        original(self, *args, **kwargs)
+        original(*args, **kwargs)
         if calls["n"] == 3:
             raise RuntimeError("third game failed")
 
-    monkeypatch.setattr(type(envs[0].game), "federated_step", third_fails)
+    monkeypatch.setattr(round_module, "_aggregate_alone", third_fails)
     actions = [(np.zeros(6, np.int64), np.zeros(4, np.int64))] * 3
     with pytest.raises(RoundError, match="game 2: round 1.*third game failed"):
-        Round([e.game for e in envs]).play(actions)
+        play_round(games, [0, 1, 2], actions)
     for e, b in zip(envs, before):
         _assert_state_equal(b, _state(e))
 
@@ -262,7 +266,7 @@ def test_infos_carry_the_decoded_actions(cheap_overrides):
     assert infos["defender"]["defense_settings"]["noise_sigma"] == 0.1
     assert infos["defender"]["defense_settings"]["oasis"] == ["major_rotation"]
     assert infos["defender"]["defenses"] == ["oasis", "noise"]
-    assert e.game.last.strategy == "dlg" and e.game.last.round == 1
+    assert e.last_round.strategy == "dlg" and e.last_round.round == 1
 
 
 def test_a_skipped_update_is_not_attacked_and_leaks_nothing(cheap_overrides):
@@ -301,17 +305,17 @@ def test_the_single_agent_view_takes_a_plain_callable_opponent(cheap_overrides):
 def test_a_failing_round_restores_the_divergence_flag(cheap_overrides, monkeypatch):
     e = parallel_env("digits", **cheap_overrides)
     e.reset(seed=3)
-    original = type(e.game).federated_step
+    original = round_module._aggregate_alone
 
-    def diverge_then_fail(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.diverged_at = self.round  # as advance_round does for a non-finite test loss
+    def diverge_then_fail(games, row, *args, **kwargs):
+        original(games, row, *args, **kwargs)
+        games.diverged_at[row] = int(games.round[row])  # as GameBatch.advance does for a non-finite test loss
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(type(e.game), "federated_step", diverge_then_fail)
+    monkeypatch.setattr(round_module, "_aggregate_alone", diverge_then_fail)
     with pytest.raises(RoundError):
         e.step({"attacker": np.array([0, 0, 0, 0]), "defender": np.zeros(6, dtype=np.int64)})
-    assert e.game.diverged_at is None
+    assert e.games.diverged_at[e.row] is None
 
 
 @pytest.mark.parametrize(("failure", "raised"), [(RuntimeError("disk on fire"), RoundError),
@@ -322,8 +326,7 @@ def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, mo
     (here a round-robin position) is put back with its generator, so the retried step plays what a
     fresh env plays. Ctrl-C mid-round too (it left the round half played: model, round counter and
     generators moved on)."""
-    from leakgym.agents.scripted import RoundRobinAgent
-    from leakgym.envs.game import LeakGame
+    from leakgym.agents.policies.scripted import RoundRobinAgent
 
     def make():
         if vector:
@@ -335,13 +338,13 @@ def test_a_failing_step_leaves_a_stateful_opponent_as_it_was(cheap_overrides, mo
     env, ref = make(), make()
     env.reset(seed=4)
     ref.reset(seed=4)
-    original = LeakGame.conclude
+    original = round_module._conclude
     # a fresh exception each time: the parametrized instance, once raised, would keep the round's frames
     # (and its games) alive through its traceback for the rest of the session
-    monkeypatch.setattr(LeakGame, "conclude", lambda *a, **k: (_ for _ in ()).throw(type(failure)(*failure.args)))
+    monkeypatch.setattr(round_module, "_conclude", lambda *a, **k: (_ for _ in ()).throw(type(failure)(*failure.args)))
     with pytest.raises(raised):
         env.step(action)
-    monkeypatch.setattr(LeakGame, "conclude", original)
+    monkeypatch.setattr(round_module, "_conclude", original)
     for _ in range(2):
         got, want = env.step(action), ref.step(action)
         np.testing.assert_array_equal(got[0], want[0])
@@ -379,7 +382,7 @@ def test_view_options_are_checked_when_built():
 def test_a_rejected_action_leaves_the_opponent_holding_the_callers_objects(cheap_overrides, kind):
     """A rejected learner action used to restore the opponent from deep copies: an opponent sharing a
     policy with the caller stopped seeing the caller's updates after any rejected step."""
-    from leakgym.agents.base import Agent
+    from leakgym.agents.policies.base import Agent
     from leakgym.envs.single_agent import LeakGymSingleAgentEnv
 
     table = {"action": np.zeros(6, np.int64)}  # a policy the caller keeps training
@@ -407,7 +410,7 @@ def test_a_rejected_action_leaves_the_opponent_holding_the_callers_objects(cheap
         env.step(np.array([0, 0, 0, 7]))
     table["action"][0] = 1  # the caller updates its policy
     env.step(np.array([0, 0, 0, 0]))
-    assert env.parallel.game.last.defender_action.tolist() == [1, 0, 0, 0, 0, 0]
+    assert env.parallel.last_round.defender_action.tolist() == [1, 0, 0, 0, 0, 0]
 
 
 @pytest.mark.parametrize(("seed", "message"), [(True, r"seed=True; allowed: None or an integer >= 0"),
@@ -441,18 +444,18 @@ def test_flat_actions_refuse_what_multidiscrete_actions_refuse(cheap_overrides, 
 
 
 def test_a_step_decodes_each_games_actions_once(cheap_overrides, monkeypatch):
-    """The step validated its actions by decoding them (LeakGame.plan) and the Round decoded them again;
-    the Round now takes the validated plan. A plan kept by validation serves one Round only."""
-    import leakgym.envs.game as game_module
+    """The step validated its actions by decoding them (plan_one) and the round decoded them again; the
+    round now takes the validated plan. A plan kept by validation serves one round only."""
+    from leakgym.game.round import plan_one
 
     decoded = []
-    real = game_module.attack_for
+    real = round_module.attack_for
 
     def counting(*args, **kwargs):
         decoded.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(game_module, "attack_for", counting)
+    monkeypatch.setattr(round_module, "attack_for", counting)
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=2, **cheap_overrides)
     vec.reset(seed=0)
     action = np.zeros((2, len(vec.single_action_space.nvec)), dtype=np.int64)
@@ -460,12 +463,12 @@ def test_a_step_decodes_each_games_actions_once(cheap_overrides, monkeypatch):
     assert len(decoded) == 2
     env = parallel_env("digits", **cheap_overrides)
     env.reset(seed=0)
-    game = env.game
-    d, a = np.zeros(len(game.menus["defender"].dims), np.int64), np.zeros(len(game.menus["attacker"].dims), np.int64)
-    kept = game.plan(d, a, keep=True)
-    assert game.plan(d, a) is kept  # the Round's call takes the validated plan ...
-    assert game.plan(d, a) is not kept  # ... once
+    games, row = env.games, env.row
+    d, a = np.zeros(len(games.menus["defender"].dims), np.int64), np.zeros(len(games.menus["attacker"].dims), np.int64)
+    kept = plan_one(games, row, d, a, keep=True)
+    assert plan_one(games, row, d, a) is kept  # the round's call takes the validated plan ...
+    assert plan_one(games, row, d, a) is not kept  # ... once
     other = a.copy()
     other[0] = 1
-    game.plan(d, a, keep=True)
-    assert game.plan(d, other).attacker_action.tolist() == other.tolist()  # other actions: decoded anew
+    plan_one(games, row, d, a, keep=True)
+    assert plan_one(games, row, d, other).attacker_action.tolist() == other.tolist()  # other actions: decoded anew

@@ -47,7 +47,7 @@ from leakgym.attacks.loda_inversion import LodaInversion
 from leakgym.defenses import DEFENSES, DefenseConfig, registered
 from leakgym.defenses.ppp import PPP
 from leakgym.defenses.registry import InputDefense, StepDefense, UpdateDefense
-from leakgym.envs.game import LeakGame
+from leakgym.game.batch import GameBatch
 
 STAGE_CLASSES = {"input": InputDefense, "update": UpdateDefense, "step": StepDefense}
 
@@ -151,8 +151,8 @@ def test_a_registered_attack_without_a_case_fails(monkeypatch):
 # -- environment seeds ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("view", ["pettingzoo", "gymnasium", "vector"])
 def test_an_env_that_ignores_the_reset_seed_fails_the_seed_check(view, cheap_overrides, monkeypatch):
-    original = LeakGame.reset
-    monkeypatch.setattr(LeakGame, "reset", lambda self, seed: original(self, 0))
+    original = GameBatch.reset
+    monkeypatch.setattr(GameBatch, "reset", lambda self, row, seed: original(self, row, 0))
     with pytest.raises(AssertionError, match="different seeds, same initial model"):
         if view == "vector":
             check_vector_seeds(play_vector(cheap_overrides, [1, 2, 1], batch_attacks=False), exact=True)

@@ -12,9 +12,14 @@ import pytest
 import yaml
 
 from leakgym.agents import LearnedAgent, make_agent
-from leakgym.agents import evaluation as ev
-from leakgym.agents import selfplay as sp
-from leakgym.agents import training as tr
+from leakgym.agents.experiments import selfplay as sp
+from leakgym.agents.experiments import training as tr
+from leakgym.agents.experiments.evaluation import cli as ev
+from leakgym.agents.experiments.training import checks as tr_checks
+from leakgym.agents.experiments.training import cli as train_cli
+from leakgym.agents.experiments.training import episodes as tr_episodes
+from leakgym.agents.experiments.training import hyperparams as tr_hyperparams
+from leakgym.agents.experiments.training import loop as tr_loop
 from leakgym.envs.registration import registered_ids
 
 TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
@@ -47,7 +52,7 @@ def test_hyperparams_files_are_rl_zoo_files_for_every_registered_id(algo):
         assert isinstance(entry["n_timesteps"], int) and entry["policy"] == "MlpPolicy"
         assert isinstance(entry["policy_kwargs"], dict)
         kwargs = tr.constructor_kwargs(params)
-        assert not set(kwargs) & set(tr.RUN_KEYS) and "learning_rate" in kwargs and "gamma" in kwargs
+        assert not set(kwargs) & set(tr_hyperparams.RUN_KEYS) and "learning_rate" in kwargs and "gamma" in kwargs
         assert entry["n_envs"] == 8, "the defaults train on the batched vector env"
 
 
@@ -124,7 +129,7 @@ def test_bad_hyperparams_on_the_command_line_are_user_errors_before_anything_is_
         tmp_path, monkeypatch, capsys, token, message):
     from leakgym.cli import main
 
-    monkeypatch.setattr(tr, "make_training_env", lambda *a, **k: pytest.fail("built an environment"))
+    monkeypatch.setattr(tr_loop, "make_training_env", lambda *a, **k: pytest.fail("built an environment"))
     out = tmp_path / "out"
     assert main(["train", "--timesteps", "8", "--opponent", "none", "--no-progress", "--out", str(out),
                  "--hyperparams", token, "--overrides", *TINY_ARGS]) == 2
@@ -190,12 +195,12 @@ def test_train_cli_reads_the_file_and_logs_leakgym_scalars_evaluations_and_check
     }}))
     out = tmp_path / "run"
     parser = argparse.ArgumentParser()
-    tr.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(
         ["--env", "LeakGym-Digits-v0", "--timesteps", "32", "--out", str(out), "--seed", "1", "--no-progress",
          "--hyperparams", str(conf), "n_epochs=2", "--eval-freq", "16", "--eval-episodes", "2"]
     )
-    assert tr.main(args) == 0
+    assert train_cli.main(args) == 0
     printed = capsys.readouterr()
     assert "warning" not in printed.err and f"evaluations: {out / 'eval.csv'}" in printed.out
     meta = json.loads((out / "policy.json").read_text())
@@ -246,7 +251,7 @@ def test_evaluations_of_an_unchanged_policy_are_equal_whatever_the_opponent_lear
     across episodes (the bandit)."""
     together = []
     original = tr.run_eval_episodes_together
-    monkeypatch.setattr(tr, "run_eval_episodes_together", lambda *a, **k: together.append(1) or original(*a, **k))
+    monkeypatch.setattr(tr_episodes, "run_eval_episodes_together", lambda *a, **k: together.append(1) or original(*a, **k))
     rows = []
     for run in ("a", "b"):
         tr.train(tr.TrainConfig(algo="ppo", timesteps=16, opponent=opponent, out=tmp_path / run, overrides=TINY,
@@ -284,11 +289,11 @@ def test_evaluation_episodes_in_lockstep_are_the_episodes_one_after_another(batc
 
 def test_budget_warning_real_steps_and_no_checkpoints(tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    tr.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--algo", "a2c", "--role", "defender", "--opponent", "dlg-paper", "--timesteps", "5",
                               "--checkpoint-freq", "0", "--out", str(tmp_path), "--n-envs", "1",
                               "--hyperparams", "n_steps=2", "--overrides", *TINY_ARGS])
-    assert tr.main(args) == 0
+    assert train_cli.main(args) == 0
     err = capsys.readouterr().err
     assert "warning: A2C plays whole rollouts of n_steps x n_envs = 2 steps: training for 6 steps, not the 5 requested" \
         in err
@@ -322,11 +327,11 @@ def test_train_dqn_forces_flat_actions_and_its_policy_plays_as_opponent(tmp_path
     import gymnasium as gym
 
     parser = argparse.ArgumentParser()
-    tr.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--algo", "dqn", "--timesteps", "24", "--opponent", "none", "--out", str(tmp_path),
                               "--no-progress", "--hyperparams", "learning_starts=8", "train_freq=1",
                               "--overrides", *TINY_ARGS])
-    assert tr.main(args) == 0
+    assert train_cli.main(args) == 0
     meta = json.loads((tmp_path / "policy.json").read_text())
     from leakgym.envs.scenario import load_scenario
 
@@ -413,7 +418,7 @@ def test_default_hyperparams_train_on_the_batched_vector_env_with_batch_clients(
 
     built = []
     real = tr.make_training_env
-    monkeypatch.setattr(tr, "make_training_env", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    monkeypatch.setattr(tr_loop, "make_training_env", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     args = ["train", "--timesteps", "16", "--opponent", "none", "--no-progress", "--checkpoint-freq", "0",
             "--overrides", *TINY_ARGS]
     assert main([*args, "--out", str(tmp_path / "on")]) == 0
@@ -428,7 +433,7 @@ def test_default_hyperparams_train_on_the_batched_vector_env_with_batch_clients(
 
 def test_train_on_the_batched_vector_env(tmp_path):
     """--n-envs N > 1 trains PPO directly on the batched vector env (LeakGymSB3VecEnv over gym.make_vec)."""
-    from leakgym.agents.training import make_training_env
+    from leakgym.agents.experiments.training import make_training_env
     from leakgym.cli import main
 
     env = make_training_env("LeakGym-Digits-v0", {"role": "attacker", "opponent": "none", "rounds": 2,
@@ -446,7 +451,7 @@ def test_train_on_the_batched_vector_env_with_batch_clients(tmp_path, capsys):
     batched over the games (a random defender plays DCS² and CENSOR); with one env it is refused up front."""
     import json
 
-    from leakgym.agents.training import make_training_env
+    from leakgym.agents.experiments.training import make_training_env
     from leakgym.cli import main
 
     kwargs = {"role": "attacker", "opponent": "random", "rounds": 2, "num_clients": 1, "eval_size": 16,
@@ -493,7 +498,7 @@ def test_a_run_that_cannot_finish_is_refused_before_it_learns(tmp_path, monkeypa
 
 
 def test_selfplay_refuses_seeds_its_later_iterations_could_not_use(tmp_path):
-    from leakgym.agents.selfplay import selfplay
+    from leakgym.agents.experiments.selfplay import selfplay
 
     with pytest.raises(ValueError, match=r"seed=4294967290 with iterations=3: .* up to 4294967297"):
         selfplay("LeakGym-Digits-v0", iterations=3, timesteps=8, out=tmp_path / "sp", seed=2**32 - 6)
@@ -507,7 +512,7 @@ def test_selfplay_refuses_seeds_its_later_iterations_could_not_use(tmp_path):
 def test_selfplay_checks_its_first_run_before_touching_the_folder(tmp_path, bad):
     """A bad initial defender or setting failed inside iteration 1 after the folder, iter_01/attacker and
     a summary.json saying "failed" were written (over an earlier run's summary)."""
-    from leakgym.agents.selfplay import selfplay
+    from leakgym.agents.experiments.selfplay import selfplay
 
     out = tmp_path / "sp"
     out.mkdir()
@@ -543,12 +548,12 @@ def test_ctrl_c_outside_learning_is_one_line_and_exit_130(tmp_path, monkeypatch,
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tr, "make_training_env", interrupted)  # Ctrl-C while the games are being built
+    monkeypatch.setattr(tr_loop, "make_training_env", interrupted)  # Ctrl-C while the games are being built
     assert cli.main(["train", "--timesteps", "4", "--no-progress", "--out", str(tmp_path / "run"), "--overrides",
                      *TINY_ARGS]) == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "leakgym train: interrupted"
 
 
 def test_a_file_device_that_names_the_runs_device_otherwise_is_accepted():
-    kwargs, _ = tr._env_kwargs(tr.TrainConfig(device="cpu"), {"device": "cpu:0"})  # one device, two spellings
+    kwargs, _ = tr_checks._env_kwargs(tr.TrainConfig(device="cpu"), {"device": "cpu:0"})  # one device, two spellings
     assert kwargs["device"] == "cpu"

@@ -11,9 +11,11 @@ import pytest
 from stable_baselines3.common.callbacks import BaseCallback
 
 from leakgym.agents import LearnedAgent
-from leakgym.agents import selfplay as sp
-from leakgym.agents import training as tr
-from leakgym.agents.cli_common import INTERRUPTED
+from leakgym.agents.experiments import selfplay as sp
+from leakgym.agents.experiments import training as tr
+from leakgym.agents.experiments.cli_common import INTERRUPTED
+from leakgym.agents.experiments.training import cli as train_cli
+from leakgym.agents.experiments.training import loop as tr_loop
 
 TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 
@@ -67,13 +69,13 @@ def test_interrupted_training_on_the_batched_vector_env_saves_the_policy(tmp_pat
 
 
 def test_train_cli_exits_130_with_a_message(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(tr, "_progress_callback", lambda total: InterruptAfter(3))
+    monkeypatch.setattr(tr_loop, "_progress_callback", lambda total: InterruptAfter(3))
     parser = argparse.ArgumentParser()
-    tr.add_arguments(parser)
+    train_cli.add_arguments(parser)
     args = parser.parse_args(["--role", "defender", "--algo", "a2c", "--timesteps", "32", "--opponent", "dlg-paper",
                               "--out", str(tmp_path), "--checkpoint-freq", "2", "--hyperparams", "n_steps=2", "n_envs=1",
                               "--overrides", *(f"{k}={v}" for k, v in TINY.items())])
-    assert tr.main(args) == INTERRUPTED
+    assert train_cli.main(args) == INTERRUPTED
     assert "interrupted after 3 steps" in capsys.readouterr().err
     assert json.loads((tmp_path / "policy.json").read_text())["timesteps"] == 3
     checkpoint = tmp_path / "checkpoints" / "policy_2_steps.zip"

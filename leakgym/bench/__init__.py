@@ -18,8 +18,10 @@ from pathlib import Path
 
 import torch
 
-from leakgym.agents.cli_common import INTERRUPTED  # exit status after Ctrl-C, as leakgym eval / train
-from leakgym.agents.reporting import json_safe  # NaN / infinity -> None, numpy scalars -> Python
+# INTERRUPTED: the exit status after Ctrl-C, as leakgym eval / train;
+# json_safe: NaN / infinity -> None, numpy scalars -> Python
+from leakgym.agents.experiments.cli_common import INTERRUPTED
+from leakgym.agents.experiments.evaluation.reporting import json_safe
 from leakgym.files import write_atomically
 
 

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from leakgym.agents.reporting import json_safe
+from leakgym.agents.experiments.evaluation.reporting import json_safe
 from leakgym.bench import (
     check_output,
     device_label,

@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
                         help="scenario overrides for every game of both paths, e.g. iterations=[1] num_clients=1 "
                              "(one attack iteration: the per-game host cost); named in each row")
-    from leakgym.agents.cli_common import add_allow_large_argument
+    from leakgym.agents.experiments.cli_common import add_allow_large_argument
 
     add_allow_large_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (rows done / total)")
@@ -125,8 +125,8 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
     from leakgym.data import load_dataset
     from leakgym.data.catalog import dataset_spec
     from leakgym.data.loading import Dataset, DatasetUnavailableError
-    from leakgym.envs import game as game_module
     from leakgym.envs.scenario import load_scenario
+    from leakgym.game import batch as game_module
 
     sc = load_scenario(gym.spec(gym_id).kwargs["scenario"])
     with contextlib.suppress(DatasetUnavailableError):
@@ -142,6 +142,21 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
     data = Dataset(spec, *images(n_train), *images(n_test))
     game_module._dataset = lambda name, image_size: data  # this worker process only
     return SYNTHETIC
+
+
+class _GameView:
+    """One parallel env's game as the measurement reads it: its round count and last round's phase timings."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+
+    @property
+    def round(self) -> int:
+        return self.env.round
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.env.games.timings[self.env.row]
 
 
 def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str,
@@ -168,8 +183,8 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
     vec.reset(seed=0)  # game i: seed i, in the vector and in the baseline
     for i, env in enumerate(singles):
         env.reset(seed=i)
-    vec_games = [e.parallel.game for e in vec.envs]
-    seq_games = [env.unwrapped.parallel.game for env in singles]
+    vec_games = [_GameView(e.parallel) for e in vec.envs]
+    seq_games = [_GameView(env.unwrapped.parallel) for env in singles]
 
     def zeroed():
         """Phase costs, wall times, device peaks (each per path) and the vector env's rounds played (an
@@ -316,7 +331,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 def parse_ids(text: str) -> list[str]:
     """``"LeakGym-Digits-v0,digits"`` -> Gymnasium ids (ids or scenario names, as ``leakgym eval --env``);
     ValueError naming ``--envs`` and the bad entry, or an empty list."""
-    from leakgym.agents.cli_common import resolve_env
+    from leakgym.agents.experiments.cli_common import resolve_env
 
     names = [s.strip() for s in str(text).split(",") if s.strip()]
     if not names:
@@ -342,7 +357,7 @@ def main(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import leakgym  # noqa: F401  (registers the ids)
-    from leakgym.agents.cli_common import scenario_overrides
+    from leakgym.agents.experiments.cli_common import scenario_overrides
     from leakgym.envs.scenario import load_scenario
 
     ids = parse_ids(args.envs)

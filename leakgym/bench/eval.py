@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lockstep", type=int, default=16, help="games played together (default: 16)")
     parser.add_argument("--overrides", nargs="*", default=["rounds=4"], metavar="KEY=VALUE",
                         help="scenario overrides (default: rounds=4, as make demo)")
-    from leakgym.agents.cli_common import add_allow_large_argument
+    from leakgym.agents.experiments.cli_common import add_allow_large_argument
 
     add_allow_large_argument(parser)
     parser.add_argument("--device", default="cpu", type=device_argument, help="torch device (default: cpu)")
@@ -56,7 +56,7 @@ def measure(env: str, attackers: list[str], defenders: list[str], *, episodes: i
     ``progress``: a bar on stderr counting the warm-up and the two timed runs."""
     import numpy as np
 
-    from leakgym.agents.play import evaluate
+    from leakgym.agents.experiments.evaluation.play import evaluate
 
     kwargs = {"episodes": episodes, "overrides": overrides, "progress": False, "device": device}
     with progress_bar(3, "bench eval", progress) as bar:
@@ -104,7 +104,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from leakgym.agents.cli_common import resolve_env, scenario_overrides, split_agent_list
+    from leakgym.agents.experiments.cli_common import resolve_env, scenario_overrides, split_agent_list
 
     for flag, value in (("--episodes", args.episodes), ("--lockstep", args.lockstep), ("--threads", args.threads)):
         if value < 1:
@@ -115,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--env: {exc}") from None
     attackers, defenders = split_agent_list(args.attackers), split_agent_list(args.defenders)
     overrides = scenario_overrides(args)
-    from leakgym.agents.factory import make_agent
+    from leakgym.agents.policies.factory import make_agent
     from leakgym.envs import load_scenario
 
     _, scenario_name = resolve_env(args.env)

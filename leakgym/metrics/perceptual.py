@@ -24,7 +24,7 @@ and the checkpoint's ``features.*`` tensors are loaded into it with a strict key
 never computed on a random backbone. If it is absent, :func:`lpips` returns NaN for every image and
 emits one :class:`LPIPSWeightsMissingWarning` per backbone and process naming the file and where to
 put it. Where the weights are present, the environments report LPIPS beside SSIM and PSNR
-(``leakage_lpips`` in the step infos and the payoff files, ``envs/round.py``); where they are not, no
+(``leakage_lpips`` in the step infos and the payoff files, ``leakgym/game/round.py``); where they are not, no
 LPIPS number is reported at all.
 
 Input preparation: unit images are clamped to ``[0, data_range]`` and mapped to ``[-1, 1]`` (what

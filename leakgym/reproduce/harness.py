@@ -271,7 +271,8 @@ def run_grid(
     metrics = (*METRICS, "lpips") if lpips else METRICS
 
     from leakgym.attacks.base import AttackerKnowledge
-    from leakgym.envs.round import AttackJob, reconstruct_all, score_all, share_update
+    from leakgym.game.records import AttackJob
+    from leakgym.game.round import reconstruct_all, score_all, share_update
 
     names = [c.name for c in columns]
     for row in rows:

@@ -69,8 +69,8 @@ def add_hyperparams_argument(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         default=[],
         metavar="PATH.yml|KEY=VALUE",
-        help="an rl-zoo hyperparameter file (default: agents/hyperparams/<algo>.yml) and/or overrides of its "
-        "values, e.g. --hyperparams my.yml n_steps=16",
+        help="an rl-zoo hyperparameter file (default: agents/experiments/hyperparams/<algo>.yml) and/or "
+        "overrides of its values, e.g. --hyperparams my.yml n_steps=16",
     )
 
 

@@ -7,8 +7,8 @@ of every other agent; a winner whose interval overlaps the runner-up's is the be
 not a finding. The printed table marks both.
 
 Mixed equilibria (:func:`mixed_equilibria`) are every Nash equilibrium of the table's mean attacker and
-defender returns (:func:`leakgym.agents.metagame.solvers.analyse_game`); a bootstrap over episodes says
-how stable each one's support is: episode indices are resampled with replacement, the same indices for
+defender returns (:func:`leakgym.agents.experiments.metagame.solvers.analyse_game`); a bootstrap over
+episodes says how stable each one's support is: episode indices are resampled with replacement, the same indices for
 every pair (episode ``e`` of every pair shares its seed, so this keeps the pairing), and the share of
 resamples whose table has an equilibrium with the same supports is reported.
 """
@@ -90,7 +90,7 @@ def mixed_equilibria(table: PayoffTable, *, resamples: int = BOOTSTRAP_RESAMPLES
     Returns ``{"equilibria": [...], "degenerate", "exhaustive", "method", "note", "resamples"}``;
     ``equilibria`` is empty (and ``note`` says why) when a pair has no finite mean return.
     """
-    from .metagame.solvers import MAX_ENUMERATION, analyse_game, support
+    from ..metagame.solvers import MAX_ENUMERATION, analyse_game, support
 
     cached = getattr(table, "_mixed_equilibria", None)  # payoff.json and the printed summary share one bootstrap
     if cached is not None and cached[0] == (resamples, seed):

@@ -23,7 +23,7 @@ summary names the backbone; without the weights it is ``null``, ``lpips_note`` s
 pairs carry no ``leakage_lpips``).
 
 ``summary.json`` is rewritten after every iteration. Ctrl-C (``KeyboardInterrupt``) saves the policy
-being trained (see :mod:`leakgym.agents.training`), records the unfinished iteration in the summary
+being trained (see :mod:`leakgym.agents.experiments.training`), records the unfinished iteration in the summary
 (its ``interrupted`` entry names the stage: attacker training, defender training or evaluation)
 and raises :class:`SelfPlayInterrupted`; ``leakgym selfplay`` then exits with status 130.
 """
@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.checks import is_integer
 from leakgym.devices import device_argument
 
@@ -50,9 +51,8 @@ from .cli_common import (
     scenario_overrides,
     split_hyperparams,
 )
-from .learned import ALGORITHMS
-from .play import evaluate
-from .reporting import json_safe
+from .evaluation.play import evaluate
+from .evaluation.reporting import json_safe
 from .training import MAX_TRAIN_SEED, TrainConfig, TrainingInterrupted, check_config, train
 
 

@@ -1,6 +1,6 @@
 """The payoff files of ``leakgym eval``: ``payoff.csv``, ``payoff.json``, ``payoff.png``, ``gallery.png``.
 
-See :mod:`leakgym.agents.evaluation` for what each file holds. Figures are plain
+See :mod:`leakgym.agents.experiments.evaluation.cli` for what each file holds. Figures are plain
 ``matplotlib.figure.Figure`` objects rendered with the Agg backend (no pyplot state);
 :func:`heatmap_figure` and :func:`gallery_figure` return them, the ``write_*`` functions save them.
 """
@@ -236,8 +236,8 @@ def heatmap_figure(table: PayoffTable, mixed=None):
 
 
 def mixed_arrays(table: PayoffTable) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The table's mixed equilibria (:func:`~leakgym.agents.analysis.mixed_equilibria`) as probability
-    arrays over its attackers and defenders (what :func:`heatmap_figure` marks)."""
+    """The table's mixed equilibria (:func:`~leakgym.agents.experiments.evaluation.analysis.mixed_equilibria`)
+    as probability arrays over its attackers and defenders (what :func:`heatmap_figure` marks)."""
     out = []
     for e in mixed_equilibria(table)["equilibria"]:
         x = np.array([e["attacker_mix"].get(a, 0.0) for a in table.attackers])
@@ -263,8 +263,8 @@ def gallery_figure(table: PayoffTable, max_images: int = 4):
     attacker's reconstruction matched to it, with SSIM and PSNR under it, and LPIPS where the game scored
     it (the user's LPIPS backbone weights; the title says when no pair has it). The pair in row ``i`` and column
     ``j`` keeps the last round of its episode ``(i + j) mod episodes``
-    (:func:`~leakgym.agents.payoff.gallery_episode`), so neighbouring panels show different originals when
-    the run has several episodes.
+    (:func:`~leakgym.agents.experiments.evaluation.payoff.gallery_episode`), so neighbouring panels show
+    different originals when the run has several episodes.
     """
     by_pair = {(p.attacker, p.defender): p.last_round for p in table.pairs if p.last_round is not None}
     if not by_pair:

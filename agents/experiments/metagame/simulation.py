@@ -1,14 +1,14 @@
 """PSRO's simulator and oracle on LeakGym's environments.
 
 * :class:`LeakGymSimulator` fills payoff cells with ``leakgym eval``'s machinery
-  (:func:`leakgym.agents.play.evaluate`): the pairs of a block play in lockstep, ``lockstep`` games as one
-  batched round; every cell plays episode ``e`` with seed ``seed + e`` (common random numbers); each
+  (:func:`leakgym.agents.experiments.evaluation.play.evaluate`): the pairs of a block play in lockstep,
+  ``lockstep`` games as one batched round; every cell plays episode ``e`` with seed ``seed + e`` (common random numbers); each
   block writes its ``episodes.csv`` as pairs finish, so an interrupted block resumes from its finished
   pairs. With ``use_ray`` every cell is a Ray task (Ray core, ``pip install leakgym[ray]``) that plays it
   alone with the same seeds.
 * :class:`SB3Oracle` trains a best response with Stable-Baselines3 (``leakgym train``'s
-  :func:`~leakgym.agents.training.train`: the batched vector env when the hyperparameter file's ``n_envs``
-  is above 1) against a :class:`~.mixture.MixtureAgent` of the other population.
+  :func:`~leakgym.agents.experiments.training.train`: the batched vector env when the hyperparameter
+  file's ``n_envs`` is above 1) against a :class:`~.mixture.MixtureAgent` of the other population.
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Agent
-from ..factory import make_agent
+from leakgym.agents.policies.base import Agent
+from leakgym.agents.policies.factory import make_agent
+
 from .mixture import MixtureAgent
 from .psro import CELL_METRICS, CellSamples, Member
 
 
 def policy_sha256(path: str | Path) -> str:
     """SHA-256 of a saved policy: its ``.zip`` and the ``.json`` beside it, which together make the agent."""
-    from ..learned import metadata_path
+    from leakgym.agents.policies.learned import metadata_path
 
     h = hashlib.sha256()
     for part in (Path(path), metadata_path(path)):
@@ -71,7 +72,7 @@ def _play_cell(env_id: str, attacker: Member, defender: Member, episodes: int, s
     from leakgym.envs.scenario import load_scenario
 
     from ..cli_common import apply_threads, resolve_env
-    from ..play import evaluate
+    from ..evaluation.play import evaluate
 
     apply_threads(threads)
     scenario = load_scenario(resolve_env(env_id)[1], **overrides)
@@ -113,7 +114,7 @@ class LeakGymSimulator:
         folder = _block_folder(self.root, tag, attackers, defenders)
         if self.use_ray:
             return self._play_ray(attackers, defenders, folder)
-        from ..play import evaluate
+        from ..evaluation.play import evaluate
 
         atts = [member_agent(m, "attacker", self.scenario) for m in attackers]
         dfns = [member_agent(m, "defender", self.scenario) for m in defenders]

@@ -2,9 +2,10 @@
 
 How pairs are played (fresh agents per pair, common random numbers ``seed + e`` for episode ``e``,
 ``--lockstep`` games at a time as one batched computation) is described in
-:mod:`leakgym.agents.play`; the per-pair statistics (mean over episodes and a 95% Student-t
-confidence interval) in :mod:`leakgym.agents.payoff`; best responses and pure-strategy equilibria in
-:mod:`leakgym.agents.analysis`; the payoff files in :mod:`leakgym.agents.reporting`.
+:mod:`leakgym.agents.experiments.evaluation.play`; the per-pair statistics (mean over episodes and a
+95% Student-t confidence interval) in :mod:`leakgym.agents.experiments.evaluation.payoff`; best
+responses and pure-strategy equilibria in :mod:`leakgym.agents.experiments.evaluation.analysis`; the
+payoff files in :mod:`leakgym.agents.experiments.evaluation.reporting`.
 
 Files written to ``OUT``:
 
@@ -27,8 +28,8 @@ Files written to ``OUT``:
     ``last_round/`` files are gone or damaged).
 ``episodes.csv``, ``run.json``, ``last_round/``
     written while the run goes: every finished pair's per-episode values, the run's settings and
-    each pair's kept round (see :mod:`leakgym.agents.episode_log`). After an interrupt (Ctrl-C),
-    the same command with ``--resume`` plays only the groups of games of pairs that had not finished.
+    each pair's kept round (see :mod:`leakgym.agents.experiments.evaluation.episode_log`). After an
+    interrupt (Ctrl-C), the same command with ``--resume`` plays only the groups of games of pairs that had not finished.
 """
 
 from __future__ import annotations
@@ -40,8 +41,7 @@ from pathlib import Path
 
 from leakgym.devices import device_argument
 
-from .analysis import best_responses, mixed_equilibria, mixed_equilibria_text, who_beats_whom
-from .cli_common import (
+from ..cli_common import (
     INTERRUPTED,
     add_env_arguments,
     apply_threads,
@@ -49,6 +49,7 @@ from .cli_common import (
     scenario_overrides,
     split_agent_list,
 )
+from .analysis import best_responses, mixed_equilibria, mixed_equilibria_text, who_beats_whom
 from .episode_log import EPISODES_FILE
 from .payoff import METRICS, EpisodeStats, LastRound, PairResult, PayoffTable, t_interval
 from .play import DEFAULT_LOCKSTEP, evaluate, play_episode, play_episodes

@@ -220,7 +220,7 @@ def _check_metadata(meta: Any, where: Path) -> None:
         raise bad("the file", "a JSON object", type(meta).__name__)
     if meta.get("format") != POLICY_FORMAT:
         raise bad(
-            "'format'", f"{POLICY_FORMAT!r} (re-save the policy with `leakgym train` or leakgym.agents.learned.save_policy)",
+            "'format'", f"{POLICY_FORMAT!r} (re-save the policy with `leakgym train` or leakgym.agents.save_policy)",
             meta.get("format"),
         )
     if meta.get("algo") not in ALGORITHMS:
@@ -300,7 +300,7 @@ def read_metadata(policy_path: str | Path) -> dict[str, Any]:
     if not meta_file.is_file():
         raise ValueError(
             f"policy {str(policy_path)!r} has no {meta_file.name} beside it ({meta_file}). LeakGym loads only "
-            "policies saved by `leakgym train` / `leakgym selfplay` or leakgym.agents.learned.save_policy, because "
+            "policies saved by `leakgym train` / `leakgym selfplay` or leakgym.agents.save_policy, because "
             "Stable-Baselines3's own loader runs code stored in the zip"
         )
     try:

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..payoff import t_interval
+from ..evaluation.payoff import t_interval
 from .solvers import meta_solver
 
 STATE_FILE = "metagame.json"
@@ -162,7 +162,7 @@ class MetagameState:
     wall_time_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        from ..reporting import json_safe
+        from ..evaluation.reporting import json_safe
 
         return json_safe({
             "settings": self.settings,

@@ -91,8 +91,8 @@ class LastRound:
 
     @classmethod
     def from_game(cls, last: Any) -> LastRound | None:
-        """From the game's record of its last round (``env.game.last``, a
-        :class:`~leakgym.envs.game.RoundRecord`); ``None`` before any round."""
+        """From the game's record of its last round (``env.last_round``, a
+        :class:`~leakgym.game.records.RoundRecord`); ``None`` before any round."""
         if last is None:
             return None
         originals_t, recon_t, scores = last.originals, last.reconstructions, last.scores
@@ -152,7 +152,8 @@ class PairResult:
 
 @dataclass
 class PayoffTable:
-    """The result of :func:`leakgym.agents.play.evaluate`: one :class:`PairResult` per pair."""
+    """The result of :func:`leakgym.agents.experiments.evaluation.play.evaluate`: one :class:`PairResult`
+    per pair."""
 
     env_id: str
     scenario: str

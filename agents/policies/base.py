@@ -21,8 +21,9 @@ class Agent(ABC):
     name: str = "agent"
     #: True when the agent carries nothing from one episode to the next (it does not learn across
     #: episodes; ``reset`` starts each one afresh). ``leakgym eval`` then plays a pair's episodes at
-    #: once, each with its own copy of the agent (:func:`leakgym.agents.play.evaluate`). False, the safe
-    #: default, for agents that learn across episodes (the bandit).
+    #: once, each with its own copy of the agent
+    #: (:func:`leakgym.agents.experiments.evaluation.play.evaluate`). False, the safe default, for agents
+    #: that learn across episodes (the bandit).
     episodic: bool = False
 
     def reset(self, seed: int | None = None) -> None:

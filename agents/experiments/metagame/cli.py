@@ -61,10 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def initial_populations(env_id: str, overrides: dict, attackers: str | None, defenders: str | None
                         ) -> dict[str, list[Member]]:
     """The members given, or the env's presets of each role (``leakgym list presets --env ID``)."""
+    from leakgym.agents.policies.factory import make_agent
+    from leakgym.agents.policies.presets import valid_presets
     from leakgym.envs.scenario import load_scenario
-
-    from ..factory import make_agent
-    from ..presets import valid_presets
 
     scenario = load_scenario(resolve_env(env_id)[1], **overrides)
     out = {}
@@ -83,7 +82,7 @@ def initial_populations(env_id: str, overrides: dict, attackers: str | None, def
 
 
 def write_payoff_csv(state: MetagameState, path: Path) -> Path:
-    from ..payoff import t_interval
+    from ..evaluation.payoff import t_interval
 
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -156,9 +155,9 @@ def main(args: argparse.Namespace) -> int:
         return INTERRUPTED
     # every scripted defense preset the env allows is on the card: those outside the population are played
     # against the final attacker population now (their cells are kept in metagame.json)
+    from leakgym.agents.policies.presets import valid_presets
     from leakgym.envs.scenario import load_scenario
 
-    from ..presets import valid_presets
     from .psro import fill_cells
 
     in_population = {m.name for m in state.populations["defender"]}

@@ -9,9 +9,9 @@ Files under the run's output folder ``OUT``:
     policy's ``.zip`` and ``.json``, the scenario's TOML file).
 ``episodes.csv``
     one row per episode: ``attacker, defender, episode, seed, rounds`` and the value of every metric
-    in :data:`~leakgym.agents.payoff.METRICS` (empty when undefined, e.g. ``leakage_lpips`` without
-    the LPIPS weights). A pair's rows are appended, flushed and synced as soon as the last episode of
-    its lockstep group (the pairs played together, :mod:`leakgym.agents.play`) ends.
+    in :data:`~leakgym.agents.experiments.evaluation.payoff.METRICS` (empty when undefined, e.g.
+    ``leakage_lpips`` without the LPIPS weights). A pair's rows are appended, flushed and synced as soon as the last episode of
+    its lockstep group (the pairs played together, :mod:`leakgym.agents.experiments.evaluation.play`) ends.
 ``last_round/a<i>_d<j>.npz``
     the last round of pair (attacker ``i``, defender ``j``): private images, matched
     reconstructions, their SSIM and PSNR, the images' labels when known and their LPIPS when the game
@@ -74,7 +74,7 @@ def _parse_float(text: str) -> float:
 def _check_value(metric: str, text: str, value: float) -> str | None:
     """Why ``value`` (read from ``text``) is not a value of ``metric`` that :meth:`EpisodeLog.append`
     writes, or ``None``: undefined values are written as an empty field, others are finite and in
-    :data:`~leakgym.agents.payoff.METRIC_RANGES`."""
+    :data:`~leakgym.agents.experiments.evaluation.payoff.METRIC_RANGES`."""
     if text == "":
         return None
     if not math.isfinite(value):

@@ -14,7 +14,7 @@ when the pretrained LPIPS weights are installed — and ``label_accuracy``), the
 Games play in *lockstep*, ``lockstep`` at a time (:func:`play_episodes`): each round of a group's games
 is one :class:`~leakgym.envs.round.Round` (:func:`~leakgym.envs.leakgym_env.step_together`), so their
 attacks share engine calls as a vector env's do. A pair whose two agents are
-:attr:`~leakgym.agents.base.Agent.episodic` (they carry nothing between episodes: scripted agents,
+:attr:`~leakgym.agents.policies.base.Agent.episodic` (they carry nothing between episodes: scripted agents,
 presets, saved policies) plays its episodes at once, one game and one copy of each agent per episode; a
 pair with an agent that learns across episodes (the bandit) plays them one after another with one
 instance, as before. A pair's numbers equal its episodes played alone up to the floating-point rounding
@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from leakgym.agents.policies.base import Agent
+from leakgym.agents.policies.factory import make_agent
 from leakgym.devices import canonical_device
 
-from .base import Agent
-from .cli_common import resolve_env
+from ..cli_common import resolve_env
 from .episode_log import EpisodeLog
-from .factory import make_agent
 from .payoff import ROUND_METRICS, EpisodeStats, LastRound, PairResult, PayoffTable, gallery_episode
 
 #: pairs of an evaluation that play in lockstep by default (:func:`evaluate`)
@@ -105,13 +105,12 @@ def play_episode(env, attacker: Agent, defender: Agent, seed: int) -> EpisodeSta
 def _input_files(scenario_name: str, specs: list[Any]) -> dict[str, str]:
     """Path -> content hash (:func:`leakgym.files.file_digest`) of every file the run's agents and scenario
     are read from: each policy's ``.zip`` and ``.json`` (a :class:`LearnedAgent` or a spec naming a file,
-    as :func:`~leakgym.agents.factory.make_agent` reads it) and the scenario's TOML file."""
+    as :func:`~leakgym.agents.policies.factory.make_agent` reads it) and the scenario's TOML file."""
+    from leakgym.agents.policies.factory import SCRIPTED_NAMES
+    from leakgym.agents.policies.learned import LearnedAgent, metadata_path
+    from leakgym.agents.policies.presets import PRESETS
     from leakgym.envs.scenario import SCENARIO_DIR
     from leakgym.files import file_digest
-
-    from .factory import SCRIPTED_NAMES
-    from .learned import LearnedAgent, metadata_path
-    from .presets import PRESETS
 
     paths = [SCENARIO_DIR / f"{scenario_name}.toml"]
     for spec in specs:
@@ -194,14 +193,14 @@ def evaluate(
     ``lockstep`` games play together (in table order: a pair of episodic agents is one game per
     episode, any other pair one game for all its episodes; 1: one game at a time). With ``out``, each
     pair's episodes are written to ``out/episodes.csv`` as soon as the group of its last game ends (see
-    :mod:`leakgym.agents.episode_log`); with ``resume`` too, the pairs already there are read back
-    instead of played again (``ValueError`` if that run had other settings; a group with an unfinished
+    :mod:`leakgym.agents.experiments.evaluation.episode_log`); with ``resume`` too, the pairs already
+    there are read back instead of played again (``ValueError`` if that run had other settings; a group with an unfinished
     pair is replayed whole, recording only that pair). An interrupted call (``KeyboardInterrupt``)
     leaves every finished pair on disk.
     """
     from tqdm.auto import tqdm
 
-    from leakgym.envs.leakgym_env import parallel_env
+    from leakgym.envs.leakgym_env import parallel_env, share_batch
 
     if episodes < 1:
         raise ValueError(f"episodes={episodes}; must be >= 1")
@@ -239,7 +238,10 @@ def evaluate(
                     "device": device_label, "threads": torch.get_num_threads()}
         log = EpisodeLog.open(out, settings, resume=resume, files=_input_files(scenario_name, attackers + defenders))
     finished = log.finished if log is not None else {}
-    envs = [penv]
+    # Every group's games are rows of one batch, so each round of a group is one batched round (step_together).
+    envs = [penv] + [parallel_env(scenario_name, device=device, **overrides)
+                     for _ in range(max(len(group) for group in groups) - 1)]
+    share_batch(envs)
     played: dict[tuple[str, str], PairResult] = dict(finished)
     stats: dict[int, dict[int, EpisodeStats]] = {p: {} for p in range(len(table))}
     bar = tqdm(total=len(table) * episodes, initial=len(finished) * episodes, desc="eval", unit="episode",
@@ -253,8 +255,6 @@ def evaluate(
                 continue
             # The whole group plays (its make-up decides the rounding of its shared attack computations),
             # so a resumed run gets the numbers the uninterrupted one got; only unfinished pairs are recorded.
-            while len(envs) < len(group):
-                envs.append(parallel_env(scenario_name, device=device, **overrides))
             pairs_here = sorted({t.pair for t in group})
             bar.set_postfix_str(f"pairs {pairs_here[0] + 1}-{pairs_here[-1] + 1} of {len(table)}" if len(pairs_here) > 1
                                 else "{} vs {}".format(*labels[pairs_here[0]]))
@@ -267,7 +267,7 @@ def evaluate(
                     track = group[j]
                     stats[track.pair][track.episodes[wave]] = result
                     if track.episodes[wave] == gallery_episode(*divmod(track.pair, len(d_labels)), episodes):
-                        last[track.pair] = LastRound.from_game(envs[j].game.last)
+                        last[track.pair] = LastRound.from_game(envs[j].last_round)
                 bar.update(sum(labels[group[j].pair] not in finished for j in live))
             for p in pairs_here:
                 if labels[p] in finished or len(stats[p]) < episodes:

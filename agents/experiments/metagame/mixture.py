@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Agent
+from leakgym.agents.policies.base import Agent
 
 
 class MixtureAgent(Agent):
     """Plays ``members[k]`` for a whole episode, ``k`` drawn with probability ``probabilities[k]`` at each reset.
 
-    ``members`` are :class:`~leakgym.agents.base.Agent` objects of one role (members of probability 0 are
-    dropped); ``probabilities`` must be finite, non-negative and sum to 1 (within 1e-6; renormalised).
+    ``members`` are :class:`~leakgym.agents.policies.base.Agent` objects of one role (members of
+    probability 0 are dropped); ``probabilities`` must be finite, non-negative and sum to 1 (within 1e-6; renormalised).
     """
 
     def __init__(self, members: Sequence[Agent], probabilities: Sequence[float], name: str = "mixture") -> None:

@@ -1,0 +1,324 @@
+"""The state of N LeakGym games of one scenario: :class:`GameBatch`.
+
+One object holds every game of a view: a PettingZoo env is a batch of one (or a row of a batch that
+several envs share, :func:`leakgym.envs.step_together`), a vector env is a batch of N. Per-game
+quantities are columns with a leading N dimension: the global models' parameters are the rows of one
+:class:`~leakgym.fl.bank.ModelBank` (one stacked tensor per parameter name), round counters, accuracies
+and test losses are ``(N,)`` arrays, and the per-game objects that cannot be stacked (each game's
+generator, its client split as index sets, the record of its last round) are length-N lists. The
+scenario, the action menus, the dataset (one normalised copy per device for the whole process,
+:class:`SharedImages`) and the values the scenario fixes for a whole episode (the local optimiser, the
+learning-rate schedule) are held once.
+
+A round reads and writes this state through the phase functions of :mod:`leakgym.game.round`;
+:meth:`GameBatch.snapshot` and :meth:`GameBatch.restore` copy and put back everything a round may change
+(the rows' parameters as one copy per name), so a failed round leaves no trace.
+
+Everything random is drawn from each game's own generator, seeded by :meth:`GameBatch.reset`, so the
+same seed and the same actions give the same trajectory, whatever other games run beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from leakgym.data import Dataset, load_dataset, split_indices
+from leakgym.devices import check_device
+from leakgym.fl import batched as fl_batched
+from leakgym.fl.bank import ModelBank
+from leakgym.fl.server import Server
+from leakgym.models import build_model
+
+from .records import RoundPlan, RoundRecord
+
+#: the two players of every game, in the order of the views' dicts
+AGENTS = ("attacker", "defender")
+
+
+@lru_cache(maxsize=8)
+def _dataset(name: str, image_size: int | None) -> Dataset:
+    return load_dataset(name, image_size=image_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# The dataset, once per device
+# --------------------------------------------------------------------------------------------------
+_SHARED: weakref.WeakValueDictionary[tuple[int, str], SharedImages] = weakref.WeakValueDictionary()
+
+
+class SharedImages:
+    """``dataset``'s training images normalised on ``device`` (``train_x``, with ``train_y``), and its
+    held-out evaluation images on demand (:meth:`evaluation`). Read-only by contract: games index it,
+    never write to it.
+
+    Why one copy: a game used to keep its own normalised copy of its clients' shards, which together are
+    the whole training set: 614 MB per LeakGym-CIFAR-v0 game, so that N = 256 games on one GPU would have
+    needed 160 GB for N copies of the same images. Games keep index sets
+    (:func:`leakgym.data.split_indices`) and read their batches from one :class:`SharedImages` per
+    (dataset, device): ``x[rows]`` of the normalised set is bit for bit ``normalize(x_unit[rows])``
+    (normalisation is elementwise). It lives while a batch holds it (a weak-valued cache), so closing
+    every environment frees its device memory.
+    """
+
+    def __init__(self, dataset: Dataset, device: torch.device) -> None:
+        self.dataset = dataset
+        self.device = device
+        self.train_x = dataset.spec.normalize(dataset.train_x).to(device)
+        self.train_y = dataset.train_y.to(device)
+        self._evaluation: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def read(self, rows: Sequence[Tensor]) -> list[tuple[Tensor, Tensor]]:
+        """``(train_x[r], train_y[r])`` for every row index set ``r`` of ``rows`` (CPU int64 tensors or
+        arrays), as one read of the images: one index transfer and one gather for all of them (on a GPU
+        each small read was a host-to-device copy and a kernel launch); the batches are views of that read,
+        bit for bit the separate reads."""
+        sizes = [len(r) for r in rows]
+        parts = [torch.as_tensor(r, dtype=torch.int64) for r in rows]
+        index = (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)).to(self.train_x.device)
+        xs, ys = self.train_x[index].split(sizes), self.train_y[index].split(sizes)
+        return list(zip(xs, ys))
+
+    def evaluation(self, n: int) -> tuple[Tensor, Tensor]:
+        """The first ``n`` test images, normalised, and their labels on the device (one pair per ``n``, so
+        the games of a batch evaluate on the same tensors)."""
+        if n not in self._evaluation:
+            data = self.dataset
+            self._evaluation[n] = (data.spec.normalize(data.test_x[:n]).to(self.device), data.test_y[:n].to(self.device))
+        return self._evaluation[n]
+
+
+def shared_images(dataset: Dataset, device: torch.device | str) -> SharedImages:
+    """The :class:`SharedImages` of ``dataset`` on ``device``, made on first use."""
+    device = torch.empty(0, device=device).device  # "cuda" and "cuda:0" name one device: one copy
+    key = (id(dataset), str(device))
+    images = _SHARED.get(key)
+    if images is None or images.dataset is not dataset:  # (an id is reused only after its entry died)
+        images = SharedImages(dataset, device)
+        _SHARED[key] = images
+    return images
+
+
+# --------------------------------------------------------------------------------------------------
+# Snapshot
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class BatchSnapshot:
+    """Everything a round may change in ``rows``, copied (:meth:`GameBatch.snapshot`)."""
+
+    rows: list[int]
+    #: the bank rows' parameters, ``name -> (len(banked), ...)``, of the rows listed in ``banked``
+    parameters: dict[str, Tensor]
+    banked: list[int]
+    #: per row: the model state the bank does not hold (buffers; everything for a model not in the bank)
+    states: list[dict[str, Tensor]]
+    rng_states: list[dict[str, Any]]
+    round: np.ndarray
+    accuracy: np.ndarray
+    test_loss: np.ndarray
+    diverged_at: list[int | None]
+    last: list[RoundRecord | None]
+    timings: list[dict[str, float]]
+
+
+# --------------------------------------------------------------------------------------------------
+# The batch
+# --------------------------------------------------------------------------------------------------
+class GameBatch:
+    """N games of one scenario on one device: global models, client splits, generators, round counters,
+    last rounds. Row ``i`` is game ``i``; a game exists once :meth:`reset` has seeded its row."""
+
+    agents = AGENTS
+
+    def __init__(self, scenario, size: int = 1, *, device: str | torch.device = "cpu") -> None:
+        from leakgym.envs.scenario import local_optimizer, round_local_lr
+
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size={size!r}; allowed: integers >= 1 (the number of games)")
+        self.scenario = scenario
+        self.size = size
+        self.device = check_device(device)
+        self.dataset = _dataset(scenario.dataset, scenario.image_size)
+        self.spec = self.dataset.spec
+        if scenario.leakage_metric == "lpips":
+            from leakgym.metrics import lpips_available, lpips_status
+
+            if not lpips_available():
+                raise ValueError(
+                    f"leakage_metric='lpips' needs the pretrained LPIPS backbone weights: {lpips_status()}; or "
+                    "choose 'ssim', 'psnr' or 'ssim+psnr'"
+                )
+        #: the scenario's action menus, built once (the scenario is fixed for the batch's lifetime)
+        self.menus = {role: scenario.menu(role) for role in AGENTS}
+        #: what the scenario fixes for every round: FedAvg's local optimiser (None: plain SGD) and the
+        #: clients' local learning rate of each round (its ``local_lr_schedule``)
+        self.local_optimizer = local_optimizer(scenario)
+        self.local_lrs = tuple(round_local_lr(scenario, r) for r in range(scenario.rounds))
+        self.images = shared_images(self.dataset, self.device)
+        self.bank = ModelBank(size)
+        # per-game columns
+        self.round = np.zeros(size, dtype=np.int64)
+        self.accuracy = np.zeros(size, dtype=np.float64)
+        self.test_loss = np.zeros(size, dtype=np.float64)
+        self.diverged_at: list[int | None] = [None] * size
+        self.rngs: list[np.random.Generator | None] = [None] * size
+        self.servers: list[Server | None] = [None] * size
+        self.public_x: list[Tensor | None] = [None] * size  # unit images (attacker priors, defender auxiliaries)
+        self.public_y: list[Tensor | None] = [None] * size
+        self.victim_rows: list[Tensor | None] = [None] * size
+        self.benign_rows: list[list[Tensor]] = [[] for _ in range(size)]
+        self.last: list[RoundRecord | None] = [None] * size
+        self.timings: list[dict[str, float]] = [{} for _ in range(size)]
+        self.kept_plans: list[RoundPlan | None] = [None] * size  # a validated step's plan (plan phase)
+        self._signatures: list[tuple[nn.Module, tuple | None] | None] = [None] * size
+        self._has_buffers = False
+
+    def __repr__(self) -> str:
+        return f"GameBatch(scenario={self.scenario.name!r}, size={self.size}, device={str(self.device)!r})"
+
+    # ------------------------------------------------------------------ rows
+    def check_row(self, row: int) -> int:
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) or not 0 <= row < self.size:
+            raise ValueError(f"row={row!r}; allowed: integers in [0, {self.size - 1}]")
+        return int(row)
+
+    def model(self, row: int) -> nn.Module:
+        """Game ``row``'s global model (its parameters are views of the bank's row)."""
+        return self.servers[row].model
+
+    def started(self, row: int) -> bool:
+        """Whether game ``row`` has been reset (has a model and a generator)."""
+        return self.servers[row] is not None
+
+    def local_lr(self, row: int) -> float:
+        """The clients' local learning rate in the round game ``row`` is playing."""
+        return self.local_lrs[min(int(self.round[row]), len(self.local_lrs) - 1)]
+
+    def evaluates_next(self, row: int) -> bool:
+        """Whether the round game ``row`` is playing ends with an evaluation of its global model."""
+        sc, nxt = self.scenario, int(self.round[row]) + 1
+        return nxt % sc.eval_every == 0 or nxt == sc.rounds
+
+    def advance(self, row: int, evaluation: tuple[float, float] | None) -> None:
+        """Count game ``row``'s round; ``evaluation``: ``(accuracy, test_loss)`` when it evaluated."""
+        self.round[row] += 1
+        if evaluation is not None:
+            self.accuracy[row], self.test_loss[row] = evaluation
+            if not math.isfinite(evaluation[1]) and self.diverged_at[row] is None:
+                self.diverged_at[row] = int(self.round[row])
+
+    def signature(self, row: int, model: nn.Module) -> tuple | None:
+        """:func:`leakgym.fl.batched.signature` of ``model`` when :func:`leakgym.fl.batched.supports` it,
+        else None: what decides which games' clients are batched together. For game ``row``'s global model
+        (rebuilt at reset; its architecture, device and dtype fixed until then) it is computed once per
+        episode rather than every round."""
+        server_model = self.model(row)
+        known = self._signatures[row]
+        if model is server_model and known is not None and known[0] is server_model:
+            return known[1]
+        key = fl_batched.signature(model) if fl_batched.supports(model) else None
+        if model is server_model:
+            self._signatures[row] = (server_model, key)
+        return key
+
+    # ------------------------------------------------------------------ reset
+    def reset(self, row: int, seed: int) -> None:
+        """Start a new episode of game ``row`` from ``seed``: its generator, client split, global model
+        (bound to the bank's row) and first evaluation."""
+        row = self.check_row(row)
+        sc, dev = self.scenario, self.device
+        split = split_indices(self.dataset, num_clients=sc.num_clients + 1, public_fraction=sc.public_fraction,
+                              alpha=sc.dirichlet_alpha, seed=seed)
+        eval_x, eval_y = self.images.evaluation(min(sc.eval_size, len(split.test)))
+        model = build_model(sc.model, self.spec, precode=sc.precode, width=sc.model_width, seed=seed, device=dev)
+        server = Server(model, lr=sc.server_lr, eval_x=eval_x, eval_y=eval_y)
+        self.bank.bind(row, model)  # the previous episode's model is released
+        self._has_buffers = any(True for _ in model.buffers())
+        self.rngs[row] = np.random.default_rng(seed)
+        self.round[row] = 0
+        self.diverged_at[row] = None
+        self.public_x[row] = self.dataset.train_x[split.public].to(dev)
+        self.public_y[row] = self.dataset.train_y[split.public].to(dev)
+        self.victim_rows[row], self.benign_rows[row] = split.clients[0], list(split.clients[1:])
+        self.servers[row] = server
+        self._signatures[row] = None
+        self.kept_plans[row] = None
+        self.accuracy[row], self.test_loss[row] = server.evaluate()
+        self.last[row] = None
+        self.timings[row] = {}
+
+    # ------------------------------------------------------------------ snapshot / restore
+    def snapshot(self, rows: Sequence[int]) -> BatchSnapshot:
+        """Everything a round may change in ``rows``, copied: the parameters of the rows whose models the
+        bank holds as one copy per name (:meth:`ModelBank.gather`), the rest per game."""
+        rows = list(rows)
+        found = ModelBank.of([self.model(r) for r in rows])
+        banked = rows if found is not None and found[0] is self.bank else [
+            r for r in rows if (f := ModelBank.of([self.model(r)])) is not None and f[0] is self.bank]
+        inside = set(banked)
+        states = []
+        for r in rows:
+            model = self.model(r)
+            if r not in inside:
+                state = model.state_dict()  # detached
+            elif self._has_buffers:
+                state = {k: v for k, v in model.state_dict().items() if k not in self.bank.stacks}
+            else:
+                state = {}  # the bank holds all of it (no walk over the modules)
+            states.append({k: v.clone() for k, v in state.items()})
+        return BatchSnapshot(
+            rows=rows,
+            parameters=self.bank.gather(banked) if banked else {},
+            banked=banked,
+            states=states,
+            rng_states=[copy.deepcopy(self.rngs[r].bit_generator.state) for r in rows],
+            round=self.round[rows].copy(),
+            accuracy=self.accuracy[rows].copy(),
+            test_loss=self.test_loss[rows].copy(),
+            diverged_at=[self.diverged_at[r] for r in rows],
+            last=[self.last[r] for r in rows],
+            timings=[dict(self.timings[r]) for r in rows],
+        )
+
+    def restore(self, snap: BatchSnapshot) -> None:
+        """Back to ``snap``: every row it copied is as it was."""
+        inside = set(snap.banked)
+        for r, state, rng_state in zip(snap.rows, snap.states, snap.rng_states):
+            self.model(r).load_state_dict(state, strict=r not in inside)
+            self.rngs[r].bit_generator.state = rng_state
+        if snap.banked:
+            self.bank.scatter(snap.banked, snap.parameters)
+        self.round[snap.rows] = snap.round
+        self.accuracy[snap.rows] = snap.accuracy
+        self.test_loss[snap.rows] = snap.test_loss
+        for i, r in enumerate(snap.rows):
+            self.diverged_at[r], self.last[r], self.timings[r] = snap.diverged_at[i], snap.last[i], snap.timings[i]
+            self.kept_plans[r] = None
+
+    # ------------------------------------------------------------------ copies
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, pickle) carries every game's state; its models are bound to the copy's
+        own bank by :meth:`__setstate__` (the bank's stacks travel, its bindings do not)."""
+        state = dict(self.__dict__)
+        del state["bank"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.bank = ModelBank(self.size)
+        for r in range(self.size):
+            if self.servers[r] is not None:
+                self.bank.bind(r, self.servers[r].model)
+        self._signatures = [None] * self.size
+
+
+__all__ = ["AGENTS", "BatchSnapshot", "GameBatch", "SharedImages", "shared_images"]
