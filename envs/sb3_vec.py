@@ -69,6 +69,9 @@ class LeakGymSB3VecEnv(VecEnv):
             raise ValueError(f"venv is wrapped ({type(venv).__name__}); LeakGymSB3VecEnv steps the games itself and "
                              "would bypass it: pass the bare vector env and wrap the SB3 VecEnv instead (VecMonitor, "
                              "VecNormalize, ...)")
+        if venv.autoreset_mode != gym.vector.AutoresetMode.NEXT_STEP:
+            raise ValueError(f"venv.autoreset_mode={venv.autoreset_mode}; LeakGymSB3VecEnv resets finished games "
+                             "itself (SB3's convention) and needs the default NEXT_STEP")
         self.venv = venv
         self.envs = venv.envs
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)

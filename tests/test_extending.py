@@ -20,8 +20,8 @@ def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_over
         assert env.scenario.defender_dims == ["toy_scale"]
         env.reset(seed=0)
         _, _, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": np.array([1])})
-        assert infos["defender"]["defenses"] == ["toy_scale"]
-        assert infos["defender"]["defense_settings"] == {"toy_scale": -1.0, "oasis": []}
+        assert env.round_details("defender")["defenses"] == ["toy_scale"]
+        assert env.round_details("defender")["defense_settings"] == {"toy_scale": -1.0, "oasis": []}
         assert infos["defender"]["defense_units"] == 0.25  # the toy's own cost model
         assert infos["defender"]["fidelity"] == pytest.approx(-1.0)  # the shared update is the clean one negated
     # unregistered again: the menu no longer validates

@@ -1,10 +1,13 @@
 """Third-party RL clients drive LeakGym unchanged (issue 37, item 2): TorchRL (``GymEnv`` by id,
 ``GymWrapper`` on the single-agent and the native vector env, ``PettingZooWrapper``), Tianshou, SB3 on
 the batched env (:func:`leakgym.envs.make_sb3_vec`), SuperSuit (:func:`leakgym.envs.supersuit_vec_env`),
-and Gymnasium's ``TypeError`` for an unknown keyword. TorchRL and Tianshou are in the dev extra; a test
-skips (with the reason) where its client is not installed."""
+Gymnasium's ``TypeError`` for an unknown keyword, infos with the same numeric keys from ``reset`` on,
+the vector env's autoreset modes, and mid-episode copies that play on. TorchRL and Tianshou are in the
+dev extra; a test skips (with the reason) where its client is not installed."""
 
 from __future__ import annotations
+
+import math
 
 import gymnasium as gym
 import numpy as np
@@ -57,33 +60,39 @@ def test_torchrl_gym_wrapper_on_the_single_agent_env(cheap_overrides):
     env.close()
 
 
-@pytest.mark.xfail(strict=True, raises=(TypeError, AttributeError, RuntimeError),
-                   reason="TorchRL needs the native vector env to offer autoreset_mode SAME_STEP or DISABLED as an "
-                          "attribute (gym.make_vec(..., autoreset_mode=...)); it has NEXT_STEP only, in metadata (issue 37 item 2, "
-                          "after the core rewrite)")
-def test_torchrl_gym_wrapper_on_the_native_vector_env(cheap_overrides):
+@pytest.mark.parametrize("mode", ["SAME_STEP", "DISABLED"])
+def test_torchrl_gym_wrapper_on_the_native_vector_env(cheap_overrides, mode):
+    """TorchRL takes a Gymnasium vector env whose autoreset_mode is SAME_STEP or DISABLED (an attribute)."""
     _needs("torchrl")
     from torchrl.envs import GymWrapper
 
-    env = GymWrapper(gym.make_vec(ID, num_envs=2, opponent="random", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-                                  **cheap_overrides))
-    td = env.rollout(2 * cheap_overrides["rounds"], break_when_any_done=False)
-    assert td.batch_size == (2, 2 * cheap_overrides["rounds"])
-    assert td["next", "done"].sum() == 4
+    venv = gym.make_vec(ID, num_envs=2, opponent="random", autoreset_mode=getattr(gym.vector.AutoresetMode, mode),
+                        **cheap_overrides)
+    env = GymWrapper(venv)
+    rounds = cheap_overrides["rounds"]
+    td = env.rollout(2 * rounds + 1, break_when_any_done=False)
+    assert td.batch_size == (2, 2 * rounds + 1)
+    done = td["next", "done"].squeeze(-1)
+    assert done.sum(dim=1).tolist() == [2, 2] and done[:, rounds - 1].all() and done[:, 2 * rounds - 1].all()
     env.close()
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="reset infos hold only 'round' and step infos add string/dict entries: TorchRL stacks "
-                          "infos by the keys it saw at reset (issue 37 item 2, after the core rewrite)")
 def test_torchrl_pettingzoo_wrapper_on_the_parallel_env(cheap_overrides):
+    """TorchRL builds its info spec from the reset infos and stacks every step's: same numeric keys."""
     _needs("torchrl")
     from torchrl.envs import PettingZooWrapper
 
-    env = PettingZooWrapper(parallel_env("digits", **cheap_overrides), use_mask=False)
-    td = env.rollout(cheap_overrides["rounds"], break_when_any_done=False)
-    assert td.batch_size == (cheap_overrides["rounds"],)
+    from leakgym.envs.infos import info_template
+
+    env = PettingZooWrapper(parallel_env("digits", **cheap_overrides), use_mask=False, seed=0)
     assert set(env.group_map) == {"attacker", "defender"}
+    rounds = cheap_overrides["rounds"]
+    td = env.rollout(rounds, break_when_any_done=False)
+    assert td.batch_size == (rounds,)
+    for role in ("attacker", "defender"):
+        assert set(td["next", role, "info"].keys()) == set(info_template(role))
+        assert td["next", role, "info", "round"].squeeze(-1).tolist() == list(range(1, rounds + 1))
+    assert bool(td["next", "attacker", "truncated"][-1].all())
     env.close()
 
 
@@ -121,6 +130,8 @@ def test_make_sb3_vec_feeds_ppo(cheap_overrides):
     venv.close()
     with pytest.raises(ValueError, match="did you mean 'LeakGym-Digits-v0'"):
         make_sb3_vec("LeakGym-Digit-v0", 2)
+    with pytest.raises(ValueError, match="needs the default NEXT_STEP"):  # it resets finished games itself
+        make_sb3_vec(ID, 2, autoreset_mode="SameStep", **cheap_overrides)
 
 
 # -- SuperSuit ----------------------------------------------------------------------------------------
@@ -180,18 +191,20 @@ def _same_type(a, b) -> bool:
     return type(a) is type(b) or (isinstance(a, float) and isinstance(b, float))
 
 
-@pytest.mark.xfail(strict=True, reason="infos are normalised by envs/infos.py once the core rewrite lands")
 def test_infos_have_the_same_numeric_keys_from_reset_on(cheap_overrides):
     from leakgym.envs.infos import DETAILS, info_template
 
     e = parallel_env("digits", **cheap_overrides)
     _, first = e.reset(seed=0)
-    assert {a: set(i) for a, i in first.items()} == {a: set(info_template(a)) for a in e.possible_agents}
+    lpips = e._lpips  # LPIPS is reported (a key) only where its weights are on disk
+    assert {a: set(i) for a, i in first.items()} == {a: set(info_template(a, lpips=lpips)) for a in first}
+    assert all(math.isfinite(v) for i in first.values() for v in i.values())
     while e.agents:
         *_, infos = e.step({a: e.action_space(a).sample() for a in e.agents})
         for a, info in infos.items():
             assert set(info) == set(first[a])
             assert all(isinstance(v, (bool, int, float)) and _same_type(v, first[a][k]) for k, v in info.items())
+            assert all(math.isfinite(v) for v in info.values())  # determinism checkers compare with ==
             details = e.round_details(a)
             assert details["round"] == info["round"] and set(DETAILS) & set(details)
     assert e.round_details("attacker")["strategy"] == e.scenario.strategies[infos["attacker"]["strategy_index"]]
@@ -199,20 +212,19 @@ def test_infos_have_the_same_numeric_keys_from_reset_on(cheap_overrides):
     single = gym.make(ID, role="defender", opponent="random", **cheap_overrides)
     _, first = single.reset(seed=0)
     _, _, _, _, info = single.step(single.action_space.sample())
-    assert set(first) == set(info) == set(info_template("defender"))
+    assert set(first) == set(info) == set(info_template("defender", lpips=lpips))
     assert isinstance(single.unwrapped.round_details()["defenses"], list)  # the defender's own record
 
     venv = gym.make_vec(ID, num_envs=2, opponent="random", **cheap_overrides)
     _, first = venv.reset(seed=0)
     _, _, _, _, infos = venv.step(venv.action_space.sample())
-    assert set(first) == set(infos) and {k for k in infos if not k.startswith("_")} == set(info_template("attacker"))
+    assert set(first) == set(infos)
+    assert {k for k in infos if not k.startswith("_")} == set(info_template("attacker", lpips=lpips))
     assert all(np.asarray(v).dtype != object for v in infos.values())
     venv.close()
 
 
 # -- mid-episode copies -------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="a copy is rebuilt from the constructor arguments (EzPickle): not reset, it cannot step")
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 def test_a_mid_episode_copy_plays_on_the_same_trajectory(cheap_overrides, how):
     import copy
@@ -250,3 +262,56 @@ def test_a_mid_episode_copy_plays_on_the_same_trajectory(cheap_overrides, how):
         np.testing.assert_array_equal(o1, o2)
         assert (r1, t1) == (r2, t2)
     assert t1
+
+    venv = gym.make_vec(ID, num_envs=2, opponent="random", **overrides)  # the games' one batch travels once
+    venv.reset(seed=2)
+    for _ in range(2):
+        venv.step(venv.action_space.sample())
+    twin = dup(venv)
+    assert twin.games is not venv.games and all(env.parallel.games is twin.games for env in twin.envs)
+    for _ in range(3):  # to the end of the episode and into the autoreset
+        actions = rng.integers(venv.single_action_space.nvec, size=(2, len(venv.single_action_space.nvec)))
+        o1, r1, _, t1, _ = venv.step(actions)
+        o2, r2, _, t2, _ = twin.step(actions)
+        np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(t1, t2)
+
+
+def test_vector_autoreset_modes_play_the_same_games(cheap_overrides):
+    """SAME_STEP and DISABLED play the trajectories of the default NEXT_STEP; only the resets move."""
+    from gymnasium.vector import AutoresetMode
+
+    rounds = cheap_overrides["rounds"]
+    kwargs = dict(cheap_overrides, num_envs=2, opponent="random", batch_attacks=False)
+    nxt = gym.make_vec(ID, **kwargs)
+    same = gym.make_vec(ID, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    off = gym.make_vec(ID, autoreset_mode="Disabled", **kwargs)
+    assert (same.autoreset_mode, off.metadata["autoreset_mode"]) == (AutoresetMode.SAME_STEP, AutoresetMode.DISABLED)
+    first = [v.reset(seed=3)[0] for v in (nxt, same, off)]
+    np.testing.assert_array_equal(first[0], first[1])
+    rng = np.random.default_rng(0)
+    nvec = nxt.single_action_space.nvec
+    for t in range(rounds):
+        actions = rng.integers(nvec, size=(2, len(nvec)))
+        o1, r1, _, d1, _ = nxt.step(actions)
+        o2, r2, _, d2, i2 = same.step(actions)
+        o3, r3, _, d3, _ = off.step(actions)
+        if t < rounds - 1:
+            np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(r1, r3)
+        assert d1.tolist() == d2.tolist() == d3.tolist() == [t == rounds - 1] * 2
+    np.testing.assert_array_equal(np.stack(i2["final_obs"]), o1)  # SAME_STEP: the final observation in infos
+    assert (i2["final_info"]["round"] == rounds).all() and (i2["round"] == 0).all()
+    np.testing.assert_array_equal(o1, o3)
+    with pytest.raises(RuntimeError, match="reset_mask"):
+        off.step(actions)
+    o3, i3 = off.reset(options={"reset_mask": np.array([True, False])})
+    assert i3["_round"].tolist() == [True, False]
+    with pytest.raises(RuntimeError, match=r"sub-environment\(s\) \[1\]"):
+        off.step(actions)
+    with pytest.raises(ValueError, match="autoreset_mode='sometimes'"):
+        gym.make_vec(ID, autoreset_mode="sometimes", **kwargs)
+    for v in (nxt, same, off):
+        v.close()
