@@ -6,11 +6,12 @@
 * :func:`make_sb3_vec` — a Stable-Baselines3 ``VecEnv`` over the batched vector env;
 * :func:`supersuit_vec_env` — the parallel env through SuperSuit's vector wrappers, in one call;
 * Gymnasium ids (``LeakGym-Digits-v0``, ``LeakGym-CIFAR-v0``, ...) registered on ``import leakgym``,
-  one per scenario TOML file in ``envs/scenarios/``.
+  one per scenario TOML file in ``leakgym/game/scenarios/``.
 """
 
+from leakgym.game.scenario import Scenario, load_scenario, scenario_names
+
 from .registration import register_envs, registered_ids
-from .scenario import Scenario, load_scenario, scenario_names
 
 register_envs()
 

@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from .observations import attacker_obs_names, defender_obs_names
+from leakgym.game.feedback import attacker_obs_names, defender_obs_names
+from leakgym.game.scenario import LIMITS, Scenario, load_scenario, scenario_options
+
 from .registration import registered_ids
-from .scenario import LIMITS, Scenario, load_scenario
 
 #: per environment id: the versions and what changed
 VERSION_HISTORY = {
     "v0": "initial release: MultiDiscrete (or flat Discrete) menus, Box(0, 1) observations, "
-          "rewards of envs/rewards.py; the malicious scenario's attacker menu is strategy x num_bins",
+          "rewards of leakgym/game/feedback.py; the malicious scenario's attacker menu is strategy x num_bins",
 }
 
 
@@ -103,7 +104,7 @@ def env_page(gym_id: str) -> str:
     lines = [
         f"# {gym_id}",
         "",
-        (f"Scenario file: `envs/scenarios/{sc.name}.toml` (this page is generated from it by "
+        (f"Scenario file: `leakgym/game/scenarios/{sc.name}.toml` (this page is generated from it by "
          f"`leakgym describe --write-docs docs/envs`)."),
         "",
         "## Description",
@@ -139,15 +140,15 @@ def env_page(gym_id: str) -> str:
         lines += _table(["index", "name", "range"], [[o["index"], o["name"], "[0, 1]"] for o in r["observation"]])
         lines.append("")
     lines += [
-        "Meaning of each entry: `envs/observations.py`. Neither role sees the private images or ground-truth metrics.",
+        "Meaning of each entry: `leakgym/game/feedback.py`. Neither role sees the private images or ground-truth metrics.",
         "",
         "## Rewards",
         "",
         (f"* attacker: `L - {w.attack_cost:g} * iterations * restarts / 1000` (iterations: the steps the attack "
-         "ran; two-stage attacks add their second stage's steps, see `envs/rewards.py`)"),
+         "ran; two-stage attacks add their second stage's steps, see `leakgym/game/feedback.py`)"),
         f"* defender: `-L + {w.fidelity:g} * fidelity + {w.accuracy:g} * accuracy - {w.defense_overhead:g} * defense_units`",
         "",
-        f"`L` in [0, 1] is the leakage score (`{sc.leakage_metric}`); see `envs/rewards.py`.",
+        f"`L` in [0, 1] is the leakage score (`{sc.leakage_metric}`); see `leakgym/game/feedback.py`.",
         "",
         "## Episode end",
         "",
@@ -161,11 +162,10 @@ def env_page(gym_id: str) -> str:
         "",
     ]
     rows = []
-    for f in dataclasses.fields(sc):
-        value = getattr(sc, f.name)
+    for key, value in scenario_options(sc).items():
         if dataclasses.is_dataclass(value):
             value = dataclasses.asdict(value)
-        rows.append([f"`{f.name}`", f"`{value}`"])
+        rows.append([f"`{key}`", f"`{value}`"])
     lines += _table(["field", "value"], rows)
     lines += ["", f"Documented limits (lifted by `allow_large=True`): {LIMITS}.", "", "## Version history", ""]
     lines += [f"* {v}: {text}" for v, text in VERSION_HISTORY.items()]

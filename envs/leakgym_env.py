@@ -12,8 +12,8 @@ envs share for :func:`step_together`)::
         actions = {a: env.action_space(a).sample() for a in env.agents}
         obs, rewards, terminations, truncations, infos = env.step(actions)
 
-Spaces, observations and rewards are documented in :mod:`leakgym.envs.scenario`,
-:mod:`leakgym.envs.observations` and :mod:`leakgym.envs.rewards`. An episode lasts
+Spaces, observations and rewards are documented in :mod:`leakgym.game.scenario`,
+:mod:`leakgym.game.feedback` and :mod:`leakgym.game.feedback`. An episode lasts
 ``scenario.rounds`` rounds and ends by truncation (nobody "wins" a round early). An invalid action
 raises ``ValueError`` naming the entry and its allowed range before any state changes; any other
 failure inside a round is raised as :class:`RoundError` (the env's one documented error type for
@@ -43,23 +43,23 @@ from pettingzoo.utils import parallel_to_aec, wrappers
 
 from leakgym.checks import is_integer
 from leakgym.game.batch import GameBatch
+from leakgym.game.menus import FlatActions
 from leakgym.game.records import RoundOutcome, RoundRecord
 from leakgym.game.round import RoundError, observe, plan_one, play_round
 from leakgym.game.round import _reports_lpips as reports_lpips
+from leakgym.game.scenario import Scenario, load_scenario
 
 from .checks import check_seed
 from .infos import info_template, numeric_info
-from .menus import FlatActions
 from .rendering import WINDOW_TITLE, figure_to_rgb, placeholder_figure, round_figure, show_figure
-from .scenario import Scenario, load_scenario
 
 
 class LeakGymParallelEnv(ParallelEnv, EzPickle):
     """The two-player LeakGym game (agents ``"attacker"`` and ``"defender"``, simultaneous moves).
 
     Args:
-        scenario: a scenario name (``envs/scenarios/<name>.toml``), a path to a ``.toml`` file, or a
-            :class:`~leakgym.envs.scenario.Scenario`.
+        scenario: a scenario name (``leakgym/game/scenarios/<name>.toml``), a path to a ``.toml`` file, or a
+            :class:`~leakgym.game.scenario.Scenario`.
         render_mode: ``None``, ``"human"`` (a matplotlib window; a no-op without a display),
             ``"rgb_array"`` (fixed-size frames: originals above their reconstructions) or ``"png"``
             (one file per round in ``render_dir``, ``episode_<e>_round_<r>.png``: episodes counted from
@@ -69,7 +69,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         flat_actions: ``Discrete(prod(nvec))`` action spaces instead of ``MultiDiscrete(nvec)``
             (for SuperSuit and value-based algorithms); index = C-order flattening of the menus.
         max_cycles: PettingZoo's name for the episode length; sets ``rounds`` (give one of the two).
-        **overrides: any :class:`~leakgym.envs.scenario.Scenario` field (``rounds=4``, ...).
+        **overrides: any :class:`~leakgym.game.scenario.Scenario` field (``rounds=4``, ...).
     """
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -362,7 +362,7 @@ def _finite(value: float, default: float) -> float:
 def _empty_observations(games: GameBatch) -> dict[str, np.ndarray]:
     """All-zero observations of ``games``' sizes (the spaces' shapes; :meth:`LeakGymParallelEnv.state`
     before the first reset)."""
-    from .observations import attacker_obs_size, defender_obs_size
+    from leakgym.game.feedback import attacker_obs_size, defender_obs_size
 
     sc = games.scenario
     return {"attacker": np.zeros(attacker_obs_size(sc.attacker_nvec), np.float32),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gymnasium.envs.registration import register, registry
 
-from .scenario import scenario_gym_id, scenario_names
+from leakgym.game.scenario import scenario_gym_id, scenario_names
 
 
 def registered_ids() -> dict[str, str]:

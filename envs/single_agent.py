@@ -25,13 +25,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from leakgym.game.menus import FlatActions
 from leakgym.game.records import RoundOutcome
 from leakgym.game.round import play_round
+from leakgym.game.scenario import Scenario
 
 from .checks import check_seed
 from .leakgym_env import LeakGymParallelEnv
-from .menus import FlatActions
-from .scenario import Scenario
 
 ROLES = ("attacker", "defender")
 
@@ -91,7 +91,7 @@ class LeakGymSingleAgentEnv(gym.Env):
     """One role of the LeakGym game (attacker or defender) against a fixed opponent.
 
     Args:
-        scenario: a scenario name or :class:`~leakgym.envs.scenario.Scenario`.
+        scenario: a scenario name or :class:`~leakgym.game.scenario.Scenario`.
         role: ``"attacker"`` or ``"defender"``: the role the learner plays.
         opponent: the other role's agent object or callable (see the module docstring).
         render_mode: ``None``, ``"human"``, ``"rgb_array"`` or ``"png"``.

@@ -29,8 +29,9 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
+from leakgym.game.scenario import Scenario
+
 from .leakgym_env import LeakGymParallelEnv, parallel_env
-from .scenario import Scenario
 
 #: what :func:`supersuit_vec_env` does when the roles' flat menus differ in size
 INVALID_ACTION_MODES = ("refuse", "raise")
@@ -74,7 +75,7 @@ def supersuit_vec_env(scenario: str | Scenario = "digits", num_envs: int = 1, *,
     (slot ``2 * i`` is game ``i``'s attacker, ``2 * i + 1`` its defender).
 
     Args:
-        scenario: scenario name (``"digits"``, ...) or :class:`~leakgym.envs.scenario.Scenario`.
+        scenario: scenario name (``"digits"``, ...) or :class:`~leakgym.game.scenario.Scenario`.
         num_envs: games (each contributes one slot per agent).
         invalid_action: ``"refuse"``: unequal flat menu sizes are a ``ValueError`` here;
             ``"raise"``: pad the smaller menu, and a padded action raises ``ValueError`` at ``step``.

@@ -43,7 +43,7 @@ class LeakGymVectorEnv(VectorEnv):
         batch_attacks: True (default) runs the attacks that share a configuration as one batched
             call; False runs each game's attack alone, so that every game's trajectory is
             bit-identical to the single-agent view's (batching may change attack results by
-            floating-point rounding, see :func:`leakgym.envs.round.reconstruct_all`).
+            floating-point rounding, see :func:`leakgym.game.round.reconstruct_all`).
         max_episode_steps: truncate a game after this many steps of its episode, as Gymnasium's
             ``TimeLimit`` does for ``gym.make(id, max_episode_steps=K)`` (the scenario's ``rounds`` is
             untouched, so observations equal the single-agent view's); None or -1: no limit, the game

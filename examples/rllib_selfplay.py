@@ -63,7 +63,7 @@ def build_config(args: argparse.Namespace, env_config: dict[str, Any]):
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
     from ray.tune.registry import register_env
 
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     register_env("leakgym_v0", make_env)
     rounds = env_config.get("max_cycles") or load_scenario(env_config.get("scenario", "digits")).rounds

@@ -8,7 +8,7 @@
     leakgym selfplay ...              alternating best responses
     leakgym metagame ...              PSRO: populations of attackers and defenders, equilibria, exploitability
     leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--resume|--rerender]   re-run each paper's main table (docs/results/)
-    leakgym bench attacks|defenses|env|eval --json PATH
+    leakgym bench attacks|defenses|env|eval|trace --json PATH
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ BENCHMARKS = {
     "defenses": ("leakgym.bench.defenses", "accuracy, leakage and overhead of each defense"),
     "env": ("leakgym.bench.env", "environment steps per second and the cost split"),
     "eval": ("leakgym.bench.eval", "leakgym eval with games in lockstep vs one game at a time"),
+    "trace": ("leakgym.bench.trace", "the project files one round enters (docs/architecture.md)"),
 }
 
 DEMO_ATTACKERS = "random,ig-paper,prior-init-dcs2"
@@ -66,7 +67,7 @@ def _list_presets(env: str | None) -> int:
     """Every preset: role, settings, source paper, and whether ``env`` (if given) allows it."""
     from leakgym.agents.policies.presets import PRESETS, preset_action
     from leakgym.envs.describe import describe
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     scenario = load_scenario(describe(env)["scenario"]) if env is not None else None
     for role in ("defender", "attacker"):
@@ -276,7 +277,7 @@ def memory_message(failure: BaseException, args: argparse.Namespace) -> str:
     if hasattr(args, "env") and hasattr(args, "overrides"):
         try:
             from leakgym.agents.experiments.cli_common import resolve_env, scenario_overrides
-            from leakgym.envs.scenario import MEMORY_LIMIT_BYTES, estimated_round_bytes, load_scenario
+            from leakgym.game.scenario import MEMORY_LIMIT_BYTES, estimated_round_bytes, load_scenario
 
             scenario = load_scenario(resolve_env(args.env)[1], **scenario_overrides(args))
             estimate = (f"; LeakGym estimates one round of this scenario at {estimated_round_bytes(scenario) / 2**30:.2f} GiB "

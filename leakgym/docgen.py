@@ -126,14 +126,14 @@ def _short(sources: dict[str, tuple[str, str]], name: str) -> str:
 def _summary(gym_id: str) -> dict[str, str]:
     from leakgym.data.sources import SOURCES
     from leakgym.envs.describe import describe
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     info = describe(gym_id)
     sc = load_scenario(info["scenario"])
     att, dfd = info["roles"]["attacker"], info["roles"]["defender"]
     return {
         "id": f"`{gym_id}`",
-        "scenario": f"`{sc.name}` (`envs/scenarios/{sc.name}.toml`)",
+        "scenario": f"`{sc.name}` (`leakgym/game/scenarios/{sc.name}.toml`)",
         "make": f'`gym.make("{gym_id}", role="attacker" | "defender", opponent=...)`; '
                 f'`leakgym.envs.parallel_env("{sc.name}")` (PettingZoo)',
         "agents": "`attacker`, `defender`",
@@ -161,7 +161,7 @@ def environments_index() -> str:
                      s["attacker observation"].split(", (")[1].split(",)")[0] + " / "
                      + s["defender observation"].split(", (")[1].split(",)")[0], s["offline"].split(":")[0]])
     lines = ["# Environments", "", _GENERATED, "",
-             ("One Gymnasium id per scenario file in `envs/scenarios/`. Each is a two-player game (PettingZoo "
+             ("One Gymnasium id per scenario file in `leakgym/game/scenarios/`. Each is a two-player game (PettingZoo "
              "`parallel_env`) and a single-agent view of either role (`gym.make(id, role=..., opponent=...)`); "
              "[The game](../game.md) explains rounds, menus, observations and rewards."), ""]
     lines += _table(["id", "data", "model", "server", "episode", "attacker action", "defender action",
@@ -198,7 +198,7 @@ def _data_requirements(gym_id: str) -> list[str]:
     from leakgym.data.catalog import dataset_info
     from leakgym.data.sources import SOURCES
     from leakgym.envs.describe import describe
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     sc = load_scenario(describe(gym_id)["scenario"])
     info = dataset_info(sc.dataset)
@@ -259,7 +259,7 @@ def offline(gym_id: str) -> bool:
     from leakgym.data.imagesets import IMAGE_SOURCES
     from leakgym.data.sources import SOURCES
     from leakgym.envs.describe import describe
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     dataset = load_scenario(describe(gym_id)["scenario"]).dataset
     return dataset not in SOURCES and dataset not in IMAGE_SOURCES

@@ -1,6 +1,7 @@
 """Output files replaced atomically: written beside their final name, then renamed over it, so an
 interruption (Ctrl-C, a failing figure) never leaves a half-written file or a stale one beside a new one;
-one writer per run folder (:func:`run_folder_lock`); content hashes of input files (:func:`file_digest`).
+one writer per run folder (:func:`run_folder_lock`); content hashes of input files (:func:`file_digest`);
+values made JSON-safe for results files (:func:`json_safe`).
 """
 
 from __future__ import annotations
@@ -8,11 +9,15 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 try:
     import fcntl
@@ -158,5 +163,18 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-__all__ = ["LOCK_FILE", "RunFolderBusy", "command_line", "file_digest", "replacing", "run_folder_lock",
-           "write_atomically"]
+def json_safe(v: Any) -> Any:
+    """JSON-safe copy: NumPy scalars -> Python, non-finite floats -> None."""
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    return v
+
+
+__all__ = ["LOCK_FILE", "RunFolderBusy", "command_line", "file_digest", "json_safe", "replacing",
+           "run_folder_lock", "write_atomically"]

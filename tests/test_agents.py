@@ -19,7 +19,7 @@ from leakgym.agents import (
     valid_presets,
 )
 from leakgym.agents.experiments.cli_common import parse_overrides, split_agent_list
-from leakgym.envs.scenario import load_scenario
+from leakgym.game.scenario import load_scenario
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import torch
 
 from leakgym.agents.experiments.evaluation import cli as evaluation
 from leakgym.cli import main
-from leakgym.envs.scenario import load_scenario
 from leakgym.game.round import RoundError
+from leakgym.game.scenario import load_scenario
 
 EVAL = ["eval", "--env", "LeakGym-Digits-v0", "--attackers", "random", "--defenders", "none", "--episodes", "1",
         "--no-progress"]
@@ -80,7 +80,7 @@ def test_an_allocation_failure_is_one_line_with_the_estimate_and_the_knobs(tmp_p
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("leakgym: error: not enough memory: ")
     expected = load_scenario("digits", batch_size=4)
-    from leakgym.envs.scenario import estimated_round_bytes
+    from leakgym.game.scenario import estimated_round_bytes
 
     assert f"one round of this scenario at {estimated_round_bytes(expected) / 2**30:.2f} GiB per game (limit 8 GiB)" in err
     assert "lower batch_size, restarts, image_size or num_clients (--overrides)" in err

@@ -11,21 +11,20 @@ import torch
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.dlg import DLG
 from leakgym.attacks.engine import (
-    BatchedAdam,
-    BatchedLBFGS,
     MatchingObjective,
     PerProblem,
     ProblemSet,
     Schedule,
     run_gradient_matching,
 )
-from leakgym.attacks.engine.adam import decay_milestones, decayed_rates
 from leakgym.attacks.engine.objective import ragged_group_consistency
 from leakgym.attacks.gradinversion import GradInversion
 from leakgym.attacks.inverting_gradients import InvertingGradients
 from leakgym.attacks.losses import group_consistency
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
+from leakgym.optim import BatchedAdam, BatchedLBFGS
+from leakgym.optim.adam import decay_milestones, decayed_rates
 
 
 def gradient_update(model, x, y) -> SharedUpdate:

@@ -23,7 +23,6 @@ from leakgym.attacks.adaptive import (
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.attacks.dlg import DLG
 from leakgym.attacks.engine import (
-    BatchedGenerator,
     MatchingObjective,
     ProblemSet,
     Schedule,
@@ -35,6 +34,7 @@ from leakgym.attacks.labels import infer_labels
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ssim
 from leakgym.models import bn_eval_if_single, build_model, task_loss
+from leakgym.optim import BatchedGenerator
 
 
 @pytest.fixture(scope="module")

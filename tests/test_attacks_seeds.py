@@ -27,9 +27,8 @@ import torch
 from torch import nn
 
 from leakgym.attacks import ATTACKS, AttackerKnowledge, build_attack
-from leakgym.attacks.base import problem_seeds, seeded_generator
+from leakgym.attacks.base import problem_seeds
 from leakgym.attacks.engine import (
-    BatchedGenerator,
     MatchingObjective,
     ProblemSet,
     Schedule,
@@ -41,6 +40,7 @@ from leakgym.defenses import DefenseConfig, apply_defense
 from leakgym.fl.client import compute_update
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
+from leakgym.optim import BatchedGenerator, seeded_generator
 
 #: Budgets small enough for a few hundred milliseconds per call; only the fields a config has are used.
 TINY = {

@@ -164,10 +164,10 @@ def test_dcs2_synthesises_every_game_at_once_only_with_batch_clients(cheap_overr
 
 # ------------------------------------------------------------------------- the attacker's summaries
 def _summary_reference(update):
-    """The attacker's update summary written out for one update (envs/observations.py module docstring)."""
+    """The attacker's update summary written out for one update (leakgym/game/feedback.py module docstring)."""
     import math
 
-    from leakgym.envs.observations import LAYER_GROUPS
+    from leakgym.game.feedback import LAYER_GROUPS
 
     tensors = [torch.nan_to_num(t.detach().reshape(-1).double().cpu()) for t in update.tensors.values()]
     norms, zeros = [], []
@@ -229,7 +229,7 @@ LAYER_ZERO_FRACTION = 4  # the first layer group's zero fraction
 def test_update_summaries_on_cuda_match_the_cpu():
     ups = _updates("cuda")
     cpu = [None if u is None else type(u)({n: t.cpu() for n, t in u.tensors.items()}) for u in ups]
-    from leakgym.envs.observations import update_summaries
+    from leakgym.game.feedback import update_summaries
 
     np.testing.assert_allclose(update_summaries(ups), update_summaries(cpu), rtol=1e-6, atol=1e-6)
 
@@ -239,8 +239,8 @@ def test_a_games_batch_signature_is_its_server_models_signature_for_the_episode(
     (rebuilt at reset), and every time for any other model (a malicious server's modified copy)."""
     import copy
 
-    from leakgym.envs.scenario import load_scenario
     from leakgym.fl import batched
+    from leakgym.game.scenario import load_scenario
 
     games = GameBatch(load_scenario("digits", **cheap_overrides))
     games.reset(0, seed=0)

@@ -47,7 +47,7 @@ def test_bad_num_envs_are_rejected(bad):
 
 
 def test_missing_dataset_is_timed_on_labelled_synthetic_images(monkeypatch):
-    from leakgym.envs import game as game_module
+    from leakgym.game import batch as game_module
 
     monkeypatch.setattr(game_module, "_dataset", game_module._dataset)  # restored after the test
     label = bench_env._use_synthetic_data_if_missing("LeakGym-CIFAR-v0")

@@ -13,7 +13,7 @@ from PIL import Image
 
 from leakgym.data import dataset_spec, load_dataset
 from leakgym.data.custom import USER_TEST_FRACTION, user_data
-from leakgym.envs.scenario import Scenario, load_scenario
+from leakgym.game.scenario import Scenario, load_scenario
 
 
 def _folder(root: Path, counts: dict[str, int], shape=(10, 12, 3), seed=0) -> Path:
@@ -262,7 +262,7 @@ def test_a_game_plays_on_the_users_data(tmp_path, cheap_overrides, kind):
 
 
 def test_paths_are_told_from_names():
-    from leakgym.data.custom import is_dataset_path
+    from leakgym.data.catalog import is_dataset_path
 
     assert not is_dataset_path("mnist") and not is_dataset_path("svhn")
     assert is_dataset_path("./mnist") and is_dataset_path("a/b") and is_dataset_path("x.npz")

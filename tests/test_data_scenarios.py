@@ -1,4 +1,4 @@
-"""The papers' scenarios (envs/scenarios/{imagenet,imagenette-malicious,celeba,tiny-imagenet-malicious,svhn}.toml):
+"""The papers' scenarios (leakgym/game/scenarios/{imagenet,imagenette-malicious,celeba,tiny-imagenet-malicious,svhn}.toml):
 listed, documented, and failing clearly where their data are missing (offline: downloads fail)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from leakgym.cli import main
 from leakgym.data import DatasetUnavailableError
 from leakgym.data import download as download_module
 from leakgym.envs.registration import registered_ids
-from leakgym.envs.scenario import load_scenario
+from leakgym.game.scenario import load_scenario
 
 PAPER_SCENARIOS = {
     "LeakGym-ImageNet-v0": ("imagenet", "resnet18", 224, 1),

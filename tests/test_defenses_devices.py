@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from method_checks import DEFENSE_CASES, changed_fields
 
 from leakgym.data import dataset_spec
 from leakgym.defenses import DEFENSES, DefenseConfig, UpdateDefense, apply_defense, real_field, registered
@@ -35,6 +36,10 @@ CASES: dict[str, dict] = {
     "noise": {"noise_sigma": 0.01, "noise_kind": "laplace"},
     "noise-gaussian": {"noise_sigma": 0.01},
 }
+# A registered defense without a cheap case above runs its method-check case (tests/method_checks.py,
+# which every registered defense has): adding a defense needs no entry here.
+_COVERED = {name for settings in CASES.values() for name in DefenseConfig(**settings).active()}
+CASES.update({name: dict(changed_fields(case.config)) for name, case in DEFENSE_CASES.items() if name not in _COVERED})
 
 
 _SEEN: list = []

@@ -21,7 +21,6 @@ from engine_problems import VECTORISED_TOL, single_image_problems
 from leakgym.attacks import build_attack
 from leakgym.attacks.adaptive import gaussian_noise_simulator
 from leakgym.attacks.engine import (
-    BatchedGenerator,
     MatchingObjective,
     Part,
     PerProblem,
@@ -31,6 +30,7 @@ from leakgym.attacks.engine import (
     run_gradient_matching,
     run_joint_matching,
 )
+from leakgym.optim import BatchedGenerator
 
 
 def _one(ps: ProblemSet, i: int, *, labels: bool) -> ProblemSet:

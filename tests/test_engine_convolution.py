@@ -81,14 +81,15 @@ def test_the_unfold_matrix_copies_exactly_what_f_unfold_does(cin, cout, k, strid
 
 def test_the_unfold_is_a_matrix_product_for_small_inputs_and_many_rows_on_a_cpu(monkeypatch):
     """On a CPU: inputs of at most MATRIX_MAX_POSITIONS positions, at least MATRIX_MIN_ROWS rows (the
-    simulator sets the rows of its selection); elsewhere F.unfold, whose per-image loop is cheap there."""
+    rows of the call, the simulator's selection); elsewhere F.unfold, whose per-image loop is cheap there."""
     from leakgym.models import convolution
 
     conv = nn.Conv2d(2, 3, 5, padding=2)
     small, large = torch.randn(1, 2, 8, 8), torch.randn(1, 2, 9, 9)
-    assert convolution.takes_matrix(conv, small, convolution.MATRIX_MIN_ROWS)
-    assert not convolution.takes_matrix(conv, small, convolution.MATRIX_MIN_ROWS - 1)
-    assert not convolution.takes_matrix(conv, large, 1000)
+    geometry = (conv.kernel_size, conv.stride, conv.padding, conv.dilation)
+    assert convolution.takes_matrix(small, *geometry, convolution.MATRIX_MIN_ROWS)
+    assert not convolution.takes_matrix(small, *geometry, convolution.MATRIX_MIN_ROWS - 1)
+    assert not convolution.takes_matrix(large, *geometry, 1000)
     spec = DatasetSpec(name="d16", channels=1, image_size=16, num_classes=10, mean=(0.5,), std=(0.3,))
     m = build_model("lenet", spec, seed=0)
     x, y = torch.randn(1, 1, 16, 16), torch.tensor([3])
@@ -123,7 +124,7 @@ def test_the_matrix_unfold_on_cuda_equals_conv2d_to_the_second_derivative():
     x = torch.randn(4, 3, 8, 8, generator=g, device=dev, dtype=torch.float64, requires_grad=True)
     w = torch.randn(5, 3, 3, 3, generator=g, device=dev, dtype=torch.float64, requires_grad=True)
     b = torch.randn(5, generator=g, device=dev, dtype=torch.float64, requires_grad=True)
-    assert convolution.takes_matrix(nn.Conv2d(3, 5, 3, padding=1).to(dev), x, 1)
+    assert convolution.takes_matrix(x, (3, 3), (1, 1), (1, 1), (1, 1), 1)
 
     def unfolded(x, w, b):
         return unfolded_conv2d(x, w, b, (1, 1), (1, 1), (1, 1), via_matrix=True)
@@ -136,26 +137,42 @@ def test_the_matrix_unfold_on_cuda_equals_conv2d_to_the_second_derivative():
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
-def test_layers_it_cannot_express_keep_their_own_forward():
+def test_calls_it_cannot_express_keep_f_conv2d_and_no_module_changes(monkeypatch):
+    """Inside UnfoldedConvolutions a grouped convolution and string padding keep F.conv2d; a plain layer and a
+    reflect-padded one (which pads first and calls F.conv2d without padding) take the unfold. The mode
+    intercepts the calls: no layer gets a forward of its own."""
+    from leakgym.models import convolution
+
     plain = nn.Conv2d(2, 4, 3, padding=1)
     grouped = nn.Conv2d(4, 4, 3, padding=1, groups=2)
     same = nn.Conv2d(4, 4, 3, padding="same")
     reflect = nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")
     assert expressible(plain)
-    assert not any(expressible(m) for m in (grouped, same, reflect))
+    assert not any(expressible(m) for m in (grouped, same, reflect))  # for the row-wise form
     model = nn.Sequential(plain, grouped, same, reflect)
-    patch = UnfoldedConvolutions(model)
-    assert patch.modules == [plain]
     x = torch.randn(2, 2, 6, 6)
     want = model(x)
-    patch.on = True
-    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
-    patch.close()
-    assert "forward" not in vars(plain)
+    real, calls = convolution.unfolded_conv2d, []
+    monkeypatch.setattr(convolution, "unfolded_conv2d", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    with UnfoldedConvolutions(rows=1):
+        assert not any("forward" in vars(m) for m in model.modules())
+        got = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert calls == [plain.weight.shape, reflect.weight.shape]
+    calls.clear()
+    model(x)
+    assert calls == []  # outside the block: F.conv2d
 
 
-def test_the_simulator_uses_it_in_the_vectorised_path_only():
-    """Vectorised dummy updates (unfold) equal the sequential reference (F.conv2d); the switch is off after."""
+def test_the_simulator_uses_it_in_the_vectorised_path_only(monkeypatch):
+    """Vectorised dummy updates (the vmap form, unfold) equal the sequential reference (F.conv2d); neither
+    leaves anything on the model's layers."""
+    from leakgym.models import convolution
+    from leakgym.models.rowwise import RowwiseForward
+
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))  # the vmap form
+    real, calls = convolution.unfolded_conv2d, []
+    monkeypatch.setattr(convolution, "unfolded_conv2d", lambda *a, **k: calls.append(1) or real(*a, **k))
     spec = DatasetSpec(name="d16", channels=1, image_size=16, num_classes=10, mean=(0.5,), std=(0.3,))
     models = [build_model("lenet", spec, seed=s).double() for s in range(2)]
     updates, knowledges = [], []
@@ -173,8 +190,9 @@ def test_the_simulator_uses_it_in_the_vectorised_path_only():
         y = torch.tensor([[3], [3], [3]])
         eps = x.new_zeros(3, 0)
         fast, _ = sim.vectorised(x, y, eps)
-        assert not sim.convolutions.on and len(sim.convolutions.modules) == 4
+        assert len(calls) == 4  # LeNet's four convolutions, each once for all rows (vmap)
         slow, _ = sim.sequential(x, y, eps)
+        assert len(calls) == 4
         for name in fast:
             torch.testing.assert_close(fast[name], slow[name], rtol=1e-10, atol=1e-12)
     finally:
@@ -194,10 +212,8 @@ def test_only_layers_with_a_small_unfolded_input_use_it(monkeypatch):
                                                                                                       padding=1))
     for limit, used in ((2 * 3 * 9 * 64, 1), (2 * 3 * 9 * 64 - 1, 0)):
         calls.clear()
-        patch = UnfoldedConvolutions(conv, max_entries=limit)
-        patch.on = True
-        conv(x)
-        patch.close()
+        with UnfoldedConvolutions(rows=1, max_entries=limit):
+            conv(x)
         assert len(calls) == used
 
 

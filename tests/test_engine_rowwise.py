@@ -62,7 +62,7 @@ def test_the_rowwise_form_takes_plain_layer_stacks_only():
 def test_a_forward_replaced_on_a_layer_or_hooks_on_every_module_keep_the_vmap_form():
     """A layer whose ``forward`` is set on the object (not its class) computes something the row-wise form
     does not know, and so do hooks registered for every module: both keep the vmap form, which runs them.
-    The engine's own unfolded convolutions (the class's convolution) do not."""
+    The unfolded convolutions of the vmap form (a torch function mode) set nothing on the layers."""
     from leakgym.models.convolution import UnfoldedConvolutions
 
     patched = _lenet()
@@ -71,10 +71,8 @@ def test_a_forward_replaced_on_a_layer_or_hooks_on_every_module_keep_the_vmap_fo
     assert RowwiseForward.of(patched) is None
 
     unfolded = _lenet()
-    convolutions = UnfoldedConvolutions(unfolded)
-    assert all("forward" in vars(m) for m in convolutions.modules)
-    assert RowwiseForward.of(unfolded) is not None
-    convolutions.close()
+    with UnfoldedConvolutions(rows=1):
+        assert RowwiseForward.of(unfolded) is not None
 
     handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
     try:
@@ -126,8 +124,7 @@ class _PlainMLP(LeakGymModel):
 
 def _compare_with_vmap(rows, batch, soft, device, dtype, tol, model=None):
     model = (_lenet(dtype) if model is None else model.to(dtype)).to(device)
-    form = RowwiseForward.of(model)
-    form.rows = rows
+    form = RowwiseForward.of(model)  # the rows (x's first dimension) decide the matrix unfold
     g = torch.Generator().manual_seed(2)
     base = dict(model.named_parameters())
     params = {n: (p.detach() + 0.05 * torch.randn(rows, *p.shape, generator=g, dtype=dtype).to(device))

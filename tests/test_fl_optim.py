@@ -215,7 +215,7 @@ def test_scheduled_lr():
      r"local_lr_decay=0.0; allowed: finite numbers in \(0, 1\]"),
 ])
 def test_scenario_fl_fields_are_validated_at_construction(overrides, match):
-    from leakgym.envs.scenario import Scenario
+    from leakgym.game.scenario import Scenario
 
     with pytest.raises(ValueError, match=match):
         Scenario(**overrides)
@@ -302,7 +302,7 @@ def test_scenario_fl_fields_come_from_toml_and_cli_strings():
     values; the defaults are plain SGD at a constant rate (local_optimizer() is None: the clients' default)."""
     import tomllib
 
-    from leakgym.envs.scenario import Scenario, local_optimizer, round_local_lr
+    from leakgym.game.scenario import Scenario, local_optimizer, round_local_lr
 
     text = """
 update_kind = "model_delta"

@@ -15,7 +15,7 @@ from leakgym.agents.experiments.training import read_hyperparams_file
 from leakgym.cli import main
 from leakgym.data import federated_split, load_dataset
 from leakgym.defenses import loda
-from leakgym.envs.scenario import load_scenario
+from leakgym.game.scenario import load_scenario
 
 DEEP = 100_000
 

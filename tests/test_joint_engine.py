@@ -27,9 +27,9 @@ from leakgym.attacks.engine import (
     run_gradient_matching,
     run_joint_matching,
 )
-from leakgym.attacks.engine.randomness import BatchedGenerator
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import build_model, task_loss
+from leakgym.optim.randomness import BatchedGenerator
 
 
 def _parts(digits, counts):
@@ -223,7 +223,7 @@ def test_problems_that_differ_beyond_parameter_shapes_do_not_share_a_call(digits
 
 
 def test_engine_settings_must_be_integers():
-    from leakgym.attacks.engine.lbfgs import BatchedLBFGS
+    from leakgym.optim.lbfgs import BatchedLBFGS
 
     with pytest.raises(ValueError, match="history_size=2.5; must be an integer >= 1"):
         Schedule(iterations=1, history_size=2.5)

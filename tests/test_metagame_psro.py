@@ -13,7 +13,7 @@ from leakgym.agents import make_agent
 from leakgym.agents.experiments.metagame import CellSamples, Member, MixtureAgent, run_psro
 from leakgym.agents.experiments.metagame.psro import STATE_FILE, best_response_gain, halved
 from leakgym.cli import main as cli_main
-from leakgym.envs.scenario import load_scenario
+from leakgym.game.scenario import load_scenario
 
 
 class MatrixSimulator:

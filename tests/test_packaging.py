@@ -29,7 +29,7 @@ def test_wheel_contains_the_three_packages(wheel):
         "leakgym/__init__.py",
         "leakgym/envs/__init__.py",
         "leakgym/envs/leakgym_env.py",
-        "leakgym/envs/scenarios/digits.toml",
+        "leakgym/game/scenarios/digits.toml",
         "leakgym/agents/__init__.py",
         "leakgym/attacks/base.py",
         "leakgym/defenses/__init__.py",

@@ -23,7 +23,7 @@ import torch
 
 from leakgym.agents import LearnedAgent, make_agent
 from leakgym.agents.policies import learned
-from leakgym.envs.scenario import load_scenario
+from leakgym.game.scenario import load_scenario
 
 TINY = {"rounds": 2, "num_clients": 1, "iterations": [1, 2], "eval_size": 64}
 

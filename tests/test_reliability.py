@@ -12,7 +12,7 @@ import pytest
 
 from leakgym.agents.policies.presets import preset_action, preset_names
 from leakgym.envs import parallel_env
-from leakgym.envs.scenario import load_scenario
+from leakgym.game.scenario import load_scenario
 
 #: cheap settings that keep each scenario's own menus (dims) but small budgets
 CHEAP = {"rounds": 3, "num_clients": 1, "eval_size": 32, "iterations": [2, 3], "restarts": [1, 2],
@@ -125,7 +125,7 @@ def test_adaptive_decoders_play_against_any_defense():
 def test_a_nan_score_is_no_leakage_not_a_nan_reward(metric):
     """max(nan, 0.0) is NaN in Python: a NaN SSIM or PSNR (a reconstruction with NaN pixels) made NaN
     rewards."""
-    from leakgym.envs.rewards import leakage_score
+    from leakgym.game.feedback import leakage_score
     from leakgym.metrics import ReconstructionScores
 
     nan = ReconstructionScores(per_image={}, mean={"ssim": math.nan, "psnr": math.nan, "mse": math.nan},

@@ -1,7 +1,7 @@
 """What the rewards and the information channels mean, tested by behaviour (issue 38, item 1).
 
 Each test plays the public PettingZoo env (``leakgym.envs.parallel_env``) and checks a documented
-direction or formula (:mod:`leakgym.envs.rewards`, :mod:`leakgym.envs.observations`), so that a
+direction or formula (:mod:`leakgym.game.feedback`, :mod:`leakgym.game.feedback`), so that a
 reward term of the wrong sign, a self-audit that does not run, private labels withheld from an
 attacker that should know them, or a server that drops the victim's update fails the suite. "All else
 fixed" is done with common random numbers: the same episode seed and the same actions give the same
@@ -49,7 +49,7 @@ def play(attacker, defender, *, steps=1, seed=0, **overrides):
 # --------------------------------------------------------------------------------------------------
 def test_rewards_are_the_documented_formulas_of_what_the_round_measured():
     """r_A = L - w_cost * units / 1000 and r_D = -L + w_fid * fidelity + w_acc * accuracy - w_ovh * units
-    (envs/rewards.py), computed here from the raw measurements in the infos, not from the reward parts."""
+    (leakgym/game/feedback.py), computed here from the raw measurements in the infos, not from the reward parts."""
     env, out = play([DLG, STRONG, 0, 0], DCS2, steps=2)
     w = env.scenario.rewards
     for _, rewards, infos in out:
@@ -199,9 +199,9 @@ def test_victims_update_reaches_the_model_in_the_batched_aggregation():
     """The same weight through the vector envs' path (``play_round(batch_clients=True)``: the games' benign
     clients and aggregations as one computation): two games with the same seed, one victim without a
     defense and one with noise, end one aggregation apart by the victim's weighted difference."""
-    from leakgym.envs.scenario import load_scenario
     from leakgym.game.batch import GameBatch
     from leakgym.game.round import play_round
+    from leakgym.game.scenario import load_scenario
 
     sc = load_scenario("digits", **{**CHEAP, "num_clients": 2, "server_lr": 0.5})
     games = GameBatch(sc, 2)

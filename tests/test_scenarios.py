@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from leakgym.envs.scenario import Scenario, check_action, load_scenario, scenario_gym_id, scenario_names
+from leakgym.game.scenario import Scenario, check_action, load_scenario, scenario_gym_id, scenario_names
 
 
 def test_every_named_scenario_loads_and_has_an_id():

@@ -229,7 +229,7 @@ def test_train_cli_reads_the_file_and_logs_leakgym_scalars_evaluations_and_check
     assert [e.step for e in acc.Scalars("eval/leakage_ssim")] == [16, 32]
     assert "leakgym/attack_settings/iterations" in acc.Tags()["histograms"]
 
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     sc = load_scenario("digits", **meta["overrides"])
     agent = make_agent(str(out / "policy.zip"), role="attacker", scenario=sc)
@@ -333,7 +333,7 @@ def test_train_dqn_forces_flat_actions_and_its_policy_plays_as_opponent(tmp_path
                               "--overrides", *TINY_ARGS])
     assert train_cli.main(args) == 0
     meta = json.loads((tmp_path / "policy.json").read_text())
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     nvec = load_scenario("digits", **TINY).attacker_nvec
     assert meta["flat_actions"] is True and meta["timesteps"] == 24 and meta["policy"]["class"] == "DQNPolicy"

@@ -29,7 +29,7 @@ def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str
         if not sep or not key.strip():
             raise ValueError(f"{what} {pair!r} must look like key=value (e.g. rounds=2 or iterations=[1,2])")
         if what == "override" and key.strip() == "allow_large":
-            from leakgym.envs.scenario import ALLOW_LARGE_FROM_CALLER
+            from leakgym.game.scenario import ALLOW_LARGE_FROM_CALLER
 
             raise ValueError(f"{what} {pair!r}: {ALLOW_LARGE_FROM_CALLER}")
         try:

@@ -40,6 +40,7 @@ from typing import Any
 from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.checks import is_integer
 from leakgym.devices import device_argument
+from leakgym.files import json_safe
 
 from .cli_common import (
     INTERRUPTED,
@@ -52,7 +53,6 @@ from .cli_common import (
     split_hyperparams,
 )
 from .evaluation.play import evaluate
-from .evaluation.reporting import json_safe
 from .training import MAX_TRAIN_SEED, TrainConfig, TrainingInterrupted, check_config, train
 
 

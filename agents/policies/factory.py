@@ -40,7 +40,7 @@ def agent_names() -> list[str]:
 
 
 def _resolve_scenario(scenario: Any):
-    from leakgym.envs.scenario import Scenario, load_scenario
+    from leakgym.game.scenario import Scenario, load_scenario
 
     if isinstance(scenario, Scenario):
         return scenario

@@ -13,9 +13,9 @@ import copy
 from typing import Any
 
 from leakgym.checks import is_integer
-from leakgym.envs.scenario import Scenario, load_scenario
 from leakgym.envs.single_agent import ROLES, LeakGymSingleAgentEnv
 from leakgym.envs.vector import LeakGymVectorEnv
+from leakgym.game.scenario import Scenario, load_scenario
 
 from .base import Agent
 from .factory import make_agent

@@ -15,7 +15,7 @@ Three algorithms are supported: PPO and A2C (``ActorCriticPolicy``, i.e. ``MlpPo
 trained with ``flat_actions=True``, ``Discrete`` (``{"n": N}``; with ``"nvec"`` too when the
 ``MultiDiscrete`` menu it flattens is known). A :class:`LearnedAgent` plays either kind in either
 kind of space: a flat index ``k`` is the C-order flattening of the menu,
-``np.unravel_index(k, nvec)``, as in :class:`leakgym.envs.menus.FlatActions`.
+``np.unravel_index(k, nvec)``, as in :class:`leakgym.game.menus.FlatActions`.
 
 Loading (:func:`load_policy`, used by :class:`LearnedAgent` and so by ``make_agent``,
 ``gym.make(..., opponent=...)``, ``leakgym eval`` and ``leakgym train --opponent``) never calls

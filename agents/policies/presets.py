@@ -162,14 +162,17 @@ def _defender_action(preset: Preset, scenario, where: str) -> np.ndarray:
     menu: dict[str, list[Any]] = scenario.defender_menu
     settings: dict[str, Any] = {}
     for key, wanted in preset.settings.items():
-        if key == "oasis":
-            missing = [b for b in wanted if b not in scenario.oasis_bits]
+        if key in scenario.defender_bits:  # a bit-mask field (OASIS): the names of the bits to switch on
+            offered = scenario.defender_bits[key]
+            missing = [b for b in wanted if b not in offered]
             if missing:
+                from leakgym.defenses import defense_field
+
+                bit_menu = defense_field(key).bit_menu
                 raise ValueError(
-                    f"{where}: OASIS augmentation(s) {missing} are not in the scenario's oasis_bits "
-                    f"{scenario.oasis_bits}"
+                    f"{where}: {bit_menu.what}(s) {missing} are not in the scenario's {bit_menu.option} {offered}"
                 )
-            settings["oasis"] = list(wanted)
+            settings[key] = list(wanted)
             continue
         if key not in menu and _fixed_value(scenario, key) == wanted:
             continue  # a setting the scenario fixes (defense_defaults) to the preset's value

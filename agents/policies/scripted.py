@@ -1,7 +1,7 @@
 """Scripted agents: a fixed action, uniform random play and round-robin over actions.
 
 These are the non-learning baselines of every LeakGym experiment. They act on the role's
-``MultiDiscrete`` action space (see :mod:`leakgym.envs.scenario` for what each dimension means);
+``MultiDiscrete`` action space (see :mod:`leakgym.game.scenario` for what each dimension means);
 a readable settings dict is turned into an action by ``scenario.encode_attacker`` /
 ``scenario.encode_defender`` (or by :func:`fixed_from_settings` here).
 """

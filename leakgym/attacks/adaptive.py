@@ -25,10 +25,11 @@ import torch
 from torch import Tensor
 
 from leakgym.attacks.base import AttackerKnowledge, check_integer
-from leakgym.attacks.engine import BatchedGenerator, DefenseSimulator, MatchingObjective
+from leakgym.attacks.engine import DefenseSimulator, MatchingObjective
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import precode_layer_split
+from leakgym.optim.randomness import BatchedGenerator
 
 # --------------------------------------------------------------------------------------------------
 # (a) Layer skipping

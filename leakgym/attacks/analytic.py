@@ -65,11 +65,11 @@ from leakgym.attacks.base import (
     AttackerKnowledge,
     AttackResult,
     check_tolerance,
-    seeded_generator,
 )
 from leakgym.attacks.labels import infer_labels
 from leakgym.data import DatasetSpec
 from leakgym.fl.update import SharedUpdate
+from leakgym.optim.randomness import seeded_generator
 
 __all__ = [
     "AnalyticAttack",

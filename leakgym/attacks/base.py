@@ -259,10 +259,3 @@ def problem_seeds(n: int, *, seeds: Sequence[int] | None = None, seed: int = 0) 
     if len(seeds) != n:
         raise ValueError(f"got {len(seeds)} seeds for {n} problems; give exactly one seed per problem")
     return [check_seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
-
-
-def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A ``torch.Generator`` on ``device`` (the device of the tensors it will feed), seeded with ``seed``."""
-    g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
-    return g

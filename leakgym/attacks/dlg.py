@@ -10,7 +10,7 @@ argmax of the optimised label distribution. With ``infer_labels=True`` the label
 analytically from the head's update (iDLG, Zhao et al. 2020; LLG for batches) and only the images are
 optimised. Known labels (``AttackerKnowledge.labels``) are always used as given.
 
-The engine's batched L-BFGS (:class:`~leakgym.attacks.engine.BatchedLBFGS`) follows
+The engine's batched L-BFGS (:class:`~leakgym.optim.lbfgs.BatchedLBFGS`) follows
 ``torch.optim.LBFGS`` step for step, per problem; one iteration is one evaluation of the objective
 and its gradient (DLG's 300 ``step()`` calls of up to 20 inner iterations each are 300-6,000 of
 these). DLG has no box constraint and no prior; both are off by default here. Diverging iterates

@@ -66,8 +66,9 @@ from leakgym.attacks.analytic import (
     image_box,
     recover_linear_input,
 )
-from leakgym.attacks.base import check_seed, check_tolerance, seeded_generator
+from leakgym.attacks.base import check_seed, check_tolerance
 from leakgym.data import DatasetSpec
+from leakgym.optim.randomness import seeded_generator
 
 __all__ = [
     "IMPRINT_MEASUREMENTS",

@@ -42,10 +42,11 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult, check_integer
-from leakgym.attacks.engine import BatchedGenerator, ProblemSet, run_gradient_matching
+from leakgym.attacks.engine import ProblemSet, run_gradient_matching
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.attacks.labels import infer_labels
 from leakgym.fl.update import SharedUpdate
+from leakgym.optim.randomness import BatchedGenerator
 
 SCHEMES = ("mixup", "instahide")
 

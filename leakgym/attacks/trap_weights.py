@@ -52,9 +52,10 @@ from leakgym.attacks.analytic import (
     InputBlockAttack,
     recover_linear_input,
 )
-from leakgym.attacks.base import check_seed, check_tolerance, seeded_generator
+from leakgym.attacks.base import check_seed, check_tolerance
 from leakgym.attacks.imprint import ImprintBlock, insert_input_block
 from leakgym.data import DatasetSpec
+from leakgym.optim.randomness import seeded_generator
 
 __all__ = ["TrapWeightsAttack", "TrapWeightsConfig", "trap_weights"]
 

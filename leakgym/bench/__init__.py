@@ -18,11 +18,10 @@ from pathlib import Path
 
 import torch
 
-# INTERRUPTED: the exit status after Ctrl-C, as leakgym eval / train;
-# json_safe: NaN / infinity -> None, numpy scalars -> Python
-from leakgym.agents.experiments.cli_common import INTERRUPTED
-from leakgym.agents.experiments.evaluation.reporting import json_safe
-from leakgym.files import write_atomically
+from leakgym.agents.experiments.cli_common import (
+    INTERRUPTED,  # exit status after Ctrl-C, as leakgym eval / train
+)
+from leakgym.files import json_safe, write_atomically  # json_safe: NaN / inf -> None, numpy scalars -> Python
 
 
 def device_label(device: str | torch.device) -> str:

@@ -26,7 +26,6 @@ import time
 
 import torch
 
-from leakgym.agents.experiments.evaluation.reporting import json_safe
 from leakgym.bench import (
     check_output,
     device_label,
@@ -38,6 +37,7 @@ from leakgym.bench import (
     write_results,
 )
 from leakgym.devices import device_argument
+from leakgym.files import json_safe
 from leakgym.suggest import did_you_mean
 
 DEFAULT_MODELS = "lenet,resnet18"

@@ -3,7 +3,7 @@
 For each environment id and each vector size N (``--num-envs 1,16,256,1024``), one spawned worker
 process builds
 
-* the **batched** vector env (``gym.make_vec``, N games, one :class:`~leakgym.envs.round.Round` per
+* the **batched** vector env (``gym.make_vec``, N games, one :func:`~leakgym.game.round.play_round` per
   step with batched attacks and batched benign clients), and
 * the **sequential baseline**: the same games (same seeds, same actions) as single-agent envs
   (``gym.make``) stepped one at a time, on ``min(N, --baseline-games)`` of them,
@@ -125,8 +125,8 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
     from leakgym.data import load_dataset
     from leakgym.data.catalog import dataset_spec
     from leakgym.data.loading import Dataset, DatasetUnavailableError
-    from leakgym.envs.scenario import load_scenario
     from leakgym.game import batch as game_module
+    from leakgym.game.scenario import load_scenario
 
     sc = load_scenario(gym.spec(gym_id).kwargs["scenario"])
     with contextlib.suppress(DatasetUnavailableError):
@@ -358,7 +358,7 @@ def main(args: argparse.Namespace) -> int:
 
     import leakgym  # noqa: F401  (registers the ids)
     from leakgym.agents.experiments.cli_common import scenario_overrides
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     ids = parse_ids(args.envs)
     overrides = scenario_overrides(args)

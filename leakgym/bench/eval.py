@@ -2,7 +2,7 @@
 
 Plays one ``leakgym eval`` tournament (default: ``make demo``'s, LeakGym-Digits-v0, 3 attackers x 4
 defenders, 2 episodes of 4 rounds) twice in one process, one run after the other after a short
-warm-up: with ``--lockstep N`` (the pairs' rounds as one :class:`~leakgym.envs.round.Round` per
+warm-up: with ``--lockstep N`` (the pairs' rounds as one :func:`~leakgym.game.round.play_round` per
 round, :func:`leakgym.envs.step_together`; a pair of episodic agents plays its episodes at once) and with
 ``--lockstep 1`` (one game at a time, the reference).
 Each row reports both wall times, their ratio, and how far the lockstep table is from the reference

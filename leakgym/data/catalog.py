@@ -27,12 +27,14 @@ image, e.g. the digits training std is 0.376 at native 8x8, 0.319 at 16x16 and 0
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from leakgym.data.spec import DatasetSpec
 from leakgym.suggest import did_you_mean
 
-__all__ = ["DATASET_NAMES", "DatasetInfo", "dataset_info", "dataset_spec"]
+__all__ = ["DATASET_NAMES", "DatasetInfo", "dataset_info", "dataset_spec", "is_dataset_path"]
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,14 @@ DATASET_NAMES: tuple[str, ...] = tuple(_INFOS)
 PATH_HINT = "or a path to an image folder (one sub-folder per class) or an .npz file (images, labels)"
 
 
+def is_dataset_path(value: str) -> bool:
+    """True if ``value`` names a path (see :mod:`leakgym.data.custom`), not a packaged dataset."""
+    if value in DATASET_NAMES:
+        return False
+    return ("/" in value or os.sep in value or value.startswith(("~", ".")) or value.lower().endswith(".npz")
+            or Path(value).exists())
+
+
 def dataset_info(name: str) -> DatasetInfo:
     """The :class:`DatasetInfo` for ``name`` (a dataset name or a path, see :mod:`leakgym.data.custom`);
     ``ValueError`` listing the allowed names otherwise. A path's data are read (once per process)."""
@@ -203,7 +213,7 @@ def dataset_info(name: str) -> DatasetInfo:
         raise ValueError(f"dataset {name!r} must be a string: {', '.join(DATASET_NAMES)}, {PATH_HINT}")  # noqa: TRY004 - a user error (CLI exit 2)
     if name in _INFOS:
         return _INFOS[name]
-    from leakgym.data.custom import is_dataset_path, user_data
+    from leakgym.data.custom import user_data
 
     if is_dataset_path(name):
         data = user_data(name)

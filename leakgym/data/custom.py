@@ -27,7 +27,7 @@ rather than silently resized. Non-square images are centre-cropped to a square b
 too few images for the split, an undecodable file -- are one ``ValueError`` line naming the path (or
 the file) and the problem. A path is told from a dataset name by containing a ``/`` (or ``os.sep``),
 starting with ``~`` or ``.``, ending in ``.npz``, or existing; write ``./mnist`` for a folder named
-like a packaged dataset.
+like a packaged dataset (:func:`leakgym.data.catalog.is_dataset_path`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from leakgym.data.folders import (
     tree_fingerprint,
 )
 
-__all__ = ["USER_SPLIT_SEED", "USER_TEST_FRACTION", "UserData", "is_dataset_path", "resolve_path", "user_data"]
+__all__ = ["USER_SPLIT_SEED", "USER_TEST_FRACTION", "UserData", "resolve_path", "user_data"]
 
 #: Seed of the fixed class-stratified train/test split of data that bring no split of their own.
 USER_SPLIT_SEED = 0
@@ -58,16 +58,6 @@ USER_SPLIT_SEED = 0
 USER_TEST_FRACTION = 0.2
 #: Fewest training images a split may leave: one public and one private image.
 MIN_TRAIN_IMAGES = 2
-
-
-def is_dataset_path(value: str) -> bool:
-    """True if ``value`` names a path (see the module docstring), not a packaged dataset."""
-    from leakgym.data.catalog import DATASET_NAMES
-
-    if value in DATASET_NAMES:
-        return False
-    return ("/" in value or os.sep in value or value.startswith(("~", ".")) or value.lower().endswith(".npz")
-            or Path(value).exists())
 
 
 def resolve_path(value: str | os.PathLike[str]) -> str:

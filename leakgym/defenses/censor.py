@@ -420,7 +420,8 @@ class Censor(GroupedStepDefense):
     name = "censor"
     min_group = 2  # a client alone keeps the reference computation (bit-identical to before batching)
     fields = (
-        int_field("censor_trials", 0, "CENSOR number of trials T of Algorithm 1; 0 off (paper: 20)."),
+        # limit: a scenario's documented bound (paper: T = 20; the batched trials hold T + 1 parameter copies)
+        int_field("censor_trials", 0, "CENSOR number of trials T of Algorithm 1; 0 off (paper: 20).", limit=1_000),
         real_field("censor_step", 0.1, "CENSOR trial step size eta of Algorithm 1 line 15 (paper's FL learning "
                    "rate: 0.1).", low_open=True, high=CENSOR_STEP_MAX),
         choice_field("censor_fallback", "original", "CENSOR when no trial lowers the loss: send the 'original' "

@@ -73,8 +73,9 @@ from torch import Tensor, nn
 from leakgym.defenses.registry import DefenseContext, GroupedStepDefense, choice_field, int_field, real_field
 from leakgym.fl.batched import independent_rows, signature, stack_buffers, stack_parameters
 from leakgym.models import has_batchnorm, task_loss
-from leakgym.models.convolution import UnfoldedConvolutions
+from leakgym.models.parameter_sets import batched_forward
 from leakgym.models.rowwise import RowwiseForward
+from leakgym.optim.adam import BatchedAdam, decayed_rates
 
 #: Allowed start points of the concealed-sample optimisation (Algorithm 1 line 2, Table 5).
 STARTS = ("random", "public", "mixup")
@@ -403,11 +404,12 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     concealed samples through client ``k``'s model), takes every client's parameter gradient with one
     ``torch.autograd.grad(..., create_graph=True)`` of the rows' weighted losses (the clients' losses
     are independent, so the gradient of their sum is each one's own) and every row's image gradient
-    with one more, and steps a per-row Adam (:class:`~leakgym.attacks.engine.adam.BatchedAdam`,
-    ``torch.optim.Adam`` with ``MultiStepLR``, each row at its client's step size). Small convolutions
-    take the attack engine's unfolded form (:mod:`leakgym.models.convolution`: a per-row weight
-    would make them grouped convolutions, whose double backward loops over the groups); a plain layer
-    stack (DLG's LeNet) skips vmap and computes every row with :mod:`leakgym.models.rowwise` (measured,
+    with one more, and steps a per-row Adam (:class:`~leakgym.optim.adam.BatchedAdam`,
+    ``torch.optim.Adam`` with ``MultiStepLR``, each row at its client's step size). The rows' forward pass
+    is :func:`~leakgym.models.parameter_sets.batched_forward`: under vmap, small convolutions take the
+    unfolded form (:mod:`leakgym.models.convolution`: a per-row weight would make them grouped
+    convolutions, whose double backward loops over the groups); a plain layer stack (DLG's LeNet) skips
+    vmap and computes every row in its row-wise form (:mod:`leakgym.models.rowwise`; measured,
     20 steps, one image per client, one CPU thread: 1 client 69 -> 44 ms, 16 clients 185 -> 148 ms;
     test: ``test_batched_synthesis_of_lenet_is_rowwise_and_equals_the_vmap_form``). Start points
     come from each client's own generator, drawn as :func:`dcs2_gradient` draws them; the mixing and
@@ -417,9 +419,6 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     with 1-3 images and 1-2 concealed samples per image (an earlier form that padded every client to
     the largest count took 322 ms).
     """
-    # Imported here: leakgym.attacks imports leakgym.defenses (LODA), so a module-level import would be circular.
-    from leakgym.attacks.engine.adam import BatchedAdam, decayed_rates
-
     k = len(models)
     if not (k == len(xs) == len(ys) == len(clean_grads) == len(settings) == len(generators)) or k == 0:
         raise ValueError("dcs2_gradients needs one model, batch, clean gradient, settings and generator per client")
@@ -454,22 +453,13 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     stacked = stack_buffers(models)
     constants = {n: b.detach() for n, b in base.named_buffers() if n not in stacked}
     row_buffers = {n: t.index_select(0, owner) for n, t in stacked.items()}
+    # The row-wise form for a plain layer stack (DLG's LeNet), else None: the vmap form (leakgym.models.parameter_sets)
     rowwise = RowwiseForward.of(base, 1, tuple(xs[0].shape[1:]))
-    seen: list[Tensor] = []
-    hook = base.head.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
-    convolutions = UnfoldedConvolutions(base)
 
-    def forward(p: dict[str, Tensor], b: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        logits = torch.func.functional_call(base, {**constants, **b, **p}, (xc.unsqueeze(0),))
-        # one concealed sample's cross-entropy; f(x~_c) of Eq. 8 is the head's input in this same forward pass
-        return torch.nn.functional.cross_entropy(logits, y.unsqueeze(0)), seen.pop().squeeze(0)
-
-    def forward_rows(p: dict[str, Tensor], b: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        # The same for a plain layer stack (DLG's LeNet), every row at once without vmap (leakgym.models.rowwise)
-        logits, z = rowwise.logits(p, xc.unsqueeze(1))
+    def forward_all(p: dict[str, Tensor], b: dict[str, Tensor], xc: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        # every concealed sample a row of one image; f(x~_c) of Eq. 8 is the head's input in this same forward pass
+        logits, z = batched_forward(base, p, xc.unsqueeze(1), b, shared=constants, rowwise=rowwise, features=True)
         return torch.nn.functional.cross_entropy(logits.squeeze(1), y, reduction="none"), z.squeeze(1)
-
-    forward_all = torch.func.vmap(forward, randomness="error") if rowwise is None else forward_rows
 
     def objective(xc: Tensor, create_graph: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Eq. 9 of every client ``(K,)`` and its ingredients (cosine, pixel and latent distances)."""
@@ -486,22 +476,15 @@ def dcs2_gradients(models: list[nn.Module], xs: list[Tensor], ys: list[Tensor], 
     milestones = _milestones(steps)
     rates = torch.tensor([decayed_rates(s["lr"], milestones) for s in settings], dtype=torch.float64, device=device)
     xc = torch.cat([c.x0 for c in cs]).detach().clone().requires_grad_(True)
-    convolutions.on, convolutions.rows = True, xc.shape[0]  # the rows decide the matrix unfold (takes_matrix)
-    if rowwise is not None:
-        rowwise.rows = xc.shape[0]
-    try:
-        _, cos0, pix0, _ = objective(xc, create_graph=False)
-        opt = BatchedAdam([xc], lr=rates.index_select(0, owner),
-                          milestones=torch.tensor([milestones] * xc.shape[0], device=device).reshape(xc.shape[0], -1))
-        for _ in range(steps):
-            obj = objective(xc, create_graph=True)[0]
-            (grad_x,) = torch.autograd.grad(obj.sum(), [xc])
-            opt.step([grad_x])
-        xc = xc.detach()
-        final = objective(xc.clone().requires_grad_(True), create_graph=False)
-    finally:
-        convolutions.close()
-        hook.remove()
+    _, cos0, pix0, _ = objective(xc, create_graph=False)
+    opt = BatchedAdam([xc], lr=rates.index_select(0, owner),
+                      milestones=torch.tensor([milestones] * xc.shape[0], device=device).reshape(xc.shape[0], -1))
+    for _ in range(steps):
+        obj = objective(xc, create_graph=True)[0]
+        (grad_x,) = torch.autograd.grad(obj.sum(), [xc])
+        opt.step([grad_x])
+    xc = xc.detach()
+    final = objective(xc.clone().requires_grad_(True), create_graph=False)
     obj, cos, pix, lat = (t.detach().tolist() for t in final)
     cos0, pix0 = cos0.detach().tolist(), pix0.detach().tolist()
     mine = xc.split(sizes)
@@ -527,10 +510,11 @@ class DCS2(GroupedStepDefense):
                    high=DCS2_SETTING_MAX),
         real_field("dcs2_epsilon", 0.01, "DCS² latent distance epsilon of Eq. (8)-(9) (authors' MNIST script: 0.01).",
                    high=DCS2_SETTING_MAX),
+        # limits: a scenario's documented bounds on the synthesis (the authors': 1 sample, 1,000 steps)
         int_field("dcs2_num_concealed", 1, "DCS² number of concealed samples per sensitive sample (authors: 1).",
-                  low=1),
+                  low=1, limit=64),
         int_field("dcs2_steps", 1000, "DCS² optimisation steps for the concealed sample (authors' MNIST script: 1000).",
-                  low=1),
+                  low=1, limit=30_000),
         real_field("dcs2_lr", 0.1, "DCS² learning rate of the concealed-sample optimisation (authors: 0.1).",
                    low_open=True, high=DCS2_SETTING_MAX),
         choice_field("dcs2_start", "mixup", "DCS² starting point x0: 'random' noise, a 'public' image, or 'mixup' "

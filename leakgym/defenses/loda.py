@@ -522,7 +522,8 @@ class Loda(InputDefense):
     fields = (
         real_field("loda_c", 0.0, "LODA pixel-distance weight c of Eq. (4); 0 off (paper: 20 for its ResNet-18; "
                    f"calibrated for LeakGym's extractor: {CALIBRATED_C:g}).", high=LODA_C_MAX),
-        int_field("loda_steps", 500, "LODA normalised-gradient-descent steps T (paper: 500).", low=1),
+        int_field("loda_steps", 500, "LODA normalised-gradient-descent steps T (paper: 500).", low=1,
+                  limit=30_000),  # a scenario's documented bound
         real_field("loda_lr", 0.1, "LODA step size tau: L2 step of the [0, 1] image (paper: 0.1).", low_open=True),
         int_field("loda_layers", 5, "LODA feature extractor g: output of the first ``loda_layers`` convolutional "
                   "layers (paper LODA1: 5).", low=1, high=EXTRACTOR_CONV_LAYERS),

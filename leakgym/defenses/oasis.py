@@ -43,7 +43,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from leakgym.defenses.registry import DefenseContext, InputDefense, int_field
+from leakgym.defenses.registry import BitMenu, DefenseContext, InputDefense, int_field
 
 MAJOR_ROTATION, MINOR_ROTATION, SHEAR, HFLIP, VFLIP = 1, 2, 4, 8, 16
 ALL_BITS = MAJOR_ROTATION | MINOR_ROTATION | SHEAR | HFLIP | VFLIP
@@ -147,7 +147,10 @@ class Oasis(InputDefense):
 
     name = "oasis"
     fields = (int_field("oasis", 0, "OASIS augmentation bit mask: 1 major rotation, 2 minor rotation, 4 shear, "
-                        "8 hflip, 16 vflip; 0 off.", low=0, high=ALL_BITS),)
+                        "8 hflip, 16 vflip; 0 off.", low=0, high=ALL_BITS,
+                        # a scenario offers one on/off action dimension per augmentation named in oasis_bits
+                        bit_menu=BitMenu("oasis_bits", {name: bit for bit, name in BIT_NAMES.items()},
+                                         default=("major_rotation", "hflip"), what="OASIS augmentation")),)
 
     def apply(self, ctx: DefenseContext, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, dict]:
         mask = ctx.config.oasis

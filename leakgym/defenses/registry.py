@@ -21,8 +21,10 @@ A defense is a small object (an instance of :class:`InputDefense`, :class:`StepD
 
 The pipeline (:func:`leakgym.defenses.apply_defense`) runs the stages in the order input, step,
 update, and within a stage the registered defenses in registration order (or where ``before=``
-put them). Adding a defense is one new module defining the object and one line registering it
-(the built-in ones are listed in :mod:`leakgym.defenses.catalog`).
+put them). Adding a defense touches exactly its own module (the object, and in its fields what a
+scenario needs: a :class:`Field`'s ``limit``/``limit_option`` and ``bit_menu``), one line registering
+it (the built-in ones are listed in :mod:`leakgym.defenses.catalog`) and its method-check case in
+``tests/method_checks.py`` (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -44,12 +46,22 @@ from leakgym.devices import seed_generators
 
 if TYPE_CHECKING:
     from leakgym.data.spec import DatasetSpec
-    from leakgym.defenses.config import DefenseConfig
 
 Stage = Literal["input", "step", "update"]
 #: The pipeline's stages, in the order they run.
 STAGES: tuple[Stage, ...] = ("input", "step", "update")
 Update = dict[str, Tensor]
+
+
+class FieldValues(Protocol):
+    """A :class:`~leakgym.defenses.config.DefenseConfig` as the registry reads it: every registered field's
+    value as an attribute, and the names of the switched-on defenses. (``DefenseConfig`` is built from this
+    registry, so the registry names it only through this protocol, not by importing it.)"""
+
+    def active(self) -> list[str]: ...
+
+    def __getattr__(self, name: str) -> Any: ...
+
 
 #: Names a field may not take: they are DefenseConfig's own attributes.
 RESERVED_NAMES = frozenset({"active", "is_identity", "replace", "to_dict", "from_dict", "preset", "fields"})
@@ -58,6 +70,39 @@ RESERVED_NAMES = frozenset({"active", "is_identity", "replace", "to_dict", "from
 # ---------------------------------------------------------------------------------------------------
 # Field specs
 # ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BitMenu:
+    """How a scenario offers an integer bit-mask field: one on/off action dimension per named bit.
+
+    Attributes:
+        option: the scenario option that lists the bits on offer (``oasis_bits = ["hflip"]``).
+        bits: bit name -> bit value, in the order the names are documented (and listed in errors).
+        default: the names a scenario offers unless it sets ``option``.
+        what: what one bit is, in words (errors say "a list of <what> names").
+    """
+
+    option: str
+    bits: Mapping[str, int]
+    default: tuple[str, ...] = ()
+    what: str = "bit"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bits", dict(self.bits))  # a copy (a plain dict: picklable)
+        object.__setattr__(self, "default", tuple(self.default))
+        if not self.option.isidentifier():
+            raise ValueError(f"BitMenu option {self.option!r}; allowed: a Python identifier")
+        if not self.bits or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 and b & (b - 1) == 0
+                                    for b in self.bits.values()):
+            raise ValueError(f"BitMenu {self.option!r}: bits={dict(self.bits)!r}; allowed: a non-empty table "
+                             "{name: a power of two}")
+        unknown = [b for b in self.default if b not in self.bits]
+        if unknown:
+            raise ValueError(f"BitMenu {self.option!r}: default {unknown} not among its bits {list(self.bits)}")
+
+    def __hash__(self) -> int:
+        return hash((self.option, tuple(self.bits.items()), self.default, self.what))
+
+
 @dataclass(frozen=True)
 class Field:
     """One :class:`~leakgym.defenses.DefenseConfig` field: type, default, allowed values, doc.
@@ -72,6 +117,17 @@ class Field:
         doc: one line, shown in menus and ``leakgym list``.
         low, high, low_open, high_open: the range (``"real"``, ``"int"``).
         choices: the allowed strings (``"choice"``).
+        limit: the documented upper bound a scenario puts on the field's ``defender_menu`` levels and
+            ``defense_defaults`` entry (an inner loop's trials or steps, so that one step finishes
+            and fits in memory); listed in :data:`leakgym.game.scenario.LIMITS` under the field's name and
+            lifted by ``allow_large=True``. ``None``: no documented bound.
+        limit_option: a scenario option whose value bounds the field's nonzero levels and default
+            (Mixup's ``mixup_k <= batch_size``); not lifted by ``allow_large``.
+        limit_why: the reason given when ``limit_option`` is exceeded (e.g. ``"mixes up to k images of
+            the private batch; needs k <= batch_size"``).
+        bit_menu: how a scenario offers the field: ``None`` for a value dimension (the field's
+            ``defender_menu`` levels), a :class:`BitMenu` for an integer bit mask whose bits a scenario
+            switches on and off one action dimension each (OASIS's augmentations).
         defense: the owning defense's name (filled in the specs :func:`defense_field` returns).
     """
 
@@ -84,6 +140,10 @@ class Field:
     low_open: bool = False
     high_open: bool = False
     choices: tuple[str, ...] | None = None
+    limit: float | None = None
+    limit_option: str | None = None
+    limit_why: str = ""
+    bit_menu: BitMenu | None = None
     defense: str = ""
 
     def __post_init__(self) -> None:
@@ -94,6 +154,13 @@ class Field:
             raise ValueError(f"field {self.name!r}: kind={self.kind!r}; allowed: 'real', 'int', 'choice'")
         if self.kind == "choice" and not self.choices:
             raise ValueError(f"field {self.name!r}: a choice field needs a non-empty tuple of choices")
+        if (self.limit is not None or self.limit_option is not None) and self.kind == "choice":
+            raise ValueError(f"field {self.name!r}: a choice field takes no limit")
+        if self.bit_menu is not None:
+            if self.kind != "int":
+                raise ValueError(f"field {self.name!r}: a bit menu needs an integer field (the mask)")
+            for bit in self.bit_menu.bits.values():
+                self.check(bit)  # every bit is a mask the field accepts
         self.check(self.default)
 
     @property
@@ -134,14 +201,18 @@ class Field:
 
 
 def real_field(name: str, default: float, doc: str, *, low: float | None = 0.0, high: float | None = math.inf,
-               low_open: bool = False, high_open: bool = False) -> Field:
-    """A finite real field in ``[low, high]`` (open ends with ``low_open`` / ``high_open``)."""
-    return Field(name, "real", default, doc, low=low, high=high, low_open=low_open, high_open=high_open)
+               low_open: bool = False, high_open: bool = False, limit: float | None = None) -> Field:
+    """A finite real field in ``[low, high]`` (open ends with ``low_open`` / ``high_open``); ``limit``: the
+    documented bound a scenario puts on it (see :class:`Field`)."""
+    return Field(name, "real", default, doc, low=low, high=high, low_open=low_open, high_open=high_open, limit=limit)
 
 
-def int_field(name: str, default: int, doc: str, *, low: int = 0, high: int | None = None) -> Field:
-    """An integer field in ``[low, high]`` (``high=None``: unbounded)."""
-    return Field(name, "int", default, doc, low=low, high=high)
+def int_field(name: str, default: int, doc: str, *, low: int = 0, high: int | None = None, limit: int | None = None,
+              limit_option: str | None = None, limit_why: str = "", bit_menu: BitMenu | None = None) -> Field:
+    """An integer field in ``[low, high]`` (``high=None``: unbounded); ``limit``, ``limit_option``,
+    ``limit_why``: what a scenario bounds it by; ``bit_menu``: offered as bits of a mask (see :class:`Field`)."""
+    return Field(name, "int", default, doc, low=low, high=high, limit=limit, limit_option=limit_option,
+                 limit_why=limit_why, bit_menu=bit_menu)
 
 
 def choice_field(name: str, default: str, doc: str, choices: Sequence[str]) -> Field:
@@ -246,7 +317,7 @@ class DefenseContext:
     """
 
     name: str
-    config: DefenseConfig
+    config: FieldValues
     model: nn.Module
     spec: DatasetSpec
     device: torch.device
@@ -282,15 +353,15 @@ class Defense(ABC):
     stage: ClassVar[Stage]
     fields: ClassVar[tuple[Field, ...]] = ()
 
-    def is_active(self, config: DefenseConfig) -> bool:
+    def is_active(self, config: FieldValues) -> bool:
         """On when the first field (the switch) differs from its default ("off")."""
         switch = self.fields[0]
         return getattr(config, switch.name) != switch.default
 
-    def validate(self, config: DefenseConfig) -> None:
+    def validate(self, config: FieldValues) -> None:
         """Cross-field rules this defense owns; raise ``ValueError`` naming the values. Default: none."""
 
-    def cost(self, config: DefenseConfig) -> float:
+    def cost(self, config: FieldValues) -> float:
         """Extra client compute when active, in clean-gradient evaluations. Default: 0 (free by comparison)."""
         return 0.0
 
@@ -533,7 +604,7 @@ class _PipelineOrder(Sequence[str]):
 PIPELINE_ORDER: Sequence[str] = _PipelineOrder()
 
 
-def defense_compute_units(config: DefenseConfig) -> float:
+def defense_compute_units(config: FieldValues) -> float:
     """Extra client compute of ``config``'s defenses, in clean-gradient evaluations.
 
     The sum of :meth:`Defense.cost` over the active defenses; each defense documents its own model.

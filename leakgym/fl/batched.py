@@ -12,7 +12,8 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
   :meth:`leakgym.fl.optim.LocalOptimizer.step`: SGD with momentum / weight decay, Adam), and for BatchNorm models each client's running
   statistics after its training; :func:`client_updates` -- the same for one client per game (the
   victims' clean updates), as ``SharedUpdate`` objects. A plain layer stack (DLG's LeNet) skips vmap:
-  its ``N x K`` clients are rows of :mod:`leakgym.models.rowwise`, each with its own copy of its game's
+  its ``N x K`` clients are rows of its row-wise form (:func:`leakgym.models.parameter_sets.batched_loss`
+  with :mod:`leakgym.models.rowwise`), each with its own copy of its game's
   parameters, and one ``torch.autograd.grad`` of the rows' summed losses gives every client its own
   gradient, where its convolutions are small enough for the unfolded form
   (:meth:`~leakgym.models.rowwise.RowwiseForward.fits`; measured per call on digits LeNet, one
@@ -65,6 +66,7 @@ from leakgym.fl.optim import PLAIN_SGD, LocalOptimizer
 from leakgym.fl.server import check_weights, correct_predictions
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, bn_eval_if_single, in_mode, task_loss
+from leakgym.models.parameter_sets import batched_loss
 from leakgym.models.precode import VariationalBottleneck
 from leakgym.models.rowwise import RowwiseForward
 
@@ -211,8 +213,8 @@ def benign_updates(
     frozen = {n: t.detach() for n, t in model.named_parameters() if n not in params}
     form = None if bns else RowwiseForward.of(model, b, tuple(x.shape[3:]))
     if form is not None:  # a plain layer stack (DLG's LeNet) and small batches: every client a row, no vmap
-        return ClientUpdates(tensors=_rowwise_updates(form, params, frozen, x, y, kind=kind, local_steps=local_steps,
-                                                      local_lr=local_lr, optimizer=opt))
+        return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
+                                                      local_steps=local_steps, local_lr=local_lr, optimizer=opt))
 
     def loss(p: dict[str, Tensor], bufs: dict[str, Tensor], xb: Tensor, yb: Tensor):
         if recorder is not None:
@@ -254,25 +256,25 @@ def benign_updates(
     return ClientUpdates(tensors=tensors, buffers=new)
 
 
-def _rowwise_updates(form: RowwiseForward, params: dict[str, Tensor], frozen: dict[str, Tensor], x: Tensor,
-                     y: Tensor, *, kind: str, local_steps: int, local_lr: float,
+def _rowwise_updates(model: nn.Module, form: RowwiseForward, params: dict[str, Tensor], frozen: dict[str, Tensor],
+                     x: Tensor, y: Tensor, *, kind: str, local_steps: int, local_lr: float,
                      optimizer: LocalOptimizer = PLAIN_SGD) -> dict[str, Tensor]:
-    """:func:`benign_updates` of a model in :mod:`leakgym.models.rowwise` form: client ``(n, k)`` is row
-    ``n * K + k`` with its own copy of game ``n``'s parameters, and the gradient of the rows' summed
-    losses is each client's own gradient (the same mathematics as the vmapped ``grad``, to rounding;
-    ``tests/test_batched_fl.py``). Measured on digits LeNet, one CPU thread: see the module docstring."""
+    """:func:`benign_updates` of a model in its row-wise form ``form``
+    (:func:`~leakgym.models.parameter_sets.batched_loss`): client ``(n, k)`` is row ``n * K + k`` with its own
+    copy of game ``n``'s parameters, and the gradient of the rows' summed losses is each client's own gradient
+    (the same mathematics as the vmapped ``grad``, to rounding; ``tests/test_batched_fl.py``). Measured on
+    digits LeNet, one CPU thread: see the module docstring."""
     n_games, k_clients = x.shape[:2]
     rows = n_games * k_clients
     start = {name: t.detach().unsqueeze(1).expand(n_games, k_clients, *t.shape[1:]).reshape(rows, *t.shape[1:])
              for name, t in params.items()}
-    fixed = {name: t.expand(rows, *t.shape) for name, t in frozen.items()}
     xs, ys = x.reshape(rows, *x.shape[2:]), y.reshape(rows, *y.shape[2:])
-    form.rows = rows
     current, state = start, optimizer.init(start)
     with torch.enable_grad():
         for index in range(local_steps):
             leaves = {name: t.detach().requires_grad_(True) for name, t in current.items()}
-            grads = torch.autograd.grad(form({**fixed, **leaves}, xs, ys).sum(), list(leaves.values()))
+            losses = batched_loss(model, leaves, xs, ys, shared=frozen, rowwise=form)
+            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
             if kind == "gradient":
                 current = dict(zip(leaves, grads))
                 break

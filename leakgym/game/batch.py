@@ -140,7 +140,7 @@ class GameBatch:
     agents = AGENTS
 
     def __init__(self, scenario, size: int = 1, *, device: str | torch.device = "cpu") -> None:
-        from leakgym.envs.scenario import local_optimizer, round_local_lr
+        from .scenario import local_optimizer, round_local_lr
 
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size={size!r}; allowed: integers >= 1 (the number of games)")
@@ -159,6 +159,8 @@ class GameBatch:
                 )
         #: the scenario's action menus, built once (the scenario is fixed for the batch's lifetime)
         self.menus = {role: scenario.menu(role) for role in AGENTS}
+        #: the defender's bit-mask fields (OASIS's augmentation set), listed in every decoded defense
+        self.bit_fields = tuple(scenario.defender_bits)
         #: what the scenario fixes for every round: FedAvg's local optimiser (None: plain SGD) and the
         #: clients' local learning rate of each round (its ``local_lr_schedule``)
         self.local_optimizer = local_optimizer(scenario)

@@ -79,7 +79,7 @@ class RoundRecord:
     strategy: str
     applied: tuple[str, ...]
     update: SharedUpdate
-    #: the attacker's summary of ``update`` (:func:`~leakgym.envs.observations.update_summaries`)
+    #: the attacker's summary of ``update`` (:func:`~leakgym.game.feedback.update_summaries`)
     update_summary: np.ndarray
     #: the attack's final gradient-matching loss; None for attacks without one (analytic, imprint)
     matching_loss: float | None

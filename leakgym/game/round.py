@@ -20,12 +20,12 @@ batch:
    whatever the budgets, one call per other strategy (:func:`reconstruct_all`), each game with its own
    seed, so a game's reconstruction does not depend on its neighbours; and the defenders' self-audits.
 4. :func:`score` -- reconstructions matched and scored against the private batches (one metric call),
-   and each game's leakage score (:func:`leakgym.envs.rewards.leakage_score`).
+   and each game's leakage score (:func:`leakgym.game.feedback.leakage_score`).
 5. :func:`aggregate` -- benign clients' updates, server aggregation and evaluation: for all games at once
    with ``batch_clients`` (:func:`leakgym.fl.rounds.aggregate_round` over the bank's rows), else game by
    game (:func:`leakgym.fl.client.compute_update`, :meth:`leakgym.fl.server.Server.aggregate`; bit-identical).
 6. :func:`reward` -- rewards, infos, the round's record and the next observations (the attacker's
-   summaries of all shared updates in one computation, :func:`leakgym.envs.observations.update_summaries`).
+   summaries of all shared updates in one computation, :func:`leakgym.game.feedback.update_summaries`).
 
 Atomicity: the rows are snapshotted before phase 2 (:meth:`GameBatch.snapshot`: the bank's rows as one
 copy per parameter name); if anything fails, every game of the round is restored to exactly its state
@@ -62,8 +62,6 @@ from leakgym.defenses import (
 )
 from leakgym.defenses.registry import seeded_global_rng
 from leakgym.devices import to_host
-from leakgym.envs.observations import attacker_observation, defender_observation, update_summaries
-from leakgym.envs.rewards import leakage_score, rewards
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.client import compute_update
@@ -72,6 +70,7 @@ from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstructions
 
 from .batch import GameBatch
+from .feedback import attacker_observation, defender_observation, leakage_score, rewards, update_summaries
 from .records import AttackJob, Defended, RoundOutcome, RoundPlan, RoundRecord, Scored
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
@@ -166,8 +165,11 @@ def plan_one(batch: GameBatch, row: int, defender_action: Any, attacker_action: 
         out = kept  # a plan depends on the actions and the (fixed) scenario only
     else:
         a_settings = attacker.read(a_action)
-        out = RoundPlan(defender_action=d_action, attacker_action=a_action,
-                        defense_settings=sc.decode_defender(d_action, defender), attack_settings=a_settings,
+        d_settings = defender.read(d_action)  # (Scenario.decode_defender: each bit-mask field listed)
+        for key in batch.bit_fields:
+            d_settings.setdefault(key, [])
+        out = RoundPlan(defender_action=d_action, attacker_action=a_action, defense_settings=d_settings,
+                        attack_settings=a_settings,
                         defense=defense_config_for(sc, d_action, defender), attack=attack_for(sc, a_settings))
     if keep:
         batch.kept_plans[row] = out
@@ -541,7 +543,7 @@ def _finite(value: float, default: float = 0.0) -> float:
 
 
 def observe(batch: GameBatch, row: int) -> dict[str, np.ndarray]:
-    """Game ``row``'s observations: only what each party could see (:mod:`leakgym.envs.observations`)."""
+    """Game ``row``'s observations: only what each party could see (:mod:`leakgym.game.feedback`)."""
     sc, last, menus = batch.scenario, batch.last[row], batch.menus
     frac = int(batch.round[row]) / sc.rounds
     return {
@@ -567,7 +569,7 @@ def observe(batch: GameBatch, row: int) -> dict[str, np.ndarray]:
 
 def reward(batch: GameBatch, rows: list[int], plans: list[RoundPlan], defended: list[Defended],
            results: list[AttackResult], scored: list[Scored]) -> list[RoundOutcome]:
-    """Phase 6: rewards (:func:`leakgym.envs.rewards.rewards`), infos, each game's :class:`RoundRecord` and
+    """Phase 6: rewards (:func:`leakgym.game.feedback.rewards`), infos, each game's :class:`RoundRecord` and
     next observations (the attacker's summaries of all shared updates as one computation)."""
     summaries = update_summaries([d.update for d in defended])
     return [_conclude(batch, r, p, d, res, s, f)

@@ -13,9 +13,11 @@ mlp        PRECODE MLP: 4 x Linear-BN-ReLU                        1024
 resnet18   ResNet-18, CIFAR stem, BasicBlocks [2, 2, 2, 2]        64
 ========== ===================================================== ===============
 
-Computing a model for many parameter sets at once (the attack engine's rows, a vector env's clients):
-:mod:`leakgym.models.convolution` (convolutions as unfold + matrix product) and
-:mod:`leakgym.models.rowwise` (a plain layer stack's loss per row, without vmap).
+Computing a model for many parameter sets at once (the attack engine's rows, a vector env's clients, DCS²'s
+concealed samples): :func:`leakgym.models.parameter_sets.batched_forward` and
+:func:`~leakgym.models.parameter_sets.batched_loss`, the one entry point of its two forms --
+:mod:`leakgym.models.rowwise` (a plain layer stack's loss per row, without vmap) and ``vmap`` with
+:mod:`leakgym.models.convolution` (convolutions as unfold + matrix product).
 """
 
 from leakgym.models.base import (

@@ -23,12 +23,13 @@ B = 4 (~19,000) 26.2 vs 19.6 ms; ConvNet 32x32 at B = 1 (27,648 to 147,456) 829 
 threshold sits between. It was measured on a CPU only; on a GPU the per-row loop costs a kernel
 launch per row and layer, which likely moves the break-even point up (not measured: no GPU was lent).
 
-:class:`UnfoldedConvolutions` makes the ``nn.Conv2d`` layers of the engine's private model copy use
-it while switched on (the vectorised path); the reference sequential path keeps ``F.conv2d``.
-:func:`rowwise_conv2d` is the same computation for all rows at once without vmap, for models the
-engine evaluates in :mod:`~leakgym.models.rowwise` form.
-Layers it cannot express exactly (groups > 1, string padding, non-zero padding modes, unbatched
-input) keep their own forward.
+Inside a ``with`` :class:`UnfoldedConvolutions` block (a torch function mode, entered by the vmap form of
+:mod:`leakgym.models.parameter_sets` around its call: the engine's vectorised path, DCS²'s synthesis)
+every small ``F.conv2d`` call is :func:`unfolded_conv2d`; nothing is set on the model, and the same
+model called outside the block (the engine's reference sequential path) keeps ``F.conv2d``.
+:func:`rowwise_conv2d` is the same computation for all rows at once without vmap, for models evaluated
+in :mod:`~leakgym.models.rowwise` form. Calls it cannot express exactly (groups > 1, string padding,
+unbatched input) stay ``F.conv2d``.
 
 **The unfold itself, as a matrix product.** ``F.unfold`` is ATen's ``im2col``, which loops over the
 batch: on a CPU one plain C loop per image (its backward ``col2im`` too; at 24 rows they were the two
@@ -41,8 +42,8 @@ holds a single 1 at the input position that kernel offset ``k`` reads for output
 where it reads padding), whose derivatives of every order are products with it or its transpose: one
 GEMM for all rows, on every device. Values are exactly ``F.unfold``'s for finite inputs (one
 non-zero term per column; a non-finite entry makes its own row's columns NaN, as a diverged row is
-anyway). It costs ``H*W`` times the arithmetic of the copy, so :class:`UnfoldedConvolutions` takes it
-where that pays: on a CPU for inputs of at most :data:`MATRIX_MAX_POSITIONS` positions and at least
+anyway). It costs ``H*W`` times the arithmetic of the copy, so it is taken (:func:`takes_matrix`, for the
+rows of the call) where that pays: on a CPU for inputs of at most :data:`MATRIX_MAX_POSITIONS` positions and at least
 :data:`MATRIX_MIN_ROWS` rows, on other devices whenever the matrix stays under
 :data:`MATRIX_MAX_ENTRIES`. Measured (LeNet 16x16, one CPU thread): forward + double backward alone,
 24 rows 6.7 -> 5.9 ms, 48 rows 11.8 -> 9.2 ms, one row 2.4 -> 2.5 ms (hence the row threshold); a whole
@@ -59,6 +60,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
+from torch.overrides import TorchFunctionMode
 
 UNFOLD_MAX_ENTRIES = 8192
 """Largest unfolded input per row (``B * C * kh * kw * L``) for which a layer uses :func:`unfolded_conv2d`."""
@@ -149,57 +152,68 @@ def expressible(module: nn.Conv2d) -> bool:
     return module.groups == 1 and module.padding_mode == "zeros" and not isinstance(module.padding, str)
 
 
-def unfolded_entries(module: nn.Conv2d, x: Tensor) -> int:
-    """Entries of the unfolded input of ``module`` applied to ``x`` ``(B, C, H, W)``."""
+def _entries(x: Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+             dilation: tuple[int, int]) -> int:
+    """Entries of the unfolded input of a convolution with this geometry applied to ``x`` ``(B, C, H, W)``."""
     b, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = module.kernel_size, module.stride, module.padding, module.dilation
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     return b * c * kh * kw * conv_output_size(h, kh, sh, ph, dh) * conv_output_size(w, kw, sw, pw, dw)
 
 
-def takes_matrix(module: nn.Conv2d, x: Tensor, rows: int) -> bool:
-    """Whether ``module``'s unfold of ``x`` (one row's input) is the product with :func:`unfold_matrix`
-    when the engine computes ``rows`` rows at once (module docstring)."""
+def unfolded_entries(module: nn.Conv2d, x: Tensor) -> int:
+    """Entries of the unfolded input of ``module`` applied to ``x`` ``(B, C, H, W)``."""
+    return _entries(x, module.kernel_size, module.stride, module.padding, module.dilation)
+
+
+def takes_matrix(x: Tensor, kernel: tuple[int, int], stride: tuple[int, int], padding: tuple[int, int],
+                 dilation: tuple[int, int], rows: int) -> bool:
+    """Whether the unfold of ``x`` (one row's input) by a convolution of this geometry is the product with
+    :func:`unfold_matrix` when ``rows`` rows are computed at once (module docstring)."""
     b, c, h, w = x.shape
     if x.device.type == "cpu":
         return h * w <= MATRIX_MAX_POSITIONS and rows >= MATRIX_MIN_ROWS
-    return h * w * (unfolded_entries(module, x) // max(b * c, 1)) <= MATRIX_MAX_ENTRIES  # H*W x kh*kw*L
+    return h * w * (_entries(x, kernel, stride, padding, dilation) // max(b * c, 1)) <= MATRIX_MAX_ENTRIES  # H*W x kh*kw*L
 
 
-class UnfoldedConvolutions:
-    """While :attr:`on`, the expressible ``nn.Conv2d`` layers of ``model`` compute :func:`unfolded_conv2d`
-    on inputs whose unfolded size is at most ``max_entries`` (per row, inside ``vmap``).
+def _conv2d_arguments(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                      dilation=1, groups: int = 1) -> tuple:
+    """``F.conv2d``'s arguments, by name (as a caller may pass them)."""
+    return input, weight, bias, stride, padding, dilation, groups
 
-    The layers' ``forward`` is replaced on this (private) model only and reads ``module.weight`` and
-    ``module.bias`` at call time, so ``torch.func.functional_call`` parameters reach it. :meth:`close`
-    restores the class's forward. A layer whose ``forward`` was already replaced on the object keeps it.
+
+class UnfoldedConvolutions(TorchFunctionMode):
+    """While entered (``with UnfoldedConvolutions(rows): ...``), every ``F.conv2d`` call that
+    :func:`unfolded_conv2d` expresses exactly (``groups=1``, numeric padding, a 4-D input -- per row, inside
+    ``vmap``) on an input whose unfolded size is at most ``max_entries`` computes :func:`unfolded_conv2d`
+    instead, its unfold the matrix product where :func:`takes_matrix` says so for ``rows`` rows.
+
+    A torch function mode: it intercepts the calls made inside the ``with`` block, whatever module makes
+    them, and changes no module -- the vmap form of :func:`leakgym.models.parameter_sets.batched_forward`
+    enters it around its call. ``nn.Conv2d`` with a non-zero padding mode pads first and calls
+    ``F.conv2d`` without padding, which is expressible too. Every torch call of the block passes through
+    the mode's Python handler, which costs a little; measured against the former form (a forward replaced
+    on the layers, switched on by a flag; the same values bit for bit), one CPU thread on a loaded 2-core
+    machine: LeNet 16x16 at 24 rows, vmapped forward + gradient + double backward, 6.15 vs 6.47 ms (best
+    of 40; medians 7.99 vs 8.22 ms); a whole Inverting Gradients iteration of the PRECODE LeNet (vmap form)
+    at 24 rows 48.0 vs 46.4 ms (best of 5), within the noise. The unfold saves far more than that in the
+    double backward (module docstring); the row-wise form does not enter the mode.
     """
 
-    def __init__(self, model: nn.Module, max_entries: int = UNFOLD_MAX_ENTRIES) -> None:
-        self.on = False
-        self.rows = 1
-        """Rows the engine computes at once (set by its simulator; decides :func:`takes_matrix`)."""
+    def __init__(self, rows: int, max_entries: int = UNFOLD_MAX_ENTRIES) -> None:
+        super().__init__()
+        self.rows = rows
         self.max_entries = max_entries
-        # A layer whose forward was replaced on the object computes something else: it keeps that forward.
-        self.modules = [m for m in model.modules()
-                        if isinstance(m, nn.Conv2d) and expressible(m) and "forward" not in vars(m)]
-        for m in self.modules:
-            m.forward = self._forward_of(m)
 
-    def _forward_of(self, module: nn.Conv2d):
-        native = type(module).forward
-
-        def forward(x: Tensor) -> Tensor:
-            if not self.on or x.dim() != 4 or unfolded_entries(module, x) > self.max_entries:
-                return native(module, x)
-            return unfolded_conv2d(x, module.weight, module.bias, module.stride, module.padding, module.dilation,
-                                   via_matrix=takes_matrix(module, x, self.rows))
-
-        forward.computes_class_forward = True  # the same convolution (RowwiseForward.of accepts the layer)
-        return forward
-
-    def close(self) -> None:
-        for m in self.modules:
-            del m.forward  # the class's own forward again
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.conv2d:
+            x, weight, bias, stride, padding, dilation, groups = _conv2d_arguments(*args, **kwargs)
+            if groups == 1 and not isinstance(padding, str) and x.dim() == 4:
+                geometry = (tuple(weight.shape[-2:]), _pair(stride), _pair(padding), _pair(dilation))
+                if _entries(x, *geometry) <= self.max_entries:
+                    return unfolded_conv2d(x, weight, bias, *geometry[1:],
+                                           via_matrix=takes_matrix(x, *geometry, self.rows))
+        return func(*args, **kwargs)
 
 
 __all__ = ["MATRIX_MAX_ENTRIES", "MATRIX_MAX_POSITIONS", "MATRIX_MIN_ROWS", "UNFOLD_MAX_ENTRIES", "UnfoldedConvolutions",

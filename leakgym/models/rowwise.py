@@ -1,5 +1,9 @@
 """A plain model's loss with one parameter set per row, as batched tensor operations (no vmap).
 
+The row-wise form of :func:`leakgym.models.parameter_sets.batched_forward` and
+:func:`~leakgym.models.parameter_sets.batched_loss` (their ``rowwise=`` argument), the entry point its
+callers use; the number of rows is the input's first dimension.
+
 The attack engine's rows each own their parameters (:class:`~leakgym.attacks.engine.problems.UpdateSimulator`
 with per-row leaves). Its general form evaluates the model under ``torch.func.vmap`` with
 ``functional_call``; every layer call then pays vmap's and the functional call's Python wrappers and
@@ -19,7 +23,7 @@ PRECODE bottleneck, buffers or hooks, whose body is an ``nn.Sequential`` of exac
 (default dims), ``Sigmoid``, ``ReLU``, ``Tanh``, ``Identity`` -- DLG's LeNet. Any other model (BatchNorm,
 pooling, PRECODE, ResNet, a subclass with its own forward, a layer whose ``forward`` was replaced on the
 object, a hooked module or hooks on every module) keeps the vmap form:
-:meth:`RowwiseForward.of` returns None. Like the engine's unfolded convolutions, the form pays only
+:meth:`RowwiseForward.of` returns None. Like the vmap form's unfolded convolutions, the form pays only
 while every convolution's unfolded input per row is small (:meth:`RowwiseForward.fits`; the engine
 checks the same bound in its simulator): digits LeNet with one image per row, not the 28x28 or 32x32
 LeNets, nor batches of 8 digits. For the 28x28 LeNet (MNIST, Fashion-MNIST) the form would pay for a
@@ -65,11 +69,8 @@ def _global_hooks() -> bool:
 
 
 def _own_forward(module: nn.Module) -> bool:
-    """Whether ``module`` has a ``forward`` of its own instance (set on the object, not its class), other
-    than the engine's unfolded convolutions' (:class:`~leakgym.models.convolution.UnfoldedConvolutions`,
-    which compute the class's convolution)."""
-    forward = vars(module).get("forward")
-    return forward is not None and not getattr(forward, "computes_class_forward", False)
+    """Whether ``module`` has a ``forward`` of its own instance (set on the object, not its class)."""
+    return "forward" in vars(module)
 
 
 class RowwiseForward:
@@ -82,8 +83,6 @@ class RowwiseForward:
 
     def __init__(self, layers: list[tuple[nn.Module, str]]) -> None:
         self.layers = layers
-        self.rows = 1
-        """Rows computed at once (set by the simulator; decides :func:`takes_matrix`)."""
 
     @classmethod
     def of(cls, model: nn.Module, batch: int | None = None,
@@ -164,8 +163,9 @@ class RowwiseForward:
         """Layer ``m`` (called ``name``) of every row: ``h (R, B, ...)`` -> ``(R, B, ...)``."""
         kind = type(m)
         if kind is nn.Conv2d:
-            return rowwise_conv2d(h, *_weights(m, name, params), m.stride, m.padding, m.dilation,
-                                  via_matrix=takes_matrix(m, h[0], self.rows))
+            geometry = (m.kernel_size, m.stride, m.padding, m.dilation)
+            return rowwise_conv2d(h, *_weights(m, name, params), *geometry[1:],  # the rows: h's first dimension
+                                  via_matrix=takes_matrix(h[0], *geometry, h.shape[0]))
         if kind is nn.Linear:  # on the last dimension, as nn.Linear: (R, B, ..., in) -> (R, B, ..., out)
             weight, bias = _weights(m, name, params)
             flat = h.reshape(h.shape[0], -1, h.shape[-1])

@@ -8,12 +8,12 @@ the game's round for every cell, exactly as ``docs/architecture.md`` draws it:
 1. the server builds the model (``build_model(scale.model, spec, precode=row.precode, seed=seed)``);
    a malicious column modifies it with ``attack.prepare_model(model, spec, public_x=...)``;
 2. the victim (client 0 of :func:`leakgym.data.federated_split`) shares its update through the
-   round's defend phase (:func:`leakgym.envs.round.share_update`) for each of its
+   round's defend phase (:func:`leakgym.game.round.share_update`) for each of its
    ``scale.images // scale.batch_size`` private batches (FedSGD, one gradient per batch);
-3. the round's attack phase (:func:`leakgym.envs.round.reconstruct_all`) reconstructs **all**
+3. the round's attack phase (:func:`leakgym.game.round.reconstruct_all`) reconstructs **all**
    batches of **all** rows that share one model in a single ``reconstruct_batch`` call, each
    problem with its own seed;
-4. the round's scoring phase (:func:`leakgym.envs.round.score_all`) scores each reconstruction
+4. the round's scoring phase (:func:`leakgym.game.round.score_all`) scores each reconstruction
    against its batch (optimal matching), and the cell keeps the per-image PSNR / SSIM / MSE, and LPIPS
    where the user's backbone weights are on disk (:func:`leakgym.metrics.lpips_available`; never a
    number from an untrained backbone: without the weights the cells have no ``lpips`` entry).
@@ -350,9 +350,9 @@ def _fedsgd(model, row: DefenseRow, scale: Scale, split, seed: int, *, progress:
     """Train ``model`` in place by ``scale.utility_rounds`` FedSGD rounds under ``row``'s defense."""
     from tqdm import tqdm
 
-    from leakgym.envs.round import share_update
     from leakgym.fl.optim import LocalOptimizer
     from leakgym.fl.server import Server
+    from leakgym.game.round import share_update
 
     spec = split.spec
     test_x, test_y = split.test_x, split.test_y

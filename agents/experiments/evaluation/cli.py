@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from leakgym.devices import device_argument
+from leakgym.files import json_safe
 
 from ..cli_common import (
     INTERRUPTED,
@@ -53,7 +54,7 @@ from .analysis import best_responses, mixed_equilibria, mixed_equilibria_text, w
 from .episode_log import EPISODES_FILE
 from .payoff import METRICS, EpisodeStats, LastRound, PairResult, PayoffTable, t_interval
 from .play import DEFAULT_LOCKSTEP, evaluate, play_episode, play_episodes
-from .reporting import CSV_COLUMNS, gallery_figure, heatmap_figure, json_safe, payoff_text, write_outputs
+from .reporting import CSV_COLUMNS, gallery_figure, heatmap_figure, payoff_text, write_outputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 
 from leakgym.devices import device_name
-from leakgym.files import write_atomically
+from leakgym.files import json_safe, write_atomically
 
 from .payoff import METRIC_RANGES, METRICS, EpisodeStats, LastRound, PairResult
-from .reporting import OUTPUT_FILES, json_safe
+from .reporting import OUTPUT_FILES
 
 RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.csv"

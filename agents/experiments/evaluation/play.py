@@ -12,7 +12,7 @@ when the pretrained LPIPS weights are installed — and ``label_accuracy``), the
 ``accuracy`` after the last round, and both agents' returns (sums of rewards).
 
 Games play in *lockstep*, ``lockstep`` at a time (:func:`play_episodes`): each round of a group's games
-is one :class:`~leakgym.envs.round.Round` (:func:`~leakgym.envs.leakgym_env.step_together`), so their
+is one :func:`~leakgym.game.round.play_round` (:func:`~leakgym.envs.leakgym_env.step_together`), so their
 attacks share engine calls as a vector env's do. A pair whose two agents are
 :attr:`~leakgym.agents.policies.base.Agent.episodic` (they carry nothing between episodes: scripted agents,
 presets, saved policies) plays its episodes at once, one game and one copy of each agent per episode; a
@@ -109,8 +109,8 @@ def _input_files(scenario_name: str, specs: list[Any]) -> dict[str, str]:
     from leakgym.agents.policies.factory import SCRIPTED_NAMES
     from leakgym.agents.policies.learned import LearnedAgent, metadata_path
     from leakgym.agents.policies.presets import PRESETS
-    from leakgym.envs.scenario import SCENARIO_DIR
     from leakgym.files import file_digest
+    from leakgym.game.scenario import SCENARIO_DIR
 
     paths = [SCENARIO_DIR / f"{scenario_name}.toml"]
     for spec in specs:

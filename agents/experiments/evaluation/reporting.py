@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from leakgym.files import replacing
+from leakgym.files import json_safe, replacing
 
 from .analysis import best_responses, mixed_equilibria
 from .payoff import METRICS, MIN_EPISODES, PayoffTable, gallery_episode, t_interval
@@ -28,19 +26,6 @@ CSV_COLUMNS = ["attacker", "defender", "episodes", "total_rounds"] + [
 OUTPUT_FILES = ("payoff.csv", "payoff.json", "payoff.png", "gallery.png")
 #: characters of a title line per inch of figure width at font size 8 (so titles wrap, never clip)
 _CHARS_PER_INCH = 12
-
-
-def json_safe(v: Any) -> Any:
-    """JSON-safe copy: NumPy scalars -> Python, non-finite floats -> None."""
-    if isinstance(v, dict):
-        return {k: json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [json_safe(x) for x in v]
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        return float(v) if math.isfinite(v) else None
-    return v
 
 
 def write_csv(table: PayoffTable, path: Path) -> None:

@@ -63,7 +63,7 @@ def initial_populations(env_id: str, overrides: dict, attackers: str | None, def
     """The members given, or the env's presets of each role (``leakgym list presets --env ID``)."""
     from leakgym.agents.policies.factory import make_agent
     from leakgym.agents.policies.presets import valid_presets
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     scenario = load_scenario(resolve_env(env_id)[1], **overrides)
     out = {}
@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
     # every scripted defense preset the env allows is on the card: those outside the population are played
     # against the final attacker population now (their cells are kept in metagame.json)
     from leakgym.agents.policies.presets import valid_presets
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     from .psro import fill_cells
 

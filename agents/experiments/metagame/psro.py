@@ -45,6 +45,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from leakgym.files import json_safe
+
 from ..evaluation.payoff import t_interval
 from .solvers import meta_solver
 
@@ -162,8 +164,6 @@ class MetagameState:
     wall_time_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        from ..evaluation.reporting import json_safe
-
         return json_safe({
             "settings": self.settings,
             "status": self.status,

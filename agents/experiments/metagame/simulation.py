@@ -69,7 +69,7 @@ def _cells_of(table: Any) -> dict[tuple[str, str], CellSamples]:
 def _play_cell(env_id: str, attacker: Member, defender: Member, episodes: int, seed: int, overrides: dict,
                device: str, out: str, threads: int) -> dict[tuple[str, str], CellSamples]:
     """One cell alone (a Ray task's body)."""
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     from ..cli_common import apply_threads, resolve_env
     from ..evaluation.play import evaluate
@@ -90,7 +90,7 @@ class LeakGymSimulator:
     def __init__(self, env_id: str, *, episodes: int, seed: int, overrides: dict[str, Any], out: Path,
                  device: str = "cpu", lockstep: int = 16, progress: bool = False, use_ray: bool = False,
                  threads: int = 1) -> None:
-        from leakgym.envs.scenario import load_scenario
+        from leakgym.game.scenario import load_scenario
 
         from ..cli_common import resolve_env
 
@@ -146,7 +146,7 @@ class SB3Oracle:
     def __init__(self, env_id: str, *, timesteps: int, seed: int, overrides: dict[str, Any], out: Path,
                  algo: str = "ppo", hyperparams: dict[str, Any] | None = None, hyperparams_file: Path | None = None,
                  device: str = "cpu", progress: bool = False) -> None:
-        from leakgym.envs.scenario import load_scenario
+        from leakgym.game.scenario import load_scenario
 
         from ..cli_common import resolve_env
         from ..training import TrainConfig, check_config

@@ -34,7 +34,7 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
         raise ValueError(f"env_kwargs device={file_kwargs['device']!r} in the hyperparameter file differs from the run's "
                          f"device {config.device!r} (--device): the games run where the policy does; set --device")
     if "allow_large" in file_kwargs:
-        from leakgym.envs.scenario import ALLOW_LARGE_FROM_CALLER
+        from leakgym.game.scenario import ALLOW_LARGE_FROM_CALLER
 
         raise ValueError(f"env_kwargs allow_large={file_kwargs['allow_large']!r} in the hyperparameter file: "
                          f"{ALLOW_LARGE_FROM_CALLER}")
@@ -70,7 +70,7 @@ def check_config(config: TrainConfig) -> CheckedConfig:
     hyperparameters (file and overrides), the scenario with its overrides, the opponent spec (built once
     against the scenario) and the step plan. ``ValueError`` for anything wrong; writes nothing, so
     :func:`train` and self-play refuse a bad run before they touch an output folder."""
-    from leakgym.envs.scenario import load_scenario
+    from leakgym.game.scenario import load_scenario
 
     if config.algo not in ALGORITHMS:
         raise ValueError(f"algo={config.algo!r}; allowed: {ALGORITHMS}")

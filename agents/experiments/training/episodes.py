@@ -50,11 +50,11 @@ def run_eval_episodes(env, predict: Callable[[Any], Any], episodes: int, seed: i
 def run_eval_episodes_together(venv, predict: Callable[[Any], Any], seed: int) -> list[dict[str, float]]:
     """:func:`run_eval_episodes` with its episodes played at once: episode ``e`` is game ``e`` of the
     vector env ``venv`` (``gym.make_vec``, reset seed ``seed + e``), all rounds of all games one
-    :class:`~leakgym.envs.round.Round` per step; ``predict`` gets the games' observations as a batch.
+    :func:`~leakgym.game.round.play_round` per step; ``predict`` gets the games' observations as a batch.
 
     Each game starts from the state :func:`run_eval_episodes`' episode ``e`` starts from (the same
     reset seed, its own copy of the opponent), so the rows are that function's to the rounding of the
-    batched attacks (:func:`leakgym.envs.round.reconstruct_all`). A game whose episode ended is not
+    batched attacks (:func:`leakgym.game.round.reconstruct_all`). A game whose episode ended is not
     recorded further while the others finish.
     """
     n = venv.num_envs

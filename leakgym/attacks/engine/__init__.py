@@ -15,12 +15,12 @@ parameters of the same architecture), each with R restarts folded into the batch
   TV weights that differ between the problems of one call);
 * :mod:`~leakgym.attacks.engine.problems` -- :class:`ProblemSet` (N stacked problems) and the
   simulator of the victims' updates (``vmap`` over ``torch.func.grad``, BatchNorm, PRECODE noise);
-  the simulator computes convolutions as unfold + matrix product (:mod:`leakgym.models.convolution`),
+  the simulator computes convolutions as unfold + matrix product (:mod:`leakgym.models.parameter_sets`),
   whose double backward stays one computation for all rows, and a plain layer stack (DLG's LeNet)
   without vmap (:mod:`leakgym.models.rowwise`);
-* :mod:`~leakgym.attacks.engine.adam` -- :class:`BatchedAdam`, Adam with a step size and decay per row;
-* :mod:`~leakgym.attacks.engine.lbfgs` -- :class:`BatchedLBFGS`, L-BFGS per problem;
-* :mod:`~leakgym.attacks.engine.randomness` -- :class:`BatchedGenerator`, one generator per problem;
+* the optimisers and the per-problem randomness, shared with the defenses that optimise per row, are
+  :mod:`leakgym.optim` (:class:`~leakgym.optim.adam.BatchedAdam`, :class:`~leakgym.optim.lbfgs.BatchedLBFGS`,
+  :class:`~leakgym.optim.randomness.BatchedGenerator`);
 * :mod:`~leakgym.attacks.engine.matching` -- :func:`run_gradient_matching`, the optimisation loop, and
   :func:`run_joint_matching`, the same loop over several :class:`Part` s (strategies with their own
   objective, optimiser and label handling) whose rows are simulated together;
@@ -34,8 +34,6 @@ in the random numbers, and up to floating-point rounding in the vectorised arith
 and oneDNN kernels pick their algorithm by the batch size).
 """
 
-from leakgym.attacks.engine.adam import BatchedAdam
-from leakgym.attacks.engine.lbfgs import BatchedLBFGS
 from leakgym.attacks.engine.matching import MatchingOutput, Part, run_gradient_matching, run_joint_matching
 from leakgym.attacks.engine.objective import DefenseSimulator, MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.optimization import (
@@ -46,12 +44,8 @@ from leakgym.attacks.engine.optimization import (
     reconstruct_jointly,
 )
 from leakgym.attacks.engine.problems import ProblemSet
-from leakgym.attacks.engine.randomness import BatchedGenerator
 
 __all__ = [
-    "BatchedAdam",
-    "BatchedGenerator",
-    "BatchedLBFGS",
     "DefenseSimulator",
     "MatchingObjective",
     "MatchingOutput",

@@ -6,9 +6,9 @@ over its dummy images (and, for DLG, soft labels), all restarts at once:
 * the dummy updates of all rows come from :class:`~leakgym.attacks.engine.problems.UpdateSimulator`;
 * one outer ``torch.autograd.grad`` of ``sum_p loss_p`` differentiates through the inner gradient
   (double backward) and yields every row's image gradient, because rows never interact;
-* the optimisers are per row by construction: :class:`~leakgym.attacks.engine.adam.BatchedAdam`
+* the optimisers are per row by construction: :class:`~leakgym.optim.adam.BatchedAdam`
   (``torch.optim.Adam`` with a step size and decay milestones per row) and
-  :class:`~leakgym.attacks.engine.lbfgs.BatchedLBFGS`;
+  :class:`~leakgym.optim.lbfgs.BatchedLBFGS`;
 * a diverged row restarts from its best iterate, and each victim's restart with the lowest matching
   loss is returned;
 * problems may differ in budget, restarts, step size and TV weight (:class:`~leakgym.attacks.engine.objective.PerProblem`):
@@ -22,7 +22,7 @@ It exists to check the vectorised path (tests assert both agree) and as the benc
 
 Randomness: initial images and label logits come from the caller; every draw during the run
 (default label logits, PRECODE bottleneck noise, EOT samples) comes from the caller's per-problem
-:class:`~leakgym.attacks.engine.randomness.BatchedGenerator`, so problem ``i``'s random numbers do not
+:class:`~leakgym.optim.randomness.BatchedGenerator`, so problem ``i``'s random numbers do not
 depend on the other problems. Its floating-point results can: vectorised kernels (BLAS, oneDNN) choose
 their algorithm by the batch size, so a problem's row of an N-problem batch matches the problem alone
 to rounding, not bit for bit (measurements in ``tests/test_attacks_seeds.py``).
@@ -39,8 +39,6 @@ import torch
 from torch import Tensor
 
 from leakgym.attacks.base import problem_seeds
-from leakgym.attacks.engine.adam import DECAY_FRACTIONS, BatchedAdam, decay_milestones, decayed_rates
-from leakgym.attacks.engine.lbfgs import BatchedLBFGS
 from leakgym.attacks.engine.objective import (
     MatchingObjective,
     PerProblem,
@@ -50,7 +48,6 @@ from leakgym.attacks.engine.objective import (
     objective_terms,
 )
 from leakgym.attacks.engine.problems import ProblemSet, UpdateSimulator
-from leakgym.attacks.engine.randomness import BatchedGenerator
 from leakgym.attacks.losses import (
     FLAT_MAX_ENTRIES,
     FlatWeights,
@@ -61,6 +58,9 @@ from leakgym.attacks.losses import (
     target_sq_norms,
 )
 from leakgym.devices import canonical_device
+from leakgym.optim.adam import DECAY_FRACTIONS, BatchedAdam, decay_milestones, decayed_rates
+from leakgym.optim.lbfgs import BatchedLBFGS
+from leakgym.optim.randomness import BatchedGenerator
 
 
 @dataclass
@@ -223,7 +223,7 @@ class _Run:
     the sequential path). The matched layers are compared as one flat matrix against targets flattened
     once per selection of rows. Measured per iteration (LeNet 16x16, one thread, IG + GradInversion +
     DLG, one row each): 5.99 ms as three parts, 4.57 ms as two runs with the flat matching and the
-    compact L-BFGS (:class:`~leakgym.attacks.engine.lbfgs.BatchedLBFGS`).
+    compact L-BFGS (:class:`~leakgym.optim.lbfgs.BatchedLBFGS`).
     """
 
     def __init__(self, problems: ProblemSet, members: list[tuple[Part, int]], generator: BatchedGenerator) -> None:

@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from leakgym.attacks.base import check_integer
-from leakgym.attacks.engine.randomness import BatchedGenerator
 from leakgym.attacks.losses import (
     LAYER_WEIGHT_SCHEMES,
     bn_statistics_loss,
@@ -35,10 +34,11 @@ from leakgym.attacks.losses import (
     l2_prior,
     total_variation,
 )
+from leakgym.optim.randomness import BatchedGenerator
 
 #: ``simulate_defense(grads, generator) -> grads``: a randomised transformation applied to the
 #: attacker's dummy updates (EOT). ``grads`` maps names to ``(P, *shape)`` tensors (one row per
-#: problem x restart); ``generator`` is a :class:`~leakgym.attacks.engine.randomness.BatchedGenerator`
+#: problem x restart); ``generator`` is a :class:`~leakgym.optim.randomness.BatchedGenerator`
 #: whose draws have the same ``P`` rows, each block from its own problem's generator. The callable
 #: must draw only from ``generator``, treat rows independently and stay differentiable.
 DefenseSimulator = Callable[[dict[str, Tensor], BatchedGenerator], dict[str, Tensor]]

@@ -29,14 +29,13 @@ from leakgym.attacks.base import (
     AttackResult,
     check_integer,
     check_seed,
-    seeded_generator,
 )
 from leakgym.attacks.engine.matching import Part, run_joint_matching
 from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.problems import ProblemSet
-from leakgym.attacks.engine.randomness import BatchedGenerator
 from leakgym.attacks.labels import LABEL_METHODS, infer_labels_many
 from leakgym.fl.update import SharedUpdate
+from leakgym.optim.randomness import BatchedGenerator, seeded_generator
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 

@@ -11,9 +11,11 @@ all small (LeNet) run one ``torch.func.vmap`` of the forward pass (:func:`leakgy
 over rows that each own their parameters, then one ``torch.autograd.grad(..., create_graph=True)``
 of the summed losses, which is every row's own gradient; other models run one ``vmap`` over
 ``torch.func.grad`` (parameters shared, ``in_dims=None``, when all problems attack the same model,
-stacked otherwise). Small convolutions run as unfold + matrix product there
-(:mod:`leakgym.models.convolution`): ``vmap`` makes them grouped convolutions, whose double
-backward loops over the rows.
+stacked otherwise). Both are the vmap form of :mod:`leakgym.models.parameter_sets`
+(:func:`~leakgym.models.parameter_sets.vmapped`): small convolutions run as unfold + matrix product
+there (:mod:`leakgym.models.convolution`), because ``vmap`` makes them grouped convolutions, whose
+double backward loops over the rows. A plain layer stack (DLG's LeNet) skips vmap: its rows' losses are
+:func:`~leakgym.models.parameter_sets.batched_loss` in its row-wise form (:mod:`leakgym.models.rowwise`).
 
 BatchNorm: clients compute updates in train mode, so for batches of more than one example BN
 normalises with the batch's own statistics. The engine works on a private copy of the model whose
@@ -41,13 +43,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import grad, vmap
+from torch.func import grad
 
 from leakgym.attacks.base import AttackerKnowledge
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, task_loss
-from leakgym.models.convolution import UNFOLD_MAX_ENTRIES, UnfoldedConvolutions, unfolded_entries
+from leakgym.models.convolution import UNFOLD_MAX_ENTRIES, unfolded_entries
+from leakgym.models.parameter_sets import batched_loss, vmapped
 from leakgym.models.precode import VariationalBottleneck
 from leakgym.models.rowwise import RowwiseForward
 
@@ -321,7 +324,6 @@ class UpdateSimulator:
         forwards = problems.local_steps if problems.kind == "model_delta" else 1
         self.recorder = BatchNormInputStatistics(problems.model, unbiased=False, enabled=record_bn)
         self.noise = _BottleneckNoise(problems.model, problems.batch_size, forwards)
-        self.convolutions = UnfoldedConvolutions(problems.model)  # on in the vectorised path only
         model, recorder, noise = problems.model, self.recorder, self.noise
 
         def loss_fn(free: dict[str, Tensor], fixed: dict[str, Tensor], x: Tensor, y: Tensor):
@@ -354,6 +356,15 @@ class UpdateSimulator:
         self.loss_fn = loss_fn
         names = self.names
         pdim = 0 if problems.batched else None
+
+        # The vmap form (leakgym.models.parameter_sets.vmapped) over the rows of ``x``: small convolutions
+        # as unfold + matrix product, the unfold a matrix product from enough rows.
+        def vmapped_forward(rows, fixed, x, y, eps):
+            return vmapped(forward_fn, x.shape[0], (0, pdim, 0, 0, 0))(rows, fixed, x, y, eps)
+
+        def vmapped_update(free, fixed, x, y, lr, eps):
+            return vmapped(update_fn, x.shape[0], (pdim, pdim, 0, 0, 0, 0))(free, fixed, x, y, lr, eps)
+
         # Two vectorised formulations, the same maths (tests: both equal the sequential loop). Every
         # random number comes in through ``eps``: a random op inside the model is an error.
         self.row_leaves = self._small_convolutions()
@@ -365,13 +376,12 @@ class UpdateSimulator:
             # A plain stack of layers (DLG's LeNet) skips vmap too: its rows' losses as batched
             # operations (:mod:`leakgym.models.rowwise`, which has the measurements).
             self.rowwise = RowwiseForward.of(problems.model)
-            self.forward = vmap(forward_fn, in_dims=(0, pdim, 0, 0, 0), randomness="error") \
-                if self.rowwise is None else self._rowwise_forward
+            self.forward = vmapped_forward if self.rowwise is None else self._rowwise_forward
         else:
             # vmap(grad): with larger convolutions the per-row parameters of the other form make every
             # forward convolution a grouped one and hold a per-row copy of every weight -- measured
             # 15% slower for the CIFAR ConvNet at 16 rows, and out of memory for ResNet-18 at 64 rows.
-            self.vmapped = vmap(update_fn, in_dims=(pdim, pdim, 0, 0, 0, 0), randomness="error")
+            self.vmapped = vmapped_update
             self.rowwise = None
         self._leaves: list[dict[str, Tensor]] | None = None
         self.select(torch.repeat_interleave(torch.arange(problems.n, device=problems.device),
@@ -379,11 +389,12 @@ class UpdateSimulator:
 
     def _rowwise_forward(self, rows: dict[str, Tensor], fixed: dict[str, Tensor], x: Tensor, y: Tensor,
                          eps: Tensor) -> tuple[Tensor, tuple]:
-        """``self.forward``'s signature, computed by :attr:`rowwise` (no BN statistics, no noise: the
-        row-wise form takes models without either)."""
-        if not self.ps.batched:  # parameters shared by every problem: the same tensor for every row
-            fixed = {n: t.expand(x.shape[0], *t.shape) for n, t in fixed.items()}
-        return self.rowwise({**fixed, **rows}, x, y), ()
+        """``self.forward``'s signature in the row-wise form (:func:`~leakgym.models.parameter_sets.batched_loss`
+        with :attr:`rowwise`; no BN statistics, no noise: the row-wise form takes models without either)."""
+        if self.ps.batched:
+            return batched_loss(self.ps.model, {**fixed, **rows}, x, y, rowwise=self.rowwise), ()
+        # parameters shared by every problem: the same tensor for every row
+        return batched_loss(self.ps.model, rows, x, y, shared=fixed, rowwise=self.rowwise), ()
 
     def _small_convolutions(self) -> bool:
         """Whether every convolution of the model takes :mod:`leakgym.models.convolution`'s unfolded form
@@ -431,16 +442,12 @@ class UpdateSimulator:
             self._rows = {n: t.detach().expand(rows, *t.shape).requires_grad_(True) for n, t in ps.free.items()}
         self._fixed = {n: pick(t) for n, t in ps.fixed.items()} if ps.batched else ps.fixed
         self._lr = pick(ps.local_lr)
-        self.convolutions.rows = rows
-        if self.rowwise is not None:
-            self.rowwise.rows = rows
 
     def vectorised(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
         """Dummy updates of the selected rows as one vectorised computation -- per simulated step a
         vmapped forward pass and one ``torch.autograd.grad(..., create_graph=True)`` (:attr:`row_leaves`),
         else one ``vmap(grad)`` call; ``eps`` is ``(P', noise_numel)``."""
         ps, names = self.ps, self.names
-        self.convolutions.on = True
         try:
             if not self.row_leaves:
                 return self.vmapped(self._rows, self._fixed, x, y, self._lr, eps)
@@ -471,8 +478,6 @@ class UpdateSimulator:
                 "bottleneck, which the engine feeds per-problem noise); per-problem seeds cannot reach "
                 "it. Use a deterministic model, or vectorize=False (the sequential path does not check)"
             ) from e
-        finally:
-            self.convolutions.on = False
 
     def sequential(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
         """The same dummy updates of the selected rows, one row at a time with ``torch.autograd.grad``."""
@@ -518,7 +523,6 @@ class UpdateSimulator:
     def close(self) -> None:
         self.recorder.close()
         self.noise.close()
-        self.convolutions.close()
 
 
 __all__ = ["ProblemSet", "UpdateSimulator"]

@@ -2,34 +2,42 @@
 
 A :class:`Scenario` fixes the federated setting (dataset, model, batch size B, K benign clients,
 rounds, FedSGD/FedAvg), the threat model, the two agents' action menus and the reward weights.
-Named scenarios are TOML files in ``envs/scenarios/``; each registers a Gymnasium id on
+Named scenarios are TOML files in ``leakgym/game/scenarios/``; each registers a Gymnasium id on
 ``import leakgym`` (see :mod:`leakgym.envs.registration`).
 
 Action menus
 ------------
-Both actions are ``MultiDiscrete`` vectors whose dimensions are :mod:`leakgym.envs.menus` objects:
+Both actions are ``MultiDiscrete`` vectors whose dimensions are :mod:`leakgym.game.menus` objects:
 
 * defender: one dimension per entry of ``defender_menu`` (a
   :class:`~leakgym.defenses.DefenseConfig` field and the values it may take), then one on/off
-  dimension per OASIS augmentation in ``oasis_bits``. Index 0 of every defender dimension should be
-  "off" so that the all-zero action means "no defense".
+  dimension per bit offered of every bit-mask field (a field that declares a
+  :class:`~leakgym.defenses.BitMenu`; the scenario names the bits on offer in the option the menu
+  declares). Index 0 of every defender dimension should be "off" so that the all-zero action
+  means "no defense".
 * attacker: one dimension per entry of ``attacker_menu``: ``strategy`` (attack registry names) first,
   then any field of the strategies' configs (``iterations``, ``restarts``, ``tv``, imprint's
   ``num_bins``, ...). A field applies to the strategies whose config has it. ``strategies``,
   ``iterations``, ``restarts`` and ``tv`` are accepted as shorthands for those menu entries.
 
 Every menu value is validated through the real config class when the scenario is built.
+
+What a scenario knows of the defenses comes from the registry (:mod:`leakgym.defenses.registry`):
+their fields and how each is offered (a value dimension, or a bit mask with its scenario option) and
+bounded (:attr:`~leakgym.defenses.registry.Field.limit`, ``limit_option``); this module names none.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import numbers
 import os
 import re
 import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +65,7 @@ PSNR_FOR_FULL_LEAKAGE = 40.0
 
 @dataclass
 class RewardWeights:
-    """Weights of the reward formulas (see :mod:`leakgym.envs.rewards`)."""
+    """Weights of the reward formulas (see :mod:`leakgym.game.feedback`)."""
 
     #: attacker pays this per 1000 budget units (iterations x restarts)
     attack_cost: float = 0.05
@@ -117,17 +125,13 @@ class Scenario:
     #: defender's self-audit: iterations of Inverting Gradients the client runs on its own
     #: shared update to estimate leakage (0 = no audit; the observation entry is then 0)
     audit_iterations: int = 0
-    #: DefenseConfig field -> values the defender may pick (index 0 should be "off")
-    defender_menu: dict[str, list[Any]] = field(
-        default_factory=lambda: {
-            "noise_sigma": [0.0, 0.01, 0.1],
-            "prune": [0.0, 0.5, 0.9],
-            "dcs2_lambda_g": [0.0, 0.5],
-            "censor_trials": [0, 5],
-        }
-    )
-    #: OASIS augmentations the defender can switch on, one binary action dimension each
-    oasis_bits: list[str] = field(default_factory=lambda: ["major_rotation", "hflip"])
+    #: DefenseConfig field -> values the defender may pick (index 0 should be "off"); default:
+    #: :data:`leakgym.defenses.catalog.DEFAULT_DEFENDER_MENU`
+    defender_menu: dict[str, list[Any]] = field(default_factory=lambda: _default_defender_menu())
+    #: bit-mask DefenseConfig field -> names of the bits the defender can switch on, one binary action
+    #: dimension each. Set one field's entry through the option its :class:`~leakgym.defenses.BitMenu`
+    #: declares (in a file, an override or a keyword: ``<option> = [...]``); default: each menu's ``default``
+    defender_bits: dict[str, list[str]] = field(default_factory=lambda: _default_defender_bits())
     #: fixed DefenseConfig settings that apply whatever the action (e.g. synthesis steps)
     defense_defaults: dict[str, Any] = field(default_factory=dict)
     #: attacker menu: "strategy" (attack registry names) first, then attack-config fields and levels
@@ -153,6 +157,15 @@ class Scenario:
         self.rewards = _reward_weights(self.name, self.rewards)
         self.validate()
 
+    def __getattr__(self, name: str) -> Any:
+        """A bit-mask field's scenario option (``sc.<option>``): its entry of ``defender_bits``."""
+        bits = self.__dict__.get("defender_bits") if not name.startswith("_") else None
+        if isinstance(bits, dict):
+            key = _bit_options().get(name)
+            if key is not None:
+                return bits.get(key, [])
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> None:
         def need(cond: bool, what: str) -> None:
@@ -175,10 +188,7 @@ class Scenario:
         _check_limits(self)
         _check_split(self)
         _check_model(self)
-        mixup = [v for v in self.defender_menu.get("mixup_k", []) + [self.defense_defaults.get("mixup_k", 0)] if v]
-        need(all(k <= self.batch_size for k in mixup),
-             f"defender_menu mixup_k={mixup} mixes up to k images of the private batch; needs k <= batch_size "
-             f"(batch_size={self.batch_size})")
+        _check_option_limits(self)
 
         need(self.batch_size >= 1, f"batch_size={self.batch_size}; must be >= 1")
         need(self.num_clients >= 0, f"num_clients={self.num_clients}; must be >= 0")
@@ -198,17 +208,18 @@ class Scenario:
     # -- menus and spaces ------------------------------------------------------------------------
     @property
     def defender_menu_dims(self) -> Menu:
-        """The defender's :class:`~leakgym.envs.menus.Menu` (menu entries, then OASIS bits)."""
-        from leakgym.defenses.oasis import BIT_NAMES
+        """The defender's :class:`~leakgym.game.menus.Menu` (menu entries, then the bits of each bit-mask field)."""
+        from leakgym.defenses import defense_field
 
-        bit_of = {name: bit for bit, name in BIT_NAMES.items()}
-        dims = [ValueDimension(k, tuple(v)) for k, v in self.defender_menu.items()]
-        dims += [BitDimension("oasis", bit_of[b], b) for b in self.oasis_bits]
+        dims: list = [ValueDimension(k, tuple(v)) for k, v in self.defender_menu.items()]
+        for key, names in self.defender_bits.items():
+            bits = defense_field(key).bit_menu.bits
+            dims += [BitDimension(key, bits[b], b) for b in names]
         return Menu("defender", dims, where=f"scenario {self.name!r}: ")
 
     @property
     def attacker_menu_dims(self) -> Menu:
-        """The attacker's :class:`~leakgym.envs.menus.Menu` (strategy, then attack-config fields)."""
+        """The attacker's :class:`~leakgym.game.menus.Menu` (strategy, then attack-config fields)."""
         dims = [ValueDimension(k, tuple(v)) for k, v in self.attacker_menu.items()]
         return Menu("attacker", dims, where=f"scenario {self.name!r}: ")
 
@@ -251,12 +262,14 @@ class Scenario:
         return self.attacker_menu_dims.names
 
     def decode_defender(self, action: np.ndarray, menu: Menu | None = None) -> dict[str, Any]:
-        """Defender action -> readable settings (menu values; ``oasis`` lists the augmentations on).
+        """Defender action -> readable settings (menu values; each bit-mask field lists its bits switched on,
+        ``[]`` when none or none offered).
 
         ``menu``: this scenario's defender menu if the caller already holds it (a game does).
         """
         settings = (menu or self.defender_menu_dims).read(action)
-        settings.setdefault("oasis", [])
+        for key in self.defender_bits:
+            settings.setdefault(key, [])
         return settings
 
     def decode_attacker(self, action: np.ndarray) -> dict[str, Any]:
@@ -266,12 +279,13 @@ class Scenario:
     def encode_defender(self, settings: dict[str, Any]) -> np.ndarray:
         """Settings -> the defender action whose menu values are nearest to them.
 
-        Keys not named in ``settings`` are off (index 0). ``settings["oasis"]`` lists the OASIS
-        augmentations to switch on. Unknown keys raise ``ValueError``.
+        Keys not named in ``settings`` are off (index 0). A bit-mask field's entry lists the names of its
+        bits to switch on (or gives the mask). Unknown keys raise ``ValueError``.
         """
         settings = dict(settings)
-        if not self.oasis_bits and not settings.get("oasis", True):
-            settings.pop("oasis")
+        for key, names in self.defender_bits.items():
+            if not names and not settings.get(key, True):  # "none of no bits on offer" is no setting
+                settings.pop(key)
         return self.defender_menu_dims.encode(settings)
 
     def encode_attacker(self, settings: dict[str, Any]) -> np.ndarray:
@@ -281,15 +295,16 @@ class Scenario:
     # -- construction ---------------------------------------------------------------------------
     def replace(self, **overrides: Any) -> Scenario:
         """A copy with fields changed (validated); ``strategies``/``iterations``/``restarts``/``tv``
-        replace those entries of ``attacker_menu``."""
+        replace those entries of ``attacker_menu``; a bit-mask field's option its
+        entry of ``defender_bits``."""
         overrides = _fold_shorthands(overrides, dict(self.attacker_menu))
-        known = {f.name for f in dataclasses.fields(self)}
+        known = set(option_names())
         unknown = sorted(set(overrides) - known)
         if unknown:
             allowed = sorted(known | set(SHORTHANDS))
             raise UnknownOptionError(f"unknown scenario option(s) {unknown}: {unexpected_keywords(unknown, allowed)}; "
                                      f"allowed: {allowed}")
-        return dataclasses.replace(self, **overrides)
+        return dataclasses.replace(self, **_fold_bit_options(overrides, self.defender_bits))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
@@ -298,25 +313,63 @@ class Scenario:
         if "allow_large" in data:
             raise ValueError(f"allow_large={data['allow_large']!r} in a scenario file: {ALLOW_LARGE_FROM_CALLER}")
         data = _fold_shorthands({k: v for k, v in data.items() if k != "gym_id"}, None)
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = set(option_names())
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown scenario key(s) {unknown}; allowed: {sorted(known | set(SHORTHANDS))}")
         return cls(**data)
 
 
-#: Documented upper bounds: one step must finish and fit in memory. ``allow_large=True`` lifts them.
-LIMITS: dict[str, int] = {
+_dataclass_init = Scenario.__init__
+
+
+def _scenario_init(self: Scenario, *args: Any, **options: Any) -> None:
+    _dataclass_init(self, *args, **_fold_bit_options(options, None))
+
+
+# The generated __init__ with each bit-mask field's option (``<option>=[...]``) accepted as a keyword.
+Scenario.__init__ = functools.wraps(_dataclass_init)(_scenario_init)  # type: ignore[method-assign]
+
+_SCENARIO_LIMITS: dict[str, int] = {
     "batch_size": 64, "num_clients": 64, "rounds": 100_000, "local_steps": 100, "eval_size": 10_000,
     "image_size": 256, "model_width": 512, "audit_iterations": 30_000,
     "iterations": 30_000, "restarts": 64,  # attacker menu levels (IG's paper budget is 24,000)
-    # the defenses' inner loops, menu levels and defense_defaults (papers: CENSOR T = 20, DCS² 1,000 steps
-    # and 1 concealed sample, LODA 500 steps); CENSOR's batched trials hold (T + 1) parameter copies
-    "censor_trials": 1_000, "dcs2_steps": 30_000, "dcs2_num_concealed": 64, "loda_steps": 30_000,
 }
-#: the :data:`LIMITS` keys that are menu levels or defaults of the attacker (``"attack"``) or the defender
-_MENU_LIMITS = {"iterations": "attack", "restarts": "attack", "censor_trials": "defense", "dcs2_steps": "defense",
-                "dcs2_num_concealed": "defense", "loda_steps": "defense"}
+#: the :data:`LIMITS` keys that are attacker menu levels or ``attack_defaults`` (the rest of the scenario's
+#: own are its fields; a defense field's are its ``defender_menu`` levels and ``defense_defaults`` entry)
+_ATTACK_LIMITS = ("iterations", "restarts")
+
+
+def _defense_limits() -> dict[str, float]:
+    """Each registered defense field's declared :attr:`~leakgym.defenses.registry.Field.limit`, in pipeline order."""
+    from leakgym.defenses import defense_fields
+
+    return {key: f.limit for key, f in defense_fields().items() if f.limit is not None}
+
+
+class _Limits(Mapping[str, float]):
+    """:data:`LIMITS`: a read-only, live view (a defense registered later brings its own limits)."""
+
+    def _all(self) -> dict[str, float]:
+        return {**_SCENARIO_LIMITS, **_defense_limits()}
+
+    def __getitem__(self, key: str) -> float:
+        return self._all()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
+#: Documented upper bounds: one step must finish and fit in memory. ``allow_large=True`` lifts them. The
+#: scenario's own, then the defenses' inner loops (each field's declared ``limit``, on its menu levels and
+#: ``defense_defaults`` entry); a read-only mapping that follows the defense registry.
+LIMITS: Mapping[str, float] = _Limits()
 #: Upper bound on the estimated working memory of one round (bytes); see :func:`estimated_round_bytes`.
 MEMORY_LIMIT_BYTES = 8 * 2**30
 #: Who may set ``allow_large`` (the error for a file or an override that tries).
@@ -429,11 +482,16 @@ def _coerce_fields(sc: Scenario) -> None:
         setattr(sc, key, {k: _menu_levels(v) for k, v in getattr(sc, key).items()})
     for key in ("attack_defaults", "defense_defaults"):
         setattr(sc, key, {k: _python_scalar(v) for k, v in getattr(sc, key).items()})
-    if not isinstance(sc.oasis_bits, list) or not all(isinstance(b, str) for b in sc.oasis_bits):
-        raise _bad(name, "oasis_bits", sc.oasis_bits, "a list of OASIS augmentation names")
+    if not isinstance(sc.defender_bits, dict):
+        raise _bad(name, "defender_bits", sc.defender_bits, "a table {bit-mask field: [bit names]}")
+    for key, names in sc.defender_bits.items():
+        if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
+            menu = _bit_fields().get(key)
+            raise _bad(name, menu.option if menu else f"defender_bits.{key}", names,
+                       f"a list of {menu.what if menu else 'bit'} names")
     if sc.dataset not in DATASET_NAMES:  # else a path: an image folder or an .npz (leakgym.data.custom)
-        from leakgym.data.catalog import PATH_HINT
-        from leakgym.data.custom import is_dataset_path, resolve_path
+        from leakgym.data.catalog import PATH_HINT, is_dataset_path
+        from leakgym.data.custom import resolve_path
 
         if not is_dataset_path(sc.dataset):
             raise _bad(name, "dataset", sc.dataset,
@@ -579,9 +637,12 @@ def _check_limits(sc: Scenario) -> None:
     if sc.allow_large:
         return
     hint = "; pass allow_large=True (on the command line: --allow-large) to lift the documented limits"
+    defense = _defense_limits()
     for key, cap in LIMITS.items():
-        if key in _MENU_LIMITS:
-            values = (_attack_values if _MENU_LIMITS[key] == "attack" else _defense_values)(sc, key)
+        if key in defense:
+            values = _defense_values(sc, key)
+        elif key in _ATTACK_LIMITS:
+            values = _attack_values(sc, key)
         else:
             values = [getattr(sc, key)] if getattr(sc, key) is not None else []
         too_big = [v for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > cap]
@@ -593,6 +654,74 @@ def _check_limits(sc: Scenario) -> None:
             f"scenario {sc.name!r}: one round needs about {need / 2**30:.1f} GiB (batch_size x restarts x "
             f"image size) > {MEMORY_LIMIT_BYTES / 2**30:.0f} GiB{hint}"
         )
+
+
+def _check_option_limits(sc: Scenario) -> None:
+    """A defense field bounded by a scenario option (:attr:`~leakgym.defenses.registry.Field.limit_option`:
+    Mixup's k by the batch size): its nonzero menu levels and default may not exceed that option's value."""
+    from leakgym.defenses import defense_fields
+
+    for key, spec in defense_fields().items():
+        if spec.limit_option is None:
+            continue
+        values = [v for v in _defense_values(sc, key) if v]
+        bound = getattr(sc, spec.limit_option)
+        if any(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > bound for v in values):
+            raise ValueError(f"scenario {sc.name!r}: defender_menu {key}={values} {spec.limit_why} "
+                             f"({spec.limit_option}={bound})")
+
+
+def _default_defender_menu() -> dict[str, list[Any]]:
+    from leakgym.defenses.catalog import DEFAULT_DEFENDER_MENU
+
+    return {key: list(values) for key, values in DEFAULT_DEFENDER_MENU.items()}
+
+
+def _bit_fields() -> dict[str, Any]:
+    """Bit-mask DefenseConfig field -> its :class:`~leakgym.defenses.BitMenu`, in pipeline order."""
+    from leakgym.defenses import defense_fields
+
+    return {key: f.bit_menu for key, f in defense_fields().items() if f.bit_menu is not None}
+
+
+def _bit_options() -> dict[str, str]:
+    """Scenario option -> the bit-mask field whose bits it offers."""
+    return {menu.option: key for key, menu in _bit_fields().items()}
+
+
+def _default_defender_bits() -> dict[str, list[str]]:
+    return {key: list(menu.default) for key, menu in _bit_fields().items()}
+
+
+def _fold_bit_options(options: dict[str, Any], base: dict[str, list[str]] | None) -> dict[str, Any]:
+    """Move each bit-mask field's option (``<option> = [...]``) into its entry of ``defender_bits``, over
+    ``options["defender_bits"]``, else ``base``, else the defaults."""
+    by_option = _bit_options()
+    given = {k: v for k, v in options.items() if k in by_option}
+    if not given:
+        return options
+    out = {k: v for k, v in options.items() if k not in by_option}
+    bits = out.get("defender_bits", base if base is not None else _default_defender_bits())
+    bits = dict(bits) if isinstance(bits, dict) else bits  # not a table: refused by _coerce_fields
+    if isinstance(bits, dict):
+        bits.update({by_option[k]: v for k, v in given.items()})
+    out["defender_bits"] = bits
+    return out
+
+
+def option_names() -> list[str]:
+    """The options a scenario file, an override or a :class:`Scenario` keyword may set, in field order:
+    the fields, with each registered bit-mask field's option for ``defender_bits``.
+    (``strategies`` is a shorthand besides, :data:`SHORTHANDS`.)"""
+    names: list[str] = []
+    for f in dataclasses.fields(Scenario):
+        names += list(_bit_options()) if f.name == "defender_bits" else [f.name]
+    return names
+
+
+def scenario_options(sc: Scenario) -> dict[str, Any]:
+    """``sc``'s value of every option of :func:`option_names`, in order (what ``leakgym describe`` lists)."""
+    return {key: getattr(sc, key) for key in option_names()}
 
 
 #: shorthand option -> attacker_menu entry it sets
@@ -631,7 +760,6 @@ def _validate_menus(sc: Scenario) -> None:
     """Every menu value through the real config classes; attack names against the registry."""
     from leakgym.attacks import ATTACKS
     from leakgym.defenses import DefenseConfig
-    from leakgym.defenses.oasis import BIT_NAMES
 
     where = f"scenario {sc.name!r}"
     try:
@@ -654,9 +782,15 @@ def _validate_menus(sc: Scenario) -> None:
                 base.replace(**{key_a: a, key_b: b})
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{where}: defender_menu {key_a}={a!r} together with {key_b}={b!r}: {exc}") from None
-    bad_bits = [b for b in sc.oasis_bits if b not in BIT_NAMES.values()]
-    if bad_bits:
-        raise ValueError(f"{where}: oasis_bits {bad_bits} unknown; allowed: {list(BIT_NAMES.values())}")
+    bit_fields = _bit_fields()
+    for key, names in sc.defender_bits.items():
+        if key not in bit_fields:
+            raise ValueError(f"{where}: defender_bits {key!r} is not a bit-mask DefenseConfig field; allowed: "
+                             f"{sorted(bit_fields)}")
+        menu = bit_fields[key]
+        bad_bits = [b for b in names if b not in menu.bits]
+        if bad_bits:
+            raise ValueError(f"{where}: {menu.option} {bad_bits} unknown; allowed: {list(menu.bits)}")
     strategies = sc.attacker_menu["strategy"]
     unknown = [s for s in strategies if s not in ATTACKS]
     if unknown:
@@ -724,7 +858,7 @@ def read_scenario_file(path: str | Path) -> Scenario:
 
 
 def load_scenario(name: str | Path | Scenario = "digits", **overrides: Any) -> Scenario:
-    """A scenario with overrides applied: a packaged name (``envs/scenarios/<name>.toml``), an
+    """A scenario with overrides applied: a packaged name (``leakgym/game/scenarios/<name>.toml``), an
     explicit path to a ``.toml`` file, or a :class:`Scenario`.
 
     Only the packaged folder is searched by name; any other file must be named by its path.
@@ -743,11 +877,14 @@ def load_scenario(name: str | Path | Scenario = "digits", **overrides: Any) -> S
 
 __all__ = [
     "LEAKAGE_METRICS",
+    "LIMITS",
     "SHORTHANDS",
     "RewardWeights",
     "Scenario",
     "check_action",
     "load_scenario",
+    "option_names",
     "scenario_gym_id",
     "scenario_names",
+    "scenario_options",
 ]

@@ -5,20 +5,24 @@ ordered list of their dimensions. Every dimension
 
 * has a ``name`` (shown by checkers, errors and ``describe``) and ``size`` choices;
 * turns an index into readable settings (:meth:`Dimension.read`) and into config fields
-  (:meth:`Dimension.write`) — the two differ only where a config stores something compactly, as
-  OASIS stores its augmentations in one bit mask;
+  (:meth:`Dimension.write`) — the two differ only where a config stores something compactly, as a
+  defense stores a set of on/off options (augmentations, say) in one bit mask;
 * turns readable settings back into an index (:meth:`Dimension.encode`, nearest menu value).
 
 Two kinds cover every menu LeakGym ships:
 
-* :class:`ValueDimension` — one config field and the values it may take (``noise_sigma = [0, 0.01,
-  0.1]``, the attacker's ``strategy``, ``iterations``, or any field of an attack's config such as
-  imprint's ``num_bins``);
-* :class:`BitDimension` — one on/off bit of an integer mask field (an OASIS augmentation): index 1
-  adds the bit to the mask; its readable form is the list of switched-on names.
+* :class:`ValueDimension` — one config field and the values it may take (a scale ``[0, 0.01, 0.1]``,
+  the attacker's ``strategy``, ``iterations``, or any field of an attack's config such as imprint's
+  ``num_bins``);
+* :class:`BitDimension` — one on/off bit of an integer mask field (a defense field that declares a
+  :class:`~leakgym.defenses.BitMenu`): index 1 adds the bit to the mask; its readable form is the list
+  of switched-on names.
+
+Which kind a defense field gets, and its bits' names, is the defense registry's to say
+(:mod:`leakgym.defenses.registry`); this module names no defense.
 
 Index 0 of every defender dimension should be "off", so that the all-zero action is no defense.
-The "own last action" entries of the observations (:mod:`leakgym.envs.observations`) and the
+The "own last action" entries of the observations (:mod:`leakgym.game.feedback`) and the
 presets of :mod:`leakgym.agents.policies.presets` use these same dimensions.
 """
 

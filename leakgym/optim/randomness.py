@@ -8,7 +8,7 @@ and on the position of the problem. :class:`BatchedGenerator` holds one generato
 draws every batched random tensor as one block per problem, concatenated along the leading dimension.
 
 Problem ``i``'s generator is one stream, created by the attack with ``seeds[i]`` on the device of the
-computation (:func:`~leakgym.attacks.base.seeded_generator`; a CPU generator cannot feed CUDA
+computation (:func:`seeded_generator`; a CPU generator cannot feed CUDA
 tensors), and every draw of the problem continues it in a fixed order: initial images, DLG's label
 logits, then per objective evaluation the PRECODE bottleneck noise and the E samples of the EOT
 simulation, then any later stage of the attack (LODA's start image, the demixing start). The order
@@ -25,8 +25,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from leakgym.attacks.base import seeded_generator
 from leakgym.devices import canonical_device
+
+
+def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` (the device of the tensors it will feed), seeded with ``seed``."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
 
 
 class BatchedGenerator:
@@ -96,4 +102,4 @@ class BatchedGenerator:
                           for g, c in zip(self.generators, self.counts)])
 
 
-__all__ = ["BatchedGenerator"]
+__all__ = ["BatchedGenerator", "seeded_generator"]

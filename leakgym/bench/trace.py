@@ -1,0 +1,116 @@
+"""``leakgym bench trace``: the project files one round enters, counted (``docs/architecture.md``).
+
+Plays one round of the PettingZoo env (default: LeakGym-Digits-v0 with the defender's noise σ = 0.01 and
+DCS² λ_g = 0.5 against Inverting Gradients with 20 iterations, the configuration issue 35 traced) under
+:func:`sys.setprofile` and lists every file of the project (``leakgym/``, ``envs/``, ``agents/``) in which
+a Python function ran, in order of first entry, with the number of times the round came back to a file
+it had left. A warm-up round is played first, so one-time work (lazy imports, caches) is not counted.
+Functions generated at run time (dataclass ``__init__``, ``<string>``) belong to no file and are not
+counted. The result goes to ``--json`` and a markdown list beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from leakgym.bench import check_output, machine_label, write_results
+
+#: the game/env layer: the views and the game itself
+LAYER = ("envs", "leakgym/game")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", default="runs/bench/trace_round.json",
+                        help="output JSON path, a .md list is written beside it (default: %(default)s)")
+    parser.add_argument("--scenario", default="digits", help="scenario name (default: %(default)s)")
+    parser.add_argument("--defender", default="1,0,1,0,0,0",
+                        help="defender action, comma-separated (default: %(default)s = noise 0.01, DCS² 0.5 on digits)")
+    parser.add_argument("--attacker", default="0,0,0,0",
+                        help="attacker action, comma-separated (default: %(default)s = Inverting Gradients, 20 "
+                             "iterations on digits)")
+
+
+def project_roots() -> dict[str, Path]:
+    """The project's source folders by their names in the repository (the installed packages' folders)."""
+    import leakgym
+    import leakgym.agents
+    import leakgym.envs
+
+    return {"leakgym": Path(leakgym.__file__).parent.resolve(), "envs": Path(leakgym.envs.__file__).parent.resolve(),
+            "agents": Path(leakgym.agents.__file__).parent.resolve()}
+
+
+def trace_round(scenario: str = "digits", defender: list[int] | None = None,
+                attacker: list[int] | None = None) -> dict:
+    """Play a warm-up round, then trace one round; returns the files entered, in order, and the counts."""
+    import numpy as np
+
+    from leakgym.envs import parallel_env
+
+    env = parallel_env(scenario)
+    env.reset(seed=0)
+    actions = {"defender": np.array(defender if defender is not None else [1, 0, 1, 0, 0, 0]),
+               "attacker": np.array(attacker if attacker is not None else [0, 0, 0, 0])}
+    env.step(actions)  # warm-up: lazy imports and caches
+    roots = {str(path): name for name, path in project_roots().items()}
+    names: dict[str, str | None] = {}
+    order: list[str] = []
+    returns = 0
+    current: list[str | None] = [None]
+
+    def name_of(filename: str) -> str | None:
+        if filename not in names:
+            resolved, found = str(Path(filename).resolve()), None
+            for root, name in roots.items():
+                if resolved.startswith(root + "/"):
+                    found = name + resolved[len(root):]
+            names[filename] = found
+        return names[filename]
+
+    def profile(frame, event, _arg):
+        nonlocal returns
+        if event != "call":
+            return
+        name = name_of(frame.f_code.co_filename)
+        if name is None or name == current[0]:
+            return
+        if name in order:
+            returns += 1
+        else:
+            order.append(name)
+        current[0] = name
+
+    sys.setprofile(profile)
+    try:
+        env.step(actions)
+    finally:
+        sys.setprofile(None)
+    layer = [f for f in order if f.startswith(LAYER)]
+    return {"scenario": scenario, "defender_action": actions["defender"].tolist(),
+            "attacker_action": actions["attacker"].tolist(), "files": order, "file_count": len(order),
+            "layer_files": layer, "layer_count": len(layer), "returns_to_a_file_left": returns}
+
+
+def main(args: argparse.Namespace) -> int:
+    out = check_output(args.json)
+    try:
+        defender = [int(v) for v in args.defender.split(",")]
+        attacker = [int(v) for v in args.attacker.split(",")]
+    except ValueError:
+        print(f"leakgym bench trace: --defender {args.defender!r} / --attacker {args.attacker!r}; allowed: "
+              "comma-separated integers (menu indices)", file=sys.stderr)
+        return 2
+    result = trace_round(args.scenario, defender, attacker)
+    lines = [f"# One round of `{args.scenario}`: the project files it enters",
+             "",
+             (f"Defender action {result['defender_action']}, attacker action {result['attacker_action']} "
+              f"(`leakgym bench trace`); {result['file_count']} project files, {result['layer_count']} of them in "
+              f"the game/env layer (`envs/`, `leakgym/game/`); the round came back "
+              f"{result['returns_to_a_file_left']} times to a file it had left."),
+             ""]
+    lines += [f"{i}. `{f}`" + (" (game/env layer)" if f in result["layer_files"] else "")
+              for i, f in enumerate(result["files"], 1)]
+    write_results(out, machine_label(1, "cpu"), [result], "\n".join(lines) + "\n")
+    return 0
