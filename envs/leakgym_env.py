@@ -19,10 +19,16 @@ raises ``ValueError`` naming the entry and its allowed range before any state ch
 failure inside a round is raised as :class:`RoundError` (the env's one documented error type for
 failed rounds) naming the round and the actions; the game is left exactly as it was before the
 round, and the completed rounds are kept in :attr:`history`.
+
+Infos have the same keys from ``reset`` on, numbers only (:mod:`leakgym.envs.infos`: RL clients stack
+them); an agent's full record of the last round, with the strategy's name, the decoded settings and the
+defenses applied, is :meth:`LeakGymParallelEnv.round_details`.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import warnings
 from collections.abc import Sequence
@@ -40,9 +46,11 @@ from leakgym.game.batch import GameBatch
 from leakgym.game.menus import FlatActions
 from leakgym.game.records import RoundOutcome, RoundRecord
 from leakgym.game.round import RoundError, observe, plan_one, play_round
+from leakgym.game.round import _reports_lpips as reports_lpips
 from leakgym.game.scenario import Scenario, load_scenario
 
 from .checks import check_seed
+from .infos import info_template, numeric_info
 from .rendering import WINDOW_TITLE, figure_to_rgb, placeholder_figure, round_figure, show_figure
 
 
@@ -118,8 +126,21 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         self.state_space = spaces.Box(low=0.0, high=1.0, shape=(sum(sizes.values()),), dtype=np.float32)
         self.agents: list[str] = []
         self.history: list[dict[str, Any]] = []
+        self._details: dict[str, dict[str, Any]] = {a: {"round": 0} for a in self.possible_agents}
+        #: whether the infos have ``leakage_lpips`` (fixed when the env is made: envs/infos.py)
+        self._lpips = reports_lpips(self.scenario)
         self._seed_rng = np.random.default_rng()
         self._episode = 0  # episodes started by reset (names the png frames)
+
+    # -- copies --------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy``, pickle) carries the whole state and plays on from where this env is,
+        mid-episode included (its game batch copies itself: :meth:`GameBatch.__getstate__`). EzPickle's
+        default carried the constructor's arguments only: a fresh env that had not been reset."""
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     # PettingZoo wants the same object on every call.
     def observation_space(self, agent: str) -> spaces.Box:
@@ -170,7 +191,9 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         self._episode += 1
         self.agents = list(self.possible_agents)
         self.history = []
-        infos = {a: {"round": 0} for a in self.agents}
+        start = {"lpips": self._lpips, "accuracy": float(self.games.accuracy[self.row]),
+                 "test_loss": _finite(self.games.test_loss[self.row], np.finfo(np.float32).max)}
+        infos = {a: info_template(a, **start) for a in self.agents}
         if self.render_mode == "human":  # Gymnasium's convention: a human window shows the reset state too
             self.render()
         return {a: obs[a].copy() for a in self.agents}, infos
@@ -194,6 +217,9 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
 
     def record(self, outcome: RoundOutcome) -> tuple:
         """Bookkeeping after a played round; returns the PettingZoo step tuple."""
+        agents = list(self.agents)
+        infos = {a: numeric_info(outcome.infos[a], a, self.scenario.strategies, lpips=self._lpips) for a in agents}
+        self._details = outcome.infos
         self.history.append(
             {
                 "round": self.round,
@@ -203,7 +229,6 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
                 **{f"{a}_{k}": v for a in outcome.infos for k, v in outcome.infos[a].items()},
             }
         )
-        agents = list(self.agents)
         terminations = {a: False for a in agents}
         truncations = {a: outcome.truncated for a in agents}
         if outcome.truncated:
@@ -214,7 +239,19 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
                 self.render()
             except OSError as exc:  # the round is played and recorded: a lost frame must not lose the step
                 warnings.warn(f"LeakGym: the frame of round {self.round} was not written ({exc})", stacklevel=3)
-        return obs, dict(outcome.rewards), terminations, truncations, outcome.infos
+        return obs, dict(outcome.rewards), terminations, truncations, infos
+
+    def round_details(self, agent: str) -> dict[str, Any]:
+        """``agent``'s full record of the last round played: its infos' numbers (``matching_loss`` and
+        ``leakage_lpips`` only where measured) and what is not a number -- the attacker's ``strategy``
+        and ``attack_settings``, the defender's ``defense_settings`` and ``defenses`` (names applied).
+
+        Kept across ``reset`` until the next round, so a client that resets a finished episode at once
+        (SB3's vector envs) still reads its last round; ``{"round": 0}`` before the env's first round.
+        A copy: changing it changes nothing."""
+        if agent not in self.possible_agents:
+            raise ValueError(f"agent={agent!r}; allowed: {self.possible_agents}")
+        return copy.deepcopy(self._details[agent])
 
     def step(self, actions: dict[str, Any]):
         defender, attacker = self.check_actions(actions)  # ValueError before any state changes
@@ -315,6 +352,11 @@ def share_batch(envs: Sequence[LeakGymParallelEnv]) -> GameBatch:
     for i, env in enumerate(envs):
         env.join(games, i)
     return games
+
+
+def _finite(value: float, default: float) -> float:
+    value = float(value)
+    return value if math.isfinite(value) else float(default)
 
 
 def _empty_observations(games: GameBatch) -> dict[str, np.ndarray]:

@@ -7,14 +7,14 @@ after the other; :class:`LeakGymSB3VecEnv` instead plays each SB3 step as one st
 :class:`~leakgym.envs.vector.LeakGymVectorEnv`, i.e. one :func:`~leakgym.game.round.play_round` over the N
 games (batched attacks, and batched benign clients where the round does so)::
 
-    import gymnasium as gym
     from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import VecMonitor
-    from leakgym.envs.sb3_vec import LeakGymSB3VecEnv
+    from leakgym.envs import make_sb3_vec
 
-    venv = VecMonitor(LeakGymSB3VecEnv(gym.make_vec("LeakGym-Digits-v0", num_envs=16, opponent="random")))
-    venv.seed(0)  # game i gets seed 0 + i, as make_vec_env(..., seed=0) seeds DummyVecEnv's env i
+    venv = make_sb3_vec("LeakGym-Digits-v0", 16, seed=0, opponent="random")  # VecMonitor'd, seeded
     PPO("MlpPolicy", venv, n_steps=8).learn(1_000)
+
+:func:`make_sb3_vec` is the public constructor (``leakgym.envs.make_sb3_vec``); it is
+``VecMonitor(LeakGymSB3VecEnv(gym.make_vec(env_id, num_envs=N, **kwargs)))`` plus ``seed``.
 
 Game ``i`` follows the trajectory of env ``i`` of ``make_vec_env(id, n_envs=N, seed=s)`` (same seeds,
 same opponent draws), up to the floating-point rounding of batched attacks.
@@ -69,6 +69,9 @@ class LeakGymSB3VecEnv(VecEnv):
             raise ValueError(f"venv is wrapped ({type(venv).__name__}); LeakGymSB3VecEnv steps the games itself and "
                              "would bypass it: pass the bare vector env and wrap the SB3 VecEnv instead (VecMonitor, "
                              "VecNormalize, ...)")
+        if venv.autoreset_mode != gym.vector.AutoresetMode.NEXT_STEP:
+            raise ValueError(f"venv.autoreset_mode={venv.autoreset_mode}; LeakGymSB3VecEnv resets finished games "
+                             "itself (SB3's convention) and needs the default NEXT_STEP")
         self.venv = venv
         self.envs = venv.envs
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
@@ -122,4 +125,42 @@ class LeakGymSB3VecEnv(VecEnv):
         return [env.render() for env in self.envs]
 
 
-__all__ = ["LeakGymSB3VecEnv", "unbatch_infos"]
+def make_sb3_vec(env_id: str = "LeakGym-Digits-v0", num_envs: int = 1, *, seed: int | None = None,
+                 monitor: bool = True, **kwargs: Any) -> VecEnv:
+    """An SB3 ``VecEnv`` whose every step is one batched step of ``num_envs`` LeakGym games.
+
+    SB3 refuses a Gymnasium vector env (``PPO("MlpPolicy", gym.make_vec(...))``); this is the
+    constructor to hand it instead, as ``make_vec_env`` is for single-agent envs::
+
+        PPO("MlpPolicy", make_sb3_vec("LeakGym-Digits-v0", 8, seed=0, role="defender")).learn(10_000)
+
+    Args:
+        env_id: a LeakGym Gymnasium id (``leakgym.envs.registered_ids()``).
+        num_envs: number of games played in lockstep.
+        seed: game ``i`` is seeded ``seed + i`` on the first reset (as ``make_vec_env(..., seed=seed)``);
+            ``None``: unseeded.
+        monitor: wrap in SB3's ``VecMonitor`` (episode returns and lengths in SB3's logs), as
+            ``make_vec_env`` wraps each env in ``Monitor``.
+        **kwargs: passed to ``gym.make_vec``: ``role``, ``opponent``, ``batch_attacks``,
+            ``max_episode_steps``, and any scenario field (``rounds=4``, ...).
+    """
+    if not isinstance(env_id, str):
+        raise ValueError(f"env_id={env_id!r}; expected a LeakGym Gymnasium id such as 'LeakGym-Digits-v0'")  # noqa: TRY004
+    from .registration import registered_ids
+
+    if env_id not in registered_ids():
+        from leakgym.suggest import did_you_mean
+
+        raise ValueError(f"env_id={env_id!r} is not a LeakGym id{did_you_mean(env_id, registered_ids())}; "
+                         f"available: {sorted(registered_ids())}")
+    venv: VecEnv = LeakGymSB3VecEnv(gym.make_vec(env_id, num_envs=num_envs, **kwargs))
+    if monitor:
+        from stable_baselines3.common.vec_env import VecMonitor
+
+        venv = VecMonitor(venv)
+    if seed is not None:
+        venv.seed(seed)
+    return venv
+
+
+__all__ = ["LeakGymSB3VecEnv", "make_sb3_vec", "unbatch_infos"]

@@ -196,6 +196,11 @@ class LeakGymSingleAgentEnv(gym.Env):
             raise
         return self.finish_step(outcome)
 
+    def round_details(self, agent: str | None = None) -> dict[str, Any]:
+        """The full record of the last round for ``agent`` (default: the learner's role), non-numbers
+        included (:meth:`~leakgym.envs.leakgym_env.LeakGymParallelEnv.round_details`)."""
+        return self.parallel.round_details(self.role if agent is None else agent)
+
     def render(self):
         return self.parallel.render()
 

@@ -9,8 +9,12 @@ keeps its own seed, so game ``i`` plays the same trajectory alone or beside any 
 are the rows of one batch (:func:`leakgym.game.round.play_round` plays the active rows); their global
 models are the rows of its :class:`~leakgym.fl.bank.ModelBank` (their parameters stacked per name; each
 game's module holds views of its row).
-Sub-environments reset automatically on the step after their episode ends (Gymnasium's
-``NEXT_STEP`` autoreset mode).
+A finished game resets as Gymnasium 1.x's ``autoreset_mode`` says (``gym.make_vec(id, num_envs=N,
+autoreset_mode=...)``; the attribute and ``metadata["autoreset_mode"]`` name it): ``NEXT_STEP`` (the
+default) on the step after its episode ends, that step's action ignored; ``SAME_STEP`` in the step that
+ends it, the final observation and infos under ``infos["final_obs"]`` / ``infos["final_info"]``;
+``DISABLED`` never by itself: ``reset(options={"reset_mask": mask})`` resets the games ``mask`` selects
+(TorchRL's ``GymWrapper`` needs ``SAME_STEP`` or ``DISABLED``, and prefers the latter).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class LeakGymVectorEnv(VectorEnv):
             over the games (DCS²'s synthesis, :func:`leakgym.defenses.dcs2.dcs2_gradients`); equal to the game-by-game loop to
             float32 rounding, so off by default. Meant for GPUs: on a CPU it pays off for the digits
             LeNet but slows the CIFAR ConvNet down (measured, ``docs/results/bench_env.md``).
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (or its value,
+            ``"SameStep"``, ...): when a finished game resets (the module docstring).
         **kwargs: passed to every :class:`~leakgym.envs.single_agent.LeakGymSingleAgentEnv`.
     """
 
@@ -58,7 +64,13 @@ class LeakGymVectorEnv(VectorEnv):
 
     def __init__(self, num_envs: int = 1, opponents: list[Any] | None = None, render_mode: str | None = None,
                  batch_attacks: bool = True, batch_clients: bool = False, max_episode_steps: int | None = None,
-                 **kwargs: Any) -> None:
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, **kwargs: Any) -> None:
+        try:
+            self.autoreset_mode = AutoresetMode(autoreset_mode)
+        except ValueError:
+            raise ValueError(f"autoreset_mode={autoreset_mode!r}; allowed: "
+                             f"{[m.value for m in AutoresetMode]} (gymnasium.vector.AutoresetMode)") from None
+        self.metadata = {**type(self).metadata, "autoreset_mode": self.autoreset_mode}
         for name, flag in (("batch_attacks", batch_attacks), ("batch_clients", batch_clients)):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name}={flag!r}; allowed: True or False")  # noqa: TRY004
@@ -96,17 +108,8 @@ class LeakGymVectorEnv(VectorEnv):
         for i, env in enumerate(self.envs):
             env.parallel.join(self.games, i)
 
-    def __getstate__(self) -> dict:
-        """Pickling and ``copy.deepcopy`` rebuild the sub-environments' games from their arguments (the
-        parallel env is an ``EzPickle``: fresh games, before their first reset), so this vector's batch does
-        not travel; :meth:`__setstate__` gives the copy's games a batch of their own."""
-        state = dict(self.__dict__)
-        del state["games"]
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._join_games()
+    # Copies (copy.deepcopy, pickle) need nothing of their own: each sub-environment carries its game batch,
+    # which is this vector's (one object, copied once), so a copy plays on mid-episode as the original does.
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
         # Every seed is checked before any game resets: a rejected reset changes nothing.
@@ -122,14 +125,27 @@ class LeakGymVectorEnv(VectorEnv):
                 if s is not None and not is_seed(s):
                     raise ValueError(f"seed[{i}]={s!r}; allowed: None or an integer >= 0")
             seeds = [None if s is None else int(s) for s in seed]
-        obs, infos = [], {}
+        options = dict(options or {})
+        mask = self._reset_mask(options.pop("reset_mask", None))
+        obs, infos = list(self._obs), {}
         for i, (env, s) in enumerate(zip(self.envs, seeds)):
-            o, info = env.reset(seed=s, options=options)
-            obs.append(o)
-            infos = self._add_info(infos, info, i)
-        self._autoreset[:] = False
+            if mask[i]:
+                obs[i], info = env.reset(seed=s, options=options or None)
+                infos = self._add_info(infos, info, i)
+        self._autoreset[mask] = False
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), infos
+
+    def _reset_mask(self, mask: Any) -> np.ndarray:
+        """``options["reset_mask"]`` (Gymnasium 1.x): the games to reset, a bool array of ``num_envs``
+        entries with at least one True; None: all of them."""
+        if mask is None:
+            return np.ones(self.num_envs, dtype=bool)
+        arr = np.asarray(mask)
+        if arr.shape != (self.num_envs,) or arr.dtype != np.bool_ or not arr.any():
+            raise ValueError(f"options['reset_mask']={mask!r}; allowed: a bool array of shape ({self.num_envs},) "
+                             "with at least one True (the games to reset)")
+        return arr
 
     def step(self, actions):
         given = actions
@@ -139,6 +155,10 @@ class LeakGymVectorEnv(VectorEnv):
         # Each game's action is checked as given (a list row keeps its Python bools, which np.asarray
         # turned into integers the single-agent view would have refused).
         rows = given if isinstance(given, (list, tuple)) else actions
+        if self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset.any():
+            raise RuntimeError(f"sub-environment(s) {np.flatnonzero(self._autoreset).tolist()} finished their "
+                               "episode and autoreset_mode is DISABLED: reset them first, "
+                               "reset(options={'reset_mask': mask})")
         active = [i for i in range(self.num_envs) if not self._autoreset[i]]
         mine = {}
         for i in active:  # validate every learner action before anything draws or changes
@@ -170,9 +190,19 @@ class LeakGymVectorEnv(VectorEnv):
             # A step is a round: the game's round count is the episode's step count that TimeLimit keeps.
             if self.max_episode_steps is not None and self.games.round[i] >= self.max_episode_steps:
                 truncations[i] = True
-        self._autoreset = np.logical_or(terminations, truncations)
+            if self.autoreset_mode == AutoresetMode.SAME_STEP and (terminations[i] or truncations[i]):
+                infos = self._add_info(infos, {"final_obs": obs[i], "final_info": info}, i)
+                obs[i], info = self.envs[i].reset()
+                infos = self._add_info(infos, info, i)
+        if self.autoreset_mode != AutoresetMode.SAME_STEP:
+            self._autoreset = np.logical_or(terminations, truncations)
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), rewards, terminations, truncations, infos
+
+    def round_details(self, agent: str | None = None) -> list[dict[str, Any]]:
+        """Each game's full record of its last round for ``agent`` (default: the learner's role), non-numbers
+        included (:meth:`~leakgym.envs.leakgym_env.LeakGymParallelEnv.round_details`)."""
+        return [env.round_details(agent) for env in self.envs]
 
     def render(self):
         """Each game's frame, as a tuple (as Gymnasium's ``SyncVectorEnv.render``)."""

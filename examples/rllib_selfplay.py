@@ -47,7 +47,8 @@ def metrics_callback():
         """Per finished episode: the mean leakage SSIM over its rounds and the final test accuracy."""
 
         def on_episode_end(self, *, episode, metrics_logger=None, **kwargs) -> None:
-            infos = [i for i in episode.get_infos().get("attacker", []) if "leakage_ssim" in i]
+            # the reset infos have the same keys, with round 0 (no round played: NaN metrics)
+            infos = [i for i in episode.get_infos().get("attacker", []) if i.get("round", 0) > 0]
             if infos and metrics_logger is not None:
                 metrics_logger.log_value("leakage_ssim", sum(i["leakage_ssim"] for i in infos) / len(infos))
                 metrics_logger.log_value("accuracy", infos[-1]["accuracy"])

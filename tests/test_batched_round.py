@@ -83,7 +83,7 @@ def test_a_vector_step_with_random_actions_makes_one_engine_call(cheap_overrides
         actions = rng.integers(0, vec.single_action_space.nvec, size=(12, 4))
         calls.clear()
         _, _, _, _, infos = vec.step(actions)
-        assert len(set(infos["strategy"])) > 1
+        assert len(set(infos["strategy_index"])) > 1
         assert len(calls) == 1  # all four strategies (three Adam, one L-BFGS) in one engine call
         assert len({tuple(a[1:]) for a in actions}) > 1  # budgets, restarts and TV weights did differ
         units = infos["attack_units"]

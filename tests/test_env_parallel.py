@@ -7,8 +7,8 @@ from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
 
 from leakgym.envs import RoundError, env, parallel_env
 
-#: decoded actions and flags: the only infos that are not floats
-NON_NUMERIC_INFOS = {"strategy", "attack_settings", "defense_settings", "defenses", "model_diverged", "update_skipped"}
+#: the flags and counters: the only infos that are not floats (leakgym.envs.infos)
+NON_FLOAT_INFOS = {"round", "model_diverged", "update_skipped", "diverged_round", "strategy_index"}
 
 
 def test_parallel_api(cheap_overrides):
@@ -54,8 +54,8 @@ def test_episode_runs_to_truncation_with_documented_infos(cheap_overrides):
         steps += 1
         for a in ("attacker", "defender"):
             assert e.observation_space(a).contains(obs[a])
-            numeric = {k: v for k, v in infos[a].items() if k not in NON_NUMERIC_INFOS}
-            assert all(isinstance(v, float) for k, v in numeric.items() if k != "round")
+            floats = {k: v for k, v in infos[a].items() if k not in NON_FLOAT_INFOS}
+            assert all(isinstance(v, float) for v in floats.values())
         # rewards are the documented sums of their components
         ia, idf = infos["attacker"], infos["defender"]
         assert rewards["attacker"] == pytest.approx(ia["reward_leakage"] + ia["reward_cost"])

@@ -26,8 +26,8 @@ def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_over
         assert env.scenario.defender_dims == ["toy_scale"]
         env.reset(seed=0)
         _, _, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": np.array([1])})
-        assert infos["defender"]["defenses"] == ["toy_scale"]
-        assert infos["defender"]["defense_settings"] == {"toy_scale": -1.0, "oasis": []}
+        assert env.round_details("defender")["defenses"] == ["toy_scale"]
+        assert env.round_details("defender")["defense_settings"] == {"toy_scale": -1.0, "oasis": []}
         assert infos["defender"]["defense_units"] == 0.25  # the toy's own cost model
         assert infos["defender"]["fidelity"] == pytest.approx(-1.0)  # the shared update is the clean one negated
     # unregistered again: the menu no longer validates
@@ -68,9 +68,9 @@ def test_a_toy_defense_brings_its_limits_and_bit_menu_to_scenarios(cheap_overrid
         # played: the bits the defender switches on reach the defense
         env = parallel_env(sc)
         env.reset(seed=0)
-        _, _, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": np.array([1, 1])})
-        assert infos["defender"]["defenses"] == ["toy_mask"]
-        assert infos["defender"]["defense_settings"] == {"toy_repeats": 4, "oasis": [], "toy_mask": ["second"]}
+        env.step({"attacker": np.zeros(4, np.int64), "defender": np.array([1, 1])})
+        assert env.round_details("defender")["defenses"] == ["toy_mask"]
+        assert env.round_details("defender")["defense_settings"] == {"toy_repeats": 4, "oasis": [], "toy_mask": ["second"]}
     # unregistered again: the option and the limit are gone with it
     assert "toy_repeats" not in LIMITS
     with pytest.raises(ValueError, match=r"unknown scenario option\(s\) \['toy_mask_bits'\]"):

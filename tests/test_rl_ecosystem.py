@@ -1,6 +1,7 @@
-"""LeakGym with the tools RL researchers already use: rl-baselines3-zoo, SuperSuit + SB3, Ray RLlib,
-and the worked example. Each test skips cleanly when its optional package is not installed (CI
-installs only ``.[dev]``, which has SuperSuit but neither rl_zoo3 nor ray)."""
+"""LeakGym with the tools RL researchers already use: rl-baselines3-zoo, Ray RLlib, and the worked
+example (SuperSuit, TorchRL, Tianshou and SB3's batched env: tests/test_rl_clients.py). Each test skips
+cleanly when its optional package is not installed (CI installs only ``.[dev]``, which has neither
+rl_zoo3 nor RLlib)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 from leakgym.agents.experiments import training as tr
 
 REPO = Path(__file__).resolve().parents[1]
-#: a tiny digits game for the rl-zoo and SuperSuit runs
+#: a tiny digits game for the rl-zoo run
 TINY = {"rounds": 2, "num_clients": 1, "eval_size": 32, "iterations": [1, 2], "restarts": [1],
         "strategies": ["inverting-gradients", "dlg"], "defense_defaults": {"dcs2_steps": 2}}
 
@@ -41,34 +42,6 @@ def test_rl_zoo3_trains_from_leakgyms_hyperparams_file(tmp_path):
     assert "('gamma', 0.9)" in done.stdout and "('n_steps', 8)" in done.stdout  # the file's value, the override
     assert "env_kwargs={'role': 'attacker', 'opponent': 'none'" in done.stdout
     assert (tmp_path / "ppo" / "LeakGym-Digits-v0_1" / "LeakGym-Digits-v0.zip").is_file()
-
-
-def test_supersuit_pipeline_feeds_sb3_ppo():
-    """parallel_env(flat_actions=True) -> pad observations and actions -> vector env -> SB3 PPO."""
-    _needs("supersuit")
-    import supersuit as ss
-    from gymnasium import spaces
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.utils import set_random_seed
-
-    from leakgym.envs import leakgym_v0
-
-    overrides = {k: v for k, v in TINY.items() if k != "rounds"}
-    env = leakgym_v0.parallel_env(flat_actions=True, max_cycles=2, **overrides)
-    assert all(isinstance(env.action_space(a), spaces.Discrete) for a in env.possible_agents)
-    env = ss.pad_observations_v0(env)
-    env = ss.pad_action_space_v0(env)
-    venv = ss.pettingzoo_env_to_vec_env_v1(env)
-    venv = ss.concat_vec_envs_v1(venv, 2, num_cpus=0, base_class="stable_baselines3")
-    assert venv.num_envs == 4  # 2 games x 2 agents
-    # SuperSuit's vector env has no seed() for SB3 to call: seed SB3's generators directly instead.
-    set_random_seed(0)
-    model = PPO("MlpPolicy", venv, n_steps=4, batch_size=8, n_epochs=1, device="cpu")
-    before = {k: v.clone() for k, v in model.policy.state_dict().items()}
-    model.learn(16)
-    assert model.num_timesteps == 16
-    assert any(not np.array_equal(before[k].numpy(), v.numpy()) for k, v in model.policy.state_dict().items())
-    venv.close()
 
 
 def test_rllib_example_trains_both_roles_for_one_iteration(tmp_path):

@@ -46,7 +46,7 @@ def _assert_close_step(a, b, tol):
     obs_b, r_b, te_b, tr_b, info_b = b
     np.testing.assert_allclose(obs_a, obs_b, atol=tol, rtol=0)
     assert r_a == pytest.approx(r_b, abs=tol) and te_a == te_b and tr_a == tr_b
-    for key in ("round", "accuracy", "test_loss", "strategy", "attack_settings", "attack_units"):
+    for key in ("round", "accuracy", "test_loss", "strategy_index", "attack_units"):
         assert info_a[key] == info_b[key], key
     for key in ("leakage", "leakage_ssim", "leakage_psnr", "leakage_mse"):
         assert info_a[key] == pytest.approx(info_b[key], abs=tol * (100 if key == "leakage_psnr" else 1)), key
@@ -257,10 +257,13 @@ def test_a_rejected_action_changes_nothing_parallel_and_vector(cheap_overrides):
     np.testing.assert_array_equal(a[1], b[1])
 
 
-def test_infos_carry_the_decoded_actions(cheap_overrides):
+def test_the_round_details_carry_the_decoded_actions(cheap_overrides):
+    """The infos are numbers (leakgym.envs.infos: strategy_index); the full record is round_details()."""
     e = parallel_env("digits", **cheap_overrides)
     e.reset(seed=0)
-    _, _, _, _, infos = e.step({"attacker": np.array([1, 1, 0, 1]), "defender": np.array([2, 0, 0, 0, 1, 0])})
+    _, _, _, _, numbers = e.step({"attacker": np.array([1, 1, 0, 1]), "defender": np.array([2, 0, 0, 0, 1, 0])})
+    assert e.scenario.strategies[numbers["attacker"]["strategy_index"]] == "dlg"
+    infos = {agent: e.round_details(agent) for agent in e.possible_agents}
     assert infos["attacker"]["strategy"] == "dlg"
     assert infos["attacker"]["attack_settings"] == {"strategy": "dlg", "iterations": 4, "restarts": 1, "tv": 1e-2}
     assert infos["defender"]["defense_settings"]["noise_sigma"] == 0.1

@@ -60,11 +60,14 @@ def make_vector_env(
     bandit's pending arm) into its neighbours' rounds.
     ``max_episode_steps`` (from ``gym.make_vec(..., max_episode_steps=K)``; the ids register none,
     the horizon is ``rounds``) truncates every game after ``K`` steps, as Gymnasium's ``TimeLimit``
-    does for the single-agent view (``-1``: no limit, as in ``gym.make``).
+    does for the single-agent view (``-1``: no limit, as in ``gym.make``). ``autoreset_mode``
+    (``gym.make_vec(..., autoreset_mode=AutoresetMode.SAME_STEP)``; Gymnasium refuses ``vector_kwargs`` for a
+    vector entry point) picks when finished games reset (:class:`~leakgym.envs.vector.LeakGymVectorEnv`).
     """
     max_steps = kwargs.pop("max_episode_steps", None)
     batch_attacks = kwargs.pop("batch_attacks", True)
     batch_clients = kwargs.pop("batch_clients", False)
+    autoreset = {"autoreset_mode": kwargs.pop("autoreset_mode")} if "autoreset_mode" in kwargs else {}
     sc, rest = _scenario(scenario, kwargs)
     if not is_integer(num_envs) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
@@ -72,7 +75,7 @@ def make_vector_env(
                  for _ in range(num_envs)]
     return LeakGymVectorEnv(num_envs=num_envs, opponents=opponents, scenario=sc, role=role,
                             batch_attacks=batch_attacks, batch_clients=batch_clients,
-                            max_episode_steps=max_steps, **rest)
+                            max_episode_steps=max_steps, **autoreset, **rest)
 
 
 __all__ = ["DEFAULT_OPPONENT", "make_single_agent_env", "make_vector_env"]

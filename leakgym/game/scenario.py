@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from leakgym.suggest import did_you_mean
+from leakgym.suggest import UnknownOptionError, did_you_mean, unexpected_keywords
 
 from .menus import BitDimension, Menu, ValueDimension, check_action
 
@@ -301,8 +301,9 @@ class Scenario:
         known = set(option_names())
         unknown = sorted(set(overrides) - known)
         if unknown:
-            raise ValueError(f"unknown scenario option(s) {unknown}{did_you_mean(unknown[0], known | set(SHORTHANDS))}; "
-                             f"allowed: {sorted(known | set(SHORTHANDS))}")
+            allowed = sorted(known | set(SHORTHANDS))
+            raise UnknownOptionError(f"unknown scenario option(s) {unknown}: {unexpected_keywords(unknown, allowed)}; "
+                                     f"allowed: {allowed}")
         return dataclasses.replace(self, **_fold_bit_options(overrides, self.defender_bits))
 
     @classmethod

@@ -7,9 +7,10 @@ Re-record only when a change is *meant* to alter trajectories, and say so in the
 
 Only ``gym.make``, ``gym.make_vec`` and ``leakgym.envs.parallel_env`` are used (no env internals), so
 the cases survive a redesign of the game core. Each case is a sequence of steps; a step's record is
-flattened to ``path -> value``: numeric values (observations, rewards, end flags, every numeric info,
-nested dicts such as ``attack_settings`` by their leaves) become arrays stacked over the steps, the
-rest (strategy names, defense lists, OASIS bit lists) one JSON document per case, compared exactly.
+flattened to ``path -> value``: numeric values (observations, rewards, end flags, every info, and the
+round's full record from ``round_details()`` with nested dicts such as ``attack_settings`` by their leaves)
+become arrays stacked over the steps, the rest (strategy names, defense lists, OASIS bit lists) one JSON
+document per case, compared exactly.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _flatten(prefix: str, value: Any, numeric: dict[str, Any], text: dict[str, A
     text[prefix] = np.asarray(value, dtype=object).tolist() if isinstance(value, np.ndarray) else value
 
 
-def _step_record(kind: str, out: tuple, actions: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _step_record(kind: str, out: tuple, actions: Any, details: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     numeric: dict[str, Any] = {}
     text: dict[str, Any] = {}
     names = ("obs", "info") if kind == "reset" else ("obs", "reward", "terminated", "truncated", "info")
@@ -102,7 +103,18 @@ def _step_record(kind: str, out: tuple, actions: Any) -> tuple[dict[str, Any], d
         _flatten("action", actions, numeric, text)
     for name, value in zip(names, out):
         _flatten(name, value, numeric, text)
+    if details is not None:  # what round_details() adds to the infos: strategy names, settings, defense lists
+        _flatten("details", _records(details), numeric, text)
     return numeric, text
+
+
+def _records(details: dict[str, Any]) -> dict[str, Any]:
+    """The entries of round_details() that the infos do not carry (leakgym.envs.infos.DETAILS), per key of
+    ``details`` (an agent or a game), or of ``details`` itself when it is one record."""
+    keys = ("strategy", "attack_settings", "defense_settings", "defenses")
+    if any(k in details for k in keys) or "round" in details:
+        return {k: details[k] for k in keys if k in details}
+    return {name: _records(d) for name, d in details.items()}
 
 
 def _actions(rng: np.random.Generator, space, n: int | None, fixed: bool) -> np.ndarray:
@@ -140,14 +152,17 @@ def play(name: str, recorded: dict[str, np.ndarray] | None = None) -> list[tuple
             if i == rounds:  # a second episode from an unseeded reset (the env's own generator goes on)
                 steps.append(_step_record("reset", env.reset(), None))
             a = act(i, "action", lambda: _actions(rng, env.action_space, None, fixed))
-            steps.append(_step_record("step", env.step(np.asarray(a)), a))
+            out = env.step(np.asarray(a))
+            steps.append(_step_record("step", out, a, env.get_wrapper_attr("round_details")()))
         env.close()
     elif view == "vec8":
         env = gym.make_vec(gym_id, num_envs=8, role=role, **options, **overrides)
         steps.append(_step_record("reset", env.reset(seed=VEC_SEEDS), None))
         for i in range(rounds + 2):  # across the autoreset step
             a = act(i, "action", lambda: _actions(rng, env.single_action_space, 8, fixed))
-            steps.append(_step_record("step", env.step(np.asarray(a)), a))
+            out = env.step(np.asarray(a))
+            # a game reset in this step (NEXT_STEP) played no round: its details are its last round's
+            steps.append(_step_record("step", out, a, {str(g): d for g, d in enumerate(env.round_details())}))
         env.close()
     else:
         env = parallel_env(scenario, **overrides)
@@ -156,7 +171,8 @@ def play(name: str, recorded: dict[str, np.ndarray] | None = None) -> list[tuple
             a = {agent: act(i, f"action/{agent}", lambda agent=agent: _actions(rng, env.action_space(agent), None,
                                                                                  fixed))
                  for agent in env.agents}
-            steps.append(_step_record("step", env.step({k: np.asarray(v) for k, v in a.items()}), a))
+            out = env.step({k: np.asarray(v) for k, v in a.items()})
+            steps.append(_step_record("step", out, a, {agent: env.round_details(agent) for agent in a}))
         env.close()
     return steps
 

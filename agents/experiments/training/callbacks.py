@@ -32,7 +32,7 @@ def _progress_callback(total: int):
 
         def _on_step(self) -> bool:
             for info in self.locals.get("infos", []):
-                if "leakage_ssim" in info:
+                if math.isfinite(info.get("leakage_ssim", math.nan)):  # NaN: no round played (reset infos)
                     self.recent.append(float(info["leakage_ssim"]))
             if self.recent:
                 self.bar.set_postfix(ssim=f"{np.mean(self.recent):.3f}", refresh=False)
@@ -71,7 +71,7 @@ def _numeric(value: Any) -> bool:
 
 
 def leakgym_metrics_callback(window: int):
-    """An SB3 callback that logs LeakGym's quantities from the step infos to TensorBoard.
+    """An SB3 callback that logs LeakGym's quantities of each round (``round_details()``) to TensorBoard.
 
     After each rollout holding at least ``window`` steps (PPO/A2C: every rollout; DQN, whose
     rollouts are ``train_freq`` steps: every ``window`` steps) it records the mean of the numeric
@@ -92,7 +92,9 @@ def leakgym_metrics_callback(window: int):
             self.defenses: set[str] = set()
 
         def _on_step(self) -> bool:
-            self.infos.extend(i for i in self.locals.get("infos", []) if "leakage" in i)
+            # The infos hold numbers only (leakgym.envs.infos); each game's full record of the round just
+            # played (strategy, settings, defenses applied; LPIPS only where measured) is round_details().
+            self.infos.extend(d for d in self.training_env.env_method("round_details") if "leakage" in d)
             return True
 
         def _on_rollout_end(self) -> None:

@@ -1,0 +1,317 @@
+"""Third-party RL clients drive LeakGym unchanged (issue 37, item 2): TorchRL (``GymEnv`` by id,
+``GymWrapper`` on the single-agent and the native vector env, ``PettingZooWrapper``), Tianshou, SB3 on
+the batched env (:func:`leakgym.envs.make_sb3_vec`), SuperSuit (:func:`leakgym.envs.supersuit_vec_env`),
+Gymnasium's ``TypeError`` for an unknown keyword, infos with the same numeric keys from ``reset`` on,
+the vector env's autoreset modes, and mid-episode copies that play on. TorchRL and Tianshou are in the
+dev extra; a test skips (with the reason) where its client is not installed."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import leakgym  # noqa: F401  (registers the ids)
+from leakgym.envs import parallel_env
+
+ID = "LeakGym-Digits-v0"
+
+
+def _needs(module: str):
+    return pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[dev]' installs it)")
+
+
+# -- unknown keywords ---------------------------------------------------------------------------------
+def test_an_unknown_keyword_is_a_type_error_naming_it_with_a_suggestion(cheap_overrides):
+    for make in (lambda: gym.make(ID, roundz=3), lambda: gym.make_vec(ID, num_envs=2, roundz=3),
+                 lambda: parallel_env("digits", roundz=3)):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'roundz' \(did you mean 'rounds'\?\)"):
+            make()
+    # still a ValueError, LeakGym's bad-input type (callers that catch it keep working)
+    with pytest.raises(ValueError, match="unknown scenario option"):
+        gym.make(ID, frameskip=4)
+
+
+# -- TorchRL ------------------------------------------------------------------------------------------
+def test_torchrl_gym_env_by_id(cheap_overrides):
+    _needs("torchrl")
+    from torchrl.envs import GymEnv
+    from torchrl.envs.utils import check_env_specs
+
+    env = GymEnv(ID, opponent="random", **cheap_overrides)  # probes frameskip=1, drops it on the TypeError
+    check_env_specs(env, seed=0)
+    td = env.rollout(cheap_overrides["rounds"] + 1, break_when_any_done=False)
+    assert td["next", "done"].squeeze(-1).tolist() == [False, False, True, False]
+    assert env.observation_spec["observation"].shape == (env._env.observation_space.shape[0],)
+    env.close()
+
+
+def test_torchrl_gym_wrapper_on_the_single_agent_env(cheap_overrides):
+    _needs("torchrl")
+    from torchrl.envs import GymWrapper
+    from torchrl.envs.utils import check_env_specs
+
+    env = GymWrapper(gym.make(ID, role="defender", opponent="random", **cheap_overrides))
+    check_env_specs(env, seed=0)
+    td = env.rollout(cheap_overrides["rounds"])
+    assert td.batch_size == (cheap_overrides["rounds"],) and bool(td["next", "truncated"][-1])
+    env.close()
+
+
+@pytest.mark.parametrize("mode", ["SAME_STEP", "DISABLED"])
+def test_torchrl_gym_wrapper_on_the_native_vector_env(cheap_overrides, mode):
+    """TorchRL takes a Gymnasium vector env whose autoreset_mode is SAME_STEP or DISABLED (an attribute)."""
+    _needs("torchrl")
+    from torchrl.envs import GymWrapper
+
+    venv = gym.make_vec(ID, num_envs=2, opponent="random", autoreset_mode=getattr(gym.vector.AutoresetMode, mode),
+                        **cheap_overrides)
+    env = GymWrapper(venv)
+    rounds = cheap_overrides["rounds"]
+    td = env.rollout(2 * rounds + 1, break_when_any_done=False)
+    assert td.batch_size == (2, 2 * rounds + 1)
+    done = td["next", "done"].squeeze(-1)
+    assert done.sum(dim=1).tolist() == [2, 2] and done[:, rounds - 1].all() and done[:, 2 * rounds - 1].all()
+    env.close()
+
+
+def test_torchrl_pettingzoo_wrapper_on_the_parallel_env(cheap_overrides):
+    """TorchRL builds its info spec from the reset infos and stacks every step's: same numeric keys."""
+    _needs("torchrl")
+    from torchrl.envs import PettingZooWrapper
+
+    from leakgym.envs.infos import info_template
+
+    env = PettingZooWrapper(parallel_env("digits", **cheap_overrides), use_mask=False, seed=0)
+    assert set(env.group_map) == {"attacker", "defender"}
+    rounds = cheap_overrides["rounds"]
+    td = env.rollout(rounds, break_when_any_done=False)
+    assert td.batch_size == (rounds,)
+    for role in ("attacker", "defender"):
+        assert set(td["next", role, "info"].keys()) == set(info_template(role))
+        assert td["next", role, "info", "round"].squeeze(-1).tolist() == list(range(1, rounds + 1))
+    assert bool(td["next", "attacker", "truncated"][-1].all())
+    env.close()
+
+
+# -- Tianshou -----------------------------------------------------------------------------------------
+def test_tianshou_collector_over_a_dummy_vector_env(cheap_overrides):
+    _needs("tianshou")
+    from tianshou.algorithm.algorithm_base import RandomActionPolicy
+    from tianshou.data import Collector, VectorReplayBuffer
+    from tianshou.env import DummyVectorEnv
+
+    # Tianshou's random policy samples Discrete spaces only: flat actions
+    envs = DummyVectorEnv([lambda: gym.make(ID, opponent="random", flat_actions=True, **cheap_overrides)] * 2)
+    envs.seed(0)
+    collector = Collector(RandomActionPolicy(envs.action_space[0]), envs, VectorReplayBuffer(32, 2))
+    collector.reset()
+    stats = collector.collect(n_step=2 * cheap_overrides["rounds"])
+    assert stats.n_collected_steps == 2 * cheap_overrides["rounds"]
+    assert stats.n_collected_episodes == 2
+    assert np.isfinite(collector.buffer.info["leakage"][: stats.n_collected_steps]).all()
+    envs.close()
+
+
+# -- Stable-Baselines3 on the batched env --------------------------------------------------------------
+def test_make_sb3_vec_feeds_ppo(cheap_overrides):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import VecEnv, VecMonitor
+
+    from leakgym.envs import make_sb3_vec
+
+    venv = make_sb3_vec(ID, 2, seed=0, opponent="random", **cheap_overrides)
+    assert isinstance(venv, VecEnv) and isinstance(venv, VecMonitor) and venv.num_envs == 2
+    model = PPO("MlpPolicy", venv, n_steps=4, batch_size=8, n_epochs=1, seed=0, device="cpu")
+    model.learn(total_timesteps=8)
+    assert model.num_timesteps == 8
+    venv.close()
+    with pytest.raises(ValueError, match="did you mean 'LeakGym-Digits-v0'"):
+        make_sb3_vec("LeakGym-Digit-v0", 2)
+    with pytest.raises(ValueError, match="needs the default NEXT_STEP"):  # it resets finished games itself
+        make_sb3_vec(ID, 2, autoreset_mode="SameStep", **cheap_overrides)
+
+
+# -- SuperSuit ----------------------------------------------------------------------------------------
+#: a defender menu as large as the cheap attacker menu (2 x 2 x 1 x 2 = 8 flat actions)
+EQUAL_MENUS = {"defender_menu": {"noise_sigma": [0.0, 0.1], "prune": [0.0, 0.9], "censor_trials": [0, 5]},
+               "oasis_bits": []}
+
+
+def _game(cheap_overrides):
+    return {k: v for k, v in cheap_overrides.items() if k != "rounds"} | {"max_cycles": 2}
+
+
+def test_supersuit_recipe_refuses_unequal_menus_by_default(cheap_overrides):
+    _needs("supersuit")
+    from leakgym.envs import supersuit_vec_env
+
+    with pytest.raises(ValueError, match=r"attacker 8, defender 144.*invalid_action='raise'"):
+        supersuit_vec_env("digits", 2, **_game(cheap_overrides))
+    with pytest.raises(ValueError, match="invalid_action='remap'; allowed"):
+        supersuit_vec_env("digits", 2, invalid_action="remap", **_game(cheap_overrides))
+
+
+def test_supersuit_recipe_pads_and_a_padded_action_raises(cheap_overrides):
+    _needs("supersuit")
+    from leakgym.envs import supersuit_vec_env
+
+    venv = supersuit_vec_env("digits", 2, invalid_action="raise", **_game(cheap_overrides))
+    assert venv.num_envs == 4 and venv.action_space.n == 144  # 2 games x (attacker, defender)
+    obs = venv.reset()
+    assert obs.shape == (4, venv.observation_space.shape[0])
+    np.testing.assert_array_equal(obs[:, -2:], [[1, 0], [0, 1], [1, 0], [0, 1]])  # the role indicator
+    _, rewards, _, _ = venv.step(np.array([7, 143, 0, 100]))  # the last in-menu actions are played
+    assert np.isfinite(rewards).all()
+    with pytest.raises(ValueError, match=r"attacker flat action 8 is a padding action.*0\.\.7"):
+        venv.step(np.array([8, 0, 0, 0]))
+    venv.close()
+
+
+def test_supersuit_recipe_feeds_sb3_ppo_with_equal_menus(cheap_overrides):
+    _needs("supersuit")
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.utils import set_random_seed
+
+    from leakgym.envs import supersuit_vec_env
+
+    venv = supersuit_vec_env("digits", 2, **_game(cheap_overrides), **EQUAL_MENUS)  # refuse: sizes are equal
+    assert venv.num_envs == 4 and venv.action_space.n == 8
+    set_random_seed(0)  # SuperSuit's vector env has no seed() for SB3 to call
+    model = PPO("MlpPolicy", venv, n_steps=4, batch_size=8, n_epochs=1, device="cpu")
+    model.learn(16)
+    assert model.num_timesteps == 16
+    venv.close()
+
+
+# -- infos: the same numeric keys from reset on ---------------------------------------------------------
+def _same_type(a, b) -> bool:
+    return type(a) is type(b) or (isinstance(a, float) and isinstance(b, float))
+
+
+def test_infos_have_the_same_numeric_keys_from_reset_on(cheap_overrides):
+    from leakgym.envs.infos import DETAILS, info_template
+
+    e = parallel_env("digits", **cheap_overrides)
+    _, first = e.reset(seed=0)
+    lpips = e._lpips  # LPIPS is reported (a key) only where its weights are on disk
+    assert {a: set(i) for a, i in first.items()} == {a: set(info_template(a, lpips=lpips)) for a in first}
+    assert all(math.isfinite(v) for i in first.values() for v in i.values())
+    while e.agents:
+        *_, infos = e.step({a: e.action_space(a).sample() for a in e.agents})
+        for a, info in infos.items():
+            assert set(info) == set(first[a])
+            assert all(isinstance(v, (bool, int, float)) and _same_type(v, first[a][k]) for k, v in info.items())
+            assert all(math.isfinite(v) for v in info.values())  # determinism checkers compare with ==
+            details = e.round_details(a)
+            assert details["round"] == info["round"] and set(DETAILS) & set(details)
+    assert e.round_details("attacker")["strategy"] == e.scenario.strategies[infos["attacker"]["strategy_index"]]
+
+    single = gym.make(ID, role="defender", opponent="random", **cheap_overrides)
+    _, first = single.reset(seed=0)
+    _, _, _, _, info = single.step(single.action_space.sample())
+    assert set(first) == set(info) == set(info_template("defender", lpips=lpips))
+    assert isinstance(single.unwrapped.round_details()["defenses"], list)  # the defender's own record
+
+    venv = gym.make_vec(ID, num_envs=2, opponent="random", **cheap_overrides)
+    _, first = venv.reset(seed=0)
+    _, _, _, _, infos = venv.step(venv.action_space.sample())
+    assert set(first) == set(infos)
+    assert {k for k in infos if not k.startswith("_")} == set(info_template("attacker", lpips=lpips))
+    assert all(np.asarray(v).dtype != object for v in infos.values())
+    venv.close()
+
+
+# -- mid-episode copies -------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_mid_episode_copy_plays_on_the_same_trajectory(cheap_overrides, how):
+    import copy
+    import pickle
+
+    def dup(env):
+        return copy.deepcopy(env) if how == "deepcopy" else pickle.loads(pickle.dumps(env))
+
+    overrides = dict(cheap_overrides, rounds=4)
+    rng = np.random.default_rng(0)
+    e = parallel_env("digits", **overrides)
+    e.reset(seed=0)
+    for _ in range(2):
+        e.step({a: e.action_space(a).sample() for a in e.agents})
+    twin = dup(e)
+    while e.agents:
+        actions = {a: rng.integers(e.action_space(a).nvec) for a in e.agents}
+        o1, r1, _, t1, i1 = e.step(actions)
+        o2, r2, _, t2, i2 = twin.step(actions)
+        for a in actions:
+            np.testing.assert_array_equal(o1[a], o2[a])
+            assert i1[a]["leakage"] == i2[a]["leakage"]
+        assert r1 == r2 and t1 == t2
+    assert not twin.agents
+
+    single = gym.make(ID, opponent="random", **overrides)  # the opponent's generator is copied too
+    single.reset(seed=1)
+    for _ in range(2):
+        single.step(single.action_space.sample())
+    twin = dup(single)
+    for _ in range(2):
+        action = rng.integers(single.action_space.nvec)
+        o1, r1, _, t1, _ = single.step(action)
+        o2, r2, _, t2, _ = twin.step(action)
+        np.testing.assert_array_equal(o1, o2)
+        assert (r1, t1) == (r2, t2)
+    assert t1
+
+    venv = gym.make_vec(ID, num_envs=2, opponent="random", **overrides)  # the games' one batch travels once
+    venv.reset(seed=2)
+    for _ in range(2):
+        venv.step(venv.action_space.sample())
+    twin = dup(venv)
+    assert twin.games is not venv.games and all(env.parallel.games is twin.games for env in twin.envs)
+    for _ in range(3):  # to the end of the episode and into the autoreset
+        actions = rng.integers(venv.single_action_space.nvec, size=(2, len(venv.single_action_space.nvec)))
+        o1, r1, _, t1, _ = venv.step(actions)
+        o2, r2, _, t2, _ = twin.step(actions)
+        np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(t1, t2)
+
+
+def test_vector_autoreset_modes_play_the_same_games(cheap_overrides):
+    """SAME_STEP and DISABLED play the trajectories of the default NEXT_STEP; only the resets move."""
+    from gymnasium.vector import AutoresetMode
+
+    rounds = cheap_overrides["rounds"]
+    kwargs = dict(cheap_overrides, num_envs=2, opponent="random", batch_attacks=False)
+    nxt = gym.make_vec(ID, **kwargs)
+    same = gym.make_vec(ID, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    off = gym.make_vec(ID, autoreset_mode="Disabled", **kwargs)
+    assert (same.autoreset_mode, off.metadata["autoreset_mode"]) == (AutoresetMode.SAME_STEP, AutoresetMode.DISABLED)
+    first = [v.reset(seed=3)[0] for v in (nxt, same, off)]
+    np.testing.assert_array_equal(first[0], first[1])
+    rng = np.random.default_rng(0)
+    nvec = nxt.single_action_space.nvec
+    for t in range(rounds):
+        actions = rng.integers(nvec, size=(2, len(nvec)))
+        o1, r1, _, d1, _ = nxt.step(actions)
+        o2, r2, _, d2, i2 = same.step(actions)
+        o3, r3, _, d3, _ = off.step(actions)
+        if t < rounds - 1:
+            np.testing.assert_array_equal(o1, o2)
+        np.testing.assert_array_equal(r1, r2)
+        np.testing.assert_array_equal(r1, r3)
+        assert d1.tolist() == d2.tolist() == d3.tolist() == [t == rounds - 1] * 2
+    np.testing.assert_array_equal(np.stack(i2["final_obs"]), o1)  # SAME_STEP: the final observation in infos
+    assert (i2["final_info"]["round"] == rounds).all() and (i2["round"] == 0).all()
+    np.testing.assert_array_equal(o1, o3)
+    with pytest.raises(RuntimeError, match="reset_mask"):
+        off.step(actions)
+    o3, i3 = off.reset(options={"reset_mask": np.array([True, False])})
+    assert i3["_round"].tolist() == [True, False]
+    with pytest.raises(RuntimeError, match=r"sub-environment\(s\) \[1\]"):
+        off.step(actions)
+    with pytest.raises(ValueError, match="autoreset_mode='sometimes'"):
+        gym.make_vec(ID, autoreset_mode="sometimes", **kwargs)
+    for v in (nxt, same, off):
+        v.close()
