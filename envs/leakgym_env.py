@@ -20,7 +20,7 @@ failure inside a round is raised as :class:`RoundError` (the env's one documente
 failed rounds) naming the round and the actions; the game is left exactly as it was before the
 round, and the completed rounds are kept in :attr:`history`.
 
-Infos have the same keys from ``reset`` on, numbers only (:mod:`leakgym.envs.infos`: RL clients stack
+Infos have the same keys from ``reset`` on, numbers only (:mod:`leakgym.game.feedback`: RL clients stack
 them); an agent's full record of the last round, with the strategy's name, the decoded settings and the
 defenses applied, is :meth:`LeakGymParallelEnv.round_details`.
 """
@@ -43,14 +43,13 @@ from pettingzoo.utils import parallel_to_aec, wrappers
 
 from leakgym.checks import is_integer
 from leakgym.game.batch import GameBatch
+from leakgym.game.feedback import info_template
 from leakgym.game.menus import FlatActions
 from leakgym.game.records import RoundOutcome, RoundRecord
 from leakgym.game.round import RoundError, observe, plan_one, play_round
-from leakgym.game.round import _reports_lpips as reports_lpips
 from leakgym.game.scenario import Scenario, load_scenario
 
 from .checks import check_seed
-from .infos import info_template, numeric_info
 from .rendering import WINDOW_TITLE, figure_to_rgb, placeholder_figure, round_figure, show_figure
 
 
@@ -127,8 +126,6 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         self.agents: list[str] = []
         self.history: list[dict[str, Any]] = []
         self._details: dict[str, dict[str, Any]] = {a: {"round": 0} for a in self.possible_agents}
-        #: whether the infos have ``leakage_lpips`` (fixed when the env is made: envs/infos.py)
-        self._lpips = reports_lpips(self.scenario)
         self._seed_rng = np.random.default_rng()
         self._episode = 0  # episodes started by reset (names the png frames)
 
@@ -191,7 +188,7 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         self._episode += 1
         self.agents = list(self.possible_agents)
         self.history = []
-        start = {"lpips": self._lpips, "accuracy": float(self.games.accuracy[self.row]),
+        start = {"lpips": self.games.reports_lpips, "accuracy": float(self.games.accuracy[self.row]),
                  "test_loss": _finite(self.games.test_loss[self.row], np.finfo(np.float32).max)}
         infos = {a: info_template(a, **start) for a in self.agents}
         if self.render_mode == "human":  # Gymnasium's convention: a human window shows the reset state too
@@ -218,15 +215,15 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
     def record(self, outcome: RoundOutcome) -> tuple:
         """Bookkeeping after a played round; returns the PettingZoo step tuple."""
         agents = list(self.agents)
-        infos = {a: numeric_info(outcome.infos[a], a, self.scenario.strategies, lpips=self._lpips) for a in agents}
-        self._details = outcome.infos
+        infos = {a: outcome.infos[a] for a in agents}
+        self._details = outcome.details
         self.history.append(
             {
                 "round": self.round,
                 "strategy": outcome.record.strategy,
                 "defenses": list(outcome.record.applied),
                 "rewards": dict(outcome.rewards),
-                **{f"{a}_{k}": v for a in outcome.infos for k, v in outcome.infos[a].items()},
+                **{f"{a}_{k}": v for a in outcome.details for k, v in outcome.details[a].items()},
             }
         )
         terminations = {a: False for a in agents}

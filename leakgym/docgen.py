@@ -188,7 +188,7 @@ def _starting_state(gym_id: str) -> list[str]:
          + (", `fidelity_scaled` 1 (no defense applied yet)" if "fidelity_scaled" in dfd else "") + "."),
         "",
         ("Reset infos have every key of the step infos (the key set is fixed from `reset` on, numbers only: "
-         "`leakgym.envs.infos`): `round` 0, the initial model's `accuracy` and `test_loss`, -1 for "
+         "`leakgym.game.feedback`): `round` 0, the initial model's `accuracy` and `test_loss`, -1 for "
          "`strategy_index`, `diverged_round` and `matching_loss`, 0 for every other quantity."),
         "",
     ]

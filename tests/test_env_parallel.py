@@ -7,7 +7,7 @@ from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test
 
 from leakgym.envs import RoundError, env, parallel_env
 
-#: the flags and counters: the only infos that are not floats (leakgym.envs.infos)
+#: the flags and counters: the only infos that are not floats (leakgym.game.feedback)
 NON_FLOAT_INFOS = {"round", "model_diverged", "update_skipped", "diverged_round", "strategy_index"}
 
 

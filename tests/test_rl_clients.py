@@ -82,7 +82,7 @@ def test_torchrl_pettingzoo_wrapper_on_the_parallel_env(cheap_overrides):
     _needs("torchrl")
     from torchrl.envs import PettingZooWrapper
 
-    from leakgym.envs.infos import info_template
+    from leakgym.game.feedback import info_template
 
     env = PettingZooWrapper(parallel_env("digits", **cheap_overrides), use_mask=False, seed=0)
     assert set(env.group_map) == {"attacker", "defender"}
@@ -192,11 +192,11 @@ def _same_type(a, b) -> bool:
 
 
 def test_infos_have_the_same_numeric_keys_from_reset_on(cheap_overrides):
-    from leakgym.envs.infos import DETAILS, info_template
+    from leakgym.game.feedback import DETAILS, info_template
 
     e = parallel_env("digits", **cheap_overrides)
     _, first = e.reset(seed=0)
-    lpips = e._lpips  # LPIPS is reported (a key) only where its weights are on disk
+    lpips = e.games.reports_lpips  # LPIPS is reported (a key) only where its weights are on disk
     assert {a: set(i) for a, i in first.items()} == {a: set(info_template(a, lpips=lpips)) for a in first}
     assert all(math.isfinite(v) for i in first.values() for v in i.values())
     while e.agents:

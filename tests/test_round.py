@@ -258,7 +258,7 @@ def test_a_rejected_action_changes_nothing_parallel_and_vector(cheap_overrides):
 
 
 def test_the_round_details_carry_the_decoded_actions(cheap_overrides):
-    """The infos are numbers (leakgym.envs.infos: strategy_index); the full record is round_details()."""
+    """The infos are numbers (leakgym.game.feedback: strategy_index); the full record is round_details()."""
     e = parallel_env("digits", **cheap_overrides)
     e.reset(seed=0)
     _, _, _, _, numbers = e.step({"attacker": np.array([1, 1, 0, 1]), "defender": np.array([2, 0, 0, 0, 1, 0])})
@@ -475,8 +475,8 @@ def test_a_batch_decodes_each_action_pair_once(cheap_overrides, monkeypatch):
     a[1] = 1  # the caller's array is the caller's: the plan kept its own copy
     assert first.attacker_action.tolist() == [0, 0, 0, 0] and not first.attacker_action.flags.writeable
     assert plan_one(games, row, d, a).attacker_action.tolist() == a.tolist()  # other actions: decoded anew
-    _, _, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": d})
-    infos["defender"]["defense_settings"]["oasis"].append("hflip")
-    env.last_round.defense_settings["oasis"].append("hflip")
-    _, _, _, _, infos = env.step({"attacker": np.zeros(4, np.int64), "defender": d})
-    assert infos["defender"]["defense_settings"]["oasis"] == [] and first.defense_settings["oasis"] == []
+    env.step({"attacker": np.zeros(4, np.int64), "defender": d})
+    env.games.last[env.row].defense_settings["oasis"].append("hflip")  # the record's own copy
+    env._details["defender"]["defense_settings"]["oasis"].append("hflip")  # what round_details() copies from
+    env.step({"attacker": np.zeros(4, np.int64), "defender": d})
+    assert env.round_details("defender")["defense_settings"]["oasis"] == [] and first.defense_settings["oasis"] == []

@@ -44,13 +44,14 @@ def project_roots() -> dict[str, Path]:
 
 
 def trace_round(scenario: str = "digits", defender: list[int] | None = None,
-                attacker: list[int] | None = None) -> dict:
-    """Play a warm-up round, then trace one round; returns the files entered, in order, and the counts."""
+                attacker: list[int] | None = None, **overrides) -> dict:
+    """Play a warm-up round, then trace one round; returns the files entered, in order, and the counts.
+    ``overrides``: scenario overrides (a cheaper round for tests)."""
     import numpy as np
 
     from leakgym.envs import parallel_env
 
-    env = parallel_env(scenario)
+    env = parallel_env(scenario, **overrides)
     env.reset(seed=0)
     actions = {"defender": np.array(defender if defender is not None else [1, 0, 1, 0, 0, 0]),
                "attacker": np.array(attacker if attacker is not None else [0, 0, 0, 0])}

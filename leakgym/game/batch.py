@@ -166,6 +166,8 @@ class GameBatch:
         self.reports_lpips = "lpips" in scenario.leakage_metric or lpips_available()
         #: the scenario's action menus, built once (the scenario is fixed for the batch's lifetime)
         self.menus = {role: scenario.menu(role) for role in AGENTS}
+        #: the attacker's strategies, in menu order (the infos' ``strategy_index``)
+        self.strategies = tuple(scenario.strategies)
         #: the defender's bit-mask fields (OASIS's augmentation set), listed in every decoded defense
         self.bit_fields = tuple(scenario.defender_bits)
         #: what the scenario fixes for every round: FedAvg's local optimiser (None: plain SGD) and the

@@ -99,9 +99,13 @@ class RoundOutcome:
 
     observations: dict[str, np.ndarray]
     rewards: dict[str, float]
+    #: per agent: numbers only, one fixed key set (:func:`leakgym.game.feedback.numeric_info`)
     infos: dict[str, dict[str, Any]]
     truncated: bool
     record: RoundRecord
+    #: per agent: the round's full record, the infos' numbers and what is not a number (strategy name,
+    #: decoded settings, defenses applied): what ``round_details()`` returns
+    details: dict[str, dict[str, Any]]
 
 
 __all__ = ["AttackJob", "Defended", "RoundOutcome", "RoundPlan", "RoundRecord", "Scored"]

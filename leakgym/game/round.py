@@ -70,7 +70,14 @@ from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstructions
 
 from .batch import GameBatch
-from .feedback import attacker_observation, defender_observation, leakage_score, rewards, update_summaries
+from .feedback import (
+    attacker_observation,
+    defender_observation,
+    leakage_score,
+    numeric_info,
+    rewards,
+    update_summaries,
+)
 from .records import AttackJob, Defended, RoundOutcome, RoundPlan, RoundRecord, Scored
 
 #: stream tag of the attack's seed (``SeedSequence([round_seed, ATTACK_STREAM])``)
@@ -624,7 +631,7 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
                          reward_leakage=r["attacker_leakage"], reward_cost=r["attacker_cost"], attack_units=float(units))
     if matching_loss is not None:
         attacker_info["matching_loss"] = matching_loss
-    infos = {
+    details = {
         "attacker": attacker_info,
         "defender": dict(
             common,
@@ -639,8 +646,9 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
             audit_leakage=float(scored.audit_leakage),
         ),
     }
+    infos = {role: numeric_info(d, role, batch.strategies, lpips=batch.reports_lpips) for role, d in details.items()}
     return RoundOutcome(observations=observe(batch, row), rewards={"attacker": r["attacker"], "defender": r["defender"]},
-                        infos=infos, truncated=rnd >= sc.rounds, record=record)
+                        infos=infos, truncated=rnd >= sc.rounds, record=record, details=details)
 
 
 __all__ = [

@@ -109,7 +109,7 @@ def _step_record(kind: str, out: tuple, actions: Any, details: Any = None) -> tu
 
 
 def _records(details: dict[str, Any]) -> dict[str, Any]:
-    """The entries of round_details() that the infos do not carry (leakgym.envs.infos.DETAILS), per key of
+    """The entries of round_details() that the infos do not carry (leakgym.game.feedback.DETAILS), per key of
     ``details`` (an agent or a game), or of ``details`` itself when it is one record."""
     keys = ("strategy", "attack_settings", "defense_settings", "defenses")
     if any(k in details for k in keys) or "round" in details:
