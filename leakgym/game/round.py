@@ -236,8 +236,8 @@ def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_c
     shared = apply_defense_many(calls, batch_defenses=batch_clients or len(rows) == 1)
     share_s = (time.perf_counter() - t0) / len(rows)
     out = []
-    for r, m, (x, y), seed, (update, report), t_prep, t_clean in zip(rows, sent_models, private, seeds, shared,
-                                                                     prepare_s, clean_s):
+    for r, p, m, (x, y), seed, (update, report), t_prep, t_clean in zip(rows, plans, sent_models, private, seeds,
+                                                                        shared, prepare_s, clean_s):
         knowledge = AttackerKnowledge(model=m, spec=batch.spec, batch_size=sc.batch_size,
                                       labels=y.clone() if sc.known_labels else None,
                                       public_x=batch.public_x[r], public_y=batch.public_y[r])
@@ -245,8 +245,7 @@ def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_c
         # draws (e.g. PRECODE's sampling noise, seeded by the round seed in apply_defense).
         attack_seed = int(np.random.SeedSequence([seed, ATTACK_STREAM]).generate_state(1)[0])
         out.append(Defended(x=x, y=y, update=update, report=report, seed=seed,
-                            attack_job=AttackJob(attack=plans[len(out)].attack, update=update, knowledge=knowledge,
-                                                 seed=attack_seed),
+                            attack_job=AttackJob(attack=p.attack, update=update, knowledge=knowledge, seed=attack_seed),
                             timings={"defense_s": t_prep + t_clean + share_s}))
     return out
 
@@ -448,7 +447,8 @@ def aggregate(batch: GameBatch, rows: list[int], defended: list[Defended], *, ba
         for i, r in enumerate(rows):
             if batch.signature(r, batch.model(r)) is not None and len({len(d) for d in drawn[i]}) == 1:
                 together.append(i)
-    lone = [i for i in range(len(rows)) if i not in set(together)]
+    joined = set(together)
+    lone = [i for i in range(len(rows)) if i not in joined]
     if together:
         # (the games of a batch share the architecture; the learning rate follows the round counter)
         by_lr: dict[tuple, list[int]] = {}
