@@ -240,6 +240,8 @@ def test_a_mid_episode_copy_plays_on_the_same_trajectory(cheap_overrides, how):
     for _ in range(2):
         e.step({a: e.action_space(a).sample() for a in e.agents})
     twin = dup(e)
+    assert (twin.games.images is e.games.images) == (how == "deepcopy")  # a copy in-process shares the data
+    assert twin.games.model(0) is not e.games.model(0)
     while e.agents:
         actions = {a: rng.integers(e.action_space(a).nvec) for a in e.agents}
         o1, r1, _, t1, i1 = e.step(actions)
