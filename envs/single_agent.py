@@ -147,7 +147,7 @@ class LeakGymSingleAgentEnv(gym.Env):
         self._other_obs = obs[self.other]
         return obs[self.role], infos[self.role]
 
-    # The three parts of a step let LeakGymVectorEnv play the rounds of many views as one Round.
+    # The three parts of a step let LeakGymVectorEnv play the rounds of many views as one round (play_round).
     def to_multi(self, action: Any) -> np.ndarray:
         """The learner's action (flat or MultiDiscrete) -> the validated MultiDiscrete action."""
         if self.flat_actions:

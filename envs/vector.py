@@ -2,7 +2,7 @@
 
 ``gym.make_vec("LeakGym-Digits-v0", num_envs=16)`` builds this (it is the ids' vector entry point).
 A step validates every learner action first (a bad one raises ``ValueError`` and changes nothing in
-any sub-environment), lets every opponent act, then plays one Round over all active games: the
+any sub-environment), lets every opponent act, then plays one round (play_round) over all active games: the
 attacks of one strategy become one batched ``Attack.reconstruct_batch`` call whatever their budgets
 (per-problem iterations, restarts, TV weight and learning rate), and every game
 keeps its own seed, so game ``i`` plays the same trajectory alone or beside any neighbours. The games

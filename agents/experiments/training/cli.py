@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", type=device_argument, help="torch device of the policy and of the games")
     parser.add_argument("--n-envs", type=int, default=None,
                         help="games per step (default: the file's n_envs); N > 1 trains on the batched vector env "
-                        "(one Round per step for all N games)")
+                        "(one batched round per step for all N games)")
     parser.add_argument("--batch-clients", action=argparse.BooleanOptionalAction, default=None,
                         help="with N > 1 games: batch the victims' clean updates and defenses, benign clients, "
                         "aggregation and evaluation over the games (equal to rounding; default: on whenever "

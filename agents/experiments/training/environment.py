@@ -7,7 +7,7 @@ from typing import Any
 
 def make_training_env(gym_id: str, env_kwargs: dict[str, Any], n_envs: int, seed: int, batch_clients: bool = False):
     """The SB3 training env: one game a ``DummyVecEnv`` of a monitored single-agent view; ``n_envs > 1``
-    games the batched vector env (``gym.make_vec``: one Round per step for all games, ``batch_clients``
+    games the batched vector env (``gym.make_vec``: one batched round per step for all games, ``batch_clients``
     as given) through :class:`~leakgym.envs.sb3_vec.LeakGymSB3VecEnv`, monitored."""
     import gymnasium as gym
     from stable_baselines3.common.env_util import make_vec_env
