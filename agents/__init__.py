@@ -29,44 +29,7 @@ experiments that train and evaluate them.
   * ``experiments/hyperparams/<algo>.yml`` — the rl-zoo hyperparameter files ``leakgym train`` reads.
 """
 
-from .policies import (
-    PRESETS,
-    Agent,
-    EpsilonGreedyBandit,
-    FixedAgent,
-    LearnedAgent,
-    Preset,
-    RoundRobinAgent,
-    UniformRandomAgent,
-    agent_names,
-    default_arms,
-    fixed_from_settings,
-    get_preset,
-    load_policy,
-    make_agent,
-    preset_action,
-    preset_names,
-    save_policy,
-    valid_presets,
-)
+from . import policies
+from .policies import *  # leakgym.agents re-exports the players (leakgym.agents.policies)
 
-__all__ = [
-    "PRESETS",
-    "Agent",
-    "EpsilonGreedyBandit",
-    "FixedAgent",
-    "LearnedAgent",
-    "Preset",
-    "RoundRobinAgent",
-    "UniformRandomAgent",
-    "agent_names",
-    "default_arms",
-    "fixed_from_settings",
-    "get_preset",
-    "load_policy",
-    "make_agent",
-    "preset_action",
-    "preset_names",
-    "save_policy",
-    "valid_presets",
-]
+__all__ = policies.__all__

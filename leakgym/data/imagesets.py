@@ -47,6 +47,7 @@ read-only root) is skipped; one that cannot be read is decoded again and replace
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
 from abc import abstractmethod
@@ -106,7 +107,8 @@ def read_cached(source: SizedSource, directory: Path, image_size: int, root: Pat
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             cache.unlink(missing_ok=True)  # damaged: decoded again below
     splits = source.read_sized(directory, image_size)
-    try:
+    # A read-only root or a full disk: no copy, the images were decoded all the same.
+    with contextlib.suppress(OSError):
         cache.parent.mkdir(parents=True, exist_ok=True)
         partial = cache.with_name(f"{cache.stem}.{os.getpid()}.part.npz")
         arrays = dict(zip(_SPLIT_KEYS, splits))
@@ -117,8 +119,6 @@ def read_cached(source: SizedSource, directory: Path, image_size: int, root: Pat
             os.replace(partial, cache)
         finally:
             partial.unlink(missing_ok=True)
-    except OSError:  # a read-only root or a full disk: no copy, the images were decoded all the same
-        pass
     return splits
 
 
@@ -143,6 +143,7 @@ def read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
     try:
         mat = scipy.io.loadmat(path, variable_names=["X", "y"])
+    # (scipy raises NotImplementedError for MATLAB v7.3 files, which are HDF5: not this format)
     except (MatReadError, ValueError, TypeError, OSError, NotImplementedError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: not a readable MATLAB v5 file ({type(exc).__name__}: {exc})") from None
     if "X" not in mat or "y" not in mat:

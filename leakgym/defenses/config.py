@@ -129,8 +129,7 @@ class DefenseConfig:
 
         Computed once per config and registry state (a config is immutable; registering or unregistering a
         defense changes the answer): the pipeline, the cost model and the reward ask it several times a round
-        for every game, and each answer asks every registered defense (measured: 15% of a host-bound vector
-        step at N = 256 before it was kept)."""
+        for every game, and each answer asks every registered defense, through this class's ``__getattr__``."""
         generation = registry_generation()
         cached = object.__getattribute__(self, "_active")
         if cached is None or cached[0] != generation:

@@ -15,6 +15,7 @@ document per case, compared exactly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -58,12 +59,10 @@ def machine() -> dict[str, str]:
 
     cpu = platform.processor() or platform.machine()
     fields: dict[str, str] = {}
-    try:
+    with contextlib.suppress(OSError):  # not Linux: no /proc/cpuinfo
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             fields.setdefault(key.strip(), value.strip())
-    except OSError:  # pragma: no cover - not Linux
-        pass
     if "model name" in fields:  # a VM may say only "AMD EPYC": family and model tell the generations apart
         cpu = f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
     return {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
