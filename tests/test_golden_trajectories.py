@@ -4,7 +4,8 @@ Recorded by ``python tests/golden/record.py`` (the cases, what is stored and why
 The replay plays the recorded actions through the public APIs and compares every step: the text
 (strategy names, defense lists) and every integer/bool array (actions, end flags, round counters,
 info masks) exactly; float arrays (observations, rewards, numeric infos) exactly when this machine's
-fingerprint (CPU model, torch instruction set, torch version) is the recording's, else within :data:`TOLERANCE`.
+fingerprint (CPU model, torch instruction set, torch version) is the recording's, else within :data:`TOLERANCE`;
+the ``batch_clients=True`` cases within :data:`TOLERANCE` everywhere (:func:`batched_clients`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ RECORDED = json.loads((GOLDEN / "machine.json").read_text())
 
 def exact_here() -> bool:
     return record.fingerprint(record.machine()) == record.fingerprint(RECORDED)
+
+
+def batched_clients(name: str) -> bool:
+    """Cases played with ``batch_clients=True``: that path is stated equal to the game-by-game phases to
+    floating-point rounding, not bit for bit (``play_round``'s docstring, docs/limits.md), so its kernels
+    may change their summation order; these cases replay within :data:`TOLERANCE` on every machine."""
+    return record.CASES[name][4].get("batch_clients", False)
 
 
 def differences(expected: dict[str, np.ndarray], got: dict[str, np.ndarray], exact: bool,
@@ -67,8 +75,8 @@ def test_the_case_replays_as_recorded(name, one_torch_thread):
     with np.load(GOLDEN / f"{name}.npz", allow_pickle=False) as data:
         expected = {k: data[k] for k in data.files}
     got = record.pack(record.play(name, recorded=expected))
-    exact = exact_here()
+    exact = exact_here() and not batched_clients(name)
     problems = differences(expected, got, exact)
-    where = "this machine (exact)" if exact else f"another machine (tolerance {TOLERANCE})"
+    where = "this machine (exact)" if exact else f"tolerance {TOLERANCE}"
     assert not problems, f"{name} on {where}, recorded on {RECORDED['cpu']} / torch {RECORDED['torch']}:\n" + \
         "\n".join(problems)
