@@ -218,8 +218,11 @@ def test_update_summaries_of_all_games_equal_each_update_alone(monkeypatch):
         np.testing.assert_array_equal(together[i], alone)
         np.testing.assert_array_equal(alone, np.zeros(observations.SUMMARY_SIZE) if u is None else _summary_reference(u))
     assert together[0, LAYER_ZERO_FRACTION] > 0.3 and together[1, LAYER_ZERO_FRACTION] == 0  # pruned vs not
-    monkeypatch.setattr(observations, "SUMMARY_ENTRIES", 10)  # one game per chunk
-    np.testing.assert_array_equal(observations.update_summaries(ups), together)
+    size = sum(t.numel() for t in ups[0].tensors.values())
+    for games_per_chunk in (1, 3):  # (the CPU's bound applies here; the other one on accelerators)
+        for name in ("SUMMARY_ENTRIES", "CPU_SUMMARY_ENTRIES"):
+            monkeypatch.setattr(observations, name, games_per_chunk * size)
+        np.testing.assert_array_equal(observations.update_summaries(ups), together)
 
 
 LAYER_ZERO_FRACTION = 4  # the first layer group's zero fraction
