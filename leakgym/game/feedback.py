@@ -112,22 +112,24 @@ def defender_obs_size(nvec: np.ndarray) -> int:
     return 5 + len(nvec)
 
 
-def defender_observation(
+def defender_observations(
     *,
-    round_fraction: float,
-    accuracy: float,
-    loss: float,
+    round_fractions: Sequence[float],
+    accuracies: Sequence[float],
+    losses: Sequence[float],
     num_classes: int,
-    last_action: np.ndarray,
+    last_actions: np.ndarray,
     menu: Menu,
-    audit_leakage: float,
-    fidelity: float,
+    audit_leakages: Sequence[float],
+    fidelities: Sequence[float],
 ) -> np.ndarray:
-    loss_feature = loss / (2 * math.log(num_classes)) if math.isfinite(loss) else 1.0
-    head = [round_fraction, accuracy, loss_feature]
-    tail = [audit_leakage, (fidelity + 1) / 2]
-    obs = np.concatenate([np.array(head, np.float32), menu.features(last_action), np.array(tail, np.float32)])
-    return _unit_interval(obs)
+    """``(G, defender_obs_size)``: the defender's observation of each of G games, one row each (every entry
+    is computed elementwise, so a row equals the game's observation computed alone)."""
+    scale = 2 * math.log(num_classes)
+    head = np.array([[f, a, lo / scale if math.isfinite(lo) else 1.0]
+                     for f, a, lo in zip(round_fractions, accuracies, losses)], np.float32).reshape(-1, 3)
+    tail = np.array([[a, (f + 1) / 2] for a, f in zip(audit_leakages, fidelities)], np.float32).reshape(-1, 2)
+    return _unit_interval(np.concatenate([head, menu.features(last_actions), tail], axis=1))
 
 
 def attacker_obs_size(nvec: np.ndarray) -> int:
@@ -207,26 +209,29 @@ def update_summary(update: SharedUpdate | None) -> np.ndarray:
     return update_summaries([update])[0]
 
 
-def attacker_observation(
+def _matching_loss_feature(matching_loss: float | None) -> float:
+    if matching_loss is not None and math.isfinite(matching_loss) and matching_loss > 0:
+        return (math.tanh(math.log10(matching_loss) / 4) + 1) / 2
+    return 0.0
+
+
+def attacker_observations(
     *,
-    round_fraction: float,
-    summary: np.ndarray | None,
-    matching_loss: float | None,
-    last_action: np.ndarray,
+    round_fractions: Sequence[float],
+    summaries: Sequence[np.ndarray | None],
+    matching_losses: Sequence[float | None],
+    last_actions: np.ndarray,
     menu: Menu,
 ) -> np.ndarray:
-    if matching_loss is not None and math.isfinite(matching_loss) and matching_loss > 0:
-        loss_feature = (math.tanh(math.log10(matching_loss) / 4) + 1) / 2
-    else:
-        loss_feature = 0.0
-    obs = np.concatenate(
-        [
-            np.array([round_fraction], np.float32),
-            np.zeros(SUMMARY_SIZE, np.float32) if summary is None else summary,
-            np.array([loss_feature], np.float32),
-            menu.features(last_action),
-        ]
-    )
+    """``(G, attacker_obs_size)``: the attacker's observation of each of G games (a summary of None: the
+    round before any update, zeros), one row each, elementwise as :func:`defender_observations`."""
+    zeros = np.zeros(SUMMARY_SIZE, np.float32)
+    obs = np.concatenate([
+        np.array(round_fractions, np.float32).reshape(-1, 1),
+        np.array([zeros if u is None else u for u in summaries], np.float32).reshape(-1, SUMMARY_SIZE),
+        np.array([_matching_loss_feature(m) for m in matching_losses], np.float32).reshape(-1, 1),
+        menu.features(last_actions),
+    ], axis=1)
     return _unit_interval(obs)
 
 

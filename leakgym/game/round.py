@@ -71,8 +71,8 @@ from leakgym.metrics import ReconstructionScores, score_reconstructions
 
 from .batch import GameBatch
 from .feedback import (
-    attacker_observation,
-    defender_observation,
+    attacker_observations,
+    defender_observations,
     leakage_score,
     numeric_info,
     rewards,
@@ -387,14 +387,28 @@ def nothing_sent(spec, x: Tensor) -> AttackResult:
 # --------------------------------------------------------------------------------------------------
 # Phase 4: score
 # --------------------------------------------------------------------------------------------------
+def unit_images(spec, images: Sequence[Tensor]) -> list[Tensor]:
+    """Normalised image batches -> unit images clamped to [0, 1] (detached), the batches of one shape,
+    device and dtype as one stacked computation (elementwise, so each equals its own bit for bit; one
+    kernel per operation for the games of a vector step instead of one per game)."""
+    out: list[Tensor] = [torch.empty(0)] * len(images)
+    groups: dict[tuple, list[int]] = {}
+    for i, x in enumerate(images):
+        groups.setdefault((tuple(x.shape), x.device, x.dtype), []).append(i)
+    for members in groups.values():
+        stacked = torch.stack([images[i].detach() for i in members])
+        for i, x in zip(members, spec.denormalize(stacked).clamp(0, 1).unbind(0)):
+            out[i] = x
+    return out
+
+
 def score_all(spec, results: Sequence[AttackResult], originals: Sequence[Tensor], *,
               true_labels: Sequence[Tensor] | None = None, lpips: bool = False) -> list[ReconstructionScores]:
     """Match and score each reconstruction (normalised) against its originals (normalised), all of them at
     once (:func:`~leakgym.metrics.score_reconstructions`: one metric call per shape, on the images' device;
     only the Hungarian matching of batches of several images per batch)."""
     return score_reconstructions(
-        [spec.denormalize(r.images.detach()).clamp(0, 1) for r in results],
-        [spec.denormalize(x).clamp(0, 1) for x in originals],
+        unit_images(spec, [r.images for r in results]), unit_images(spec, originals),
         pred_labels=None if true_labels is None else [r.labels for r in results],
         true_labels=true_labels,
         lpips=lpips,
@@ -407,8 +421,8 @@ def score(batch: GameBatch, rows: list[int], defended: list[Defended], results: 
     similarity is not leakage)."""
     t0 = time.perf_counter()
     spec, metric = batch.spec, batch.scenario.leakage_metric
-    originals = [spec.denormalize(d.x).clamp(0, 1) for d in defended]
-    recons = [spec.denormalize(r.images.detach()).clamp(0, 1) for r in results]
+    originals = unit_images(spec, [d.x for d in defended])
+    recons = unit_images(spec, [r.images for r in results])
     scores = score_reconstructions(recons, originals, pred_labels=[r.labels for r in results],
                                    true_labels=[d.y for d in defended], lpips=batch.reports_lpips)
     labels = to_host([d.y.detach() for d in defended])
@@ -554,27 +568,39 @@ def _finite(value: float, default: float = 0.0) -> float:
 
 def observe(batch: GameBatch, row: int) -> dict[str, np.ndarray]:
     """Game ``row``'s observations: only what each party could see (:mod:`leakgym.game.feedback`)."""
-    sc, last, menus = batch.scenario, batch.last[row], batch.menus
-    frac = int(batch.round[row]) / sc.rounds
-    return {
-        "attacker": attacker_observation(
-            round_fraction=frac,
-            summary=None if last is None else last.update_summary,
-            matching_loss=None if last is None else last.matching_loss,
-            last_action=np.zeros(len(menus["attacker"].dims), np.int64) if last is None else last.attacker_action,
-            menu=menus["attacker"],
-        ),
-        "defender": defender_observation(
-            round_fraction=frac,
-            accuracy=float(batch.accuracy[row]),
-            loss=float(batch.test_loss[row]),
-            num_classes=batch.spec.num_classes,
-            last_action=np.zeros(len(menus["defender"].dims), np.int64) if last is None else last.defender_action,
-            menu=menus["defender"],
-            audit_leakage=0.0 if last is None else last.audit_leakage,
-            fidelity=1.0 if last is None else last.fidelity,
-        ),
-    }
+    return observe_all(batch, [row])[0]
+
+
+def observe_all(batch: GameBatch, rows: Sequence[int]) -> list[dict[str, np.ndarray]]:
+    """The observations of the games ``rows``, computed as one matrix per role (each row equals the game's
+    observation computed alone: every entry is elementwise)."""
+    sc, menus = batch.scenario, batch.menus
+    lasts = [batch.last[r] for r in rows]
+    fractions = [int(batch.round[r]) / sc.rounds for r in rows]
+
+    def last_actions(role: str) -> np.ndarray:
+        width = len(menus[role].dims)
+        return np.array([np.zeros(width, np.int64) if last is None else getattr(last, f"{role}_action")
+                         for last in lasts], np.int64).reshape(len(rows), width)
+
+    attacker = attacker_observations(
+        round_fractions=fractions,
+        summaries=[None if last is None else last.update_summary for last in lasts],
+        matching_losses=[None if last is None else last.matching_loss for last in lasts],
+        last_actions=last_actions("attacker"),
+        menu=menus["attacker"],
+    )
+    defender = defender_observations(
+        round_fractions=fractions,
+        accuracies=[float(batch.accuracy[r]) for r in rows],
+        losses=[float(batch.test_loss[r]) for r in rows],
+        num_classes=batch.spec.num_classes,
+        last_actions=last_actions("defender"),
+        menu=menus["defender"],
+        audit_leakages=[0.0 if last is None else last.audit_leakage for last in lasts],
+        fidelities=[1.0 if last is None else last.fidelity for last in lasts],
+    )
+    return [{"attacker": a.copy(), "defender": d.copy()} for a, d in zip(attacker, defender)]
 
 
 def reward(batch: GameBatch, rows: list[int], plans: list[RoundPlan], defended: list[Defended],
@@ -582,12 +608,16 @@ def reward(batch: GameBatch, rows: list[int], plans: list[RoundPlan], defended: 
     """Phase 6: rewards (:func:`leakgym.game.feedback.rewards`), infos, each game's :class:`RoundRecord` and
     next observations (the attacker's summaries of all shared updates as one computation)."""
     summaries = update_summaries([d.update for d in defended])
-    return [_conclude(batch, r, p, d, res, s, f)
-            for r, p, d, res, s, f in zip(rows, plans, defended, results, scored, summaries)]
+    outcomes = [_conclude(batch, r, p, d, res, s, f)
+                for r, p, d, res, s, f in zip(rows, plans, defended, results, scored, summaries)]
+    for outcome, observations in zip(outcomes, observe_all(batch, rows)):  # (of the records just concluded)
+        outcome.observations = observations
+    return outcomes
 
 
 def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, result: AttackResult,
               scored: Scored, update_summary: np.ndarray) -> RoundOutcome:
+    """Game ``row``'s rewards, infos and record (its observations are :func:`reward`'s, all rows at once)."""
     sc = batch.scenario
     units = result.cost.units
     defense_units = defense_compute_units(plan.defense)
@@ -647,7 +677,7 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
         ),
     }
     infos = {role: numeric_info(d, role, batch.strategies, lpips=batch.reports_lpips) for role, d in details.items()}
-    return RoundOutcome(observations=observe(batch, row), rewards={"attacker": r["attacker"], "defender": r["defender"]},
+    return RoundOutcome(observations={}, rewards={"attacker": r["attacker"], "defender": r["defender"]},
                         infos=infos, truncated=rnd >= sc.rounds, record=record, details=details)
 
 
@@ -662,6 +692,7 @@ __all__ = [
     "defense_config_for",
     "nothing_sent",
     "observe",
+    "observe_all",
     "plan",
     "plan_one",
     "play_round",
@@ -670,4 +701,5 @@ __all__ = [
     "score",
     "score_all",
     "share_update",
+    "unit_images",
 ]
