@@ -169,7 +169,8 @@ class LeakGymSingleAgentEnv(gym.Env):
     def opponent_state(self) -> tuple[dict, Any]:
         """What a step may change on the opponent's side: its generator and the agent's own state
         (:func:`agent_state`), restored by :meth:`undo_prepare` when the step fails."""
-        return copy.deepcopy(self._opponent_rng.bit_generator.state), agent_state(self.opponent)
+        # (numpy builds a new state dict on every read of bit_generator.state: it needs no copy)
+        return self._opponent_rng.bit_generator.state, agent_state(self.opponent)
 
     def undo_prepare(self, state: tuple[dict, Any]) -> None:
         rng_state, own = state

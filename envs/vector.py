@@ -127,11 +127,12 @@ class LeakGymVectorEnv(VectorEnv):
             seeds = [None if s is None else int(s) for s in seed]
         options = dict(options or {})
         mask = self._reset_mask(options.pop("reset_mask", None))
-        obs, infos = list(self._obs), {}
+        obs, entries = list(self._obs), []
         for i, (env, s) in enumerate(zip(self.envs, seeds)):
             if mask[i]:
                 obs[i], info = env.reset(seed=s, options=options or None)
-                infos = self._add_info(infos, info, i)
+                entries.append((i, info))
+        infos = self._vector_infos(entries)
         self._autoreset[mask] = False
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), infos
@@ -179,25 +180,52 @@ class LeakGymVectorEnv(VectorEnv):
         terminations = np.zeros(self.num_envs, dtype=bool)
         truncations = np.zeros(self.num_envs, dtype=bool)
         obs: list[np.ndarray] = [None] * self.num_envs  # type: ignore[list-item]
-        infos: dict = {}
+        entries: list[tuple[int, dict]] = []  # (game, its info), in the order Gymnasium's _add_info takes them
         for i in range(self.num_envs):
             if self._autoreset[i]:
                 obs[i], info = self.envs[i].reset()
-                infos = self._add_info(infos, info, i)
+                entries.append((i, info))
         for i, outcome in zip(active, outcomes):
             obs[i], rewards[i], terminations[i], truncations[i], info = self.envs[i].finish_step(outcome)
-            infos = self._add_info(infos, info, i)
+            entries.append((i, info))
             # A step is a round: the game's round count is the episode's step count that TimeLimit keeps.
             if self.max_episode_steps is not None and self.games.round[i] >= self.max_episode_steps:
                 truncations[i] = True
             if self.autoreset_mode == AutoresetMode.SAME_STEP and (terminations[i] or truncations[i]):
-                infos = self._add_info(infos, {"final_obs": obs[i], "final_info": info}, i)
+                entries.append((i, {"final_obs": obs[i], "final_info": info}))
                 obs[i], info = self.envs[i].reset()
-                infos = self._add_info(infos, info, i)
+                entries.append((i, info))
+        infos = self._vector_infos(entries)
         if self.autoreset_mode != AutoresetMode.SAME_STEP:
             self._autoreset = np.logical_or(terminations, truncations)
         self._obs = concatenate(self.single_observation_space, obs, self._obs)
         return self._obs.copy(), rewards, terminations, truncations, infos
+
+    def _vector_infos(self, entries: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+        """Gymnasium's vector infos of ``entries`` (game, its info): equal to ``_add_info`` entry by entry
+        (each key's values in an array of ``num_envs`` and its ``_key`` mask). When every info has the same
+        keys in the same order and each key one plain number type (the games' infos, from
+        :func:`leakgym.game.feedback.numeric_info`), one array per key; anything else (``final_obs``,
+        ``final_info``) entry by entry."""
+        infos: dict[str, Any] = {}
+        if not entries:
+            return infos
+        keys = tuple(entries[0][1])
+        columns = {k: [info.get(k) for _, info in entries] for k in keys}
+        if all(tuple(info) == keys for _, info in entries) and all(
+                type(values[0]) in (bool, int, float) and all(type(v) is type(values[0]) for v in values)
+                for values in columns.values()):
+            games = np.array([i for i, _ in entries])
+            mask = np.zeros(self.num_envs, dtype=np.bool_)
+            mask[games] = True
+            for key, values in columns.items():
+                array = np.zeros(self.num_envs, dtype=type(values[0]))
+                array[games] = values
+                infos[key], infos[f"_{key}"] = array, mask.copy()
+            return infos
+        for i, info in entries:
+            infos = self._add_info(infos, info, i)
+        return infos
 
     def round_details(self, agent: str | None = None) -> list[dict[str, Any]]:
         """Each game's full record of its last round for ``agent`` (default: the learner's role), non-numbers

@@ -317,3 +317,53 @@ def test_vector_autoreset_modes_play_the_same_games(cheap_overrides):
         gym.make_vec(ID, autoreset_mode="sometimes", **kwargs)
     for v in (nxt, same, off):
         v.close()
+
+
+def _equal_infos(a, b) -> bool:
+    if a.keys() != b.keys() or list(a) != list(b):
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, dict):
+            if not (isinstance(y, dict) and _equal_infos(x, y)):
+                return False
+        elif not (x.dtype == y.dtype and x.shape == y.shape
+                  and all(np.array_equal(p, q) for p, q in zip(x.tolist(), y.tolist()))):
+            return False
+    return True
+
+
+def test_vector_infos_equal_gymnasiums_add_info_entry_by_entry(cheap_overrides):
+    """The vector env gathers its games' infos one array per key; the result equals Gymnasium's
+    ``_add_info`` taken entry by entry (keys and their order, dtypes, values, masks), for a step where some
+    games reset and the others play, for a reset of some games, and for SAME_STEP's final entries."""
+    from gymnasium.vector import AutoresetMode
+
+    from leakgym.game.feedback import info_template
+
+    venv = gym.make_vec(ID, num_envs=3, opponent="random", **cheap_overrides).unwrapped
+
+    def by_entry(entries):
+        out = {}
+        for i, info in entries:
+            out = venv._add_info(out, info, i)
+        return out
+
+    reset_one = info_template("attacker", accuracy=0.1, test_loss=2.3)
+    one = dict(reset_one, round=1, leakage=0.4, model_diverged=True, strategy_index=2)
+    two = dict(reset_one, round=1, leakage=0.7, update_skipped=True, matching_loss=3.5)
+    for entries in ([(1, reset_one), (0, one), (2, two)], [(2, two)], [(0, one), (0, two)],
+                    [(0, one), (0, {"final_obs": np.zeros(3), "final_info": one}), (0, reset_one)],
+                    [(1, {**one, "extra": "text"})], [(0, one), (1, {**two, "round": 2.5})]):
+        assert _equal_infos(venv._vector_infos(entries), by_entry(entries)), entries
+    assert venv._vector_infos([]) == {}
+    got = venv._vector_infos([(0, one), (2, two)])
+    masks = [v for k, v in got.items() if k.startswith("_")]
+    assert len({id(m) for m in masks}) == len(masks) == len(one)  # one array per key, as _add_info's
+    same = gym.make_vec(ID, num_envs=2, opponent="random", autoreset_mode=AutoresetMode.SAME_STEP, **cheap_overrides)
+    same.reset(seed=0)
+    for _ in range(cheap_overrides["rounds"]):
+        infos = same.step(np.zeros((2, len(same.single_action_space.nvec)), np.int64))[4]
+    assert infos["_final_obs"].all() and (infos["final_info"]["round"] == cheap_overrides["rounds"]).all()
+    for v in (venv, same):
+        v.close()

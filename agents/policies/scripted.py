@@ -68,6 +68,13 @@ class FixedAgent(Agent):
     def check_spaces(self, observation_space, action_space) -> None:
         check_in_space(self.action, action_space, self.name)
 
+    def get_state(self) -> None:
+        """Nothing: ``reset``, ``act`` and ``observe`` change nothing (a vector step takes every opponent's
+        state before the round, and a fixed opponent's deep copy was a measurable share of it)."""
+
+    def set_state(self, state: None) -> None:
+        """Nothing to restore (:meth:`get_state`)."""
+
 
 class RoundRobinAgent(Agent):
     """Cycles deterministically through actions, one per round; restarts the cycle on ``reset``.
