@@ -480,3 +480,28 @@ def test_a_batch_decodes_each_action_pair_once(cheap_overrides, monkeypatch):
     env._details["defender"]["defense_settings"]["oasis"].append("hflip")  # what round_details() copies from
     env.step({"attacker": np.zeros(4, np.int64), "defender": d})
     assert env.round_details("defender")["defense_settings"]["oasis"] == [] and first.defense_settings["oasis"] == []
+
+
+def test_a_cached_plan_is_found_only_for_an_action_of_the_checked_form(cheap_overrides):
+    """A decoded plan is handed out without checking again only for an int64 array of the menu's shape
+    (bytes name values then): the same bytes in another shape or dtype, and any bad action, are still
+    checked and refused, after the valid one was decoded."""
+    from leakgym.game.round import plan_one
+
+    env = parallel_env("digits", **cheap_overrides)
+    env.reset(seed=0)
+    games, row = env.games, env.row
+    width = len(games.menus["attacker"].dims)
+    d, a = np.zeros(len(games.menus["defender"].dims), np.int64), np.zeros(width, np.int64)
+    first = plan_one(games, row, d, a)
+    assert plan_one(games, row, d.copy(), a.copy()) is first
+    with pytest.raises(ValueError, match="shape"):
+        plan_one(games, row, d, a.reshape(2, width // 2))  # the same bytes in another shape
+    with pytest.raises(ValueError, match="shape"):
+        plan_one(games, row, d, np.zeros(2 * width, np.int32))  # the same byte count in another dtype
+    bad = a.copy()
+    bad[0] = 99
+    with pytest.raises(ValueError, match="allowed range"):
+        plan_one(games, row, d, bad)
+    with pytest.raises(ValueError, match="bool"):
+        plan_one(games, row, d, [True] + [0] * (width - 1))
