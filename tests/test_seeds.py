@@ -10,6 +10,7 @@ compared on what they draw. ``test_sabotage.py`` shows each check fails when the
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from method_checks import check_reset_seed, check_vector_seeds, play_gymnasium, play_pettingzoo, play_vector
 
@@ -49,3 +50,20 @@ def test_a_precode_game_does_not_depend_on_torchs_global_rng(cheap_overrides):
         return out
 
     assert trajectory(0) == trajectory(123)
+
+
+def test_derived_seeds_equal_numpys_seed_sequence():
+    """The attack seeds of a round's games come from one vectorised computation of numpy's SeedSequence
+    arithmetic; each equals ``SeedSequence([seed, stream]).generate_state(1)[0]`` (random and edge seeds,
+    several streams), and seeds outside one entropy word are refused."""
+    from leakgym.optim.randomness import derived_seeds
+
+    seeds = np.random.default_rng(0).integers(0, 2**31 - 1, size=3000).tolist() + [0, 1, 2**31 - 2, 2**31, 2**32 - 1]
+    for stream in (0, 1, 2, 2**32 - 1):
+        want = [int(np.random.SeedSequence([s, stream]).generate_state(1)[0]) for s in seeds]
+        assert derived_seeds(seeds, stream) == want
+    assert derived_seeds([], 1) == []
+    with pytest.raises(ValueError, match="seeds must be"):
+        derived_seeds([2**32], 1)
+    with pytest.raises(ValueError, match="stream"):
+        derived_seeds([1], -1)

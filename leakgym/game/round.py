@@ -68,6 +68,7 @@ from leakgym.fl.client import compute_update
 from leakgym.fl.rounds import aggregate_round
 from leakgym.fl.update import SharedUpdate
 from leakgym.metrics import ReconstructionScores, score_reconstructions
+from leakgym.optim.randomness import derived_seeds
 
 from .batch import GameBatch
 from .feedback import (
@@ -246,15 +247,15 @@ def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_c
              for r, p, m, (x, y), seed, c, t in zip(rows, plans, sent_models, private, seeds, cleans, clean_s)]
     shared = apply_defense_many(calls, batch_defenses=batch_clients or len(rows) == 1)
     share_s = (time.perf_counter() - t0) / len(rows)
+    # The attack gets its own seed, derived from the round seed: it must not replay the client's draws (e.g.
+    # PRECODE's sampling noise, seeded by the round seed in apply_defense). SeedSequence([seed, ATTACK_STREAM]).
+    attack_seeds = derived_seeds(seeds, ATTACK_STREAM)
     out = []
-    for r, p, m, (x, y), seed, (update, report), t_prep, t_clean in zip(rows, plans, sent_models, private, seeds,
-                                                                        shared, prepare_s, clean_s):
+    for r, p, m, (x, y), seed, attack_seed, (update, report), t_prep, t_clean in zip(
+            rows, plans, sent_models, private, seeds, attack_seeds, shared, prepare_s, clean_s):
         knowledge = AttackerKnowledge(model=m, spec=batch.spec, batch_size=sc.batch_size,
                                       labels=y.clone() if sc.known_labels else None,
                                       public_x=batch.public_x[r], public_y=batch.public_y[r])
-        # The attack gets its own seed, derived from the round seed: it must not replay the client's
-        # draws (e.g. PRECODE's sampling noise, seeded by the round seed in apply_defense).
-        attack_seed = int(np.random.SeedSequence([seed, ATTACK_STREAM]).generate_state(1)[0])
         out.append(Defended(x=x, y=y, update=update, report=report, seed=seed,
                             attack_job=AttackJob(attack=p.attack, update=update, knowledge=knowledge, seed=attack_seed),
                             timings={"defense_s": t_prep + t_clean + share_s}))

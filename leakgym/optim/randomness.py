@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -102,4 +103,61 @@ class BatchedGenerator:
                           for g, c in zip(self.generators, self.counts)])
 
 
-__all__ = ["BatchedGenerator", "seeded_generator"]
+# numpy's SeedSequence constants (O'Neill's seed_seq alternative, numpy/random/bit_generator.pyx)
+_POOL_SIZE = 4
+_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
+_INIT_B, _MULT_B = 0x8B51F9DD, 0x58F38DED
+_MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
+_XSHIFT = 16
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash_constants() -> list[np.uint32]:
+    """The hash constants of every ``hashmix`` of :func:`derived_seeds`, in order: they evolve the same
+    way whatever the entropy (4 for the pool, 12 for the pairwise mixing)."""
+    out, h = [], _INIT_A
+    for _ in range(_POOL_SIZE + _POOL_SIZE * (_POOL_SIZE - 1)):
+        out.append(h)
+        h = (h * _MULT_A) & _MASK32
+    return [np.uint32(c) for c in out]
+
+
+_HASH_CONSTANTS = _hash_constants()
+
+
+def derived_seeds(seeds: Sequence[int], stream: int) -> list[int]:
+    """``int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])`` for every seed, computed for
+    all of them at once with numpy's SeedSequence arithmetic on uint32 arrays (one SeedSequence object
+    per seed was about 13 microseconds a game, a round's host cost at N = 1,024 games). Seeds and
+    ``stream`` are integers in ``[0, 2**32)`` (one entropy word each, as SeedSequence splits larger ones);
+    tested equal to numpy's on random and edge seeds."""
+    if not 0 <= stream <= _MASK32:
+        raise ValueError(f"stream={stream}; allowed range 0..{_MASK32}")
+    entropy = np.asarray(seeds, dtype=np.int64).reshape(-1)
+    if entropy.size and (entropy.min() < 0 or entropy.max() > _MASK32):
+        raise ValueError(f"seeds must be integers in 0..{_MASK32}; got {entropy.min()}..{entropy.max()}")
+    words = [entropy.astype(np.uint32), np.full(entropy.size, stream, np.uint32)]
+    words += [np.zeros(entropy.size, np.uint32)] * (_POOL_SIZE - len(words))
+    constants = iter(_HASH_CONSTANTS)
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as the C code's
+
+        def hashmix(value: np.ndarray) -> np.ndarray:
+            h = next(constants)
+            value = (value ^ h) * np.uint32((int(h) * _MULT_A) & _MASK32)
+            return value ^ (value >> np.uint32(_XSHIFT))
+
+        def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            result = np.uint32(_MIX_MULT_L) * x - np.uint32(_MIX_MULT_R) * y
+            return result ^ (result >> np.uint32(_XSHIFT))
+
+        pool = [hashmix(w) for w in words]
+        for src in range(_POOL_SIZE):
+            for dst in range(_POOL_SIZE):
+                if src != dst:
+                    pool[dst] = mix(pool[dst], hashmix(pool[src]))
+        state = (pool[0] ^ np.uint32(_INIT_B)) * np.uint32((_INIT_B * _MULT_B) & _MASK32)
+        state = state ^ (state >> np.uint32(_XSHIFT))
+    return state.tolist()
+
+
+__all__ = ["BatchedGenerator", "derived_seeds", "seeded_generator"]
