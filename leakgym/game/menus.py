@@ -283,12 +283,13 @@ def check_action(action: Any, nvec: np.ndarray, who: str, dims: list[str]) -> np
     # kinds i/u/f only: numpy files timedelta64 under the integers, and bool is its own kind
     if arr.dtype.kind not in "iuf":
         raise ValueError(f"{who} action {action!r} has dtype {arr.dtype}; expected integers")
-    if np.ma.is_masked(action):
-        raise ValueError(f"{who} action {action!r} has masked entries; expected integers")
-    if isinstance(action, (list, tuple)) and any(np.asarray(v).dtype == bool for v in action):
-        # numpy turns [True, 0, 1] (or a 0-d bool tensor inside the list) into integers; a mistake all the same
-        raise ValueError(f"{who} action {list(action)!r} has bool entries; expected integers")
-    if np.issubdtype(arr.dtype, np.floating):
+    if type(action) is not np.ndarray:  # (a plain ndarray has no mask and no entries of their own type)
+        if np.ma.is_masked(action):
+            raise ValueError(f"{who} action {action!r} has masked entries; expected integers")
+        if isinstance(action, (list, tuple)) and any(np.asarray(v).dtype == bool for v in action):
+            # numpy turns [True, 0, 1] (or a 0-d bool tensor inside the list) into integers; a mistake all the same
+            raise ValueError(f"{who} action {list(action)!r} has bool entries; expected integers")
+    if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{who} action {arr.tolist()} has non-finite entries; expected integers")
         if not np.all(np.equal(np.mod(arr, 1), 0)):
