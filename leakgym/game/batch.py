@@ -292,7 +292,7 @@ class GameBatch:
             parameters=self.bank.gather(banked) if banked else {},
             banked=banked,
             states=states,
-            rng_states=[copy.deepcopy(self.rngs[r].bit_generator.state) for r in rows],
+            rng_states=[self.rngs[r].bit_generator.state for r in rows],  # (a new dict on every read)
             round=self.round[rows].copy(),
             accuracy=self.accuracy[rows].copy(),
             test_loss=self.test_loss[rows].copy(),
