@@ -244,6 +244,66 @@ def test_evaluate_many_on_a_cpu_takes_the_plain_layers_of_lenet(digits, monkeypa
 
 
 @pytest.mark.parametrize("shared", [True, False])
+def test_small_held_out_sets_take_the_grouped_form_on_a_cpu(digits, monkeypatch, shared):
+    """LeNet with at most GROUPED_MAX_POSITIONS pixels per game (12 digits: 3,072) is evaluated a pass of games
+    at a time (RowwiseForward.grouped_logits): every game's accuracy equals Server.evaluate's and its loss to
+    rounding -- with a held-out set per game, its own; passes bounded by ``chunk`` and EVAL_IMAGES_PER_PASS;
+    a diverged game scores 0 without touching the others of its pass. vectorise=False keeps the loop."""
+    from leakgym.models.rowwise import RowwiseForward
+
+    models, _, _ = games_and_batches(digits, n=5)
+    with torch.no_grad():
+        next(models[3].parameters()).fill_(float("nan"))
+    spec, params = digits.spec, batched.stack_parameters(models)
+    sets = [(spec.normalize(digits.test_x[12 * i: 12 * i + 12]), digits.test_y[12 * i: 12 * i + 12]) for i in range(5)]
+    x, y = (sets[0][0], sets[0][1]) if shared else ([s[0] for s in sets], [s[1] for s in sets])
+    sizes, real = [], RowwiseForward.grouped_logits
+
+    def counting(self, p, xb, *, shared):
+        sizes.append(next(iter(p.values())).shape[0])
+        return real(self, p, xb, shared=shared)
+
+    monkeypatch.setattr(RowwiseForward, "grouped_logits", counting)
+    acc, loss = batched.evaluate_many(models[0], params, x, y, chunk=2)
+    assert sizes == [2, 2, 1]
+    for n, m in enumerate(models):
+        ex, ey = sets[0] if shared else sets[n]
+        a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
+        if n == 3:
+            assert acc[n] == a == 0.0 and not np.isfinite(loss[n]) and not np.isfinite(lo)
+            continue
+        assert acc[n] == a and loss[n] == pytest.approx(lo, rel=FL_TOL["rtol"])
+    assert len(set(loss)) == 5
+    sizes.clear()
+    monkeypatch.setattr(batched, "EVAL_IMAGES_PER_PASS", 30)  # 2 games of 12 images per pass
+    np.testing.assert_array_equal(batched.evaluate_many(models[0], params, x, y), (acc, loss))  # NaN == NaN
+    assert sizes == [2, 2, 1]
+    sizes.clear()
+    looped = batched.evaluate_many(models[0], params, x, y, vectorise=False)
+    assert sizes == [] and looped[0] == acc and looped[1] == pytest.approx(loss, rel=FL_TOL["rtol"], nan_ok=True)
+    # more pixels per game than the bound: one game at a time
+    monkeypatch.setattr(batched, "GROUPED_MAX_POSITIONS", 11 * 16 * 16)
+    np.testing.assert_array_equal(batched.evaluate_many(models[0], params, x, y), looped)
+    assert sizes == []
+
+
+def test_small_held_out_sets_of_batchnorm_models_use_each_games_statistics(digits, monkeypatch):
+    """A BatchNorm ConvNet is no plain layer stack: small held-out sets keep the loop on a CPU, with each
+    game's running statistics."""
+    from leakgym.models.rowwise import RowwiseForward
+
+    monkeypatch.setattr(RowwiseForward, "grouped_logits", lambda *a, **k: pytest.fail("grouped form taken"))
+    models, _, _ = games_and_batches(digits, n=3, arch="convnet")
+    ex, ey = digits.spec.normalize(digits.test_x[:12]), digits.test_y[:12]
+    acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey,
+                                      buffers=batched.stack_buffers(models))
+    for n, m in enumerate(models):
+        a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
+        assert acc[n] == a and loss[n] == pytest.approx(lo, rel=1e-5)
+    assert len(set(loss)) == 3
+
+
+@pytest.mark.parametrize("shared", [True, False])
 def test_evaluate_many_bounds_the_images_of_a_vectorised_pass(digits, monkeypatch, shared):
     """A pass holds every layer's activations of all its images (32 CIFAR ConvNets x 1,000 images peaked
     at 29 GB on an H100): with at most 250 images per pass, 100 images per game make passes of 2 games,

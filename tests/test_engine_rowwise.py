@@ -249,3 +249,35 @@ def test_plain_logits_on_cuda_are_the_models_functional_call(cuda_device):
     loop = evaluate_many(model, stacked, x, y, vectorise=False)
     vectorised = evaluate_many(model, stacked, x, y, vectorise=True)
     assert loop[0] == vectorised[0] and loop[1] == pytest.approx(vectorised[1], rel=1e-5)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("make", [lambda: _lenet(torch.float32), lambda: _PlainMLP(SPEC)])
+def test_grouped_logits_are_each_models_plain_logits(make, shared):
+    """The grouped form (evaluate_many's small held-out sets on a CPU: grouped convolutions, one unfold of a
+    shared set) gives every model the logits plain_logits gives it, to float32 rounding; with one set per
+    model, each model's own set."""
+    torch.manual_seed(6)
+    model = make()
+    n = 5
+    params = {name: p.detach() + 0.1 * torch.randn(n, *p.shape) for name, p in model.named_parameters()}
+    x = torch.randn(7, 1, 16, 16) if shared else torch.randn(n, 7, 1, 16, 16)
+    got = RowwiseForward.of(model).grouped_logits(params, x, shared=shared)
+    assert got.shape == (n, 7, 10)
+    for i in range(n):
+        want = RowwiseForward.of(model).plain_logits({k: v[i] for k, v in params.items()}, x if shared else x[i])
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(got[i], got[(i + 1) % n])
+
+
+def test_grouped_logits_in_float64_match_to_rounding():
+    """In float64 the grouped form and the per-model kernels agree to 1e-12: the same mathematics."""
+    torch.manual_seed(7)
+    model = _lenet(torch.float64)
+    params = {name: p.detach() + 0.1 * torch.randn(3, *p.shape, dtype=torch.float64)
+              for name, p in model.named_parameters()}
+    x = torch.randn(4, 1, 16, 16, dtype=torch.float64)
+    got = RowwiseForward.of(model).grouped_logits(params, x, shared=True)
+    for i in range(3):
+        want = RowwiseForward.of(model).plain_logits({k: v[i] for k, v in params.items()}, x)
+        torch.testing.assert_close(got[i], want, rtol=1e-12, atol=1e-12)
