@@ -203,6 +203,68 @@ def test_average_buffers_many_is_server_aggregate_bit_for_bit(digits):
                 assert not torch.equal(buf, dict(m.named_buffers())[name])
 
 
+@pytest.mark.parametrize(("arch", "b", "optimizer"), [("lenet", 1, None), ("convnet", 2, "adam"), ("convnet", 1, None)])
+def test_client_updates_unpack_each_game_as_unpack_does(digits, arch, b, optimizer):
+    """client_updates' SharedUpdates (one unbind per name) are unpack's of the same benign_updates output:
+    the same views of the stacks, fields, BN buffers with num_batches_tracked, and optimizer metadata."""
+    from leakgym.fl.optim import LocalOptimizer
+
+    opt = None if optimizer is None else LocalOptimizer(name=optimizer)
+    kind, steps = ("model_delta", 2) if opt is not None else ("gradient", 1)
+    models, x, y = games_and_batches(digits, n=3, k=1, b=b, arch=arch)
+    params = batched.stack_parameters(models)
+    buffers = batched.stack_buffers(models) or None
+    out = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                 buffers=buffers, optimizer=opt)
+    got = batched._unpack_games(out, models, [b] * 3, kind=kind, local_steps=steps, local_lr=0.05, optimizer=opt)
+    for i, (m, u) in enumerate(zip(models, got)):
+        want = batched.unpack(out, i, 0, kind=kind, batch_size=b, local_steps=steps, local_lr=0.05, model=m,
+                              optimizer=opt)
+        assert (u.kind, u.batch_size, u.local_steps, u.local_lr, u.metadata) == (
+            want.kind, want.batch_size, want.local_steps, want.local_lr, want.metadata)
+        for mine, theirs in ((u.tensors, want.tensors), (u.buffers or {}, want.buffers or {})):
+            assert list(mine) == list(theirs)
+            for name, t in theirs.items():
+                assert torch.equal(mine[name], t), (i, name)
+                assert mine[name].data_ptr() == t.data_ptr() or not t.is_floating_point(), (i, name)  # views
+        assert (u.buffers is None) == (want.buffers is None) == (arch == "lenet")
+    if opt is not None:
+        assert got[0].metadata["local_optimizer"] == opt.describe()
+    if arch == "convnet":
+        counts = [u.buffers[n] for u in got for n, t in u.buffers.items() if not t.is_floating_point()]
+        assert counts and all(int(c) == (steps if b > 1 else 0) + int(c0) for c, c0 in zip(
+            counts, [t for m in models for t in m.buffers() if not t.is_floating_point()]))
+
+
+@pytest.mark.parametrize("arch", ["lenet", "convnet"])
+def test_aggregation_with_every_game_the_same_weights_is_server_aggregate_bit_for_bit(digits, arch):
+    """The usual round (no victim skipped: one weight row for every game) takes aggregate_many's path
+    without gathers; parameters and BN statistics are still Server.aggregate's bit for bit."""
+    models, x, y = games_and_batches(digits, n=3, k=2, arch=arch)
+    updates = [[compute_update(m, x[n, k], y[n, k]) for k in range(2)] for n, m in enumerate(models)]
+    victims = [compute_update(m, x[n, 0, :2], y[n, 0, :2]) for n, m in enumerate(models)]
+    params = batched.stack_parameters(models)
+    slots = [{name: torch.stack([u.tensors[name] for u in us]) for name in params}
+             for us in [victims, *([updates[n][k] for n in range(3)] for k in range(2))]]
+    weights = torch.tensor([[2.0, 4.0, 4.0]] * 3)
+    new = batched.aggregate_many(params, slots, weights, step=0.1)
+    buffers = batched.stack_buffers(models)
+    new_buffers = batched.average_buffers_many(buffers, [{name: torch.stack([u.buffers[name] for u in us])
+                                                          for name in buffers}
+                                                         for us in [victims, *([updates[n][k] for n in range(3)]
+                                                                               for k in range(2))]], weights)
+    for n, m in enumerate(models):
+        server = Server(copy.deepcopy(m), lr=0.1, eval_x=x[0, 0], eval_y=y[0, 0])
+        server.aggregate([victims[n], *updates[n]])
+        for name, p in server.model.named_parameters():
+            assert torch.equal(new[name][n], p.detach()), (n, name)
+            assert not torch.equal(p, dict(m.named_parameters())[name])
+        for name, buf in server.model.named_buffers():
+            if buf.is_floating_point():
+                assert torch.equal(new_buffers[name][n], buf), (n, name)
+    assert set(new_buffers) == set(buffers) and (arch == "lenet") == (not buffers)
+
+
 @pytest.mark.parametrize("vectorise", [None, True, False])
 def test_evaluate_many_equals_server_evaluate(digits, vectorise):
     models, _, _ = games_and_batches(digits, n=3)
