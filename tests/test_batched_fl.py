@@ -68,7 +68,7 @@ def test_benign_updates_equal_compute_update(digits, kind, steps, b):
 def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digits, monkeypatch, kind, steps, soft):
     """DLG's LeNet with one image per client: the clients are rows of leakgym.models.rowwise (no vmap);
     their updates equal the vmapped grad's (the form switched off), with hard and with soft (Mixup)
-    labels. With four images per client the unfolded convolutions are too large: vmap again."""
+    labels. With four images per client the unfolded convolutions are too large: the grouped form (next test)."""
     from leakgym.models.rowwise import RowwiseForward
 
     models, x, y = games_and_batches(digits, b=1)
@@ -92,6 +92,50 @@ def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digit
     assert not RowwiseForward.of(models[0]).fits(4, tuple(digits.spec.shape))
     batched.benign_updates(models[0], batched.stack_parameters(models), x, y)
     assert len(calls) == steps
+
+
+@pytest.mark.parametrize("optimizer", [None, "adam"])
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 2)])
+def test_lenet_clients_of_larger_batches_take_the_grouped_form_and_equal_the_vmapped_clients(
+        digits, monkeypatch, kind, steps, soft, optimizer):
+    """DLG's LeNet with four images per client on a CPU: the clients are rows of the grouped form
+    (RowwiseForward.grouped_loss: grouped convolutions, the weight gradient of the 4x4 outputs as a grouped
+    convolution); every client's update equals the vmapped grad's (the form switched off) and compute_update's,
+    hard and soft labels, plain SGD and Adam, K = 2 clients per game (each its own row)."""
+    from leakgym.fl.optim import LocalOptimizer
+    from leakgym.models.rowwise import RowwiseForward
+
+    if optimizer is not None and kind == "gradient":
+        pytest.skip("FedSGD has no local optimiser")
+    opt = None if optimizer is None else LocalOptimizer(name=optimizer)
+    models, x, y = games_and_batches(digits, b=4)
+    if soft:
+        y = torch.softmax(torch.randn(*y.shape, 10, generator=torch.Generator().manual_seed(0)), dim=-1)
+    tol = FL_TOL
+    if opt is not None:  # Adam's first steps divide by |g|: float32 rounding of a tiny entry shows (2e-4 rel.)
+        models, x, y, tol = [m.double() for m in models], x.double(), (y.double() if soft else y), F64_TOL
+    params = batched.stack_parameters(models)
+    calls = []
+    real = RowwiseForward.grouped_loss
+    monkeypatch.setattr(RowwiseForward, "grouped_loss", lambda self, *a: calls.append(1) or real(self, *a))
+    grouped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                     optimizer=opt)
+    assert len(calls) == steps
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
+    vmapped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                     optimizer=opt)
+    assert len(calls) == steps
+    monkeypatch.undo()
+    for name, t in vmapped.tensors.items():
+        assert grouped.tensors[name].shape == t.shape and not grouped.tensors[name].requires_grad
+        torch.testing.assert_close(grouped.tensors[name], t, **tol)
+    for n, m in enumerate(models):
+        for k in range(x.shape[1]):
+            ref = compute_update(m, x[n, k], y[n, k], kind=kind, local_steps=steps, local_lr=0.05, optimizer=opt)
+            for name, t in ref.tensors.items():
+                torch.testing.assert_close(grouped.tensors[name][n, k], t, **tol)
+    assert not torch.allclose(grouped.tensors["head.weight"][0, 0], grouped.tensors["head.weight"][0, 1])
 
 
 def test_the_rowwise_form_fits_small_unfolded_convolutions_only():

@@ -281,3 +281,35 @@ def test_grouped_logits_in_float64_match_to_rounding():
     for i in range(3):
         want = RowwiseForward.of(model).plain_logits({k: v[i] for k, v in params.items()}, x)
         torch.testing.assert_close(got[i], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("small_outputs", [0, 10**6])  # weight gradient by ATen / as a grouped convolution
+@pytest.mark.parametrize(("stride", "padding", "dilation", "bias"), [
+    ((1, 1), (2, 2), (1, 1), True), ((2, 1), (1, 2), (1, 1), False), ((2, 2), (2, 1), (2, 1), True)])
+def test_grouped_conv2d_and_its_gradients_are_each_rows_conv2d(monkeypatch, small_outputs, stride, padding,
+                                                             dilation, bias):
+    """grouped_conv2d of R rows (the FL clients' grouped form): values and first-order gradients (input,
+    weight, bias) are each row's F.conv2d's, in float64 to 1e-12, whichever way the weight gradient goes."""
+    from leakgym.models import convolution
+    from leakgym.models.convolution import grouped_conv2d
+
+    monkeypatch.setattr(convolution, "GROUPED_WEIGHT_GRAD_MAX_POSITIONS", small_outputs)
+    g = torch.Generator().manual_seed(3)
+    rows, batch, c, o = 3, 2, 4, 5
+    x = torch.randn(batch, rows * c, 7, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(rows, o, c, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(rows, o, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    out = grouped_conv2d(x, w, b, stride, padding, dilation)
+    probe = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    leaves = [x, w] + ([b] if bias else [])
+    got = torch.autograd.grad((out * probe).sum(), leaves)
+    want_out = torch.cat([F.conv2d(x[:, r * c:(r + 1) * c], w[r], None if b is None else b[r], stride, padding,
+                                   dilation) for r in range(rows)], dim=1)
+    want = torch.autograd.grad((want_out * probe).sum(), leaves)
+    torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+    # no input gradient asked (the first layer): the weight's and bias' alone, the same
+    only = torch.autograd.grad((grouped_conv2d(x.detach(), w, b, stride, padding, dilation) * probe).sum(), leaves[1:])
+    for mine, theirs in zip(only, want[1:]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)

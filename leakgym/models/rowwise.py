@@ -47,6 +47,7 @@ from leakgym.models.convolution import (
     UNFOLD_MAX_ENTRIES,
     conv_output_size,
     expressible,
+    grouped_conv2d,
     rowwise_conv2d,
     takes_matrix,
 )
@@ -160,17 +161,18 @@ class RowwiseForward:
         return h
 
     def grouped_logits(self, params: dict[str, Tensor], x: Tensor, *, shared: bool) -> Tensor:
-        """``(N, B, classes)`` logits of ``N`` models (``params``: name -> ``(N, *shape)``) on their held-out
-        images, without autograd's needs and without a Python loop over the models: ``x`` is one set
-        ``(B, C, H, W)`` for every model (``shared``) or one per model ``(N, B, C, H, W)``.
+        """``(N, B, classes)`` logits of ``N`` models (``params``: name -> ``(N, *shape)``) on their images
+        without a Python loop over the models: ``x`` is one set ``(B, C, H, W)`` for every model (``shared``)
+        or one per model ``(N, B, C, H, W)``.
 
-        Every convolution of the ``N`` models is one grouped ``F.conv2d`` (``groups=N``) on activations laid
+        Every convolution of the ``N`` models is one grouped ``F.conv2d`` (``groups=N``,
+        :func:`~leakgym.models.convolution.grouped_conv2d`: first-order gradients only) on activations laid
         out ``(B, N * C, H, W)``; a first convolution of a shared set is one unfold of the images and one
         matrix product with all ``N`` weights (``(N * O, C*kh*kw)`` by ``(B, C*kh*kw, L)``; as a grouped
         convolution it is the slowest layer); a linear layer one ``baddbmm`` over the models. The values
         equal :meth:`plain_logits` of each model to float rounding (other kernels, other summation
         orders), not bit for bit. Used by :func:`leakgym.fl.batched.evaluate_many` on a CPU for small
-        held-out sets (see there)."""
+        held-out sets (see there), and by :meth:`grouped_loss`."""
         n_models = next(iter(params.values())).shape[0]
         batch = x.shape[0] if shared else x.shape[1]
         # h is either "grouped" (B, N * C, H, W) -- what a grouped convolution takes -- or "rows" (N, B, ...)
@@ -192,9 +194,7 @@ class RowwiseForward:
                 else:
                     if not grouped:  # rows (N, B, C, H, W) -> (B, N * C, H, W)
                         h = h.transpose(0, 1).reshape(batch, -1, *h.shape[-2:])
-                    h = F.conv2d(h, weight.reshape(n_models * out_ch, *weight.shape[2:]),
-                                 None if bias is None else bias.reshape(-1), m.stride, m.padding, m.dilation,
-                                 n_models)
+                    h = grouped_conv2d(h, weight, bias, m.stride, m.padding, m.dilation)
                 grouped = True
             elif kind is nn.Linear:  # on the last dimension, as nn.Linear
                 if first and shared:
@@ -224,6 +224,19 @@ class RowwiseForward:
         elif grouped:
             h = h.reshape(batch, n_models, -1, *h.shape[-2:]).transpose(0, 1)
         return h
+
+    def grouped_loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        """``(R,)`` task losses of ``R`` rows, as :meth:`__call__` (same arguments), computed in the grouped
+        form of :meth:`grouped_logits` (one set per row): its first-order gradients are each row's own,
+        every convolution a :func:`~leakgym.models.convolution.grouped_conv2d`. The FL clients' form on a
+        CPU where :meth:`fits` is false (:func:`leakgym.fl.batched.benign_updates`); equal to the vmapped
+        clients to rounding."""
+        rows, batch = x.shape[0], x.shape[1]
+        logits = self.grouped_logits(params, x, shared=False)
+        target = y.reshape(rows * batch, *y.shape[2:])
+        if not target.is_floating_point():
+            target = target.long()  # class indices, as task_loss takes them
+        return F.cross_entropy(logits.reshape(rows * batch, -1), target, reduction="none").reshape(rows, batch).mean(1)
 
     def _layer(self, m: nn.Module, name: str, params: dict[str, Tensor], h: Tensor) -> Tensor:
         """Layer ``m`` (called ``name``) of every row: ``h (R, B, ...)`` -> ``(R, B, ...)``."""
