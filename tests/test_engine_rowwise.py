@@ -313,3 +313,44 @@ def test_grouped_conv2d_and_its_gradients_are_each_rows_conv2d(monkeypatch, smal
     only = torch.autograd.grad((grouped_conv2d(x.detach(), w, b, stride, padding, dilation) * probe).sum(), leaves[1:])
     for mine, theirs in zip(only, want[1:]):
         torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("small_outputs", [0, 10**6])
+def test_grouped_forms_on_cuda(cuda_device, small_outputs, monkeypatch):
+    """grouped_conv2d, grouped_logits and grouped_loss run on CUDA (float64: no TF32) and give each row's
+    values and gradients there, both ways of the weight gradient."""
+    from leakgym.models import convolution
+    from leakgym.models.convolution import grouped_conv2d
+
+    monkeypatch.setattr(convolution, "GROUPED_WEIGHT_GRAD_MAX_POSITIONS", small_outputs)
+    g = torch.Generator().manual_seed(4)
+    rows, batch, c, o = 3, 2, 4, 5
+    x = torch.randn(batch, rows * c, 7, 6, generator=g, dtype=torch.float64).to(cuda_device).requires_grad_(True)
+    w = torch.randn(rows, o, c, 3, 5, generator=g, dtype=torch.float64).to(cuda_device).requires_grad_(True)
+    b = torch.randn(rows, o, generator=g, dtype=torch.float64).to(cuda_device).requires_grad_(True)
+    out = grouped_conv2d(x, w, b, (2, 1), (1, 2), (1, 1))
+    assert out.device.type == "cuda"
+    probe = torch.randn(out.shape, generator=g, dtype=torch.float64).to(cuda_device)
+    got = torch.autograd.grad((out * probe).sum(), [x, w, b])
+    want_out = torch.cat([F.conv2d(x[:, r * c:(r + 1) * c], w[r], b[r], (2, 1), (1, 2)) for r in range(rows)], dim=1)
+    want = torch.autograd.grad((want_out * probe).sum(), [x, w, b])
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-10)
+    for mine, theirs in zip(got, want):
+        assert mine.device.type == "cuda"
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10)
+    model = _lenet(torch.float64).to(cuda_device)
+    form = RowwiseForward.of(model)
+    params = {n: (p.detach() + 0.1 * torch.randn(rows, *p.shape, generator=g, dtype=torch.float64).to(cuda_device))
+              .requires_grad_(True) for n, p in model.named_parameters()}
+    images = torch.randn(rows, 4, 1, 16, 16, generator=g, dtype=torch.float64).to(cuda_device)
+    labels = torch.randint(0, 10, (rows, 4), generator=g).to(cuda_device)
+    logits = form.grouped_logits(params, images[0], shared=True)
+    assert logits.device.type == "cuda"
+    for r in range(rows):
+        torch.testing.assert_close(logits[r], form.plain_logits({k: v[r] for k, v in params.items()}, images[0]),
+                                   rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(form.grouped_loss(params, images, labels).sum(), list(params.values()))
+    want = torch.autograd.grad(form(params, images, labels).sum(), list(params.values()))
+    for mine, theirs in zip(grads, want):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10)
