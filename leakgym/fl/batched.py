@@ -338,7 +338,7 @@ def _unpack_games(updates: ClientUpdates, models: Sequence[nn.Module], batch_siz
                   local_steps: int, local_lr: float, optimizer: LocalOptimizer | None) -> list[SharedUpdate]:
     """``[unpack(updates, i, 0, model=models[i], batch_size=batch_sizes[i], ...) for i]``: the same
     :class:`~leakgym.fl.update.SharedUpdate` s (the same views of the stacked tensors), with one ``unbind`` per
-    name instead of an indexing per name and game (measured at 256 games of LeNet: ~13 ms of Python)."""
+    name instead of an indexing per name and game (measured at 256 games of LeNet, one thread: 3.8 -> 1.25 ms)."""
     def rows(stacks: dict[str, Tensor]) -> list[dict[str, Tensor]]:
         names = list(stacks)
         return [dict(zip(names, views)) for views in zip(*(t.select(1, 0).unbind(0) for t in stacks.values()))]
