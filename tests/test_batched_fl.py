@@ -68,7 +68,7 @@ def test_benign_updates_equal_compute_update(digits, kind, steps, b):
 def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digits, monkeypatch, kind, steps, soft):
     """DLG's LeNet with one image per client: the clients are rows of leakgym.models.rowwise (no vmap);
     their updates equal the vmapped grad's (the form switched off), with hard and with soft (Mixup)
-    labels. With four images per client the unfolded convolutions are too large: vmap again."""
+    labels. With four images per client the unfolded convolutions are too large: the grouped form (next test)."""
     from leakgym.models.rowwise import RowwiseForward
 
     models, x, y = games_and_batches(digits, b=1)
@@ -92,6 +92,50 @@ def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digit
     assert not RowwiseForward.of(models[0]).fits(4, tuple(digits.spec.shape))
     batched.benign_updates(models[0], batched.stack_parameters(models), x, y)
     assert len(calls) == steps
+
+
+@pytest.mark.parametrize("optimizer", [None, "adam"])
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 2)])
+def test_lenet_clients_of_larger_batches_take_the_grouped_form_and_equal_the_vmapped_clients(
+        digits, monkeypatch, kind, steps, soft, optimizer):
+    """DLG's LeNet with four images per client on a CPU: the clients are rows of the grouped form
+    (RowwiseForward.grouped_loss: grouped convolutions, the weight gradient of the 4x4 outputs as a grouped
+    convolution); every client's update equals the vmapped grad's (the form switched off) and compute_update's,
+    hard and soft labels, plain SGD and Adam, K = 2 clients per game (each its own row)."""
+    from leakgym.fl.optim import LocalOptimizer
+    from leakgym.models.rowwise import RowwiseForward
+
+    if optimizer is not None and kind == "gradient":
+        pytest.skip("FedSGD has no local optimiser")
+    opt = None if optimizer is None else LocalOptimizer(name=optimizer)
+    models, x, y = games_and_batches(digits, b=4)
+    if soft:
+        y = torch.softmax(torch.randn(*y.shape, 10, generator=torch.Generator().manual_seed(0)), dim=-1)
+    tol = FL_TOL
+    if opt is not None:  # Adam's first steps divide by |g|: float32 rounding of a tiny entry shows (2e-4 rel.)
+        models, x, y, tol = [m.double() for m in models], x.double(), (y.double() if soft else y), F64_TOL
+    params = batched.stack_parameters(models)
+    calls = []
+    real = RowwiseForward.grouped_loss
+    monkeypatch.setattr(RowwiseForward, "grouped_loss", lambda self, *a: calls.append(1) or real(self, *a))
+    grouped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                     optimizer=opt)
+    assert len(calls) == steps
+    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
+    vmapped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                     optimizer=opt)
+    assert len(calls) == steps
+    monkeypatch.undo()
+    for name, t in vmapped.tensors.items():
+        assert grouped.tensors[name].shape == t.shape and not grouped.tensors[name].requires_grad
+        torch.testing.assert_close(grouped.tensors[name], t, **tol)
+    for n, m in enumerate(models):
+        for k in range(x.shape[1]):
+            ref = compute_update(m, x[n, k], y[n, k], kind=kind, local_steps=steps, local_lr=0.05, optimizer=opt)
+            for name, t in ref.tensors.items():
+                torch.testing.assert_close(grouped.tensors[name][n, k], t, **tol)
+    assert not torch.allclose(grouped.tensors["head.weight"][0, 0], grouped.tensors["head.weight"][0, 1])
 
 
 def test_the_rowwise_form_fits_small_unfolded_convolutions_only():
@@ -203,6 +247,68 @@ def test_average_buffers_many_is_server_aggregate_bit_for_bit(digits):
                 assert not torch.equal(buf, dict(m.named_buffers())[name])
 
 
+@pytest.mark.parametrize(("arch", "b", "optimizer"), [("lenet", 1, None), ("convnet", 2, "adam"), ("convnet", 1, None)])
+def test_client_updates_unpack_each_game_as_unpack_does(digits, arch, b, optimizer):
+    """client_updates' SharedUpdates (one unbind per name) are unpack's of the same benign_updates output:
+    the same views of the stacks, fields, BN buffers with num_batches_tracked, and optimizer metadata."""
+    from leakgym.fl.optim import LocalOptimizer
+
+    opt = None if optimizer is None else LocalOptimizer(name=optimizer)
+    kind, steps = ("model_delta", 2) if opt is not None else ("gradient", 1)
+    models, x, y = games_and_batches(digits, n=3, k=1, b=b, arch=arch)
+    params = batched.stack_parameters(models)
+    buffers = batched.stack_buffers(models) or None
+    out = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                 buffers=buffers, optimizer=opt)
+    got = batched._unpack_games(out, models, [b] * 3, kind=kind, local_steps=steps, local_lr=0.05, optimizer=opt)
+    for i, (m, u) in enumerate(zip(models, got)):
+        want = batched.unpack(out, i, 0, kind=kind, batch_size=b, local_steps=steps, local_lr=0.05, model=m,
+                              optimizer=opt)
+        assert (u.kind, u.batch_size, u.local_steps, u.local_lr, u.metadata) == (
+            want.kind, want.batch_size, want.local_steps, want.local_lr, want.metadata)
+        for mine, theirs in ((u.tensors, want.tensors), (u.buffers or {}, want.buffers or {})):
+            assert list(mine) == list(theirs)
+            for name, t in theirs.items():
+                assert torch.equal(mine[name], t), (i, name)
+                assert mine[name].data_ptr() == t.data_ptr() or not t.is_floating_point(), (i, name)  # views
+        assert (u.buffers is None) == (want.buffers is None) == (arch == "lenet")
+    if opt is not None:
+        assert got[0].metadata["local_optimizer"] == opt.describe()
+    if arch == "convnet":
+        counts = [u.buffers[n] for u in got for n, t in u.buffers.items() if not t.is_floating_point()]
+        assert counts and all(int(c) == (steps if b > 1 else 0) + int(c0) for c, c0 in zip(
+            counts, [t for m in models for t in m.buffers() if not t.is_floating_point()]))
+
+
+@pytest.mark.parametrize("arch", ["lenet", "convnet"])
+def test_aggregation_with_every_game_the_same_weights_is_server_aggregate_bit_for_bit(digits, arch):
+    """The usual round (no victim skipped: one weight row for every game) takes aggregate_many's path
+    without gathers; parameters and BN statistics are still Server.aggregate's bit for bit."""
+    models, x, y = games_and_batches(digits, n=3, k=2, arch=arch)
+    updates = [[compute_update(m, x[n, k], y[n, k]) for k in range(2)] for n, m in enumerate(models)]
+    victims = [compute_update(m, x[n, 0, :2], y[n, 0, :2]) for n, m in enumerate(models)]
+    params = batched.stack_parameters(models)
+    slots = [{name: torch.stack([u.tensors[name] for u in us]) for name in params}
+             for us in [victims, *([updates[n][k] for n in range(3)] for k in range(2))]]
+    weights = torch.tensor([[2.0, 4.0, 4.0]] * 3)
+    new = batched.aggregate_many(params, slots, weights, step=0.1)
+    buffers = batched.stack_buffers(models)
+    new_buffers = batched.average_buffers_many(buffers, [{name: torch.stack([u.buffers[name] for u in us])
+                                                          for name in buffers}
+                                                         for us in [victims, *([updates[n][k] for n in range(3)]
+                                                                               for k in range(2))]], weights)
+    for n, m in enumerate(models):
+        server = Server(copy.deepcopy(m), lr=0.1, eval_x=x[0, 0], eval_y=y[0, 0])
+        server.aggregate([victims[n], *updates[n]])
+        for name, p in server.model.named_parameters():
+            assert torch.equal(new[name][n], p.detach()), (n, name)
+            assert not torch.equal(p, dict(m.named_parameters())[name])
+        for name, buf in server.model.named_buffers():
+            if buf.is_floating_point():
+                assert torch.equal(new_buffers[name][n], buf), (n, name)
+    assert set(new_buffers) == set(buffers) and (arch == "lenet") == (not buffers)
+
+
 @pytest.mark.parametrize("vectorise", [None, True, False])
 def test_evaluate_many_equals_server_evaluate(digits, vectorise):
     models, _, _ = games_and_batches(digits, n=3)
@@ -241,6 +347,66 @@ def test_evaluate_many_on_a_cpu_takes_the_plain_layers_of_lenet(digits, monkeypa
     for n, m in enumerate(models):
         a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
         assert acc[n] == a and loss[n] == pytest.approx(lo, rel=FL_TOL["rtol"])
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_small_held_out_sets_take_the_grouped_form_on_a_cpu(digits, monkeypatch, shared):
+    """LeNet with at most GROUPED_MAX_POSITIONS pixels per game (12 digits: 3,072) is evaluated a pass of games
+    at a time (RowwiseForward.grouped_logits): every game's accuracy equals Server.evaluate's and its loss to
+    rounding -- with a held-out set per game, its own; passes bounded by ``chunk`` and EVAL_IMAGES_PER_PASS;
+    a diverged game scores 0 without touching the others of its pass. vectorise=False keeps the loop."""
+    from leakgym.models.rowwise import RowwiseForward
+
+    models, _, _ = games_and_batches(digits, n=5)
+    with torch.no_grad():
+        next(models[3].parameters()).fill_(float("nan"))
+    spec, params = digits.spec, batched.stack_parameters(models)
+    sets = [(spec.normalize(digits.test_x[12 * i: 12 * i + 12]), digits.test_y[12 * i: 12 * i + 12]) for i in range(5)]
+    x, y = (sets[0][0], sets[0][1]) if shared else ([s[0] for s in sets], [s[1] for s in sets])
+    sizes, real = [], RowwiseForward.grouped_logits
+
+    def counting(self, p, xb, *, shared):
+        sizes.append(next(iter(p.values())).shape[0])
+        return real(self, p, xb, shared=shared)
+
+    monkeypatch.setattr(RowwiseForward, "grouped_logits", counting)
+    acc, loss = batched.evaluate_many(models[0], params, x, y, chunk=2)
+    assert sizes == [2, 2, 1]
+    for n, m in enumerate(models):
+        ex, ey = sets[0] if shared else sets[n]
+        a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
+        if n == 3:
+            assert acc[n] == a == 0.0 and not np.isfinite(loss[n]) and not np.isfinite(lo)
+            continue
+        assert acc[n] == a and loss[n] == pytest.approx(lo, rel=FL_TOL["rtol"])
+    assert len(set(loss)) == 5
+    sizes.clear()
+    monkeypatch.setattr(batched, "EVAL_IMAGES_PER_PASS", 30)  # 2 games of 12 images per pass
+    np.testing.assert_array_equal(batched.evaluate_many(models[0], params, x, y), (acc, loss))  # NaN == NaN
+    assert sizes == [2, 2, 1]
+    sizes.clear()
+    looped = batched.evaluate_many(models[0], params, x, y, vectorise=False)
+    assert sizes == [] and looped[0] == acc and looped[1] == pytest.approx(loss, rel=FL_TOL["rtol"], nan_ok=True)
+    # more pixels per game than the bound: one game at a time
+    monkeypatch.setattr(batched, "GROUPED_MAX_POSITIONS", 11 * 16 * 16)
+    np.testing.assert_array_equal(batched.evaluate_many(models[0], params, x, y), looped)
+    assert sizes == []
+
+
+def test_small_held_out_sets_of_batchnorm_models_use_each_games_statistics(digits, monkeypatch):
+    """A BatchNorm ConvNet is no plain layer stack: small held-out sets keep the loop on a CPU, with each
+    game's running statistics."""
+    from leakgym.models.rowwise import RowwiseForward
+
+    monkeypatch.setattr(RowwiseForward, "grouped_logits", lambda *a, **k: pytest.fail("grouped form taken"))
+    models, _, _ = games_and_batches(digits, n=3, arch="convnet")
+    ex, ey = digits.spec.normalize(digits.test_x[:12]), digits.test_y[:12]
+    acc, loss = batched.evaluate_many(models[0], batched.stack_parameters(models), ex, ey,
+                                      buffers=batched.stack_buffers(models))
+    for n, m in enumerate(models):
+        a, lo = Server(m, lr=0.1, eval_x=ex, eval_y=ey).evaluate()
+        assert acc[n] == a and loss[n] == pytest.approx(lo, rel=1e-5)
+    assert len(set(loss)) == 3
 
 
 @pytest.mark.parametrize("shared", [True, False])

@@ -249,3 +249,108 @@ def test_plain_logits_on_cuda_are_the_models_functional_call(cuda_device):
     loop = evaluate_many(model, stacked, x, y, vectorise=False)
     vectorised = evaluate_many(model, stacked, x, y, vectorise=True)
     assert loop[0] == vectorised[0] and loop[1] == pytest.approx(vectorised[1], rel=1e-5)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("make", [lambda: _lenet(torch.float32), lambda: _PlainMLP(SPEC)])
+def test_grouped_logits_are_each_models_plain_logits(make, shared):
+    """The grouped form (evaluate_many's small held-out sets on a CPU: grouped convolutions, one unfold of a
+    shared set) gives every model the logits plain_logits gives it, to float32 rounding; with one set per
+    model, each model's own set."""
+    torch.manual_seed(6)
+    model = make()
+    n = 5
+    params = {name: p.detach() + 0.1 * torch.randn(n, *p.shape) for name, p in model.named_parameters()}
+    x = torch.randn(7, 1, 16, 16) if shared else torch.randn(n, 7, 1, 16, 16)
+    got = RowwiseForward.of(model).grouped_logits(params, x, shared=shared)
+    assert got.shape == (n, 7, 10)
+    for i in range(n):
+        want = RowwiseForward.of(model).plain_logits({k: v[i] for k, v in params.items()}, x if shared else x[i])
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(got[i], got[(i + 1) % n])
+
+
+def test_grouped_logits_in_float64_match_to_rounding():
+    """In float64 the grouped form and the per-model kernels agree to 1e-12: the same mathematics."""
+    torch.manual_seed(7)
+    model = _lenet(torch.float64)
+    params = {name: p.detach() + 0.1 * torch.randn(3, *p.shape, dtype=torch.float64)
+              for name, p in model.named_parameters()}
+    x = torch.randn(4, 1, 16, 16, dtype=torch.float64)
+    got = RowwiseForward.of(model).grouped_logits(params, x, shared=True)
+    for i in range(3):
+        want = RowwiseForward.of(model).plain_logits({k: v[i] for k, v in params.items()}, x)
+        torch.testing.assert_close(got[i], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("small_outputs", [0, 10**6])  # weight gradient by ATen / as a grouped convolution
+@pytest.mark.parametrize(("stride", "padding", "dilation", "bias"), [
+    ((1, 1), (2, 2), (1, 1), True), ((2, 1), (1, 2), (1, 1), False), ((2, 2), (2, 1), (2, 1), True)])
+def test_grouped_conv2d_and_its_gradients_are_each_rows_conv2d(monkeypatch, small_outputs, stride, padding,
+                                                             dilation, bias):
+    """grouped_conv2d of R rows (the FL clients' grouped form): values and first-order gradients (input,
+    weight, bias) are each row's F.conv2d's, in float64 to 1e-12, whichever way the weight gradient goes."""
+    from leakgym.models import convolution
+    from leakgym.models.convolution import grouped_conv2d
+
+    monkeypatch.setattr(convolution, "GROUPED_WEIGHT_GRAD_MAX_POSITIONS", small_outputs)
+    g = torch.Generator().manual_seed(3)
+    rows, batch, c, o = 3, 2, 4, 5
+    x = torch.randn(batch, rows * c, 7, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(rows, o, c, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(rows, o, generator=g, dtype=torch.float64, requires_grad=True) if bias else None
+    out = grouped_conv2d(x, w, b, stride, padding, dilation)
+    probe = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    leaves = [x, w] + ([b] if bias else [])
+    got = torch.autograd.grad((out * probe).sum(), leaves)
+    want_out = torch.cat([F.conv2d(x[:, r * c:(r + 1) * c], w[r], None if b is None else b[r], stride, padding,
+                                   dilation) for r in range(rows)], dim=1)
+    want = torch.autograd.grad((want_out * probe).sum(), leaves)
+    torch.testing.assert_close(out, want_out, rtol=1e-12, atol=1e-12)
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+    # no input gradient asked (the first layer): the weight's and bias' alone, the same
+    only = torch.autograd.grad((grouped_conv2d(x.detach(), w, b, stride, padding, dilation) * probe).sum(), leaves[1:])
+    for mine, theirs in zip(only, want[1:]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("small_outputs", [0, 10**6])
+def test_grouped_forms_on_cuda(cuda_device, small_outputs, monkeypatch):
+    """grouped_conv2d, grouped_logits and grouped_loss run on CUDA (float64: no TF32) and give each row's
+    values and gradients there, both ways of the weight gradient."""
+    from leakgym.models import convolution
+    from leakgym.models.convolution import grouped_conv2d
+
+    monkeypatch.setattr(convolution, "GROUPED_WEIGHT_GRAD_MAX_POSITIONS", small_outputs)
+    g = torch.Generator().manual_seed(4)
+    rows, batch, c, o = 3, 2, 4, 5
+    x = torch.randn(batch, rows * c, 7, 6, generator=g, dtype=torch.float64).to(cuda_device).requires_grad_(True)
+    w = torch.randn(rows, o, c, 3, 5, generator=g, dtype=torch.float64).to(cuda_device).requires_grad_(True)
+    b = torch.randn(rows, o, generator=g, dtype=torch.float64).to(cuda_device).requires_grad_(True)
+    out = grouped_conv2d(x, w, b, (2, 1), (1, 2), (1, 1))
+    assert out.device.type == "cuda"
+    probe = torch.randn(out.shape, generator=g, dtype=torch.float64).to(cuda_device)
+    got = torch.autograd.grad((out * probe).sum(), [x, w, b])
+    want_out = torch.cat([F.conv2d(x[:, r * c:(r + 1) * c], w[r], b[r], (2, 1), (1, 2)) for r in range(rows)], dim=1)
+    want = torch.autograd.grad((want_out * probe).sum(), [x, w, b])
+    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-10)
+    for mine, theirs in zip(got, want):
+        assert mine.device.type == "cuda"
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10)
+    model = _lenet(torch.float64).to(cuda_device)
+    form = RowwiseForward.of(model)
+    params = {n: (p.detach() + 0.1 * torch.randn(rows, *p.shape, generator=g, dtype=torch.float64).to(cuda_device))
+              .requires_grad_(True) for n, p in model.named_parameters()}
+    images = torch.randn(rows, 4, 1, 16, 16, generator=g, dtype=torch.float64).to(cuda_device)
+    labels = torch.randint(0, 10, (rows, 4), generator=g).to(cuda_device)
+    logits = form.grouped_logits(params, images[0], shared=True)
+    assert logits.device.type == "cuda"
+    for r in range(rows):
+        torch.testing.assert_close(logits[r], form.plain_logits({k: v[r] for k, v in params.items()}, images[0]),
+                                   rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(form.grouped_loss(params, images, labels).sum(), list(params.values()))
+    want = torch.autograd.grad(form(params, images, labels).sum(), list(params.values()))
+    for mine, theirs in zip(grads, want):
+        torch.testing.assert_close(mine, theirs, rtol=1e-10, atol=1e-10)

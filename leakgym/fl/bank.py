@@ -46,6 +46,7 @@ from torch import Tensor, nn
 
 # model -> (its bank, its row); weak on both sides, so a bank and its models die with their games
 _BOUND: weakref.WeakKeyDictionary[nn.Module, tuple[weakref.ReferenceType, int]] = weakref.WeakKeyDictionary()
+_data_ptr = Tensor.data_ptr  # (mapped over a row's parameters: no generator frame per parameter)
 
 
 class ModelBank:
@@ -129,7 +130,7 @@ class ModelBank:
 
     def _intact(self, row: int) -> bool:
         """Whether the parameters bound at ``row`` still share the row's storage (nobody replaced their data)."""
-        return tuple(p.data_ptr() for p in self._params[row]) == self._addresses[row]
+        return tuple(map(_data_ptr, self._params[row])) == self._addresses[row]
 
     @staticmethod
     def of(models: Sequence[nn.Module]) -> tuple[ModelBank, list[int]] | None:

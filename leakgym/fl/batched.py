@@ -18,7 +18,11 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
   gradient, where its convolutions are small enough for the unfolded form
   (:meth:`~leakgym.models.rowwise.RowwiseForward.fits`; measured per call on digits LeNet, one
   image per client, one CPU thread: 1 game x 4 clients 3.5 -> 1.1 ms, 16 x 4 7.8 -> 5.5 ms, 64 x 4
-  20.7 -> 22.0 ms, 256 x 1 23.6 -> 20.9 ms; with 8 images per client the vmapped form stays); the victims'
+  20.7 -> 22.0 ms, 256 x 1 23.6 -> 20.9 ms). Larger batches of such a stack on a CPU take its grouped form
+  (:meth:`~leakgym.models.rowwise.RowwiseForward.grouped_loss`: the grouped convolutions vmap makes, with
+  a faster weight gradient for small outputs, :func:`leakgym.models.convolution.grouped_conv2d`; measured
+  per call, digits LeNet, 256 games x 1 client x 8 images, one thread: 73-83 -> 54-56 ms vmapped vs grouped;
+  64 x 4 x 8, FedAvg 2 steps, 146-152 -> 117-124 ms; CIFAR-10 LeNet, 64 x 1 x 8, 81-90 -> 73-81 ms); the victims'
   defended training
   (:func:`leakgym.fl.client.compute_updates` with ``batched=True``) takes one :func:`benign_updates`
   gradient per local step, so that a step defense can transform it in between;
@@ -125,6 +129,8 @@ def stack_parameters(models: Sequence[nn.Module]) -> dict[str, Tensor]:
 def stack_buffers(models: Sequence[nn.Module]) -> dict[str, Tensor]:
     """``name -> (N, *shape)``: the floating-point buffers (BN running statistics) of N models, stacked."""
     names = [n for n, b in models[0].named_buffers() if b.is_floating_point()]
+    if not names:  # (a walk of every model's modules for nothing)
+        return {}
     each = [dict(m.named_buffers()) for m in models]
     return {n: torch.stack([b[n].detach() for b in each]) for n in names}
 
@@ -215,6 +221,11 @@ def benign_updates(
     if form is not None:  # a plain layer stack (DLG's LeNet) and small batches: every client a row, no vmap
         return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
                                                       local_steps=local_steps, local_lr=local_lr, optimizer=opt))
+    form = None if bns or x.device.type != "cpu" else RowwiseForward.of(model)
+    if form is not None:  # larger batches of a plain layer stack on a CPU: every client a row, grouped kernels
+        return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
+                                                      local_steps=local_steps, local_lr=local_lr, optimizer=opt,
+                                                      grouped=True))
 
     def loss(p: dict[str, Tensor], bufs: dict[str, Tensor], xb: Tensor, yb: Tensor):
         if recorder is not None:
@@ -258,7 +269,7 @@ def benign_updates(
 
 def _rowwise_updates(model: nn.Module, form: RowwiseForward, params: dict[str, Tensor], frozen: dict[str, Tensor],
                      x: Tensor, y: Tensor, *, kind: str, local_steps: int, local_lr: float,
-                     optimizer: LocalOptimizer = PLAIN_SGD) -> dict[str, Tensor]:
+                     optimizer: LocalOptimizer = PLAIN_SGD, grouped: bool = False) -> dict[str, Tensor]:
     """:func:`benign_updates` of a model in its row-wise form ``form``
     (:func:`~leakgym.models.parameter_sets.batched_loss`): client ``(n, k)`` is row ``n * K + k`` with its own
     copy of game ``n``'s parameters, and the gradient of the rows' summed losses is each client's own gradient
@@ -273,7 +284,11 @@ def _rowwise_updates(model: nn.Module, form: RowwiseForward, params: dict[str, T
     with torch.enable_grad():
         for index in range(local_steps):
             leaves = {name: t.detach().requires_grad_(True) for name, t in current.items()}
-            losses = batched_loss(model, leaves, xs, ys, shared=frozen, rowwise=form)
+            if grouped:
+                losses = form.grouped_loss({**{n: t.expand(rows, *t.shape) for n, t in frozen.items()}, **leaves},
+                                           xs, ys)
+            else:
+                losses = batched_loss(model, leaves, xs, ys, shared=frozen, rowwise=form)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
             if kind == "gradient":
                 current = dict(zip(leaves, grads))
@@ -315,8 +330,37 @@ def client_updates(
     buffers = stack_buffers(models) if _bn_layers(models[0]) else None
     out = benign_updates(models[0], params, torch.stack(list(x)).unsqueeze(1), torch.stack(list(y)).unsqueeze(1),
                          kind=kind, local_steps=local_steps, local_lr=local_lr, buffers=buffers, optimizer=optimizer)
-    return [unpack(out, i, 0, kind=kind, batch_size=int(x[i].shape[0]), local_steps=local_steps, local_lr=local_lr,
-                   model=m, optimizer=optimizer) for i, m in enumerate(models)]
+    return _unpack_games(out, models, [int(t.shape[0]) for t in x], kind=kind, local_steps=local_steps,
+                         local_lr=local_lr, optimizer=optimizer)
+
+
+def _unpack_games(updates: ClientUpdates, models: Sequence[nn.Module], batch_sizes: Sequence[int], *, kind: str,
+                  local_steps: int, local_lr: float, optimizer: LocalOptimizer | None) -> list[SharedUpdate]:
+    """``[unpack(updates, i, 0, model=models[i], batch_size=batch_sizes[i], ...) for i]``: the same
+    :class:`~leakgym.fl.update.SharedUpdate` s (the same views of the stacked tensors), with one ``unbind`` per
+    name instead of an indexing per name and game (measured at 256 games of LeNet, one thread: 3.8 -> 1.25 ms)."""
+    def rows(stacks: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+        names = list(stacks)
+        return [dict(zip(names, views)) for views in zip(*(t.select(1, 0).unbind(0) for t in stacks.values()))]
+
+    tensors = rows(updates.tensors)
+    buffers = [None] * len(models) if updates.buffers is None else rows(updates.buffers)
+    marked = optimizer is not None and not optimizer.plain
+    lr = float(local_lr) if kind == "model_delta" else 0.0
+    out = []
+    for game, (model, batch_size) in enumerate(zip(models, batch_sizes)):
+        own = buffers[game]
+        if own is not None and model is not None:
+            trained = batch_size > 1  # a batch of one leaves the running statistics (and the count) alone
+            for n, b in model.named_buffers():
+                if not b.is_floating_point():
+                    own[n] = b.detach() + (local_steps if trained else 0)
+        update = SharedUpdate(tensors=tensors[game], kind=kind, batch_size=batch_size, local_steps=local_steps,
+                              local_lr=lr, buffers=own)
+        if marked:  # as leakgym.fl.client.mark_optimizer
+            update.metadata["local_optimizer"] = optimizer.describe()
+        out.append(update)
+    return out
 
 
 def unpack(updates: ClientUpdates, game: int, client: int, *, kind: str, batch_size: int, local_steps: int,
@@ -390,25 +434,56 @@ def _weighted_means(current: dict[str, Tensor], updates: Sequence[dict[str, Tens
     rows: dict[tuple[float, ...], list[int]] = {}
     for i, w in enumerate(table):
         rows.setdefault(tuple(w), []).append(i)
+    if len(rows) == 1:  # every game the same weights (the usual round): no gathers, no scatters
+        (w,) = rows
+        out = {}
+        for name, p in current.items():
+            mean = _weighted_mean(w, updates, name, p, lambda t: t)
+            out[name] = p.clone() if mean is None else combine(p, mean)
+        return out
     out = {name: p.clone() for name, p in current.items()}
     for w, members in rows.items():
         index = torch.tensor(members, device=next(iter(current.values())).device)
         for name, p in current.items():
-            parts = [(w[s], updates[s][name]) for s in range(j) if w[s] > 0 and name in updates[s]]
-            if not parts:
-                continue
-            total = 0
-            for wt, t in parts:
-                total = total + wt * t.index_select(0, index).to(p)
-            mean = total / sum(wt for wt, _ in parts)
-            out[name].index_copy_(0, index, combine(p.index_select(0, index), mean))
+            mean = _weighted_mean(w, updates, name, p, lambda t, index=index: t.index_select(0, index))
+            if mean is not None:
+                out[name].index_copy_(0, index, combine(p.index_select(0, index), mean))
     return out
+
+
+def _weighted_mean(w: tuple[float, ...], updates: Sequence[dict[str, Tensor]], name: str, like: Tensor,
+                   rows) -> Tensor | None:
+    """``sum_s w[s] rows(t_s) / sum_s w[s]`` over the slots ``s`` whose update has ``name`` and whose weight is
+    positive (None when none does), with Server.aggregate's arithmetic: Python-float weights, slot by slot in
+    order, each term cast to ``like``'s dtype and device."""
+    parts = [(w[s], updates[s][name]) for s in range(len(updates)) if w[s] > 0 and name in updates[s]]
+    if not parts:
+        return None
+    total = 0
+    for wt, t in parts:
+        total = total + wt * rows(t).to(like)
+    return total / sum(wt for wt, _ in parts)
 
 
 #: Largest number of held-out images (summed over games) in one vectorised evaluation pass. A pass holds
 #: every layer's activations of all its images: 32 CIFAR ConvNets (width 16) on 1,000 images each peaked at
 #: 29 GB on an H100 (``docs/results/bench_env_gpu.md``); 8,192 images keep a pass near 7 GB.
 EVAL_IMAGES_PER_PASS = 8192
+
+
+#: On a CPU, largest held-out set per game (images x height x width) that :func:`evaluate_many` evaluates
+#: in the grouped form of a plain layer stack (:meth:`~leakgym.models.rowwise.RowwiseForward.grouped_logits`)
+#: rather than one game after another. Measured (DLG's LeNet, one CPU thread, passes of 32 games, grouped vs
+#: one game at a time): digits 16x16, 256 games, 8 / 16 / 32 images per game 16.6 vs 43.2 / 31 vs 50 / 60 vs
+#: 66 ms; MNIST 28x28, 128 games, 4 / 8 images 12.0 vs 23.2 / 21.5 vs 28.2 ms; CIFAR-10 32x32, 64 games,
+#: 8 / 16 images 15.7 vs 15.9 / 31.5 vs 22.6 ms. Larger images make each game's convolutions efficient kernels
+#: on their own, and the grouped convolution loses.
+GROUPED_MAX_POSITIONS = 4096
+
+
+def _grouped_pays(x: Tensor, same_shapes: bool) -> bool:
+    """Whether held-out sets like ``x`` (``(B, C, H, W)``, one game's) take the grouped form on a CPU."""
+    return same_shapes and x.dim() == 4 and x.shape[0] * x.shape[-2] * x.shape[-1] <= GROUPED_MAX_POSITIONS
 
 
 @torch.no_grad()
@@ -435,8 +510,13 @@ def evaluate_many(
     ``vmap`` makes of N models is the slower kernel -- measured for 16 digits LeNets on 256 images, one
     thread: 51 ms vectorised, 29 ms one game at a time. A plain layer stack (DLG's LeNet,
     :class:`~leakgym.models.rowwise.RowwiseForward`) calls its layers' functional kernels directly
-    (:meth:`~leakgym.models.rowwise.RowwiseForward.plain_logits`, the same values bit for bit). Other
-    devices take the vectorised pass; ``vectorise`` forces one or the other.
+    (:meth:`~leakgym.models.rowwise.RowwiseForward.plain_logits`, the same values bit for bit) -- unless
+    its held-out sets are small (at most :data:`GROUPED_MAX_POSITIONS` images x pixels per game, one shape
+    for all games): then each pass of games is one computation per layer, its convolutions grouped
+    (:meth:`~leakgym.models.rowwise.RowwiseForward.grouped_logits`; equal to the loop to rounding, not bit
+    for bit; measured for 256 digits LeNets on 16 images each, one thread: 31 ms grouped, 50 ms one game
+    at a time). Other devices take the vectorised pass; ``vectorise`` forces one or the other (``False``:
+    one game at a time, never the grouped form).
     """
     n_games = next(iter(params.values())).shape[0]
     params = {**(buffers or {}), **params}
@@ -449,7 +529,8 @@ def evaluate_many(
 
     if any(t.shape[0] == 0 for t in ([x] if shared else list(x))):
         raise ValueError("every held-out set needs >= 1 image")
-    if vectorise is None:
+    auto = vectorise is None
+    if auto:
         vectorise = next(iter(params.values())).device.type != "cpu"
     if vectorise and not shared and len({tuple(t.shape) for t in x}) > 1:
         # held-out sets of different sizes: one vectorised pass per size, results in game order
@@ -467,6 +548,7 @@ def evaluate_many(
     accuracy = []
     losses = []
     with in_mode(model, False):
+        grouped = None
         if not vectorise:
             # A plain layer stack calls its layers' functional kernels directly: the same values, without
             # functional_call's reparametrisation and the module calls around every layer.
@@ -475,19 +557,27 @@ def evaluate_many(
             plain = RowwiseForward.of(model)
             if plain is not None and any(n not in params for n, _ in model.named_parameters()):
                 plain = None
-            logits_of = forward if plain is None else plain.plain_logits
-            for i in range(n_games):
-                xi, yi = (x, y) if shared else (x[i], y[i])
-                logits = logits_of({k: v[i] for k, v in params.items()}, xi)
-                ce = F.cross_entropy(logits, yi, reduction="none")
-                accuracy.append(int(correct_predictions(logits, yi).sum()) / yi.shape[0])
-                losses.append(float(ce.sum()) / yi.shape[0])
-            return accuracy, losses
+            if plain is not None and auto and _grouped_pays(x if shared else x[0], shared or len(
+                    {tuple(t.shape) for t in x}) == 1):
+                grouped = plain
+            else:
+                logits_of = forward if plain is None else plain.plain_logits
+                for i in range(n_games):
+                    xi, yi = (x, y) if shared else (x[i], y[i])
+                    logits = logits_of({k: v[i] for k, v in params.items()}, xi)
+                    ce = F.cross_entropy(logits, yi, reduction="none")
+                    accuracy.append(int(correct_predictions(logits, yi).sum()) / yi.shape[0])
+                    losses.append(float(ce.sum()) / yi.shape[0])
+                return accuracy, losses
         per_game = (x if shared else x[0]).shape[0]
         games = max(1, min(chunk, EVAL_IMAGES_PER_PASS // per_game))
         for lo in range(0, n_games, games):
             part = {k: v[lo:lo + games] for k, v in params.items()}
-            if shared:
+            if grouped is not None:
+                logits = grouped.grouped_logits(part, x if shared else torch.stack(list(x[lo:lo + games])),
+                                                shared=shared)
+                labels = y.expand(logits.shape[0], -1) if shared else torch.stack(list(y[lo:lo + games]))
+            elif shared:
                 logits = vmap(forward, in_dims=(0, None))(part, x)
                 labels = y.expand(logits.shape[0], -1)
             else:
@@ -502,6 +592,6 @@ def evaluate_many(
 
 
 __all__ = [
-    "EVAL_IMAGES_PER_PASS", "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates",
+    "EVAL_IMAGES_PER_PASS", "GROUPED_MAX_POSITIONS", "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates",
     "client_updates", "evaluate_many", "signature", "stack_buffers", "stack_parameters", "supports", "unpack",
 ]

@@ -75,9 +75,13 @@ def aggregate_round(
         return RoundResult(state={}, kept=[], alone=alone)
     index = torch.tensor(kept)
     step = server_lr if kind == "gradient" else 1.0
-    new = fl_batched.aggregate_many(
-        {n: p[index.to(p.device)] for n, p in params.items()},
-        [{n: t[index.to(t.device)] for n, t in slot.items()} for slot in slots], weights[index], step=step)
+    if len(kept) == len(victims):  # every game (the usual round): the stacks as they are, no gathers
+        def rows(stacks: dict[str, Tensor]) -> dict[str, Tensor]:
+            return stacks
+    else:
+        def rows(stacks: dict[str, Tensor]) -> dict[str, Tensor]:
+            return {n: t[index.to(t.device)] for n, t in stacks.items()}
+    new = fl_batched.aggregate_many(rows(params), [rows(slot) for slot in slots], weights[index], step=step)
     if buffers is not None:
         # BN statistics: Server.aggregate averages those of the updates that carry them.
         carried = [victims[i].buffers for i in kept]
@@ -87,8 +91,8 @@ def aggregate_round(
         buffer_weights[:, 0] = torch.tensor([w if c else 0.0 for w, c in zip(weights[index, 0].tolist(), carried)],
                                             dtype=torch.float64)
         new.update(fl_batched.average_buffers_many(
-            {n: t[index.to(t.device)] for n, t in buffers.items()},
-            [victim_buffers] + [{n: t[index.to(t.device), j] for n, t in benign.buffers.items()} for j in range(k)],
+            rows(buffers),
+            [victim_buffers] + [rows({n: t[:, j] for n, t in benign.buffers.items()}) for j in range(k)],
             buffer_weights))
     return RoundResult(state=new, kept=kept, alone=alone)
 

@@ -47,6 +47,7 @@ from leakgym.models.convolution import (
     UNFOLD_MAX_ENTRIES,
     conv_output_size,
     expressible,
+    grouped_conv2d,
     rowwise_conv2d,
     takes_matrix,
 )
@@ -158,6 +159,84 @@ class RowwiseForward:
             else:
                 h = _ACTIVATIONS[kind](h)
         return h
+
+    def grouped_logits(self, params: dict[str, Tensor], x: Tensor, *, shared: bool) -> Tensor:
+        """``(N, B, classes)`` logits of ``N`` models (``params``: name -> ``(N, *shape)``) on their images
+        without a Python loop over the models: ``x`` is one set ``(B, C, H, W)`` for every model (``shared``)
+        or one per model ``(N, B, C, H, W)``.
+
+        Every convolution of the ``N`` models is one grouped ``F.conv2d`` (``groups=N``,
+        :func:`~leakgym.models.convolution.grouped_conv2d`: first-order gradients only) on activations laid
+        out ``(B, N * C, H, W)``; a first convolution of a shared set is one unfold of the images and one
+        matrix product with all ``N`` weights (``(N * O, C*kh*kw)`` by ``(B, C*kh*kw, L)``; as a grouped
+        convolution it is the slowest layer); a linear layer one ``baddbmm`` over the models. The values
+        equal :meth:`plain_logits` of each model to float rounding (other kernels, other summation
+        orders), not bit for bit. Used by :func:`leakgym.fl.batched.evaluate_many` on a CPU for small
+        held-out sets (see there), and by :meth:`grouped_loss`."""
+        n_models = next(iter(params.values())).shape[0]
+        batch = x.shape[0] if shared else x.shape[1]
+        # h is either "grouped" (B, N * C, H, W) -- what a grouped convolution takes -- or "rows" (N, B, ...)
+        grouped, h = False, x
+        first = True
+        for m, name in self.layers:
+            kind = type(m)
+            if kind is nn.Conv2d:
+                weight, bias = _weights(m, name, params)
+                out_ch = weight.shape[1]
+                if first and shared:  # one unfold of the shared images, one product with every weight
+                    cols = F.unfold(h, m.kernel_size, m.dilation, m.padding, m.stride)  # (B, C*kh*kw, L)
+                    out = torch.matmul(weight.reshape(n_models * out_ch, -1), cols)  # (B, N * O, L)
+                    if bias is not None:
+                        out = out + bias.reshape(1, n_models * out_ch, 1)
+                    height, width = (conv_output_size(size, k, s, p, d) for size, k, s, p, d in zip(
+                        h.shape[-2:], m.kernel_size, m.stride, m.padding, m.dilation))
+                    h = out.reshape(batch, n_models * out_ch, height, width)
+                else:
+                    if not grouped:  # rows (N, B, C, H, W) -> (B, N * C, H, W)
+                        h = h.transpose(0, 1).reshape(batch, -1, *h.shape[-2:])
+                    h = grouped_conv2d(h, weight, bias, m.stride, m.padding, m.dilation)
+                grouped = True
+            elif kind is nn.Linear:  # on the last dimension, as nn.Linear
+                if first and shared:
+                    h = h.expand(n_models, *h.shape)
+                elif grouped:  # (B, N * C, H, W) -> (N, B, C, H, W)
+                    h = h.reshape(batch, n_models, -1, *h.shape[-2:]).transpose(0, 1)
+                grouped = False
+                weight, bias = _weights(m, name, params)
+                flat = h.reshape(n_models, -1, h.shape[-1])
+                out = flat @ weight.transpose(1, 2) if bias is None \
+                    else torch.baddbmm(bias.unsqueeze(1), flat, weight.transpose(1, 2))
+                h = out.reshape(*h.shape[:-1], out.shape[-1])
+            elif kind is nn.Flatten:
+                if first and shared:
+                    h = h.expand(n_models, *h.shape)
+                if grouped:  # (B, N * C, H, W) -> (N, B, C * H * W)
+                    h = h.reshape(batch, n_models, -1).transpose(0, 1)
+                else:
+                    h = h.reshape(n_models, batch, -1)
+                grouped = False
+            else:
+                h = _ACTIVATIONS[kind](h)
+                continue  # elementwise: the shared images stay shared
+            first = False
+        if first and shared:  # activations only
+            h = h.expand(n_models, *h.shape)
+        elif grouped:
+            h = h.reshape(batch, n_models, -1, *h.shape[-2:]).transpose(0, 1)
+        return h
+
+    def grouped_loss(self, params: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        """``(R,)`` task losses of ``R`` rows, as :meth:`__call__` (same arguments), computed in the grouped
+        form of :meth:`grouped_logits` (one set per row): its first-order gradients are each row's own,
+        every convolution a :func:`~leakgym.models.convolution.grouped_conv2d`. The FL clients' form on a
+        CPU where :meth:`fits` is false (:func:`leakgym.fl.batched.benign_updates`); equal to the vmapped
+        clients to rounding."""
+        rows, batch = x.shape[0], x.shape[1]
+        logits = self.grouped_logits(params, x, shared=False)
+        target = y.reshape(rows * batch, *y.shape[2:])
+        if not target.is_floating_point():
+            target = target.long()  # class indices, as task_loss takes them
+        return F.cross_entropy(logits.reshape(rows * batch, -1), target, reduction="none").reshape(rows, batch).mean(1)
 
     def _layer(self, m: nn.Module, name: str, params: dict[str, Tensor], h: Tensor) -> Tensor:
         """Layer ``m`` (called ``name``) of every row: ``h (R, B, ...)`` -> ``(R, B, ...)``."""
