@@ -54,10 +54,11 @@ def _head_names(model: nn.Module, named: Iterable[tuple[str, Tensor]]) -> tuple[
             f"label inference needs model.head to be an nn.Linear classifier; got {type(head).__name__}"
         )
     weight_name = bias_name = None
+    weight, bias = head.weight, head.bias
     for name, p in named:
-        if p is head.weight:
+        if p is weight:
             weight_name = name
-        elif head.bias is not None and p is head.bias:
+        elif bias is not None and p is bias:
             bias_name = name
     if weight_name is None:
         raise ValueError("model.head.weight is not among model.named_parameters()")
