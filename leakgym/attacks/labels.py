@@ -65,7 +65,7 @@ def _head_names(model: nn.Module, named: Iterable[tuple[str, Tensor]]) -> tuple[
     return weight_name, bias_name
 
 
-HeadNames = Callable[[nn.Module], tuple[str, str | None]]
+_HeadNames = Callable[[nn.Module], tuple[str, str | None]]
 """``model -> (weight name, bias name)`` of its classifier head: :func:`head_parameter_names`, or a reader
 that remembers the answer for the models of one call."""
 
@@ -77,7 +77,7 @@ def class_signal(update: SharedUpdate, model: nn.Module, signal: str = "auto") -
 
 
 def _signal_source(update: SharedUpdate, model: nn.Module, signal: str,
-                   heads: HeadNames) -> tuple[Tensor | None, Tensor | None]:
+                   heads: _HeadNames) -> tuple[Tensor | None, Tensor | None]:
     """:func:`class_signal`'s checks, and its source: ``(bias update, None)`` when the signal is the head
     bias's update (:func:`class_signal` is then that tensor as float64, flattened), else ``(None, signal)``
     from the head weight's row sums."""
@@ -95,7 +95,7 @@ def _signal_source(update: SharedUpdate, model: nn.Module, signal: str,
 
 
 def _class_signal_of(update: SharedUpdate, knowledge: AttackerKnowledge, signal: str = "auto",
-                     heads: HeadNames = head_parameter_names) -> Tensor:
+                     heads: _HeadNames = head_parameter_names) -> Tensor:
     """:func:`class_signal`, checked against ``knowledge.spec.num_classes``."""
     raw, s = _signal_source(update, knowledge.model, signal, heads)
     if raw is not None:
@@ -117,7 +117,7 @@ def infer_labels_many(updates: Sequence[SharedUpdate], knowledges: Sequence[Atta
 
 
 def _infer_labels_many(updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
-                       methods: Sequence[str], heads: HeadNames,
+                       methods: Sequence[str], heads: _HeadNames,
                        alone: Callable[[SharedUpdate, AttackerKnowledge, str], Tensor]) -> list[Tensor]:
     """:func:`infer_labels_many`, the head's parameter names read by ``heads`` and the problems that are
     not decided together by ``alone(update, knowledge, method)``. The head-bias signals of a group are
@@ -190,7 +190,7 @@ def infer_labels(
 
 
 def _infer_labels(update: SharedUpdate, knowledge: AttackerKnowledge, method: str, signal: str,
-                  heads: HeadNames) -> Tensor:
+                  heads: _HeadNames) -> Tensor:
     """:func:`infer_labels`, the head's parameter names read by ``heads``."""
     if method not in LABEL_METHODS:
         raise ValueError(f"method={method!r}; allowed: {LABEL_METHODS}")
