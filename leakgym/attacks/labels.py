@@ -108,8 +108,8 @@ def _class_signal_of(update: SharedUpdate, knowledge: AttackerKnowledge, signal:
 def infer_labels_many(updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
                       methods: Sequence[str]) -> list[Tensor]:
     """``infer_labels(updates[i], knowledges[i], method=methods[i])`` for every ``i``. The one-example
-    problems of iDLG (``"idlg"``, or ``"auto"`` at batch size 1) whose class signals share a device and
-    size are decided by one ``argmin`` and one transfer to the CPU (on a GPU one synchronisation for all
+    problems of iDLG (``"idlg"``, or ``"auto"`` at batch size 1) whose class signals share a device, shape
+    and dtype are decided by one ``argmin`` and one transfer to the CPU (on a GPU one synchronisation for all
     the games of a vector step, not one per game); the same labels (``argmin`` returns the first minimum
     in both). The others go through :func:`infer_labels`."""
     return _infer_labels_many(updates, knowledges, methods, head_parameter_names,
