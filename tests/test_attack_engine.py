@@ -69,6 +69,27 @@ def test_vectorised_equals_sequential_lenet_shared_model(digits):
     assert torch.equal(fast.best_restart, slow.best_restart)
 
 
+def test_problems_share_parameters_only_when_every_model_holds_the_same_values(digits):
+    """ProblemSet.batched: distinct model objects with equal values share one copy of the parameters;
+    a difference in any parameter, the first or a later one, makes them per problem."""
+    model = build_model("lenet", digits.spec, seed=0)
+    updates, knowledges = problems_for([model, copy.deepcopy(model), copy.deepcopy(model)], digits, n=3, b=1)
+    labels = torch.stack([k.labels for k in knowledges])
+
+    def batched():
+        return ProblemSet.from_updates(updates, knowledges, names=list(updates[0].tensors), labels=labels).batched
+
+    assert not batched()
+    first, *_, last = (p for _, p in knowledges[2].model.named_parameters())
+    with torch.no_grad():
+        last[0] += 1.0  # a later parameter only (the first one still agrees)
+    assert batched()
+    with torch.no_grad():
+        last[0] -= 1.0
+        first.view(-1)[0] += 1.0
+    assert batched()
+
+
 @pytest.mark.parametrize(
     ("arch", "rtol"),
     [

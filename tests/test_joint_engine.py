@@ -222,6 +222,52 @@ def test_problems_that_differ_beyond_parameter_shapes_do_not_share_a_call(digits
     torch.testing.assert_close(joint[1].images, alone.images, rtol=1e-4, atol=1e-4)
 
 
+def _update_of(model, x, y, spec):
+    grads = torch.autograd.grad(task_loss(model, x, y), list(model.parameters()))
+    update = SharedUpdate({k: g.detach() for (k, _), g in zip(model.named_parameters(), grads)}, batch_size=1)
+    return update, AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y)
+
+
+def _same_results(got, expected):
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+        assert a.history == b.history and a.final_loss == b.final_loss and a.cost.units == b.cost.units
+
+
+def test_models_and_attacks_are_read_afresh_by_every_call(digits):
+    """reconstruct_jointly reads each distinct model (parameter names, shapes, head, device) and attack
+    (settings, part key) once per call, not once per problem. Two architectures in one call, attacked by
+    one shared attack object, and problems of an attack that picks its own layers, must still form their
+    own engine calls (each equal, bit for bit, to its problems alone); and a model one of whose layers
+    changes shape between two calls must be read as it is now (a stale signature would put it with the
+    old architecture, whose parameters cannot be stacked with its own)."""
+    spec = digits.spec
+    x, y = spec.normalize(digits.train_x[:6]), digits.train_y[:6]
+
+    def victim(i, **kwargs):
+        return _update_of(build_model("lenet", spec, seed=i, **kwargs).train(), x[i:i + 1], y[i:i + 1], spec)
+
+    def run(attacks, problems, seeds):
+        return reconstruct_jointly(attacks, [p[0] for p in problems], [p[1] for p in problems], seeds=seeds)
+
+    ig = build_attack("inverting-gradients", iterations=3)
+    skip = build_attack("layer-skipping", iterations=3, layers=("body.conv1", "head"), skip_zeros=False)
+    wide, narrow, skipped = [victim(0), victim(1)], [victim(2, width=8), victim(3, width=8)], [victim(4), victim(5)]
+    joint = run([ig, ig, ig, ig, skip, skip], [wide[0], narrow[0], wide[1], narrow[1], *skipped], [1, 2, 3, 4, 5, 6])
+    _same_results([joint[0], joint[2]], run([ig, ig], wide, [1, 3]))
+    _same_results([joint[1], joint[3]], run([ig, ig], narrow, [2, 4]))
+    _same_results(joint[4:], run([skip, skip], skipped, [5, 6]))
+
+    changed, old = victim(0), victim(1)
+    run([ig, ig], [changed, old], [5, 6])
+    changed[1].model.body.conv4 = torch.nn.Conv2d(12, 12, 3, padding=1)  # same names, another weight shape
+    changed = _update_of(changed[1].model, x[:1], y[:1], spec)
+    twin = _update_of(copy.deepcopy(changed[1].model), x[:1], y[:1], spec)
+    got = run([ig, ig, ig], [changed, old, twin], [5, 6, 7])
+    _same_results([got[0], got[2]], run([ig, ig], [changed, twin], [5, 7]))
+    _same_results([got[1]], [ig.reconstruct(old[0], old[1], seed=6)])
+
+
 def test_engine_settings_must_be_integers():
     from leakgym.optim.lbfgs import BatchedLBFGS
 

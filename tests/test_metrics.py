@@ -229,6 +229,34 @@ def test_label_accuracy_is_order_free():
         label_accuracy([[1]], [1])
 
 
+def test_label_accuracies_of_many_pairs_are_each_pairs_own():
+    """The scoring phase counts the label overlaps of the games' 1-D integer tensors together: every pair
+    must get exactly label_accuracy's float (single labels, batches with repeated and negative labels,
+    other dtypes, empty predictions, a range of labels too wide for one table), and pairs that are lists,
+    arrays, None or invalid go through label_accuracy (its errors included)."""
+    from leakgym.metrics.matching import _label_accuracies
+
+    g = torch.Generator().manual_seed(0)
+    preds, trues = [], []
+    for i in range(60):
+        n_pred, n_true = [(1, 1), (3, 3), (5, 3), (0, 2), (4, 4)][i % 5]
+        dtype = [torch.int64, torch.int32, torch.uint8, torch.int16][i % 4]
+        low = -3 if dtype != torch.uint8 else 0
+        preds.append(torch.randint(low, 4, (n_pred,), generator=g).to(dtype))
+        trues.append(torch.randint(low, 4, (n_true,), generator=g).to(dtype))
+    preds += [torch.tensor([0, 10**6]), [1, 2], np.array([3]), None, torch.tensor([1])]
+    trues += [torch.tensor([10**6, 5]), torch.tensor([2, 2]), [3], torch.tensor([1]), None]
+    got = _label_accuracies(preds, trues)
+    for p, t, a in zip(preds, trues, got):
+        assert a == (None if p is None or t is None else label_accuracy(p, t))
+        assert a is None or type(a) is float
+    assert sum(a == 1.0 for a in got[:60:5]) >= 1 and sum(a == 0.0 for a in got[:60:5]) >= 1
+    with pytest.raises(ValueError, match="integer"):
+        _label_accuracies([torch.tensor([1]), torch.tensor([0.5])], [torch.tensor([1]), torch.tensor([1])])
+    with pytest.raises(ValueError, match="empty"):
+        _label_accuracies([torch.tensor([1])], [torch.tensor([], dtype=torch.int64)])
+
+
 def test_input_validation():
     x = unit_images(2)
     with pytest.raises(ValueError, match="equal shapes"):

@@ -228,6 +228,8 @@ MAX_SEED = 2**63 - 1
 def check_integer(value: Any, name: str, low: int = 0) -> int:
     """``value`` as a Python int, or ValueError naming it unless it is an integer >= ``low`` (a float or
     NaN passes ``value < low`` checks, and failed mid-run)."""
+    if type(value) is int and value >= low:  # the common case, without the ABC check of is_integer
+        return value
     if not is_integer(value) or value < low:
         raise ValueError(f"{name}={value!r}; must be an integer >= {low}")
     return int(value)

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
@@ -147,6 +148,52 @@ def label_accuracy(pred: Tensor | np.ndarray | Sequence[int], true: Tensor | np.
         raise ValueError("true_labels is empty")
     overlap = Counter(p) & Counter(t)
     return sum(overlap.values()) / len(t)
+
+
+#: Label dtypes whose values are exact as int64 (what :func:`_label_accuracies` counts in).
+_EXACT_LABEL_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+#: Widest range of label values (max - min + 1) counted in one ``(pairs, range)`` table.
+_MAX_LABEL_SPAN = 4096
+
+
+def _label_accuracies(preds: Sequence, trues: Sequence) -> list[float | None]:
+    """``label_accuracy(preds[i], trues[i])`` of every pair (None where either is None). The pairs of 1-D
+    integer CPU tensors (the games of a vector step) are counted together, a group per lengths and dtypes:
+    the multiset overlap ``sum_c min(#pred == c, #true == c)`` from one table of class counts, the same
+    integers as :func:`label_accuracy`'s, divided by ``len(true)`` in Python as it does. Every other pair
+    (lists, arrays, anything :func:`label_accuracy` refuses) goes through :func:`label_accuracy`."""
+    out: list[float | None] = [None] * len(preds)
+    groups: dict[tuple, list[int]] = {}
+    for i, (p, t) in enumerate(zip(preds, trues)):
+        if p is None or t is None:
+            continue
+        if isinstance(p, Tensor) and isinstance(t, Tensor) and p.dim() == 1 and t.dim() == 1 and t.shape[0] > 0 \
+                and p.dtype in _EXACT_LABEL_DTYPES and t.dtype in _EXACT_LABEL_DTYPES \
+                and p.device.type == "cpu" and t.device.type == "cpu":
+            groups.setdefault((p.shape[0], t.shape[0], p.dtype, t.dtype), []).append(i)
+        else:
+            out[i] = label_accuracy(p, t)
+    for (_, n_true, _, _), members in groups.items():
+        with torch.no_grad():
+            p = torch.stack([preds[i] for i in members]).to(torch.int64)  # (G, len(pred))
+            t = torch.stack([trues[i] for i in members]).to(torch.int64)  # (G, len(true)), len(true) >= 1
+            if p.shape[1] == n_true == 1:
+                overlap = (p == t).reshape(-1).to(torch.int64)
+            else:
+                both = torch.cat([p, t], dim=1)
+                low = int(both.min())
+                span = int(both.max()) - low + 1
+                if span > _MAX_LABEL_SPAN:  # a table that large is not worth it: one pair at a time
+                    for i in members:
+                        out[i] = label_accuracy(preds[i], trues[i])
+                    continue
+                counts = torch.zeros(2, len(members), span, dtype=torch.int64)
+                counts[0].scatter_add_(1, p - low, torch.ones_like(p))
+                counts[1].scatter_add_(1, t - low, torch.ones_like(t))
+                overlap = counts.amin(dim=0).sum(dim=1)
+        for i, o in zip(members, overlap.tolist()):
+            out[i] = o / n_true
+    return out
 
 
 __all__ = ["MATCHING_COSTS", "RECOVERED_DB", "assign", "label_accuracy", "match_reconstructions", "pairwise_cost", "recovered_pairs"]

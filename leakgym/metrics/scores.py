@@ -23,6 +23,7 @@ from leakgym.metrics.functional import DEFAULT_MAX_DB, DEFAULT_SSIM_WINDOW, mse,
 from leakgym.metrics.matching import (
     MATCHING_COSTS,
     _check_batches,
+    _label_accuracies,
     assign,
     label_accuracy,
     match_reconstructions,
@@ -148,13 +149,14 @@ def score_reconstructions(recons: Sequence[Tensor], origs: Sequence[Tensor], *,
         flat_r, flat_o = matched.flatten(0, 1), org.flatten(0, 1)
         names = ("mse", "psnr", "ssim", "lpips") if lpips else ("mse", "psnr", "ssim")
         values = {k: metric(k, flat_r, flat_o).detach().double().reshape(big, n).cpu().numpy() for k in names}
+        # Every game's means at once: numpy reduces each row of the (G, N) matrix as it reduces that row alone
+        # (the same pairwise summation, the same division), so these are the per-game means bit for bit.
+        means = {name: v.mean(axis=1) for name, v in values.items()}
+        accuracies = [None] * big if pred_labels is None or true_labels is None else \
+            _label_accuracies([pred_labels[g] for g in members], [true_labels[g] for g in members])
         for k, g in enumerate(members):
             per_image = {name: v[k].copy() for name, v in values.items()}
-            mean = {name: float(v.mean()) if v.size else math.nan for name, v in per_image.items()}
-            acc = None
-            if pred_labels is not None and true_labels is not None and pred_labels[g] is not None \
-                    and true_labels[g] is not None:
-                acc = label_accuracy(pred_labels[g], true_labels[g])
+            mean = {name: float(means[name][k]) if n else math.nan for name in per_image}
             out[g] = ReconstructionScores(per_image=per_image, mean=mean, assignment=assignments[k].copy(),
-                                          label_accuracy=acc)
+                                          label_accuracy=accuracies[k])
     return out  # type: ignore[return-value]

@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from leakgym.attacks.base import (
     Attack,
@@ -33,7 +33,7 @@ from leakgym.attacks.base import (
 from leakgym.attacks.engine.matching import Part, run_joint_matching
 from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.problems import ProblemSet
-from leakgym.attacks.labels import LABEL_METHODS, infer_labels_many
+from leakgym.attacks.labels import LABEL_METHODS, _head_names, _infer_labels, _infer_labels_many
 from leakgym.fl.update import SharedUpdate
 from leakgym.optim.randomness import BatchedGenerator, seeded_generator
 
@@ -188,13 +188,102 @@ def invert_jointly(
     and start images are per problem. Problem ``i``'s result is what ``attacks[i]`` would return for it alone, up to the
     rounding of the vectorised kernels.
     """
+    return _invert_jointly(attacks, updates, knowledges, generators, _Facts())
+
+
+class _Facts:
+    """What :func:`invert_jointly` reads of its problems' models and attacks, found once per distinct model
+    and attack of one call instead of once per problem: the N games of a vector step attack N models of one
+    architecture with a few attack objects, and every walk of a model's parameters (``named_parameters``)
+    or rebuilt objective costs microseconds of Python per problem (at N = 256 games, several walks per
+    game and step were about a tenth of the attack phase). The entries live for one call and hold the
+    objects they describe, so an ``id`` is not reused meanwhile; the next call reads every model afresh
+    (a model whose parameters changed between calls is never described by stale entries)."""
+
+    def __init__(self) -> None:
+        self._models: dict[int, _ModelFacts] = {}
+        self._attacks: dict[tuple[int, Any], tuple[OptimizationAttack, Any]] = {}
+
+    def model(self, model: nn.Module) -> _ModelFacts:
+        facts = self._models.get(id(model))
+        if facts is None:
+            facts = self._models[id(model)] = _ModelFacts(model)
+        return facts
+
+    def attack(self, attack: OptimizationAttack, what: Any, compute: Callable[..., Any], *args: Any) -> Any:
+        """``compute(*args)``, once per attack object and ``what`` (its settings, its part key)."""
+        entry = self._attacks.get((id(attack), what))
+        if entry is None:
+            entry = self._attacks[(id(attack), what)] = (attack, compute(*args))
+        return entry[1]
+
+    def device(self, attack: OptimizationAttack, knowledge: AttackerKnowledge) -> torch.device:
+        """``attack._device(knowledge)``."""
+        if type(attack)._device is not OptimizationAttack._device or attack.config.device is not None:
+            return attack._device(knowledge)
+        return self.model(knowledge.model).device
+
+    def matched_names(self, attack: OptimizationAttack, update: SharedUpdate,
+                      knowledge: AttackerKnowledge) -> tuple[str, ...]:
+        """``tuple(attack.matched_names(update, knowledge))``."""
+        if type(attack).matched_names is not OptimizationAttack.matched_names:
+            return tuple(attack.matched_names(update, knowledge))
+        tensors = update.tensors
+        return tuple(n for n in self.model(knowledge.model).names if n in tensors)
+
+    def infer_labels(self, update: SharedUpdate, knowledge: AttackerKnowledge, method: str) -> Tensor:
+        """:func:`~leakgym.attacks.labels.infer_labels` with ``method``."""
+        return _infer_labels(update, knowledge, method, "auto", self.head_names)
+
+    def head_names(self, model: nn.Module) -> tuple[str, str | None]:
+        """:func:`~leakgym.attacks.labels.head_parameter_names` of ``model``."""
+        facts = self.model(model)
+        if facts.head is None:
+            facts.head = _head_names(model, facts.named)
+        return facts.head
+
+
+class _ModelFacts:
+    """One walk of a model's parameters: what :class:`_Facts` answers from it."""
+
+    __slots__ = ("_device", "head", "model", "named", "names", "precode_beta", "signature")
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model  # held: its id stays its own while the entry lives
+        self.named = tuple(model.named_parameters())
+        self.names = tuple(n for n, _ in self.named)
+        self.signature = tuple((n, tuple(p.shape)) for n, p in self.named)
+        self.precode_beta = getattr(model, "precode_beta", None)
+        self.head: tuple[str, str | None] | None = None
+        self._device: torch.device | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """:meth:`OptimizationAttack._device`'s answer without a device in the config: the first
+        parameter's (``model.parameters()`` as a subclass may define it), else the CPU."""
+        if self._device is None:
+            model = self.model
+            if type(model).parameters is nn.Module.parameters:
+                p = self.named[0][1] if self.named else None
+            else:
+                p = next(model.parameters(), None)
+            self._device = p.device if p is not None else torch.device("cpu")
+        return self._device
+
+
+def _invert_jointly(
+    attacks: Sequence[OptimizationAttack], updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
+    generators: Sequence[torch.Generator], facts: _Facts,
+) -> list[AttackResult]:
+    """:func:`invert_jointly`, reading models and attacks through ``facts``."""
     for i, (u, k) in enumerate(zip(updates, knowledges)):
         if u.batch_size != k.batch_size:
             raise ValueError(f"update {i}: batch_size={u.batch_size} but knowledge.batch_size={k.batch_size}")
     modes = [a.label_mode(k) for a, k in zip(attacks, knowledges)]
     infer = [i for i, mode in enumerate(modes) if mode == "infer"]  # all of them at once (one GPU sync)
-    inferred = dict(zip(infer, infer_labels_many([updates[i] for i in infer], [knowledges[i] for i in infer],
-                                                 [attacks[i].config.label_method for i in infer])))
+    inferred = dict(zip(infer, _infer_labels_many([updates[i] for i in infer], [knowledges[i] for i in infer],
+                                                  [attacks[i].config.label_method for i in infer],
+                                                  facts.head_names, facts.infer_labels)))
     prepared = []
     for i, (a, u, k, mode) in enumerate(zip(attacks, updates, knowledges, modes)):
         if mode == "known":
@@ -203,14 +292,15 @@ def invert_jointly(
             labels = inferred[i]
         else:
             labels = None
-        names = tuple(a.matched_names(u, k))
-        signature = tuple((n, tuple(p.shape)) for n, p in k.model.named_parameters())
+        names = facts.matched_names(a, u, k)
+        model = facts.model(k.model)
         # The engine deep-copies the first problem's model and uses its spec's box: problems whose models
         # differ in a non-parameter setting of the loss (PRECODE's KL weight) or whose datasets differ in
         # their normalisation (not only in shape) must not share a call.
-        key = (type(k.model), signature, k.batch_size, u.kind, u.local_steps, names, a.uses_bn_stats(k),
-               a._device(k), a.config.dtype, a.vectorize, getattr(k.model, "precode_beta", None), k.spec)
-        prepared.append((key, _part_key(a, mode == "optimize"), labels, names))
+        key = (type(k.model), model.signature, k.batch_size, u.kind, u.local_steps, names, a.uses_bn_stats(k),
+               facts.device(a, k), a.config.dtype, a.vectorize, model.precode_beta, k.spec)
+        optimise = mode == "optimize"
+        prepared.append((key, facts.attack(a, ("part", optimise), _part_key, a, optimise), labels, names))
 
     results: list[AttackResult | None] = [None] * len(updates)
     groups: dict[tuple, dict[tuple, list[int]]] = {}
@@ -232,7 +322,7 @@ def invert_jointly(
         engine_parts = []
         for (*_, optimise), members in parts.items():
             lead = attacks[members[0]]
-            settings = [attacks[i].settings() for i in members]
+            settings = [facts.attack(attacks[i], "settings", attacks[i].settings) for i in members]
             inits, label_inits = [], []
             for i, (_, restarts, _, _) in zip(members, settings):
                 g, k = generators[i], knowledges[i]
@@ -249,8 +339,9 @@ def invert_jointly(
         outputs = run_joint_matching(problems, engine_parts, generator=BatchedGenerator([generators[i] for i in idx]),
                                      vectorize=vectorize)
         for ((*_, optimise), members), out in zip(parts.items(), outputs):
-            # One transfer per part for the bookkeeping (not one per problem).
-            history, losses = out.history.cpu(), out.matching_loss.cpu()
+            # One transfer per part for the bookkeeping (not one per problem), and one conversion of the
+            # losses to Python floats (the same floats as one conversion per problem).
+            columns, finals = out.history.cpu().t().tolist(), out.matching_loss.cpu().tolist()
             optimised = out.soft_labels.argmax(dim=-1).cpu() if optimise else None
             for j, i in enumerate(members):
                 budget = out.budgets[j]
@@ -258,8 +349,8 @@ def invert_jointly(
                     images=out.images[j],
                     labels=optimised[j] if optimise else prepared[i][2],
                     cost=AttackCost(iterations=budget, restarts=out.restart_counts[j], wall_time_s=0.0),
-                    history={"matching_loss": history[:budget, j].tolist()},
-                    final_loss=float(losses[j]),
+                    history={"matching_loss": columns[j][:budget]},
+                    final_loss=finals[j],
                 )
     return results  # type: ignore[return-value]
 
@@ -298,8 +389,9 @@ def reconstruct_jointly(
         return []
     seeds = [check_seed(s, f"seeds[{i}]") for i, s in enumerate(seeds)]
     start = time.perf_counter()
-    generators = [seeded_generator(s, a._device(k)) for a, s, k in zip(attacks, seeds, knowledges)]
-    results = invert_jointly(attacks, updates, knowledges, generators)
+    facts = _Facts()
+    generators = [seeded_generator(s, facts.device(a, k)) for a, s, k in zip(attacks, seeds, knowledges)]
+    results = _invert_jointly(attacks, updates, knowledges, generators, facts)
     elapsed = time.perf_counter() - start
     for r in results:
         r.cost.wall_time_s = elapsed / len(results)

@@ -163,9 +163,10 @@ class ProblemSet:
         unknown = [n for n in names if n not in param_names]
         if unknown:
             raise ValueError(f"matched names {unknown} are not parameters of the model; allowed: {param_names}")
+        wanted = set(names)
         for u in updates:
-            missing = [n for n in names if n not in u.tensors]
-            if missing:
+            if not u.tensors.keys() >= wanted:
+                missing = [n for n in names if n not in u.tensors]
                 raise ValueError(f"update lacks matched tensors {missing}")
 
         model = copy.deepcopy(k0.model).to(device=device, dtype=dtype)
@@ -192,8 +193,11 @@ class ProblemSet:
         if any(m is not models[0] for m in models[1:]):
             stacked = _stacked_states(models, param_names, state_names)
             # Per-problem parameters unless every model holds the same values (one comparison per name,
-            # one host sync in all).
-            batched = not bool(torch.stack([(t == t[:1]).all() for t in stacked.values()]).all())
+            # one host sync in all); decided by the first name alone when it already differs (the games of
+            # a vector step: a small fraction of the comparisons, one sync; two syncs when all agree).
+            first = next(iter(stacked.values()))
+            batched = not bool((first == first[:1]).all()) or \
+                not bool(torch.stack([(t == t[:1]).all() for t in stacked.values()]).all())
 
         def cast(t: Tensor) -> Tensor:
             return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
@@ -209,8 +213,9 @@ class ProblemSet:
         free = {n: full[n] for n in free_names}
         fixed = {n: full[n] for n in state_names if n not in free}
 
-        targets = {n: torch.stack([u.tensors[n].detach() for u in updates]).to(device=device, dtype=dtype)
-                   for n in names}
+        with torch.no_grad():  # the victims' updates, detached (without a detach per update and layer)
+            targets = {n: torch.stack([u.tensors[n] for u in updates]).to(device=device, dtype=dtype)
+                       for n in names}
         local_lr = torch.tensor([float(u.local_lr) for u in updates], device=device, dtype=dtype)
         if u0.kind == "model_delta" and not bool((local_lr > 0).all()):
             raise ValueError(f"model_delta updates need local_lr > 0; got {local_lr.tolist()}")
