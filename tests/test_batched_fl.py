@@ -726,3 +726,32 @@ def test_one_protocol_per_aggregation_and_detached_updates_own_their_buffers(dig
     copy_ = update.detached()
     update.buffers["bn.running_mean"].add_(1.0)
     assert torch.equal(copy_.buffers["bn.running_mean"], torch.zeros(3))
+
+
+@pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 2)])
+def test_benign_updates_in_passes_of_a_few_games_equal_one_pass(digits, monkeypatch, kind, steps):
+    """The vmapped clients run at most CLIENT_POSITIONS_PER_PASS image positions per pass (the CIFAR ConvNet's
+    clients held about 370 MB per game): BatchNorm ConvNets (float64, running statistics included) in passes of
+    one and of two games give what one pass gives, in game order."""
+    models, x, y = games_and_batches(digits, n=3, arch="convnet")
+    models, x = [m.double() for m in models], x.double()
+    params, buffers = batched.stack_parameters(models), batched.stack_buffers(models)
+
+    def run():
+        return batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                      buffers=buffers)
+
+    whole = run()
+    positions = x.shape[1] * x.shape[2] * x.shape[-2] * x.shape[-1]
+    calls = []
+    real = batched.vmap
+    monkeypatch.setattr(batched, "vmap", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for games in (1, 2):
+        monkeypatch.setattr(batched, "CLIENT_POSITIONS_PER_PASS", games * positions)
+        calls.clear()
+        parts = run()
+        assert len(calls) == 2 * -(-3 // games)  # (two vmaps per pass: clients, then games)
+        for name in whole.tensors:
+            torch.testing.assert_close(parts.tensors[name], whole.tensors[name], **F64_TOL)
+        for name in whole.buffers:
+            torch.testing.assert_close(parts.buffers[name], whole.buffers[name], **F64_TOL)

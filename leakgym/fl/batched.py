@@ -226,6 +226,19 @@ def benign_updates(
         return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
                                                       local_steps=local_steps, local_lr=local_lr, optimizer=opt,
                                                       grouped=True))
+    positions = k_clients * b * x.shape[-2] * x.shape[-1]
+    games = max(1, CLIENT_POSITIONS_PER_PASS // max(positions, 1))
+    if n_games > games:  # the vmapped training of at most `games` games per pass (bounded memory)
+        def rows(stacks: dict[str, Tensor] | None, lo: int) -> dict[str, Tensor] | None:
+            return None if stacks is None else {n: t[lo:lo + games] for n, t in stacks.items()}
+
+        parts = [benign_updates(model, rows(params, lo), x[lo:lo + games], y[lo:lo + games], kind=kind,
+                                local_steps=local_steps, local_lr=local_lr, buffers=rows(buffers, lo),
+                                optimizer=optimizer) for lo in range(0, n_games, games)]
+        return ClientUpdates(
+            tensors={n: torch.cat([part.tensors[n] for part in parts]) for n in parts[0].tensors},
+            buffers=None if parts[0].buffers is None else {n: torch.cat([part.buffers[n] for part in parts])
+                                                           for n in parts[0].buffers})
 
     def loss(p: dict[str, Tensor], bufs: dict[str, Tensor], xb: Tensor, yb: Tensor):
         if recorder is not None:
@@ -465,6 +478,14 @@ def _weighted_mean(w: tuple[float, ...], updates: Sequence[dict[str, Tensor]], n
     return total / sum(wt for wt, _ in parts)
 
 
+#: Largest client batch (images x height x width, summed over the games and clients of a pass) whose
+#: vmapped training :func:`benign_updates` runs in one pass; more games run in several. The CIFAR ConvNet's
+#: clients (7 benign clients of 8 images per game) held about 370 MB per game on a CPU, and N = 256 such
+#: games peaked at 115 GB on an H200 (docs/results/bench_env_gpu.md); at this bound a pass of CIFAR clients
+#: holds 2,048 images (about 13 GB by that measure), and 1,024 digits games of 8 images are still one pass.
+CLIENT_POSITIONS_PER_PASS = 1 << 21
+
+
 #: Largest number of held-out images (summed over games) in one vectorised evaluation pass. A pass holds
 #: every layer's activations of all its images: 32 CIFAR ConvNets (width 16) on 1,000 images each peaked at
 #: 29 GB on an H100 (``docs/results/bench_env_gpu.md``); 8,192 images keep a pass near 7 GB.
@@ -592,6 +613,7 @@ def evaluate_many(
 
 
 __all__ = [
-    "EVAL_IMAGES_PER_PASS", "GROUPED_MAX_POSITIONS", "ClientUpdates", "aggregate_many", "average_buffers_many", "benign_updates",
-    "client_updates", "evaluate_many", "signature", "stack_buffers", "stack_parameters", "supports", "unpack",
+    "CLIENT_POSITIONS_PER_PASS", "EVAL_IMAGES_PER_PASS", "GROUPED_MAX_POSITIONS", "ClientUpdates", "aggregate_many",
+    "average_buffers_many", "benign_updates", "client_updates", "evaluate_many", "signature", "stack_buffers",
+    "stack_parameters", "supports", "unpack",
 ]
