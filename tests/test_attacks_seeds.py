@@ -188,6 +188,25 @@ def test_batched_generator_draws_each_block_from_its_own_generator():
         BatchedGenerator([])
 
 
+def test_subsets_and_row_changes_continue_the_same_streams_with_checked_counts():
+    """``subset`` and ``with_rows`` (derived without checking every generator again) keep the problems'
+    streams, devices and row counts, and still refuse bad row counts and an empty subset."""
+    gen = BatchedGenerator.from_seeds([3, 4, 5], "cpu", rows_per_problem=[1, 2, 3])
+    part = gen.subset([2, 0])
+    assert part.counts == [3, 1] and part.rows_per_problem == (3, 1) and part.device == gen.device and part.rows == 4
+    assert part.generators[0] is gen.generators[2]
+    wide = part.with_rows(2)
+    assert wide.rows_per_problem == 2 and wide.rows == 4 and part.with_rows([1, 4]).rows_per_problem == (1, 4)
+    five, three = seeded_generator(5), seeded_generator(3)
+    torch.testing.assert_close(wide.randn((2,)), torch.cat([torch.randn((2, 2), generator=five),
+                                                           torch.randn((2, 2), generator=three)]), rtol=0, atol=0)
+    for bad in (0, [1], [1, True], [1, 2.0]):
+        with pytest.raises(ValueError, match="rows_per_problem"):
+            part.with_rows(bad)
+    with pytest.raises(ValueError, match="at least one generator"):
+        gen.subset([])
+
+
 def test_engine_rejects_a_generator_per_problem_mismatch(setting):
     spec, _, model = setting
     updates, knowledges = [], []

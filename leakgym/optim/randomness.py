@@ -36,6 +36,15 @@ def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gen
     return g
 
 
+def _row_counts(rows_per_problem: int | Sequence[int], problems: int) -> list[int]:
+    """Each problem's row count from one count or one per problem; ``ValueError`` otherwise."""
+    counts = [rows_per_problem] * problems if isinstance(rows_per_problem, int) else list(rows_per_problem)
+    if len(counts) != problems or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
+        raise ValueError(f"rows_per_problem={rows_per_problem!r}; must be an integer >= 1 or one such "
+                         f"integer per problem ({problems})")
+    return counts
+
+
 class BatchedGenerator:
     """One ``torch.Generator`` per problem; draws return ``rows_per_problem`` rows per problem.
 
@@ -54,12 +63,7 @@ class BatchedGenerator:
         devices = {canonical_device(g.device) for g in self.generators}
         if len(devices) != 1:
             raise ValueError(f"all generators must live on one device; got {sorted(map(str, devices))}")
-        counts = [rows_per_problem] * len(self.generators) if isinstance(rows_per_problem, int) \
-            else list(rows_per_problem)
-        if len(counts) != len(self.generators) or not all(
-                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
-            raise ValueError(f"rows_per_problem={rows_per_problem!r}; must be an integer >= 1 or one such "
-                             f"integer per problem ({len(self.generators)})")
+        counts = _row_counts(rows_per_problem, len(self.generators))
         self.counts = counts
         self.rows_per_problem = rows_per_problem if isinstance(rows_per_problem, int) else tuple(counts)
         self.device = devices.pop()
@@ -82,12 +86,27 @@ class BatchedGenerator:
 
     def with_rows(self, rows_per_problem: int | Sequence[int]) -> BatchedGenerator:
         """The same generators (the streams continue) drawing ``rows_per_problem`` rows per problem."""
-        return BatchedGenerator(self.generators, rows_per_problem=rows_per_problem)
+        counts = _row_counts(rows_per_problem, self.n)
+        return self._derived(self.generators, counts,
+                             rows_per_problem if isinstance(rows_per_problem, int) else tuple(counts))
 
     def subset(self, index: Sequence[int]) -> BatchedGenerator:
         """The generators of problems ``index`` (the streams continue), each with its row count."""
-        return BatchedGenerator([self.generators[i] for i in index],
-                                rows_per_problem=[self.counts[i] for i in index])
+        index = list(index)
+        if not index:
+            raise ValueError("BatchedGenerator needs at least one generator (one per problem)")
+        counts = [self.counts[i] for i in index]
+        return self._derived([self.generators[i] for i in index], counts, tuple(counts))
+
+    def _derived(self, generators: list[torch.Generator], counts: list[int],
+                 rows_per_problem: int | tuple[int, ...]) -> BatchedGenerator:
+        """A BatchedGenerator of some of these (checked) generators and checked row counts: the engine
+        derives one per part and iteration, and checking every generator's device again cost about
+        1 microsecond per generator each time."""
+        out = object.__new__(BatchedGenerator)
+        out.generators, out.counts, out.device = generators, counts, self.device
+        out.rows_per_problem = rows_per_problem
+        return out
 
     def randn(self, shape: Sequence[int], *, dtype: torch.dtype = torch.float32) -> Tensor:
         """Standard normal ``(rows, *shape)``, one block per problem."""
