@@ -22,6 +22,7 @@ from leakgym.fl.server import Server
 from leakgym.game import round as game_round
 from leakgym.game.batch import GameBatch
 from leakgym.models import build_model
+from leakgym.models.rowwise import RowwiseForward
 
 FL_TOL = {"rtol": 1e-5, "atol": 1e-5}
 CUDA_TOL = {"rtol": 1e-3, "atol": 1e-3}  # TF32 convolutions
@@ -510,12 +511,18 @@ def _never_alone(monkeypatch, games):
     monkeypatch.setattr(game_round, "_aggregate_alone", guarded)
 
 
-@pytest.mark.parametrize("model", ["lenet", "convnet"])
-def test_the_batched_aggregation_equals_the_game_by_game_one(cheap_overrides, model, monkeypatch):
+@pytest.mark.parametrize(("model", "eval_size"), [("lenet", 32), ("lenet", 16), ("convnet", 32)])
+def test_the_batched_aggregation_equals_the_game_by_game_one(cheap_overrides, model, eval_size, monkeypatch):
     """Three rounds of three games: same draws, same rounds; models (BN running statistics included) and
-    test losses equal to rounding."""
+    test losses equal to rounding. LeNet on 16 held-out digits is evaluated in the grouped form on a CPU
+    (GROUPED_MAX_POSITIONS), on 32 one game at a time."""
+    cheap_overrides["eval_size"] = eval_size
     loop, batch = _games(cheap_overrides, 3, model=model), _games(cheap_overrides, 3, model=model)
     _never_alone(monkeypatch, batch)  # (BatchNorm included)
+    grouped = []  # the evaluations in the grouped form (no_grad; the clients' grouped_loss trains with grad)
+    real = RowwiseForward.grouped_logits
+    monkeypatch.setattr(RowwiseForward, "grouped_logits", lambda self, *a, **k: (
+        None if torch.is_grad_enabled() else grouped.append(1)) or real(self, *a, **k))
     rows = [0, 1, 2]
     for _ in range(3):
         d_loop, d_batch = _defended(loop, skip=(1,)), _defended(batch, skip=(1,))
@@ -530,6 +537,7 @@ def test_the_batched_aggregation_equals_the_game_by_game_one(cheap_overrides, mo
             for (name, pa), (_, pb) in zip(loop.model(i).state_dict().items(), batch.model(i).state_dict().items()):
                 torch.testing.assert_close(pa, pb, **tol)
             assert d.timings["fl_s"] > 0
+    assert bool(grouped) == (model == "lenet" and eval_size == 16)
 
 
 def test_the_batched_aggregation_leaves_the_victim_out_of_a_parameter_its_update_lacks(cheap_overrides):
