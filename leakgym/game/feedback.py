@@ -140,9 +140,10 @@ def attacker_obs_size(nvec: np.ndarray) -> int:
 SUMMARY_SIZE = 2 * LAYER_GROUPS + 2
 #: at most this many update entries per batched summary computation (memory; games are chunked)
 SUMMARY_ENTRIES = 1 << 22
-#: the same bound on a CPU, where a chunk of float64 rows should stay in the cache: 256 LeNet updates
-#: (13k entries each) took 85 ms as one chunk and 12 ms in chunks of 16 to 32 rows (2 cores, 1 torch
-#: thread; the full-size temporaries are fresh pages each time), with bit-identical summaries (every
+#: the same bound on a CPU, where a chunk of float64 rows should stay in the cache: 256 random rows of
+#: LeNet's 13k entries took 85 ms as one chunk and 12 ms in chunks of 16 to 32 rows, and a vector step's
+#: summaries of 256 digits games 46 -> 15 ms (one torch thread; the profiler put most of the one-chunk
+#: time in elementwise products over fresh 27 MB temporaries), with bit-identical summaries (every
 #: statistic is a reduction within a row)
 CPU_SUMMARY_ENTRIES = 1 << 18
 
