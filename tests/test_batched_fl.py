@@ -499,8 +499,9 @@ def _defended(games, skip=()):
     return out
 
 
-def _never_alone(monkeypatch, games):
-    """The batched aggregation of ``games`` must not fall back to the client-by-client path."""
+def never_alone(monkeypatch, games):
+    """The batched aggregation of ``games`` must not fall back to the client-by-client path (also used by
+    tests/test_fl_optim.py)."""
     real = game_round._aggregate_alone
 
     def guarded(batch, *args, **kwargs):
@@ -518,7 +519,7 @@ def test_the_batched_aggregation_equals_the_game_by_game_one(cheap_overrides, mo
     (GROUPED_MAX_POSITIONS), on 32 one game at a time."""
     cheap_overrides["eval_size"] = eval_size
     loop, batch = _games(cheap_overrides, 3, model=model), _games(cheap_overrides, 3, model=model)
-    _never_alone(monkeypatch, batch)  # (BatchNorm included)
+    never_alone(monkeypatch, batch)  # (BatchNorm included)
     grouped = []  # the evaluations in the grouped form (no_grad; the clients' grouped_loss trains with grad)
     real = RowwiseForward.grouped_logits
     monkeypatch.setattr(RowwiseForward, "grouped_logits", lambda self, *a, **k: (

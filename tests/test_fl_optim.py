@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from test_batched_fl import never_alone
 
 from leakgym.data import dataset_spec
 from leakgym.fl import batched
@@ -275,14 +276,7 @@ def test_the_batched_aggregation_takes_the_scenarios_optimiser_as_the_game_by_ga
 
     extra = {"local_optimizer": "adam", "local_lr_schedule": "cosine"}
     loop, batch, sgd = games(**extra), games(**extra), games()
-    real = game_round._aggregate_alone
-
-    def guarded(games_, *args, **kwargs):
-        if games_ is batch:
-            pytest.fail("the batched aggregation fell back to the game-by-game path")
-        return real(games_, *args, **kwargs)
-
-    monkeypatch.setattr(game_round, "_aggregate_alone", guarded)
+    never_alone(monkeypatch, batch)
     for _ in range(3):
         d_loop, d_batch, d_sgd = defended(loop), defended(batch), defended(sgd)
         assert d_loop[0].update.metadata["local_optimizer"] == "adam"
