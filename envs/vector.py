@@ -27,7 +27,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from leakgym.checks import is_integer
 from leakgym.game.batch import GameBatch
-from leakgym.game.round import play_round
+from leakgym.game.round import collector_paused, play_round
 
 from .checks import is_seed
 from .single_agent import LeakGymSingleAgentEnv
@@ -149,6 +149,10 @@ class LeakGymVectorEnv(VectorEnv):
         return arr
 
     def step(self, actions):
+        with collector_paused():  # the round and the observations and infos of every game around it
+            return self._step(actions)
+
+    def _step(self, actions):
         given = actions
         actions = np.asarray(actions)
         if actions.shape != self.action_space.shape:

@@ -40,6 +40,7 @@ import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -310,6 +311,17 @@ class _BottleneckNoise:
             del m.forward  # the class's own forward again
 
 
+def _rowwise_forward(ps: ProblemSet, rowwise: RowwiseForward, rows: dict[str, Tensor], fixed: dict[str, Tensor],
+                     x: Tensor, y: Tensor, eps: Tensor) -> tuple[Tensor, tuple]:
+    """:attr:`UpdateSimulator.forward`'s signature in the row-wise form
+    (:func:`~leakgym.models.parameter_sets.batched_loss` with ``rowwise``; no BN statistics, no noise: the
+    row-wise form takes models without either)."""
+    if ps.batched:
+        return batched_loss(ps.model, {**fixed, **rows}, x, y, rowwise=rowwise), ()
+    # parameters shared by every problem: the same tensor for every row
+    return batched_loss(ps.model, rows, x, y, shared=fixed, rowwise=rowwise), ()
+
+
 class UpdateSimulator:
     """Computes dummy updates (and BN statistics) for the engine's rows: vectorised or looped.
 
@@ -380,8 +392,11 @@ class UpdateSimulator:
             # iteration, digits LeNet, 1 thread: 24 rows 9.9 vs 12.1 ms, 64 rows 20.7 vs 24.5 ms.
             # A plain stack of layers (DLG's LeNet) skips vmap too: its rows' losses as batched
             # operations (:mod:`leakgym.models.rowwise`, which has the measurements).
-            self.rowwise = RowwiseForward.of(problems.model)
-            self.forward = vmapped_forward if self.rowwise is None else self._rowwise_forward
+            # (the row-wise form is a function of the problems, not a method of self: a bound method
+            # stored on its own object is a reference cycle, which only the cyclic collector frees; the
+            # game pauses that collector during a round, see leakgym.game.round.play_round)
+            self.rowwise = rowwise = RowwiseForward.of(problems.model)
+            self.forward = vmapped_forward if rowwise is None else partial(_rowwise_forward, problems, rowwise)
         else:
             # vmap(grad): with larger convolutions the per-row parameters of the other form make every
             # forward convolution a grouped one and hold a per-row copy of every weight -- measured
@@ -391,15 +406,6 @@ class UpdateSimulator:
         self._leaves: list[dict[str, Tensor]] | None = None
         self.select(torch.repeat_interleave(torch.arange(problems.n, device=problems.device),
                                             torch.tensor(counts, device=problems.device)))
-
-    def _rowwise_forward(self, rows: dict[str, Tensor], fixed: dict[str, Tensor], x: Tensor, y: Tensor,
-                         eps: Tensor) -> tuple[Tensor, tuple]:
-        """``self.forward``'s signature in the row-wise form (:func:`~leakgym.models.parameter_sets.batched_loss`
-        with :attr:`rowwise`; no BN statistics, no noise: the row-wise form takes models without either)."""
-        if self.ps.batched:
-            return batched_loss(self.ps.model, {**fixed, **rows}, x, y, rowwise=self.rowwise), ()
-        # parameters shared by every problem: the same tensor for every row
-        return batched_loss(self.ps.model, rows, x, y, shared=fixed, rowwise=self.rowwise), ()
 
     def _small_convolutions(self) -> bool:
         """Whether every convolution of the model takes :mod:`leakgym.models.convolution`'s unfolded form
