@@ -134,6 +134,27 @@ def test_a_failed_vector_round_restores_the_banked_parameters(cheap_overrides, m
     vec.step(action)  # and it plays on
 
 
+def _same_named(a, b) -> bool:
+    return [n for n, _ in a] == [n for n, _ in b] and all(p is q for (_, p), (_, q) in zip(a, b))
+
+
+def test_a_bound_models_named_parameters_come_from_the_bank():
+    bank, models, _ = _bank()
+    models[1][0].weight.requires_grad_(False)
+    for m in models:
+        assert _same_named(ModelBank.named_parameters(m), tuple(m.named_parameters()))  # the same objects
+    assert not dict(ModelBank.named_parameters(models[1]))["0.weight"].requires_grad
+    assert ModelBank.named_parameters(_net(5)) is None  # never bound
+    assert ModelBank.named_parameters(copy.deepcopy(models[0])) is None
+    models[2].double()  # its parameters' data left the row
+    assert ModelBank.named_parameters(models[2]) is None
+    bank.bind(0, _net(9))  # released: its parameters are copies now
+    assert ModelBank.named_parameters(models[0]) is None
+    tied, tied_bank = _Tied(), ModelBank(1)
+    tied_bank.bind(0, tied)
+    assert _same_named(ModelBank.named_parameters(tied), tuple(tied.named_parameters()))  # listed once
+
+
 class _Tied(nn.Module):
     """Two layers sharing one weight (tied weights): ``named_parameters`` lists it once."""
 

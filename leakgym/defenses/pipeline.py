@@ -71,6 +71,7 @@ from leakgym.defenses.registry import (
     derived_generator,
     seeded_global_rng,
 )
+from leakgym.fl.bank import ModelBank
 from leakgym.fl.client import LocalTraining, compute_update, compute_updates
 from leakgym.fl.optim import LocalOptimizer
 from leakgym.fl.update import SharedUpdate, UpdateKind, cosine_similarity
@@ -246,7 +247,8 @@ def _begin(call: DefenseCall) -> _Client:
                                    optimizer=call.optimizer)
         t_clean = time.perf_counter() - t0
     else:
-        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        named = ModelBank.named_parameters(model) or model.named_parameters()  # (a game's model: banked)
+        trained = {n for n, p in named if p.requires_grad}
         if clean.kind != update_kind or set(clean.tensors) != trained:
             raise ValueError(f"clean is a {clean.kind!r} update of {sorted(clean.tensors)[:3]}...; expected the "
                              f"{update_kind!r} update of every parameter of the model")

@@ -64,6 +64,7 @@ class ModelBank:
         self.stacks: dict[str, Tensor] = {}
         """``name -> (size, *shape)``: every bound model's parameters."""
         self._layout: tuple | None = None  # (name, shape, dtype, device) of each parameter
+        self._names: tuple[str, ...] = ()  # the layout's names
         self._models: list[weakref.ReferenceType | None] = [None] * size
         self._params: list[tuple[Tensor, ...]] = [()] * size  # the Parameter objects bound at each row
         self._addresses: list[tuple[int, ...]] = [()] * size  # where their data lies (the row's storage)
@@ -83,6 +84,7 @@ class ModelBank:
             raise ValueError(f"{type(model).__name__} has no parameters to bank")
         if self._layout is None:
             self._layout = layout
+            self._names = tuple(n for n, *_ in layout)
             self.stacks = {n: torch.zeros((self.size, *shape), dtype=dtype, device=device)
                            for n, shape, dtype, device in layout}
         elif layout != self._layout:
@@ -151,6 +153,20 @@ class ModelBank:
         if not all(bank._intact(r) for r in rows):
             return None
         return bank, rows
+
+    @staticmethod
+    def named_parameters(model: nn.Module) -> tuple[tuple[str, nn.Parameter], ...] | None:
+        """``tuple(model.named_parameters())`` of a model bound to a bank that still holds its row's views,
+        read from the bank without walking the model's modules; None for any other model (walk it). The
+        per-game walks of a round (the attack reading each game's model, the defense pipeline checking each
+        clean update's names) were about 0.1 ms a game, 100 ms of a vector step at 1,024 games, on a CPU.
+        It rests on the invariant the bank already keeps (module docstring): a bound model's parameter
+        objects are the ones it bound, in ``named_parameters`` order."""
+        found = ModelBank.of([model])
+        if found is None:
+            return None
+        bank, (row,) = found
+        return tuple(zip(bank._names, bank._params[row]))
 
     def _index(self, rows: Sequence[int]) -> Tensor:
         return torch.tensor(list(rows), dtype=torch.int64, device=next(iter(self.stacks.values())).device)

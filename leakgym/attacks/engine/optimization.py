@@ -34,6 +34,7 @@ from leakgym.attacks.engine.matching import Part, run_joint_matching
 from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.problems import ProblemSet
 from leakgym.attacks.labels import LABEL_METHODS, _head_names, _infer_labels, _infer_labels_many
+from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.optim.randomness import BatchedGenerator, seeded_generator
 
@@ -250,7 +251,7 @@ class _ModelFacts:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model  # held: its id stays its own while the entry lives
-        self.named = tuple(model.named_parameters())
+        self.named = ModelBank.named_parameters(model) or tuple(model.named_parameters())  # (a game's model: banked)
         self.names = tuple(n for n, _ in self.named)
         self.signature = tuple((n, tuple(p.shape)) for n, p in self.named)
         self.precode_beta = getattr(model, "precode_beta", None)
