@@ -394,7 +394,7 @@ class UpdateSimulator:
             # operations (:mod:`leakgym.models.rowwise`, which has the measurements).
             # (the row-wise form is a function of the problems, not a method of self: a bound method
             # stored on its own object is a reference cycle, which only the cyclic collector frees; the
-            # game pauses that collector during a round, see leakgym.game.round.play_round)
+            # game pauses that collector during a round: leakgym.game.round.collector_paused)
             self.rowwise = rowwise = RowwiseForward.of(problems.model)
             self.forward = vmapped_forward if rowwise is None else partial(_rowwise_forward, problems, rowwise)
         else:
