@@ -68,12 +68,26 @@ def _round_garbage(env, actions) -> list:
         gc.collect()
 
 
-@pytest.mark.parametrize("role, batch_clients, model", [("attacker", True, "lenet"), ("attacker", False, "lenet"),
-                                                        ("defender", True, "lenet"), ("attacker", True, "convnet")])
+CYCLE_CASES = [("attacker", True, "lenet"), ("attacker", False, "lenet"), ("defender", True, "lenet"),
+               ("attacker", True, "convnet")]
+
+
+@pytest.mark.parametrize("role, batch_clients, model", CYCLE_CASES)
 def test_a_round_leaves_no_reference_cycles(cheap_overrides, collector_on, role, batch_clients, model):
+    _check_no_cycles(cheap_overrides, role, batch_clients, model, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("role, batch_clients, model", CYCLE_CASES)
+def test_a_round_on_cuda_leaves_no_reference_cycles(cheap_overrides, collector_on, role, batch_clients, model):
+    """The device paths differ (vectorised evaluation, no CPU grouped forms): the same check on a GPU."""
+    _check_no_cycles(cheap_overrides, role, batch_clients, model, "cuda")
+
+
+def _check_no_cycles(cheap_overrides, role, batch_clients, model, device):
     overrides = dict(cheap_overrides, **MENU, model=model) if role == "attacker" else dict(cheap_overrides, model=model)
     env = gym.make_vec("LeakGym-Digits-v0", num_envs=3, role=role, opponent="random", batch_clients=batch_clients,
-                       **overrides)
+                       device=device, **overrides)
     env.reset(seed=0)
     rng = np.random.default_rng(0)
     nvec = env.single_action_space.nvec
