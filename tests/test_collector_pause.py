@@ -37,7 +37,7 @@ def test_the_pause_ends_on_every_way_out(collector_on):
     assert gc.isenabled()
     gc.disable()
     with collector_paused():
-        pass
+        assert not gc.isenabled()
     assert not gc.isenabled()  # a collector the caller had turned off stays off
 
 

@@ -72,7 +72,12 @@ that remembers the answer for the models of one call."""
 
 def class_signal(update: SharedUpdate, model: nn.Module, signal: str = "auto") -> Tensor:
     """Per-class signal ``s_n`` (``(num_classes,)``, float64): negative for classes in the batch."""
-    raw, computed = _signal_source(update, model, signal, head_parameter_names)
+    return _class_signal(update, model, signal, head_parameter_names)
+
+
+def _class_signal(update: SharedUpdate, model: nn.Module, signal: str, heads: _HeadNames) -> Tensor:
+    """:func:`class_signal`, the head's parameter names read by ``heads``."""
+    raw, computed = _signal_source(update, model, signal, heads)
     return computed if raw is None else raw.detach().double().reshape(-1)
 
 
@@ -97,9 +102,7 @@ def _signal_source(update: SharedUpdate, model: nn.Module, signal: str,
 def _class_signal_of(update: SharedUpdate, knowledge: AttackerKnowledge, signal: str = "auto",
                      heads: _HeadNames = head_parameter_names) -> Tensor:
     """:func:`class_signal`, checked against ``knowledge.spec.num_classes``."""
-    raw, s = _signal_source(update, knowledge.model, signal, heads)
-    if raw is not None:
-        s = raw.detach().double().reshape(-1)
+    s = _class_signal(update, knowledge.model, signal, heads)
     if s.numel() != knowledge.spec.num_classes:
         raise ValueError(f"head has {s.numel()} outputs but spec.num_classes={knowledge.spec.num_classes}")
     return s

@@ -151,8 +151,8 @@ def collector_paused() -> Iterator[None]:
     generators, menus) plus the 450,000 or so that torch and the other imports hold. At 1,024 digits games
     that was 0.3 full collections a step at 350 ms each on a CPU (``leakgym bench env``'s host-bound
     configuration: 1,560 -> about 1,420 ms a step with the vector env's whole step paused), and on an H200
-    with the default attack 1,641 -> 1,242 ms a step (``docs/results/bench_env_gpu.md``). Paused, what dies within the round is never
-    seen by the collector; what outlives it is collected as usual afterwards.
+    with the default attack 1,641 -> 1,242 ms a step (``docs/results/bench_env_gpu.md``). Paused, what dies
+    within the round is never seen by the collector; what outlives it is collected as usual afterwards.
 
     A round makes no reference cycles of its own (a test plays rounds with the collector off and finds
     none), so nothing of the round waits for the collector, with one exception it cannot remove: ``vmap``

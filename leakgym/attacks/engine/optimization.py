@@ -251,7 +251,8 @@ class _ModelFacts:
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model  # held: its id stays its own while the entry lives
-        self.named = ModelBank.named_parameters(model) or tuple(model.named_parameters())  # (a game's model: banked)
+        # (a game's model is banked: its parameter list comes from the bank, without a walk of its modules)
+        self.named = ModelBank.named_parameters(model) or tuple(model.named_parameters())
         self.names = tuple(n for n, _ in self.named)
         self.signature = tuple((n, tuple(p.shape)) for n, p in self.named)
         self.precode_beta = getattr(model, "precode_beta", None)
