@@ -29,8 +29,12 @@ def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
         assert r["warmup_steps"] == 1 and r["rounds_played"] == r["num_envs"]  # the warm-up round is not counted
         shares = [r[f"share_{k}"] for k in ("defense", "attack", "fl", "score", "overhead")]
         assert abs(sum(shares) - 1) < 1e-6 and abs(sum(r["baseline_split"].values()) - 1) < 1e-6
+        # the arithmetic floor: LeNet's products, measured against this CPU's GEMM rate
+        assert 1e-4 < r["gflop_per_env_step"] < 1 and r["gemm_gflops"] > 0
+        assert r["floor_share"] == pytest.approx(r["gflop_per_env_step"] / r["gemm_gflops"] * r["env_steps_per_s"])
     table = out.with_suffix(".md").read_text()
     assert "sequential steps/s" in table and "ratio" in table and "Python overhead" in table
+    assert "GFLOP/env step" in table and "floor/wall" in table
     assert ("batch_clients off" in table) == (batch_clients == "off")
     assert ("random defender" in table) == (defender == "random")
 
@@ -180,4 +184,6 @@ def test_autoreset_steps_are_not_counted_as_played_rounds():
     row = bench_env._measure_row("LeakGym-Digits-v0", 2, 3, "fixed", 2, "cpu", True, "none",
                                  {"rounds": 1, "iterations": [1], "num_clients": 1, "eval_size": 16})
     assert row["rounds_played"] == 4  # steps 1 and 3 play both games; step 2 resets them
+    # the step after them only resets the games; the counted step is the one after that
+    assert row["gflop_per_env_step"] > 0
     assert row["env_steps_per_s"] == pytest.approx(4 / row["seconds"]["batched"])

@@ -18,7 +18,13 @@ opponent generator (the same in both paths) -- DCS², CENSOR, OASIS, noise and p
 steps per second (vector steps x N / wall time), the peak resident memory of the worker process
 (both paths), the peak device memory of each path on CUDA, and the cost split: the game's phase
 timers (defense / attack / FL round / scoring) and the rest of the wall time as Python overhead
-(planning, snapshots, observations, the vector env's bookkeeping).
+(planning, snapshots, observations, the vector env's bookkeeping). Two more columns say how far the
+batched path is from its arithmetic floor (:mod:`leakgym.bench.arithmetic`): the matrix-product and
+convolution GFLOP of one env step, counted in one more vector step after the timed ones (untimed: every
+operator goes through Python while it counts), and ``floor/wall``, the share of the measured time per env
+step that this arithmetic takes at the device's measured float32 GEMM rate (``gemm_gflops`` in the JSON).
+Near 100%, only less arithmetic makes a row faster; far below, the time goes to elementwise work, small
+badly shaped products and the host.
 
 ``--overrides KEY=VALUE ...`` changes the scenario of every game of both paths (named in each row):
 ``iterations=[1] num_clients=1 eval_size=16`` leaves little but the per-game host work, which is what
@@ -50,6 +56,7 @@ from leakgym.bench import (
     progress_bar,
     write_results,
 )
+from leakgym.bench.arithmetic import count_matrix_flops, gemm_rate
 from leakgym.devices import device_argument
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
@@ -177,8 +184,9 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
     singles = [gym.make(gym_id, **kwargs) for _ in range(m)]
     nvec = np.asarray(vec.single_action_space.nvec)
     rng = np.random.default_rng(0)
+    # (two more steps than timed: for the counted step after them, see below)
     plan = [rng.integers(0, nvec, size=(num_envs, len(nvec))) if actions == "random"
-            else np.zeros((num_envs, len(nvec)), dtype=np.int64) for _ in range(warmup + steps)]
+            else np.zeros((num_envs, len(nvec)), dtype=np.int64) for _ in range(warmup + steps + 2)]
 
     vec.reset(seed=0)  # game i: seed i, in the vector and in the baseline
     for i, env in enumerate(singles):
@@ -231,6 +239,19 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         add_timings(stepped, "batched")
         if cuda:
             device_peak["batched"] = max(device_peak["batched"], torch.cuda.max_memory_allocated(device) / 2**20)
+    # The arithmetic floor: one more vector step, untimed, with its matrix products counted (every operator
+    # goes through Python while it counts), over this device's GEMM rate; a second one where the first only
+    # reset finished games.
+    flop_per_env_step = None
+    for action in plan[-2:]:
+        before = [g.round for g in vec_games]
+        with count_matrix_flops() as flops:
+            vec.step(action)
+        counted = sum(g.round == r + 1 for g, r in zip(vec_games, before))
+        if counted:
+            flop_per_env_step = flops.total / counted
+            break
+    rate_gemm = gemm_rate(device)
     vec.close()
     for env in singles:
         env.close()
@@ -263,6 +284,11 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         "peak_device_mb": device_peak["batched"] if cuda else None,
         "baseline_peak_device_mb": device_peak["sequential"] if cuda else None,
         **{f"share_{k}": v for k, v in shares.items()},
+        # matrix-product GFLOP of one env step, the device's GEMM rate, and the share of the measured step
+        # time that this arithmetic takes at that rate (leakgym.bench.arithmetic)
+        "gflop_per_env_step": None if flop_per_env_step is None else flop_per_env_step / 1e9,
+        "gemm_gflops": rate_gemm / 1e9,
+        "floor_share": None if flop_per_env_step is None else flop_per_env_step / rate_gemm * rate,
         "baseline_split": split("sequential"),
         "seconds": {"batched": wall["batched"], "sequential": wall["sequential"],
                     "batched_phases": cost["batched"], "sequential_phases": cost["sequential"]},
@@ -323,7 +349,9 @@ def to_markdown(rows: list[dict], machine: str) -> str:
          ("peak RSS (MB)", lambda r: mb(r["peak_rss_mb"])), ("peak device (MB)", lambda r: mb(r["peak_device_mb"])),
          ("defense", lambda r: f"{r['share_defense']:.0%}"), ("attack", lambda r: f"{r['share_attack']:.0%}"),
          ("FL round", lambda r: f"{r['share_fl']:.0%}"), ("scoring", lambda r: f"{r['share_score']:.0%}"),
-         ("Python overhead", lambda r: f"{r['share_overhead']:.0%}")],
+         ("Python overhead", lambda r: f"{r['share_overhead']:.0%}"),
+         ("GFLOP/env step", lambda r: f"{r.get('gflop_per_env_step'):.3g}"),
+         ("floor/wall", lambda r: f"{r.get('floor_share'):.0%}")],
         rows, key=["env", "num_envs"],
     )
 
