@@ -70,6 +70,7 @@ def test_bench_env_on_cuda_reports_device_memory(tmp_path, cuda_device):
     (row,) = json.loads(out.read_text())["rows"]
     assert "error" not in row, row
     assert row["peak_device_mb"] > 0 and row["baseline_peak_device_mb"] > 0 and "cuda" in row["device"]
+    assert row["gflop_per_env_step"] > 0 and row["gemm_gflops"] > 0 and row["floor_share"] > 0  # counted on the GPU
 
 
 def test_bench_env_overrides_are_validated_first_and_name_the_row(tmp_path, capsys):
