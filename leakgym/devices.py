@@ -111,5 +111,13 @@ def to_host(items: Sequence) -> list:
     return out
 
 
+def synchronize(device: str | torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA); nothing elsewhere. For timing: a host clock read after it
+    sees the device's work done."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 __all__ = ["DEVICE_TYPES", "available_devices", "canonical_device", "check_device", "device_argument", "device_name",
-           "seed_generators", "to_host"]
+           "seed_generators", "synchronize", "to_host"]

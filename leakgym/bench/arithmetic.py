@@ -33,6 +33,8 @@ from math import prod
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from leakgym.devices import synchronize
+
 GEMM_SIZE = {"cpu": 1024, "cuda": 4096}
 """Side of the square float32 products :func:`gemm_rate` times, by device type (1024 elsewhere)."""
 
@@ -85,17 +87,12 @@ def gemm_rate(device: str | torch.device = "cpu", *, size: int | None = None, re
     a = torch.randn(n, n, generator=g, device=device)
     b = torch.randn(n, n, generator=g, device=device)
     out = torch.empty(n, n, device=device)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     times = []
     for i in range(repeats + 2):
-        sync()
+        synchronize(device)
         t0 = time.perf_counter()
         torch.mm(a, b, out=out)
-        sync()
+        synchronize(device)
         if i >= 2:
             times.append(time.perf_counter() - t0)
     return 2 * n**3 / statistics.median(times)

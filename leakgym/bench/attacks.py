@@ -36,7 +36,7 @@ from leakgym.bench import (
     progress_bar,
     write_results,
 )
-from leakgym.devices import device_argument
+from leakgym.devices import device_argument, synchronize
 from leakgym.files import json_safe
 from leakgym.suggest import did_you_mean
 
@@ -103,11 +103,6 @@ def _problems(model_name: str, n: int, image_size: int, device: str, seed: int =
     return updates, knowledges
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def measure(model_name: str, n: int, iterations: int, image_size: int, device: str) -> dict:
     """Time the batched engine and the sequential loop on the same N problems."""
     from leakgym.attacks.inverting_gradients import InvertingGradients
@@ -122,16 +117,16 @@ def measure(model_name: str, n: int, iterations: int, image_size: int, device: s
     warm.vectorize = False
     warm.reconstruct_batch(updates[:1], knowledges[:1])
 
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     batched.reconstruct_batch(updates, knowledges, seed=0)
-    _sync(device)
+    synchronize(device)
     t_batched = time.perf_counter() - start
 
     start = time.perf_counter()
     for i, (u, k) in enumerate(zip(updates, knowledges)):
         sequential.reconstruct(u, k, seed=i)
-    _sync(device)
+    synchronize(device)
     t_seq = time.perf_counter() - start
     return {
         "model": model_name,

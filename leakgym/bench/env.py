@@ -57,7 +57,7 @@ from leakgym.bench import (
     write_results,
 )
 from leakgym.bench.arithmetic import count_matrix_flops, gemm_rate
-from leakgym.devices import device_argument
+from leakgym.devices import device_argument, synchronize
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
 DEFAULT_NUM_ENVS = "1,16"
@@ -208,23 +208,19 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
             for k in PHASES:
                 cost[path][k] += g.timings.get(f"{k}_s", 0.0)
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
-
     for t in range(warmup + steps):
         if t == warmup:  # the warm-up steps (same plan in both paths) are not timed
             cost, wall, device_peak, played = zeroed()
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        sync()
+        synchronize(device)
         t0 = time.perf_counter()
         for i, env in enumerate(singles):
             _, _, terminated, truncated, _ = env.step(plan[t][i])
             add_timings([seq_games[i]], "sequential")
             if terminated or truncated:
                 env.reset()
-        sync()
+        synchronize(device)
         wall["sequential"] += time.perf_counter() - t0
         if cuda:
             device_peak["sequential"] = max(device_peak["sequential"], torch.cuda.max_memory_allocated(device) / 2**20)
@@ -232,7 +228,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         before = [g.round for g in vec_games]
         t0 = time.perf_counter()
         vec.step(plan[t])  # the vector env resets finished games itself (that step plays no round for them)
-        sync()
+        synchronize(device)
         wall["batched"] += time.perf_counter() - t0
         stepped = [g for g, r in zip(vec_games, before) if g.round == r + 1]  # the games that played a round
         played += len(stepped)
