@@ -608,3 +608,81 @@ def test_the_cosine_distance_of_an_all_zero_dummy_gradient_has_a_finite_gradient
     assert loss[0].item() == 1.0
     (grad,) = torch.autograd.grad(loss.sum(), dummy)
     assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("restarts", [1, 3])
+@pytest.mark.parametrize("distance", ["l2", "cosine"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_flat_distance_in_victim_blocks_is_bit_for_bit_the_one_pass(monkeypatch, distance, restarts, dtype):
+    """_FlatDistance's cache-sized victim blocks on a CPU (CACHE_BLOCK_ENTRIES made small here): values and
+    gradients equal bit for bit to the one pass over the whole matrix, for block sizes that do and do not
+    divide the victims, a zero dummy row included."""
+    from leakgym.attacks import losses
+    from leakgym.attacks.losses import FlatWeights, _victim_blocks, matrix_distance
+
+    g = torch.Generator().manual_seed(3)
+    n, d = 11, 1013
+    t = torch.randn(n, d, generator=g, dtype=torch.float64).to(dtype)
+    dummy = (torch.randn(n * restarts, d, generator=g, dtype=torch.float64) * 3).to(dtype)
+    dummy[1] = 0.0
+    targets = {"a": t[:, :1000], "b": t[:, 1000:]}
+    flat_w = FlatWeights(targets, {"a": 0.7, "b": 0.7}, ["a", "b"], dtype=dtype, device=torch.device("cpu"))
+    norms = 0.7 * t.pow(2).sum(dim=1)
+    upstream = torch.linspace(-1.0, 2.0, n * restarts, dtype=dtype)
+
+    def run():
+        x = dummy.clone().requires_grad_(True)
+        out = matrix_distance(x, t, flat_w, distance=distance, target_norm_sq=norms)
+        (grad,) = torch.autograd.grad((out * upstream).sum(), x)
+        return out.detach(), grad
+
+    monkeypatch.setattr(losses, "CACHE_BLOCK_ENTRIES", 2**40)
+    assert _victim_blocks(dummy, t, flat_w) is None
+    want = run()
+    for victims_per_block in (1, 2, 4, 5):
+        monkeypatch.setattr(losses, "CACHE_BLOCK_ENTRIES", victims_per_block * restarts * d)
+        blocks = _victim_blocks(dummy, t, flat_w)
+        if victims_per_block * restarts < 2:
+            assert blocks is None  # one row alone: its sum may be split over threads
+            continue
+        assert len(blocks) == -(-n // victims_per_block)
+        got = run()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # per-entry weights: the matrix-vector product's kernel depends on the row count, so one pass
+    weighted = FlatWeights(targets, {"a": 0.5, "b": 2.0}, ["a", "b"], dtype=dtype, device=torch.device("cpu"))
+    assert _victim_blocks(dummy, t, weighted) is None
+
+
+def test_a_vector_env_plays_the_same_rounds_with_and_without_victim_blocks(monkeypatch, cheap_overrides):
+    """16 digits games, random attacker actions over Inverting Gradients (cosine) and DLG (l2): observations,
+    rewards and infos bit for bit equal whether _FlatDistance passes in victim blocks (of 5 LeNet updates
+    here) or in one pass."""
+    import gymnasium as gym
+    import numpy as np
+
+    import leakgym.envs  # noqa: F401  (registers the gym ids)
+    from leakgym.attacks import losses
+
+    calls = []
+    real = losses._victim_blocks
+    monkeypatch.setattr(losses, "_victim_blocks", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
+
+    def play(block_entries):
+        monkeypatch.setattr(losses, "CACHE_BLOCK_ENTRIES", block_entries)
+        vec = gym.make_vec("LeakGym-Digits-v0", num_envs=16, **dict(cheap_overrides, iterations=[1], rounds=5))
+        vec.action_space.seed(5)
+        out = [vec.reset(seed=11)[0]]
+        for _ in range(3):
+            obs, reward, _, _, info = vec.step(vec.action_space.sample())
+            out += [obs, reward, *(v for k, v in sorted(info.items()) if isinstance(v, np.ndarray))]
+        vec.close()
+        return out
+
+    one_pass = play(2**40)
+    assert calls and not any(calls)
+    calls.clear()
+    blocked = play(5 * 13078)  # LeNet's matched parameters on digits: 13,078
+    assert any(b is not None and len(b) > 1 for b in calls)
+    assert len(blocked) == len(one_pass)
+    for a, b in zip(one_pass, blocked):
+        assert a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")

@@ -169,8 +169,13 @@ class _FlatDistance(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: Tensor, t: Tensor, weights: FlatWeights, distance: str,
                 target_norm_sq: Tensor | None) -> Tensor:
-        out, saved = _matrix_distance(g, t, weights, distance, target_norm_sq)
         ctx.weights, ctx.distance = weights, distance
+        ctx.blocks = _victim_blocks(g, t, weights)
+        if ctx.blocks is not None:
+            out, saved = _blockwise_distance(g, t, weights, distance, target_norm_sq, ctx.blocks)
+            ctx.save_for_backward(g, t, target_norm_sq, *saved)
+            return out
+        out, saved = _matrix_distance(g, t, weights, distance, target_norm_sq)
         if distance == "l2":
             ctx.save_for_backward(*saved)
         else:
@@ -181,6 +186,8 @@ class _FlatDistance(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
         w = ctx.weights
+        if ctx.blocks is not None:
+            return _blockwise_backward(ctx, grad_out), None, None, None, None
         if ctx.distance == "l2":
             (diff,) = ctx.saved_tensors
             n, r = diff.shape[0], diff.shape[1]
@@ -189,20 +196,86 @@ class _FlatDistance(torch.autograd.Function):
             g, t, target_norm_sq, dot, dummy_sq = ctx.saved_tensors
             p, n = g.shape[0], t.shape[0]
             r = p // n
-            tiny = torch.finfo(dot.dtype).tiny
-            t_norm = target_norm_sq.to(dot.dtype).repeat_interleave(r).sqrt()
-            root = dummy_sq.clamp_min(tiny).sqrt()
-            product = root * t_norm
-            denom = product.clamp_min(tiny)
-            a = -grad_out / denom  # d out / d dot
-            # d out / d dummy_sq, through denom = max(max(q, tiny)^(1/2) |t|, tiny)
-            b = grad_out * dot / denom.square() * t_norm * 0.5 / root
-            b = torch.where((product >= tiny) & (dummy_sq >= tiny), b, torch.zeros_like(b))
+            a, b = _cosine_partials(grad_out, r, target_norm_sq, dot, dummy_sq)
             grad = torch.addcmul((g * (2.0 * w.scale * b).unsqueeze(1)).reshape(n, r, -1),
                                  (w.scale * a).reshape(n, r, 1), t.reshape(n, 1, -1))
         if w.vector is not None:
             grad = grad * w.vector
         return grad.reshape(grad.shape[0] * grad.shape[1], -1), None, None, None, None
+
+
+def _cosine_partials(grad_out: Tensor, r: int, target_norm_sq: Tensor, dot: Tensor,
+                     dummy_sq: Tensor) -> tuple[Tensor, Tensor]:
+    """``(a, b)`` of :class:`_FlatDistance`'s cosine gradient: ``d out / d dot`` and ``d out / d dummy_sq``
+    per row, the clamps passing no gradient where they bind."""
+    tiny = torch.finfo(dot.dtype).tiny
+    t_norm = target_norm_sq.to(dot.dtype).repeat_interleave(r).sqrt()
+    root = dummy_sq.clamp_min(tiny).sqrt()
+    product = root * t_norm
+    denom = product.clamp_min(tiny)
+    a = -grad_out / denom  # d out / d dot
+    # d out / d dummy_sq, through denom = max(max(q, tiny)^(1/2) |t|, tiny)
+    b = grad_out * dot / denom.square() * t_norm * 0.5 / root
+    return a, torch.where((product >= tiny) & (dummy_sq >= tiny), b, torch.zeros_like(b))
+
+
+CACHE_BLOCK_ENTRIES = 2**18
+"""Entries (1 MiB of float32) of the row blocks in which :class:`_FlatDistance` makes its passes on a CPU."""
+
+
+def _victim_blocks(g: Tensor, t: Tensor, weights: FlatWeights,
+                   block_entries: int | None = None) -> list[slice] | None:
+    """The victim blocks in which :class:`_FlatDistance` passes over ``g (P, D)`` on a CPU, or None (one pass
+    over the whole matrix: on a GPU, with per-entry weights, or where a block would not hold two rows).
+
+    Why: each product, square and gradient of the whole matrix is a temporary of ``P x D`` entries (256
+    LeNet updates on digits: 13 MB) written out and read back, a fresh allocation each time. In blocks of
+    about a MiB the temporaries stay in the core's cache. Bit for bit the same: a row's sum over its
+    ``D`` entries is the same reduction whatever the number of rows beside it, as long as there are at
+    least two (one output row alone may be split over threads) -- and the elementwise products are
+    elementwise. The ``(D,)`` weight vector's matrix-vector product is not (its kernel depends on the
+    row count), so per-entry weights keep the one pass. ``tests/test_attack_engine.py`` checks both."""
+    p, n = g.shape[0], t.shape[0]
+    per_victim = (p // n) * g.shape[1]
+    per_block = (CACHE_BLOCK_ENTRIES if block_entries is None else block_entries) // max(per_victim, 1)
+    if g.device.type != "cpu" or weights.vector is not None or per_block >= n or per_block * (p // n) < 2:
+        return None
+    return [slice(i, min(i + per_block, n)) for i in range(0, n, per_block)]
+
+
+def _blockwise_distance(g: Tensor, t: Tensor, weights: FlatWeights, distance: str, target_norm_sq: Tensor | None,
+                        blocks: list[slice]) -> tuple[Tensor, tuple]:
+    """:func:`_matrix_distance` (one scale, no weight vector) victim block by victim block: the same values;
+    what the backward needs beyond ``g`` and ``t``: nothing (l2) or ``(dot, dummy_sq)`` (cosine)."""
+    p, n = g.shape[0], t.shape[0]
+    r = p // n
+    rows, victims = g.reshape(n, r, -1), t.reshape(n, 1, -1)
+    if distance == "l2":
+        total = torch.cat([(rows[b] - victims[b]).pow(2).sum(dim=-1) for b in blocks])
+        return (weights.scale * total).reshape(p), ()
+    dot = weights.scale * torch.cat([(rows[b] * victims[b]).sum(dim=-1) for b in blocks]).reshape(p)
+    dummy_sq = weights.scale * torch.cat([rows[b].pow(2).sum(dim=-1) for b in blocks]).reshape(p)
+    return _cosine(dot, dummy_sq, target_norm_sq), (dot, dummy_sq)
+
+
+def _blockwise_backward(ctx, grad_out: Tensor) -> Tensor:
+    """:class:`_FlatDistance`'s gradient with respect to ``g``, victim block by victim block (the same
+    elementwise operations as the one-pass backward, so the same values)."""
+    g, t, target_norm_sq, *saved = ctx.saved_tensors
+    p, n = g.shape[0], t.shape[0]
+    r, s = p // n, ctx.weights.scale
+    rows, victims = g.reshape(n, r, -1), t.reshape(n, 1, -1)
+    grad = torch.empty_like(rows)
+    if ctx.distance == "l2":
+        factor = (2.0 * s * grad_out).reshape(n, r, 1)
+        for b in ctx.blocks:
+            torch.mul(rows[b] - victims[b], factor[b], out=grad[b])
+    else:
+        a, half = _cosine_partials(grad_out, r, target_norm_sq, *saved)
+        a, half = (s * a).reshape(n, r, 1), (2.0 * s * half).reshape(n, r, 1)
+        for b in ctx.blocks:
+            torch.addcmul(rows[b] * half[b], a[b], victims[b], out=grad[b])
+    return grad.reshape(p, -1)
 
 
 def _flat_distance(dummy: Mapping[str, Tensor], targets: Mapping[str, Tensor], weights: Mapping[str, float],

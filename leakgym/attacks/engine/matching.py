@@ -288,6 +288,8 @@ class _Run:
         local = torch.repeat_interleave(torch.arange(n, device=device), torch.tensor(counts, device=device))
         self.local = local
         self.owner = torch.tensor(self.problem_index, device=device).index_select(0, local)  # each row's problem
+        # Row i matches target row i (one restart each, every problem of the batch): the targets need no gather.
+        self.owner_is_row = counts == [1] * n and self.problem_index == list(range(problems.n))
         self.start = [0]
         for c in counts[:-1]:
             self.start.append(self.start[-1] + c)
@@ -345,10 +347,10 @@ class _Run:
         self.active_owner = own
         self.gen = self.rows if self.all else self.rows.subset(victims)
         pick = (lambda t: t) if self.all else (lambda t: t.index_select(0, self.active))
-        # The working rows' targets: flat rows, or per layer for the per-layer and EOT distances.
-        rows_targets = {k: t.index_select(0, own) for k, t in ps.targets.items()} if self.flat is None \
-            else self.t_flat.index_select(0, own)
-        norms = None if self.t_norm is None else self.t_norm.index_select(0, own)
+        # The working rows' targets: flat rows, or per layer for the per-layer and EOT distances (read only).
+        gather = (lambda t: t) if self.all and self.owner_is_row else (lambda t: t.index_select(0, own))
+        rows_targets = {k: gather(t) for k, t in ps.targets.items()} if self.flat is None else gather(self.t_flat)
+        norms = None if self.t_norm is None else gather(self.t_norm)
         self.bn_targets = None if ps.bn_targets is None else [
             (m.index_select(0, own), v.index_select(0, own)) for m, v in ps.bn_targets]
         self.hard = None if self.hard_all is None else pick(self.hard_all)
