@@ -27,13 +27,14 @@ def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
             r["env_steps_per_s"] / r["baseline_env_steps_per_s"])
         assert r["peak_device_mb"] is None  # CPU
         assert r["warmup_steps"] == 1 and r["rounds_played"] == r["num_envs"]  # the warm-up round is not counted
-        shares = [r[f"share_{k}"] for k in ("defense", "attack", "fl", "score", "overhead")]
+        shares = [r[f"share_{k}"] for k in ("defense", "attack", "fl", "score", "reward", "overhead")]
         assert abs(sum(shares) - 1) < 1e-6 and abs(sum(r["baseline_split"].values()) - 1) < 1e-6
+        assert r["share_reward"] > 0 and r["baseline_split"]["reward"] > 0  # the reward phase has its own timer
         # the arithmetic floor: LeNet's products, measured against this CPU's GEMM rate
         assert 1e-4 < r["gflop_per_env_step"] < 1 and r["gemm_gflops"] > 0
         assert r["floor_share"] == pytest.approx(r["gflop_per_env_step"] / r["gemm_gflops"] * r["env_steps_per_s"])
     table = out.with_suffix(".md").read_text()
-    assert "sequential steps/s" in table and "ratio" in table and "Python overhead" in table
+    assert "sequential steps/s" in table and "ratio" in table and "| reward |" in table and "Python overhead" in table
     assert "GFLOP/env step" in table and "floor/wall" in table
     assert ("batch_clients off" in table) == (batch_clients == "off")
     assert ("random defender" in table) == (defender == "random")

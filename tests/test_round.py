@@ -192,6 +192,19 @@ def test_a_failing_game_restores_every_game_of_the_round(cheap_overrides, monkey
         _assert_state_equal(b, _state(e))
 
 
+def test_a_round_times_each_of_its_phases(cheap_overrides):
+    """Each game's timings after a round: one entry per timed phase (what `leakgym bench env` splits), the
+    reward phase (summaries, rewards, records, observations) included."""
+    envs = [parallel_env("digits", **cheap_overrides) for _ in range(2)]
+    games = share_batch(envs)
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    play_round(games, [0, 1], [(np.zeros(6, np.int64), np.zeros(4, np.int64))] * 2)
+    for row in (0, 1):
+        assert set(games.timings[row]) == {"defense_s", "attack_s", "fl_s", "score_s", "reward_s"}
+        assert all(v > 0 for v in games.timings[row].values()), games.timings[row]
+
+
 BAD_ACTIONS = [
     np.array([0, 9, 0, 0]),  # out of range
     np.array([0, 0, 0]),  # wrong shape

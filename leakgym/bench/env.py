@@ -17,8 +17,9 @@ over the menu, drawn from a seeded generator, the same for both paths); the defe
 opponent generator (the same in both paths) -- DCS², CENSOR, OASIS, noise and pruning in play. Rows report env
 steps per second (vector steps x N / wall time), the peak resident memory of the worker process
 (both paths), the peak device memory of each path on CUDA, and the cost split: the game's phase
-timers (defense / attack / FL round / scoring) and the rest of the wall time as Python overhead
-(planning, snapshots, observations, the vector env's bookkeeping). Two more columns say how far the
+timers (defense / attack / FL round / scoring / reward: the update summaries, rewards, records and
+observations) and the rest of the wall time as Python overhead (planning, snapshots, the vector env's
+bookkeeping; rows measured before the reward timer, 7b75bdd and earlier, count the reward phase there too). Two more columns say how far the
 batched path is from its arithmetic floor (:mod:`leakgym.bench.arithmetic`): the matrix-product and
 convolution GFLOP of one env step, counted in one more vector step after the timed ones (untimed: every
 operator goes through Python while it counts), and ``floor/wall``, the share of the measured time per env
@@ -61,7 +62,7 @@ from leakgym.devices import device_argument, synchronize
 
 DEFAULT_IDS = "LeakGym-Digits-v0,LeakGym-CIFAR-v0"
 DEFAULT_NUM_ENVS = "1,16"
-PHASES = ("defense", "attack", "fl", "score")
+PHASES = ("defense", "attack", "fl", "score", "reward")
 SYNTHETIC = "synthetic data (timing only)"
 
 
@@ -345,6 +346,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
          ("peak RSS (MB)", lambda r: mb(r["peak_rss_mb"])), ("peak device (MB)", lambda r: mb(r["peak_device_mb"])),
          ("defense", lambda r: f"{r['share_defense']:.0%}"), ("attack", lambda r: f"{r['share_attack']:.0%}"),
          ("FL round", lambda r: f"{r['share_fl']:.0%}"), ("scoring", lambda r: f"{r['share_score']:.0%}"),
+         ("reward", lambda r: "-" if r.get("share_reward") is None else f"{r['share_reward']:.0%}"),
          ("Python overhead", lambda r: f"{r['share_overhead']:.0%}"),
          ("GFLOP/env step", lambda r: f"{r.get('gflop_per_env_step'):.3g}"),
          ("floor/wall", lambda r: f"{r.get('floor_share'):.0%}")],

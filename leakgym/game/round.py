@@ -662,12 +662,17 @@ def observe_all(batch: GameBatch, rows: Sequence[int]) -> list[dict[str, np.ndar
 def reward(batch: GameBatch, rows: list[int], plans: list[RoundPlan], defended: list[Defended],
            results: list[AttackResult], scored: list[Scored]) -> list[RoundOutcome]:
     """Phase 6: rewards (:func:`leakgym.game.feedback.rewards`), infos, each game's :class:`RoundRecord` and
-    next observations (the attacker's summaries of all shared updates as one computation)."""
+    next observations (the attacker's summaries of all shared updates as one computation). Its time, shared
+    equally, is each game's ``reward_s`` in :attr:`GameBatch.timings`."""
+    t0 = time.perf_counter()
     summaries = update_summaries([d.update for d in defended])
     outcomes = [_conclude(batch, r, p, d, res, s, f)
                 for r, p, d, res, s, f in zip(rows, plans, defended, results, scored, summaries)]
     for outcome, observations in zip(outcomes, observe_all(batch, rows)):  # (of the records just concluded)
         outcome.observations = observations
+    share = (time.perf_counter() - t0) / len(rows)
+    for r in rows:
+        batch.timings[r]["reward_s"] = share
     return outcomes
 
 
