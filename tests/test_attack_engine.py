@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -616,16 +617,26 @@ def test_the_cosine_distance_of_an_all_zero_dummy_gradient_has_a_finite_gradient
 def test_the_flat_distance_in_victim_blocks_is_bit_for_bit_the_one_pass(monkeypatch, distance, restarts, dtype):
     """_FlatDistance's cache-sized victim blocks on a CPU (CACHE_BLOCK_ENTRIES made small here): values and
     gradients equal bit for bit to the one pass over the whole matrix, for block sizes that do and do not
-    divide the victims, a zero dummy row included."""
+    divide the victims, a zero dummy row included. Two torch threads and rows longer than torch's grain
+    (32,768 entries): a block of one row would have its sum split over the threads, so none has one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _check_victim_blocks(monkeypatch, distance, restarts, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_victim_blocks(monkeypatch, distance, restarts, dtype):
     from leakgym.attacks import losses
     from leakgym.attacks.losses import FlatWeights, _victim_blocks, matrix_distance
 
     g = torch.Generator().manual_seed(3)
-    n, d = 11, 1013
+    n, d = 11, 40013
     t = torch.randn(n, d, generator=g, dtype=torch.float64).to(dtype)
     dummy = (torch.randn(n * restarts, d, generator=g, dtype=torch.float64) * 3).to(dtype)
     dummy[1] = 0.0
-    targets = {"a": t[:, :1000], "b": t[:, 1000:]}
+    targets = {"a": t[:, :40000], "b": t[:, 40000:]}
     flat_w = FlatWeights(targets, {"a": 0.7, "b": 0.7}, ["a", "b"], dtype=dtype, device=torch.device("cpu"))
     norms = 0.7 * t.pow(2).sum(dim=1)
     upstream = torch.linspace(-1.0, 2.0, n * restarts, dtype=dtype)
@@ -645,7 +656,9 @@ def test_the_flat_distance_in_victim_blocks_is_bit_for_bit_the_one_pass(monkeypa
         if victims_per_block * restarts < 2:
             assert blocks is None  # one row alone: its sum may be split over threads
             continue
-        assert len(blocks) == -(-n // victims_per_block)
+        assert blocks[0].start == 0 and blocks[-1].stop == n
+        assert all(a.stop == b.start for a, b in itertools.pairwise(blocks))
+        assert min((b.stop - b.start) * restarts for b in blocks) >= 2 and len(blocks) > 1
         got = run()
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     # per-entry weights: the matrix-vector product's kernel depends on the row count, so one pass

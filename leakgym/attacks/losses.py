@@ -240,7 +240,10 @@ def _victim_blocks(g: Tensor, t: Tensor, weights: FlatWeights,
     per_block = (CACHE_BLOCK_ENTRIES if block_entries is None else block_entries) // max(per_victim, 1)
     if g.device.type != "cpu" or weights.vector is not None or per_block >= n or per_block * (p // n) < 2:
         return None
-    return [slice(i, min(i + per_block, n)) for i in range(0, n, per_block)]
+    starts = list(range(0, n, per_block))
+    if (n - starts[-1]) * (p // n) < 2:  # a last block of one row joins the one before it
+        starts.pop()
+    return [slice(i, j) for i, j in zip(starts, [*starts[1:], n])]
 
 
 def _blockwise_distance(g: Tensor, t: Tensor, weights: FlatWeights, distance: str, target_norm_sq: Tensor | None,
@@ -268,13 +271,13 @@ def _blockwise_backward(ctx, grad_out: Tensor) -> Tensor:
     grad = torch.empty_like(rows)
     if ctx.distance == "l2":
         factor = (2.0 * s * grad_out).reshape(n, r, 1)
-        for b in ctx.blocks:
-            torch.mul(rows[b] - victims[b], factor[b], out=grad[b])
+        for block in ctx.blocks:
+            torch.mul(rows[block] - victims[block], factor[block], out=grad[block])
     else:
-        a, half = _cosine_partials(grad_out, r, target_norm_sq, *saved)
-        a, half = (s * a).reshape(n, r, 1), (2.0 * s * half).reshape(n, r, 1)
-        for b in ctx.blocks:
-            torch.addcmul(rows[b] * half[b], a[b], victims[b], out=grad[b])
+        a, b = _cosine_partials(grad_out, r, target_norm_sq, *saved)
+        a, b = (s * a).reshape(n, r, 1), (2.0 * s * b).reshape(n, r, 1)
+        for block in ctx.blocks:
+            torch.addcmul(rows[block] * b[block], a[block], victims[block], out=grad[block])
     return grad.reshape(p, -1)
 
 
