@@ -666,6 +666,19 @@ def _check_victim_blocks(monkeypatch, distance, restarts, dtype):
     assert _victim_blocks(dummy, t, weighted) is None
 
 
+@pytest.mark.cuda
+def test_the_flat_distance_makes_one_pass_on_cuda(monkeypatch, cuda_device):
+    """Victim blocks are a CPU cache measure: on a GPU the distance stays one pass (one kernel per operation),
+    however small the block bound."""
+    from leakgym.attacks import losses
+    from leakgym.attacks.losses import _victim_blocks
+
+    dummy, t, flat_w, _ = _flat_case("equal", 3, device=cuda_device)
+    monkeypatch.setattr(losses, "CACHE_BLOCK_ENTRIES", dummy.shape[0] // t.shape[0] * dummy.shape[1])  # a victim a block
+    assert _victim_blocks(dummy.cpu(), t.cpu(), flat_w) is not None  # the same matrices block on the CPU
+    assert _victim_blocks(dummy, t, flat_w) is None
+
+
 def test_a_vector_env_plays_the_same_rounds_with_and_without_victim_blocks(monkeypatch, cheap_overrides):
     """16 digits games, random attacker actions over Inverting Gradients (cosine) and DLG (l2): observations,
     rewards and infos bit for bit equal whether _FlatDistance passes in victim blocks (of 5 LeNet updates
