@@ -19,13 +19,13 @@ steps per second (vector steps x N / wall time), the peak resident memory of the
 (both paths), the peak device memory of each path on CUDA, and the cost split: the game's phase
 timers (defense / attack / FL round / scoring / reward: the update summaries, rewards, records and
 observations) and the rest of the wall time as Python overhead (planning, snapshots, the vector env's
-bookkeeping; rows measured before the reward timer, 7b75bdd and earlier, count the reward phase there too). Two more columns say how far the
-batched path is from its arithmetic floor (:mod:`leakgym.bench.arithmetic`): the matrix-product and
-convolution GFLOP of one env step, counted in one more vector step after the timed ones (untimed: every
-operator goes through Python while it counts), and ``floor/wall``, the share of the measured time per env
-step that this arithmetic takes at the device's measured float32 GEMM rate (``gemm_gflops`` in the JSON).
-Near 100%, only less arithmetic makes a row faster; far below, the time goes to elementwise work, small
-badly shaped products and the host.
+bookkeeping; rows measured before the reward timer, 7b75bdd and earlier, count the reward phase there too).
+Two more columns say how far the batched path is from its arithmetic floor (:mod:`leakgym.bench.arithmetic`):
+the matrix-product and convolution GFLOP of one env step, counted in one more vector step after the timed ones
+(untimed: every operator goes through Python while it counts), and ``floor/wall``, the share of the measured
+time per env step that this arithmetic takes at the device's measured float32 GEMM rate (``gemm_gflops`` in
+the JSON). Near 100%, only less arithmetic makes a row faster; far below, the time goes to elementwise work,
+small badly shaped products and the host.
 
 ``--overrides KEY=VALUE ...`` changes the scenario of every game of both paths (named in each row):
 ``iterations=[1] num_clients=1 eval_size=16`` leaves little but the per-game host work, which is what
