@@ -663,7 +663,7 @@ def reward(batch: GameBatch, rows: list[int], plans: list[RoundPlan], defended: 
            results: list[AttackResult], scored: list[Scored]) -> list[RoundOutcome]:
     """Phase 6: rewards (:func:`leakgym.game.feedback.rewards`), infos, each game's :class:`RoundRecord` and
     next observations (the attacker's summaries of all shared updates as one computation). Its time, shared
-    equally, is each game's ``reward_s`` in :attr:`GameBatch.timings`."""
+    equally, is each game's ``reward_s``; every phase's timings go to :attr:`GameBatch.timings` here."""
     t0 = time.perf_counter()
     summaries = update_summaries([d.update for d in defended])
     outcomes = [_conclude(batch, r, p, d, res, s, f)
@@ -671,8 +671,9 @@ def reward(batch: GameBatch, rows: list[int], plans: list[RoundPlan], defended: 
     for outcome, observations in zip(outcomes, observe_all(batch, rows)):  # (of the records just concluded)
         outcome.observations = observations
     share = (time.perf_counter() - t0) / len(rows)
-    for r in rows:
-        batch.timings[r]["reward_s"] = share
+    for r, d in zip(rows, defended):
+        d.timings["reward_s"] = share
+        batch.timings[r] = dict(d.timings)
     return outcomes
 
 
@@ -700,7 +701,6 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
         reconstructions=scored.reconstructions, labels=scored.labels,
     )
     batch.last[row] = record
-    batch.timings[row] = dict(defended.timings)
     mean = scored.scores.mean
     common: dict[str, Any] = {
         "round": rnd,
