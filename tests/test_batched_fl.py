@@ -81,8 +81,8 @@ def test_lenet_clients_take_the_rowwise_form_and_equal_the_vmapped_clients(digit
     monkeypatch.setattr(RowwiseForward, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
     rows = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05)
     assert len(calls) == steps
-    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
-    vmapped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05)
+    vmapped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
+                                     vectorise=True)
     assert len(calls) == steps
     for name, t in vmapped.tensors.items():
         assert rows.tensors[name].shape == t.shape and not rows.tensors[name].requires_grad
@@ -123,9 +123,8 @@ def test_lenet_clients_of_larger_batches_take_the_grouped_form_and_equal_the_vma
     grouped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
                                      optimizer=opt)
     assert len(calls) == steps
-    monkeypatch.setattr(RowwiseForward, "of", classmethod(lambda cls, model, *fit: None))
     vmapped = batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
-                                     optimizer=opt)
+                                     optimizer=opt, vectorise=True)
     assert len(calls) == steps
     monkeypatch.undo()
     for name, t in vmapped.tensors.items():
@@ -154,15 +153,23 @@ def test_the_rowwise_form_fits_small_unfolded_convolutions_only():
     assert RowwiseForward.of(model, 1, (1, 16, 16)) is not None and RowwiseForward.of(model, 4, (1, 16, 16)) is None
 
 
+@pytest.mark.parametrize("vectorise", [None, True])  # a CPU's own form (one client after another), vmap
 @pytest.mark.parametrize("arch", ["convnet", "mlp"])
 @pytest.mark.parametrize(("kind", "steps", "b"), [("gradient", 1, 4), ("model_delta", 2, 3), ("gradient", 1, 1)])
-def test_benign_updates_with_batchnorm_equal_compute_update(digits, arch, kind, steps, b):
+def test_benign_updates_with_batchnorm_equal_compute_update(digits, monkeypatch, arch, kind, steps, b, vectorise):
     """BatchNorm models (float64): every client's update and its running statistics after its local steps
-    are what compute_update gives (train-mode BN for b > 1, the running statistics for a batch of one)."""
+    are what compute_update gives (train-mode BN for b > 1, the running statistics for a batch of one), in
+    both forms: on a CPU the clients train one after another unless vectorise=True asks for vmap."""
     models, x, y = games_and_batches(digits, n=2, k=2, b=b, arch=arch)
     models, x = [m.double() for m in models], x.double()
+    calls = []
+    real = batched.vmap
+    monkeypatch.setattr(batched, "vmap", lambda *a, **k: calls.append(1) or real(*a, **k))
+    before = {n: t.clone() for n, t in models[0].state_dict().items()}
     out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, kind=kind, local_steps=steps,
-                                 local_lr=0.05, buffers=batched.stack_buffers(models))
+                                 local_lr=0.05, buffers=batched.stack_buffers(models), vectorise=vectorise)
+    assert bool(calls) == (vectorise is True)
+    assert all(torch.equal(t, before[n]) for n, t in models[0].state_dict().items())  # never modified
     for n, m in enumerate(models):
         for k in range(2):
             ref = compute_update(m, x[n, k], y[n, k], kind=kind, local_steps=steps, local_lr=0.05)
@@ -594,14 +601,19 @@ def test_rowwise_clients_on_cuda(digits, cuda_device):
 
 
 @pytest.mark.cuda
-def test_batched_fl_with_batchnorm_on_cuda(digits, cuda_device):
+def test_batched_fl_with_batchnorm_on_cuda(digits, cuda_device, monkeypatch):
     """ConvNet clients (train-mode BN, running statistics) and evaluation with per-game statistics on CUDA,
     in float64 as the CPU client tests: in float32 the TF32 convolutions' rounding, magnified by BatchNorm's
-    division by a batch of four's deviation, put the two paths 0.04 apart (measured on an H200)."""
+    division by a batch of four's deviation, put the two paths 0.04 apart (measured on an H200). On an
+    accelerator the clients are vmapped (a CPU trains them one after another)."""
     models, x, y = games_and_batches(digits, n=2, device=str(cuda_device), arch="convnet")
     models, x = [m.double() for m in models], x.double()
     buffers = batched.stack_buffers(models)
+    calls = []
+    real = batched.vmap
+    monkeypatch.setattr(batched, "vmap", lambda *a, **k: calls.append(1) or real(*a, **k))
     out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, buffers=buffers)
+    assert calls
     assert all(t.device.type == "cuda" for t in [*out.tensors.values(), *out.buffers.values()])
     ref = compute_update(models[1], x[1, 0], y[1, 0])
     got = batched.unpack(out, 1, 0, kind="gradient", batch_size=x.shape[2], local_steps=1, local_lr=0.1,
@@ -739,8 +751,8 @@ def test_one_protocol_per_aggregation_and_detached_updates_own_their_buffers(dig
 
 @pytest.mark.parametrize(("kind", "steps"), [("gradient", 1), ("model_delta", 2)])
 def test_benign_updates_in_passes_of_a_few_games_equal_one_pass(digits, monkeypatch, kind, steps):
-    """The vmapped clients run at most CLIENT_POSITIONS_PER_PASS image positions per pass (the CIFAR ConvNet's
-    clients held about 370 MB per game): BatchNorm ConvNets (float64, running statistics included) in passes of
+    """The vmapped clients (vectorise=True; an accelerator's form for them) run at most CLIENT_POSITIONS_PER_PASS
+    image positions per pass (the CIFAR ConvNet's clients held about 370 MB per game): BatchNorm ConvNets (float64, running statistics included) in passes of
     one and of two games give what one pass gives, in game order."""
     models, x, y = games_and_batches(digits, n=3, arch="convnet")
     models, x = [m.double() for m in models], x.double()
@@ -748,7 +760,7 @@ def test_benign_updates_in_passes_of_a_few_games_equal_one_pass(digits, monkeypa
 
     def run():
         return batched.benign_updates(models[0], params, x, y, kind=kind, local_steps=steps, local_lr=0.05,
-                                      buffers=buffers)
+                                      buffers=buffers, vectorise=True)
 
     whole = run()
     positions = x.shape[1] * x.shape[2] * x.shape[-2] * x.shape[-1]

@@ -67,10 +67,12 @@ def test_adams_first_step_moves_every_weight_by_the_learning_rate():
     assert upd.metadata["local_optimizer"] == "adam" and upd.local_lr == 1e-3
 
 
-@pytest.mark.parametrize("b", [1, 4])  # 1: the row-wise clients; 4: the vmapped ones
+@pytest.mark.parametrize("vectorise", [None, True, False])  # the form by batch and device, vmap, the loop
+@pytest.mark.parametrize("b", [1, 4])  # 1: the row-wise clients; 4: the grouped ones (on a CPU)
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_batched_clients_take_the_plain_clients_optimiser_steps(digits, name, b):
-    """benign_updates (vmap, or the row-wise LeNet rows for a batch of one) and client_updates equal
+def test_batched_clients_take_the_plain_clients_optimiser_steps(digits, name, b, vectorise):
+    """benign_updates (the row-wise LeNet rows for a batch of one, else the grouped ones on a CPU; vmapped with
+    vectorise=True, one client after another with False) and client_updates equal
     compute_update (torch.optim on the client's copy) for each client, after 3 local steps. In float64: Adam
     divides by the root of the squared gradient, which turns float32 rounding of a near-zero gradient entry
     into a step of up to lr (measured: 2e-6 on one entry of 3,600 in float32)."""
@@ -80,7 +82,7 @@ def test_batched_clients_take_the_plain_clients_optimiser_steps(digits, name, b)
     x = spec.normalize(digits.train_x[: 2 * 2 * b]).reshape(2, 2, b, *spec.shape).double()
     y = digits.train_y[: 2 * 2 * b].reshape(2, 2, b)
     out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, kind="model_delta", local_steps=3,
-                                 local_lr=0.01, optimizer=opt)
+                                 local_lr=0.01, optimizer=opt, vectorise=vectorise)
     plain = compute_update(models[0], x[0, 0], y[0, 0], kind="model_delta", local_steps=3, local_lr=0.01)
     for n in range(2):
         for k in range(2):

@@ -25,7 +25,17 @@ evaluation per game. Done game by game (:func:`leakgym.fl.client.compute_update`
   64 x 4 x 8, FedAvg 2 steps, 146-152 -> 117-124 ms; CIFAR-10 LeNet, 64 x 1 x 8, 81-90 -> 73-81 ms); the victims'
   defended training
   (:func:`leakgym.fl.client.compute_updates` with ``batched=True``) takes one :func:`benign_updates`
-  gradient per local step, so that a step defense can transform it in between;
+  gradient per local step, so that a step defense can transform it in between. Any other model (BatchNorm:
+  the CIFAR ConvNet, ResNet-18) is vmapped on an accelerator, but on a CPU its clients train one after
+  another (:func:`_looped_updates`: ``functional_call`` of the model under each game's parameters, the plain
+  kernels of one model, and ``torch.autograd.grad``; BatchNorm updates a copy of the game's running
+  statistics in place, as ``compute_update``'s private copy does). Vmap makes every convolution of the games'
+  own weights one grouped convolution, and on a CPU that loses to the games' plain convolutions. Measured,
+  CIFAR ConvNet on 32x32 images, one CPU thread, ms per game, one after another / vmapped / a loop of
+  ``compute_update``: 16 games x 1 client x 8 images 38-45 / 110-114 / 39-47; 8 games x 7 clients x 8
+  images 266-269 / 1,084-1,116 / 277-283; 16 x 1 x 2 11-11.4 / 18.5-19.3 / 13-14; 16 x 1 x 1 (the victims'
+  clean updates) 7.4-7.5 / 6.8-7.4 / 9.3-9.5. Vmapped passes of fewer games did not help (16 x 1 x 8, passes
+  of 1 / 2 / 4 games: 63 / 70 / 66 ms);
 * :func:`aggregate_many` -- every game's example-weighted mean of its clients' updates applied to its
   parameters, and :func:`average_buffers_many` -- of their BN running statistics, with the arithmetic
   of :meth:`Server.aggregate` (same operations in the same order);
@@ -171,6 +181,7 @@ def benign_updates(
     local_lr: float = 0.1,
     buffers: dict[str, Tensor] | None = None,
     optimizer: LocalOptimizer | None = None,
+    vectorise: bool | None = None,
 ) -> ClientUpdates:
     """The updates of K clients in each of N games.
 
@@ -185,6 +196,11 @@ def benign_updates(
         optimizer: FedAvg's local optimiser (None: plain SGD), as in :func:`~leakgym.fl.client.compute_update`;
             its update is :meth:`~leakgym.fl.optim.LocalOptimizer.step` (``torch.optim`` cannot run inside
             ``vmap``), the formulas of the ``torch.optim`` class the plain client uses.
+        vectorise: the form (module docstring). None picks by model and device: a plain layer stack takes its
+            row-wise form where its convolutions fit (:meth:`~leakgym.models.rowwise.RowwiseForward.fits`),
+            else on a CPU its grouped form; any other model (BatchNorm: the ConvNet, ResNet-18) is vmapped on
+            an accelerator and on a CPU trains its clients one after another (module docstring, with the
+            measurements). True: always vmapped; False: always one client after another.
 
     Client ``(n, k)``'s update is ``compute_update(model_n, x[n, k], y[n, k], ...)`` computed in one
     vectorised call (equal to rounding, see the module docstring), its BN statistics included.
@@ -215,30 +231,37 @@ def benign_updates(
                          "(stack_buffers)")
     n_games, k_clients, b = x.shape[:3]
     single = b == 1  # a batch of one normalises with the running statistics (bn_eval_if_single)
-    net, recorder = (model, None) if not bns or single else _stateless_copy(model)
     frozen = {n: t.detach() for n, t in model.named_parameters() if n not in params}
-    form = None if bns else RowwiseForward.of(model, b, tuple(x.shape[3:]))
-    if form is not None:  # a plain layer stack (DLG's LeNet) and small batches: every client a row, no vmap
-        return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
-                                                      local_steps=local_steps, local_lr=local_lr, optimizer=opt))
-    form = None if bns or x.device.type != "cpu" else RowwiseForward.of(model)
-    if form is not None:  # larger batches of a plain layer stack on a CPU: every client a row, grouped kernels
-        return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
-                                                      local_steps=local_steps, local_lr=local_lr, optimizer=opt,
-                                                      grouped=True))
+    on_cpu = x.device.type == "cpu"
+    if vectorise is None:
+        form = None if bns else RowwiseForward.of(model, b, tuple(x.shape[3:]))
+        if form is not None:  # a plain layer stack (DLG's LeNet) and small batches: every client a row, no vmap
+            return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
+                                                          local_steps=local_steps, local_lr=local_lr, optimizer=opt))
+        form = None if bns or not on_cpu else RowwiseForward.of(model)
+        if form is not None:  # larger batches of a plain layer stack on a CPU: every client a row, grouped kernels
+            return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
+                                                          local_steps=local_steps, local_lr=local_lr, optimizer=opt,
+                                                          grouped=True))
+    loop = vectorise is False or (vectorise is None and on_cpu)
     positions = k_clients * b * x.shape[-2] * x.shape[-1]
     games = max(1, CLIENT_POSITIONS_PER_PASS // max(positions, 1))
+    if loop:
+        return _looped_updates(model, params, frozen, buffers if bns else None, x, y, kind=kind,
+                               local_steps=local_steps, local_lr=local_lr, optimizer=opt)
     if n_games > games:  # the vmapped training of at most `games` games per pass (bounded memory)
         def rows(stacks: dict[str, Tensor] | None, lo: int) -> dict[str, Tensor] | None:
             return None if stacks is None else {n: t[lo:lo + games] for n, t in stacks.items()}
 
         parts = [benign_updates(model, rows(params, lo), x[lo:lo + games], y[lo:lo + games], kind=kind,
                                 local_steps=local_steps, local_lr=local_lr, buffers=rows(buffers, lo),
-                                optimizer=optimizer) for lo in range(0, n_games, games)]
+                                optimizer=optimizer, vectorise=True) for lo in range(0, n_games, games)]
         return ClientUpdates(
             tensors={n: torch.cat([part.tensors[n] for part in parts]) for n in parts[0].tensors},
             buffers=None if parts[0].buffers is None else {n: torch.cat([part.buffers[n] for part in parts])
                                                            for n in parts[0].buffers})
+
+    net, recorder = (model, None) if not bns or single else _stateless_copy(model)
 
     def loss(p: dict[str, Tensor], bufs: dict[str, Tensor], xb: Tensor, yb: Tensor):
         if recorder is not None:
@@ -278,6 +301,44 @@ def benign_updates(
             var = (1 - m.momentum) * var + m.momentum * batch_var.to(var)
         new[prefix + "running_mean"], new[prefix + "running_var"] = mean, var
     return ClientUpdates(tensors=tensors, buffers=new)
+
+
+def _looped_updates(model: nn.Module, params: dict[str, Tensor], frozen: dict[str, Tensor],
+                    buffers: dict[str, Tensor] | None, x: Tensor, y: Tensor, *, kind: str, local_steps: int,
+                    local_lr: float, optimizer: LocalOptimizer) -> ClientUpdates:
+    """:func:`benign_updates` one client after another: client ``(n, k)`` is ``task_loss`` of ``model`` under
+    game ``n``'s parameters (``functional_call``, the plain kernels of one model) and ``torch.autograd.grad``,
+    and a BatchNorm layer updates a copy of game ``n``'s running statistics itself, in place, as on
+    :func:`~leakgym.fl.client.compute_update`'s private copy (a batch of one leaves them alone,
+    :func:`~leakgym.models.bn_eval_if_single`). The form a CPU takes for models outside the row-wise ones
+    (module docstring, with the measurements)."""
+    n_games, k_clients, b = x.shape[:3]
+    tensors: list[dict[str, Tensor]] = []
+    statistics: list[dict[str, Tensor]] = []
+    with in_mode(model, True), bn_eval_if_single(model, b):
+        for game in range(n_games):
+            start = {n: t[game] for n, t in params.items()}
+            for k in range(k_clients):
+                own = {} if buffers is None else {n: t[game].clone() for n, t in buffers.items()}
+                current, state = start, optimizer.init(start)
+                for index in range(local_steps):
+                    leaves = {n: t.detach().requires_grad_(True) for n, t in current.items()}
+                    with torch.enable_grad():
+                        loss = task_loss(model, x[game, k], y[game, k], params={**frozen, **own, **leaves})
+                        grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+                    if kind == "gradient":
+                        current = grads
+                        break
+                    current, state = optimizer.step({n: t.detach() for n, t in leaves.items()}, grads, state,
+                                                    local_lr, index + 1)
+                tensors.append(current if kind == "gradient" else {n: start[n] - current[n] for n in start})
+                statistics.append(own)
+
+    def stacked(rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+        return {n: torch.stack([r[n] for r in rows]).reshape(n_games, k_clients, *rows[0][n].shape)
+                for n in rows[0]}
+
+    return ClientUpdates(tensors=stacked(tensors), buffers=None if buffers is None else stacked(statistics))
 
 
 def _rowwise_updates(model: nn.Module, form: RowwiseForward, params: dict[str, Tensor], frozen: dict[str, Tensor],
