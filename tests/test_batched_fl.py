@@ -153,6 +153,30 @@ def test_the_rowwise_form_fits_small_unfolded_convolutions_only():
     assert RowwiseForward.of(model, 1, (1, 16, 16)) is not None and RowwiseForward.of(model, 4, (1, 16, 16)) is None
 
 
+@pytest.mark.parametrize("arch", ["convnet", "mlp", "lenet"])
+@pytest.mark.parametrize(("kind", "steps", "b"), [("gradient", 1, 4), ("model_delta", 2, 3), ("gradient", 1, 1)])
+def test_clients_one_after_another_are_compute_update_bit_for_bit(digits, arch, kind, steps, b):
+    """The CPU's form for BatchNorm models (and any model with vectorise=False): each client is task_loss under
+    its game's parameters and torch.autograd.grad, BatchNorm updating a copy of the game's running statistics
+    in place -- the kernels compute_update runs on its private copy, so the updates and the statistics are
+    its own bit for bit, in float32."""
+    models, x, y = games_and_batches(digits, n=2, k=2, b=b, arch=arch)
+    buffers = batched.stack_buffers(models) if arch != "lenet" else None
+    out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, kind=kind, local_steps=steps,
+                                 local_lr=0.05, buffers=buffers, vectorise=None if arch != "lenet" else False)
+    for n, m in enumerate(models):
+        for k in range(2):
+            ref = compute_update(m, x[n, k], y[n, k], kind=kind, local_steps=steps, local_lr=0.05)
+            got = batched.unpack(out, n, k, kind=kind, batch_size=b, local_steps=steps, local_lr=0.05, model=m)
+            assert got.tensors.keys() == ref.tensors.keys()
+            assert all(torch.equal(got.tensors[name], t) for name, t in ref.tensors.items())
+            if arch == "lenet":  # no BatchNorm, no statistics
+                assert got.buffers is None
+            else:
+                assert got.buffers.keys() == ref.buffers.keys()
+                assert all(torch.equal(got.buffers[name], t) for name, t in ref.buffers.items())
+
+
 @pytest.mark.parametrize("vectorise", [None, True])  # a CPU's own form (one client after another), vmap
 @pytest.mark.parametrize("arch", ["convnet", "mlp"])
 @pytest.mark.parametrize(("kind", "steps", "b"), [("gradient", 1, 4), ("model_delta", 2, 3), ("gradient", 1, 1)])

@@ -55,7 +55,8 @@ Exactness (CPU, float32): aggregation is bit-identical to ``Server.aggregate`` g
 The vmapped (or row-wise) gradients and forward passes run batched kernels (a convolution over N games
 becomes a grouped convolution, or a batched matrix product), so they equal the per-game loop to
 rounding: measured for LeNet on digits, at most 2e-7 absolute in a gradient entry and 1e-6 relative in
-the test loss (``tests/test_batched_fl.py``).
+the test loss (``tests/test_batched_fl.py``). The clients trained one after another (a CPU's form for
+BatchNorm models) run ``compute_update``'s kernels and are its updates and running statistics bit for bit.
 
 Scope: models whose forward is a deterministic function of parameters, BN statistics and input --
 no PRECODE bottleneck (it samples from torch's global RNG), no dropout, no state other than BN
@@ -310,8 +311,8 @@ def _looped_updates(model: nn.Module, params: dict[str, Tensor], frozen: dict[st
     game ``n``'s parameters (``functional_call``, the plain kernels of one model) and ``torch.autograd.grad``,
     and a BatchNorm layer updates a copy of game ``n``'s running statistics itself, in place, as on
     :func:`~leakgym.fl.client.compute_update`'s private copy (a batch of one leaves them alone,
-    :func:`~leakgym.models.bn_eval_if_single`). The form a CPU takes for models outside the row-wise ones
-    (module docstring, with the measurements)."""
+    :func:`~leakgym.models.bn_eval_if_single`): ``compute_update``'s kernels, its results bit for bit. The
+    form a CPU takes for models outside the row-wise ones (module docstring, with the measurements)."""
     n_games, k_clients, b = x.shape[:3]
     tensors: list[dict[str, Tensor]] = []
     statistics: list[dict[str, Tensor]] = []
