@@ -66,8 +66,8 @@ def digits():
 
 @pytest.fixture(scope="session")
 def digit_victims():
-    """``make(n, known=lambda i: True)``: n single-image digits victims, victim i with its own LeNet (seed i),
-    as ``(undefended update, AttackerKnowledge)``; ``known(i)`` says whether the server knows its label."""
+    """``make(n, known=lambda i: True, arch="lenet")``: n single-image digits victims, victim i with its own model
+    (seed i), as ``(undefended update, AttackerKnowledge)``; ``known(i)`` says whether the server knows its label."""
     from leakgym.attacks.base import AttackerKnowledge
     from leakgym.data import federated_split, load_dataset
     from leakgym.defenses import DefenseConfig, apply_defense
@@ -77,10 +77,10 @@ def digit_victims():
     split = federated_split(ds, num_clients=1, seed=0)
     spec = ds.spec
 
-    def make(n, known=lambda i: True):
+    def make(n, known=lambda i: True, arch="lenet"):
         out = []
         for i in range(n):
-            model = build_model("lenet", spec, seed=i)  # every game has its own global model
+            model = build_model(arch, spec, seed=i)  # every game has its own global model
             x, y = spec.normalize(split.clients[0][0][i:i + 1]), split.clients[0][1][i:i + 1]
             update, _ = apply_defense(model, x, y, DefenseConfig(), seed=i)
             out.append((update, AttackerKnowledge(model=model, spec=spec, batch_size=1, labels=y if known(i) else None,

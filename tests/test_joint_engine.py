@@ -175,6 +175,60 @@ def test_only_plain_optimisation_attacks_join(victims):
         reconstruct_jointly([build_attack("dlg")], [update], [knowledge], seeds=[-1])
 
 
+def test_problems_simulated_as_whole_updates_run_in_passes_on_a_cpu(digit_victims, monkeypatch):
+    """On a CPU, problems whose updates the engine simulates as whole updates (the ConvNet: convolutions too
+    large for the unfolded form) run in engine calls of at most CPU_POSITIONS_PER_PASS image positions, whole
+    problems each: every result (images, labels, budget, restarts) is what one call gives, to the vectorised
+    kernels' rounding, in job order. The per-row form (LeNet) stays one call past the bound, and so does every
+    device but a CPU's (the cuda case below)."""
+    from leakgym.attacks.engine import optimization
+
+    victims = digit_victims(5, known=lambda i: i != 1, arch="convnet")
+    settings = [("inverting-gradients", {"iterations": 4}), ("dlg", {"iterations": 3}),
+                ("prior-init", {"iterations": 3, "restarts": 2}), ("inverting-gradients", {"iterations": 2}),
+                ("dlg", {"iterations": 2, "restarts": 2})]
+    attacks = [build_attack(name, **options) for name, options in settings]
+    calls = []
+    real = optimization.run_joint_matching
+    monkeypatch.setattr(optimization, "run_joint_matching",
+                        lambda problems, parts, **kw: calls.append(
+                            sum(sum(p.per_problem.restarts) for p in parts)) or real(problems, parts, **kw))
+
+    def run(victims):
+        return reconstruct_jointly(attacks, [v[0] for v in victims], [v[1] for v in victims], seeds=[7, 8, 9, 10, 11])
+
+    whole = run(victims)
+    assert calls == [7]  # 7 rows of 256 positions: one call
+    calls.clear()
+    monkeypatch.setattr(optimization, "CPU_POSITIONS_PER_PASS", 2 * 16 * 16)  # two rows of one digit a pass
+    passes = run(victims)
+    assert sum(calls) == 7 and len(calls) == 4 and max(calls) <= 2
+    for a, b in zip(passes, whole):
+        assert (a.cost.iterations, a.cost.restarts) == (b.cost.iterations, b.cost.restarts)
+        assert torch.equal(a.labels, b.labels)
+        torch.testing.assert_close(a.images, b.images, **VECTORISED_TOL)
+    calls.clear()
+    run(digit_victims(5, known=lambda i: i != 1))  # LeNet: the per-row form
+    assert calls == [7]
+
+
+@pytest.mark.cuda
+def test_whole_update_problems_stay_one_call_on_cuda(digit_victims, cuda_device, monkeypatch):
+    """The CPU's passes are a CPU measure: on a GPU the ConvNet problems past CPU_POSITIONS_PER_PASS are one call."""
+    from leakgym.attacks.engine import optimization
+
+    moved = [(u.to(cuda_device), dataclasses.replace(k, model=copy.deepcopy(k.model).to(cuda_device)))
+             for u, k in digit_victims(3, arch="convnet")]
+    calls = []
+    real = optimization.run_joint_matching
+    monkeypatch.setattr(optimization, "run_joint_matching",
+                        lambda problems, parts, **kw: calls.append(problems.n) or real(problems, parts, **kw))
+    monkeypatch.setattr(optimization, "CPU_POSITIONS_PER_PASS", 16 * 16)
+    out = reconstruct_jointly([build_attack("inverting-gradients", iterations=2)] * 3, [m[0] for m in moved],
+                              [m[1] for m in moved], seeds=[1, 2, 3])
+    assert calls == [3] and all(r.images.device.type == "cuda" for r in out)
+
+
 @pytest.mark.cuda
 def test_four_strategies_in_one_call_on_cuda(victims, cuda_device):
     """The joint call on a GPU: every tensor and generator on the device, each problem its own budget."""

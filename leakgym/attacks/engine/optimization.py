@@ -32,7 +32,7 @@ from leakgym.attacks.base import (
 )
 from leakgym.attacks.engine.matching import Part, run_joint_matching
 from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
-from leakgym.attacks.engine.problems import ProblemSet
+from leakgym.attacks.engine.problems import ProblemSet, simulates_whole_updates
 from leakgym.attacks.labels import LABEL_METHODS, _head_names, _infer_labels, _infer_labels_many
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
@@ -186,8 +186,9 @@ def invert_jointly(
     call, :func:`~leakgym.attacks.engine.matching.run_joint_matching`, whatever their strategies: the
     problems with one objective, optimiser and label handling form one
     :class:`~leakgym.attacks.engine.matching.Part`, and their budgets, restarts, step sizes, TV weights
-    and start images are per problem. Problem ``i``'s result is what ``attacks[i]`` would return for it alone, up to the
-    rounding of the vectorised kernels.
+    and start images are per problem. On a CPU, problems simulated as whole updates (the CIFAR ConvNet,
+    ResNet-18) make one call per :data:`CPU_POSITIONS_PER_PASS` image positions instead. Problem ``i``'s
+    result is what ``attacks[i]`` would return for it alone, up to the rounding of the vectorised kernels.
     """
     return _invert_jointly(attacks, updates, knowledges, generators, _Facts())
 
@@ -308,53 +309,109 @@ def _invert_jointly(
     groups: dict[tuple, dict[tuple, list[int]]] = {}
     for i, (key, part, _, _) in enumerate(prepared):
         groups.setdefault(key, {}).setdefault(part, []).append(i)
-    for key, parts in groups.items():
-        idx = [i for members in parts.values() for i in members]  # problems ordered part by part
-        names, use_bn, device, dtype, vectorize = prepared[idx[0]][3], key[6], key[7], _DTYPES[key[8]], key[9]
-        if all(part[-1] for part in parts):  # every part optimises its labels
-            labels = None
-        else:
-            b = knowledges[idx[0]].batch_size
-            labels = torch.stack([prepared[i][2] if prepared[i][2] is not None else torch.zeros(b, dtype=torch.int64)
-                                  for i in idx])
-        problems = ProblemSet.from_updates(
-            [updates[i] for i in idx], [knowledges[i] for i in idx], names=names, labels=labels,
-            device=device, dtype=dtype, use_bn_stats=use_bn,
-        )
-        engine_parts = []
-        for (*_, optimise), members in parts.items():
-            lead = attacks[members[0]]
-            settings = [facts.attack(attacks[i], "settings", attacks[i].settings) for i in members]
-            inits, label_inits = [], []
-            for i, (_, restarts, _, _) in zip(members, settings):
-                g, k = generators[i], knowledges[i]
-                inits.append(attacks[i].initial_images(k, prepared[i][2], restarts, g))
-                if optimise:
-                    label_inits.append(torch.randn(restarts, k.batch_size, k.spec.num_classes,
-                                                   generator=g, device=g.device))
-            objective = lead.objective() if use_bn else dataclasses.replace(lead.objective(), bn=0.0)
-            iterations, restarts, lrs, tvs = (list(v) for v in zip(*settings))
-            engine_parts.append(Part(
-                len(members), objective, lead.schedule(), inits, label_init=label_inits if optimise else None,
-                per_problem=PerProblem(iterations=iterations, restarts=restarts, lr=lrs, tv=tvs),
-                optimise_labels=optimise))
-        outputs = run_joint_matching(problems, engine_parts, generator=BatchedGenerator([generators[i] for i in idx]),
-                                     vectorize=vectorize)
-        for ((*_, optimise), members), out in zip(parts.items(), outputs):
-            # One transfer per part for the bookkeeping (not one per problem), and one conversion of the
-            # losses to Python floats (the same floats as one conversion per problem).
-            columns, finals = out.history.cpu().t().tolist(), out.matching_loss.cpu().tolist()
-            optimised = out.soft_labels.argmax(dim=-1).cpu() if optimise else None
-            for j, i in enumerate(members):
-                budget = out.budgets[j]
-                results[i] = AttackResult(
-                    images=out.images[j],
-                    labels=optimised[j] if optimise else prepared[i][2],
-                    cost=AttackCost(iterations=budget, restarts=out.restart_counts[j], wall_time_s=0.0),
-                    history={"matching_loss": columns[j][:budget]},
-                    final_loss=finals[j],
-                )
+    for key, all_parts in groups.items():
+        for parts in _passes(all_parts, key, attacks, updates, knowledges, prepared, facts):
+            _invert_pass(parts, key, attacks, updates, knowledges, generators, prepared, facts, results)
     return results  # type: ignore[return-value]
+
+
+#: On a CPU, the most image positions (engine rows x images per row x height x width) that one engine call
+#: simulates as whole updates (:func:`~leakgym.attacks.engine.problems.simulates_whole_updates`: the CIFAR
+#: ConvNet, ResNet-18); more problems run in passes of whole problems. Past it each iteration's tensors
+#: outgrow what the allocator keeps mapped, and every iteration pays for fresh pages: measured, 256 CIFAR
+#: ConvNet games of one image and one restart (the host-bound ``leakgym bench env`` configuration, one CPU
+#: thread), attack phase per game in passes of 16 / 32 / 64 / 128 / 256 games: 25.4 / 25.5 / 28.4 / 41.5 /
+#: 50.5 ms, peak RSS 4.1 / 4.2 / 4.8 / 5.3 / 6.4 GB (with glibc kept from returning memory to the system,
+#: one pass took 22.7 ms at 7.6 GB). Problems of the per-row form (DLG's LeNet on digits) and other devices
+#: run in one call.
+CPU_POSITIONS_PER_PASS = 1 << 15
+
+
+def _passes(parts: dict[tuple, list[int]], key: tuple, attacks: Sequence[OptimizationAttack],
+            updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge], prepared: list,
+            facts: _Facts) -> list[dict[tuple, list[int]]]:
+    """The engine calls of one group of problems (``parts``: part key -> problem indices): one, or on a CPU
+    passes of at most :data:`CPU_POSITIONS_PER_PASS` image positions (at least one problem each; the parts in
+    their order) where the problems are simulated as whole updates."""
+    device = key[7]
+    if device.type != "cpu":
+        return [parts]
+    first = next(iter(parts.values()))[0]
+    k = knowledges[first]
+    per_row = k.batch_size * math.prod(k.spec.shape[1:])
+    rows = {i: facts.attack(attacks[i], "settings", attacks[i].settings)[1]  # (its restarts)
+            for members in parts.values() for i in members}
+    if sum(rows.values()) * per_row <= CPU_POSITIONS_PER_PASS:
+        return [parts]
+    probe = ProblemSet.from_updates([updates[first]], [k], names=prepared[first][3], labels=None, device=device,
+                                    dtype=_DTYPES[key[8]], use_bn_stats=key[6])
+    if not simulates_whole_updates(probe):
+        return [parts]
+    out: list[dict[tuple, list[int]]] = []
+    current: dict[tuple, list[int]] = {}
+    used = 0
+    for part, members in parts.items():
+        for i in members:
+            cost = rows[i] * per_row
+            if current and used + cost > CPU_POSITIONS_PER_PASS:
+                out.append(current)
+                current, used = {}, 0
+            current.setdefault(part, []).append(i)
+            used += cost
+    out.append(current)
+    return out
+
+
+def _invert_pass(parts: dict[tuple, list[int]], key: tuple, attacks: Sequence[OptimizationAttack],
+                 updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge],
+                 generators: Sequence[torch.Generator], prepared: list, facts: _Facts,
+                 results: list[AttackResult | None]) -> None:
+    """One engine call: the problems of ``parts`` (part key -> problem indices), results into ``results``."""
+    idx = [i for members in parts.values() for i in members]  # problems ordered part by part
+    names, use_bn, device, dtype, vectorize = prepared[idx[0]][3], key[6], key[7], _DTYPES[key[8]], key[9]
+    if all(part[-1] for part in parts):  # every part optimises its labels
+        labels = None
+    else:
+        b = knowledges[idx[0]].batch_size
+        labels = torch.stack([prepared[i][2] if prepared[i][2] is not None else torch.zeros(b, dtype=torch.int64)
+                              for i in idx])
+    problems = ProblemSet.from_updates(
+        [updates[i] for i in idx], [knowledges[i] for i in idx], names=names, labels=labels,
+        device=device, dtype=dtype, use_bn_stats=use_bn,
+    )
+    engine_parts = []
+    for (*_, optimise), members in parts.items():
+        lead = attacks[members[0]]
+        settings = [facts.attack(attacks[i], "settings", attacks[i].settings) for i in members]
+        inits, label_inits = [], []
+        for i, (_, restarts, _, _) in zip(members, settings):
+            g, k = generators[i], knowledges[i]
+            inits.append(attacks[i].initial_images(k, prepared[i][2], restarts, g))
+            if optimise:
+                label_inits.append(torch.randn(restarts, k.batch_size, k.spec.num_classes,
+                                               generator=g, device=g.device))
+        objective = lead.objective() if use_bn else dataclasses.replace(lead.objective(), bn=0.0)
+        iterations, restarts, lrs, tvs = (list(v) for v in zip(*settings))
+        engine_parts.append(Part(
+            len(members), objective, lead.schedule(), inits, label_init=label_inits if optimise else None,
+            per_problem=PerProblem(iterations=iterations, restarts=restarts, lr=lrs, tv=tvs),
+            optimise_labels=optimise))
+    outputs = run_joint_matching(problems, engine_parts, generator=BatchedGenerator([generators[i] for i in idx]),
+                                 vectorize=vectorize)
+    for ((*_, optimise), members), out in zip(parts.items(), outputs):
+        # One transfer per part for the bookkeeping (not one per problem), and one conversion of the
+        # losses to Python floats (the same floats as one conversion per problem).
+        columns, finals = out.history.cpu().t().tolist(), out.matching_loss.cpu().tolist()
+        optimised = out.soft_labels.argmax(dim=-1).cpu() if optimise else None
+        for j, i in enumerate(members):
+            budget = out.budgets[j]
+            results[i] = AttackResult(
+                images=out.images[j],
+                labels=optimised[j] if optimise else prepared[i][2],
+                cost=AttackCost(iterations=budget, restarts=out.restart_counts[j], wall_time_s=0.0),
+                history={"matching_loss": columns[j][:budget]},
+                final_loss=finals[j],
+            )
 
 
 def _part_key(attack: OptimizationAttack, optimise: bool) -> tuple:

@@ -311,6 +311,41 @@ class _BottleneckNoise:
             del m.forward  # the class's own forward again
 
 
+def _small_convolutions(ps: ProblemSet, noise: _BottleneckNoise) -> bool:
+    """Whether every convolution of ``ps``'s model takes :mod:`leakgym.models.convolution`'s unfolded form at
+    its batch size (one forward pass on zeros, recording each layer's input; ``noise``: the model copy's
+    bottlenecks, fed zeros); no convolution: True."""
+    sizes: list[int] = []
+    convs = [m for m in ps.model.modules() if isinstance(m, nn.Conv2d)]
+    hooks = [m.register_forward_pre_hook(lambda m, inp: sizes.append(unfolded_entries(m, inp[0]))) for m in convs]
+    first = (lambda t: t[0]) if ps.batched else (lambda t: t)
+    try:
+        with torch.no_grad():
+            x = torch.zeros(ps.batch_size, *ps.image_shape, device=ps.device, dtype=ps.dtype)
+            y = torch.zeros(ps.batch_size, dtype=torch.int64, device=ps.device)
+            noise.start(x.new_zeros(noise.numel))
+            try:
+                task_loss(ps.model, x, y, params={n: first(t) for n, t in {**ps.fixed, **ps.free}.items()})
+            finally:
+                noise.stop()
+    finally:
+        for h in hooks:
+            h.remove()
+    return all(size <= UNFOLD_MAX_ENTRIES for size in sizes)
+
+
+def simulates_whole_updates(problems: ProblemSet) -> bool:
+    """Whether :class:`UpdateSimulator` computes these problems' dummy updates as ``vmap(grad)`` of whole
+    updates: the form of models whose convolutions are too large for the unfolded form at this batch size
+    (the CIFAR ConvNet, ResNet-18), rather than per-row leaves (DLG's LeNet on digits)."""
+    forwards = problems.local_steps if problems.kind == "model_delta" else 1
+    noise = _BottleneckNoise(problems.model, problems.batch_size, forwards)
+    try:
+        return not _small_convolutions(problems, noise)
+    finally:
+        noise.close()
+
+
 def _rowwise_forward(ps: ProblemSet, rowwise: RowwiseForward, rows: dict[str, Tensor], fixed: dict[str, Tensor],
                      x: Tensor, y: Tensor, eps: Tensor) -> tuple[Tensor, tuple]:
     """:attr:`UpdateSimulator.forward`'s signature in the row-wise form
@@ -384,7 +419,7 @@ class UpdateSimulator:
 
         # Two vectorised formulations, the same maths (tests: both equal the sequential loop). Every
         # random number comes in through ``eps``: a random op inside the model is an error.
-        self.row_leaves = self._small_convolutions()
+        self.row_leaves = _small_convolutions(problems, self.noise)
         if self.row_leaves:
             # Only the forward pass is vmapped; every row owns its parameters (see :meth:`select`), so
             # the gradient of the rows' summed losses is each row's own gradient, computed by plain
@@ -406,27 +441,6 @@ class UpdateSimulator:
         self._leaves: list[dict[str, Tensor]] | None = None
         self.select(torch.repeat_interleave(torch.arange(problems.n, device=problems.device),
                                             torch.tensor(counts, device=problems.device)))
-
-    def _small_convolutions(self) -> bool:
-        """Whether every convolution of the model takes :mod:`leakgym.models.convolution`'s unfolded form
-        at this batch size (one forward pass on zeros, recording each layer's input); no convolution: True."""
-        ps, sizes = self.ps, []
-        convs = [m for m in ps.model.modules() if isinstance(m, nn.Conv2d)]
-        hooks = [m.register_forward_pre_hook(lambda m, inp: sizes.append(unfolded_entries(m, inp[0]))) for m in convs]
-        first = (lambda t: t[0]) if ps.batched else (lambda t: t)
-        try:
-            with torch.no_grad():
-                x = torch.zeros(ps.batch_size, *ps.image_shape, device=ps.device, dtype=ps.dtype)
-                y = torch.zeros(ps.batch_size, dtype=torch.int64, device=ps.device)
-                self.noise.start(x.new_zeros(self.noise.numel))
-                try:
-                    task_loss(ps.model, x, y, params={n: first(t) for n, t in {**ps.fixed, **ps.free}.items()})
-                finally:
-                    self.noise.stop()
-        finally:
-            for h in hooks:
-                h.remove()
-        return all(size <= UNFOLD_MAX_ENTRIES for size in sizes)
 
     @property
     def noise_numel(self) -> int:
@@ -536,4 +550,4 @@ class UpdateSimulator:
         self.noise.close()
 
 
-__all__ = ["ProblemSet", "UpdateSimulator"]
+__all__ = ["ProblemSet", "UpdateSimulator", "simulates_whole_updates"]
