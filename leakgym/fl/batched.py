@@ -244,12 +244,11 @@ def benign_updates(
             return ClientUpdates(tensors=_rowwise_updates(model, form, params, frozen, x, y, kind=kind,
                                                           local_steps=local_steps, local_lr=local_lr, optimizer=opt,
                                                           grouped=True))
-    loop = vectorise is False or (vectorise is None and on_cpu)
-    positions = k_clients * b * x.shape[-2] * x.shape[-1]
-    games = max(1, CLIENT_POSITIONS_PER_PASS // max(positions, 1))
-    if loop:
+    if vectorise is False or (vectorise is None and on_cpu):
         return _looped_updates(model, params, frozen, buffers if bns else None, x, y, kind=kind,
                                local_steps=local_steps, local_lr=local_lr, optimizer=opt)
+    positions = k_clients * b * x.shape[-2] * x.shape[-1]
+    games = max(1, CLIENT_POSITIONS_PER_PASS // max(positions, 1))
     if n_games > games:  # the vmapped training of at most `games` games per pass (bounded memory)
         def rows(stacks: dict[str, Tensor] | None, lo: int) -> dict[str, Tensor] | None:
             return None if stacks is None else {n: t[lo:lo + games] for n, t in stacks.items()}
