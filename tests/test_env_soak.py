@@ -1,19 +1,24 @@
 """200-step soak on LeakGym-Digits-v0: no exceptions, bounded memory, invalid actions stay clear errors.
 
 Memory: the process's resident set size (RSS) is read after every step, after a garbage collection
-and glibc's ``malloc_trim`` (so freed memory is handed back and RSS measures what is live, whatever the
-tests before this one allocated and freed). After the first :data:`WARMUP` steps (caches filled) the
-game must not grow by more than :data:`MEMORY_BOUND_MB`. Measured on the 2-core CPU box (torch, one
-thread): +0.0 to +0.9 MB over the 180 steps after warm-up, alone and after the SB3 tests in one process
-(before trimming, 3.8-9.2 MB of allocator noise). The bound, 10 MB, leaves room for allocator noise; a
-leak of more than ~0.06 MB per round crosses it within the soak, and
-``test_a_leak_of_0_7_mb_per_round_fails_the_memory_bound`` shows that a 0.7 MB-per-round leak crosses
-it within 40 rounds (measured +26.7 MB).
+and glibc's ``malloc_trim`` (so freed memory is handed back and RSS measures what is live). The soak runs in
+a fresh Python process of its own (:func:`soak`): in the test suite's process, what the tests before it had
+allocated and freed could hide a leak -- a 0.7 MB-per-round leak once showed as +8.7 MB over 40 steps after
+1.3 GB of other tests, even with the trim, where the same soak alone shows +26.7 MB. After the first
+:data:`WARMUP` steps (caches filled) the game must not grow by more than :data:`MEMORY_BOUND_MB`. Measured
+on the 2-core CPU box (torch, one thread): +0.0 to +0.9 MB over the 180 steps after warm-up (before
+trimming, 3.8-9.2 MB of allocator noise). The bound, 10 MB, leaves room for allocator noise; a leak of more
+than ~0.06 MB per round crosses it within the soak, and ``test_a_leak_of_0_7_mb_per_round_fails_the_memory_bound``
+shows that a 0.7 MB-per-round leak crosses it within 40 rounds (measured +26.7 MB).
 """
 
 import contextlib
 import ctypes
 import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -48,8 +53,21 @@ def _rss_mb() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def soak(overrides: dict, steps: int) -> tuple[list[float], list[float]]:
-    """Random attacker actions for ``steps`` steps (resetting at episode ends): RSS and leakage per step."""
+def _soak_here(overrides: dict, steps: int, leak_bytes: int = 0) -> tuple[list[float], list[float]]:
+    """Random attacker actions for ``steps`` steps (resetting at episode ends), in this process: RSS and
+    leakage per step. ``leak_bytes``: bytes every round keeps for good (the sabotage of the leak test)."""
+    import torch
+
+    torch.set_num_threads(1)  # as conftest sets it for the suite
+    leaked: list[bytearray] = []
+    if leak_bytes:
+        conclude = round_module._conclude
+
+        def leaky_conclude(*args, **kwargs):
+            leaked.append(bytearray(b"\x01") * leak_bytes)  # written, so resident
+            return conclude(*args, **kwargs)
+
+        round_module._conclude = leaky_conclude
     env = gym.make("LeakGym-Digits-v0", role="attacker", **overrides)
     env.reset(seed=0)
     env.action_space.seed(0)
@@ -63,6 +81,17 @@ def soak(overrides: dict, steps: int) -> tuple[list[float], list[float]]:
         rss.append(_rss_mb())
     with pytest.raises(ValueError, match=r"allowed range 0\.\.1"):
         env.step(np.array([5, 0, 0, 0]))
+    return rss, leakages
+
+
+def soak(overrides: dict, steps: int, *, leak_bytes: int = 0) -> tuple[list[float], list[float]]:
+    """:func:`_soak_here` in a fresh Python process (module docstring): RSS and leakage per step."""
+    code = ("import json, sys; import test_env_soak as t; "
+            "print(json.dumps(t._soak_here(json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(overrides), str(steps), str(leak_bytes)],
+                          cwd=Path(__file__).parent, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rss, leakages = json.loads(done.stdout.strip().splitlines()[-1])
     return rss, leakages
 
 
@@ -89,16 +118,8 @@ def test_200_step_soak(soak_overrides):
     assert_memory_bounded(rss)
 
 
-def test_a_leak_of_0_7_mb_per_round_fails_the_memory_bound(soak_overrides, monkeypatch):
+def test_a_leak_of_0_7_mb_per_round_fails_the_memory_bound(soak_overrides):
     """0.7 MB kept per round (the review's leak): measured +26.7 MB over the 40 steps after warm-up."""
-    leaked: list[bytearray] = []
-    conclude = round_module._conclude
-
-    def leaky_conclude(*args, **kwargs):
-        leaked.append(bytearray(b"\x01") * 700_000)  # written, so resident
-        return conclude(*args, **kwargs)
-
-    monkeypatch.setattr(round_module, "_conclude", leaky_conclude)
-    rss, _ = soak(soak_overrides, WARMUP + 40)
+    rss, _ = soak(soak_overrides, WARMUP + 40, leak_bytes=700_000)
     with pytest.raises(AssertionError, match="RSS grew"):
         assert_memory_bounded(rss)
