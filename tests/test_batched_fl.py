@@ -153,7 +153,7 @@ def test_the_rowwise_form_fits_small_unfolded_convolutions_only():
     assert RowwiseForward.of(model, 1, (1, 16, 16)) is not None and RowwiseForward.of(model, 4, (1, 16, 16)) is None
 
 
-@pytest.mark.parametrize("arch", ["convnet", "mlp", "lenet"])
+@pytest.mark.parametrize("arch", ["convnet", "resnet18", "mlp", "lenet"])
 @pytest.mark.parametrize(("kind", "steps", "b"), [("gradient", 1, 4), ("model_delta", 2, 3), ("gradient", 1, 1)])
 def test_clients_one_after_another_are_compute_update_bit_for_bit(digits, arch, kind, steps, b):
     """The CPU's form for BatchNorm models (and any model with vectorise=False): each client is task_loss under
