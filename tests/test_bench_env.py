@@ -189,3 +189,16 @@ def test_autoreset_steps_are_not_counted_as_played_rounds():
     # the step after them only resets the games; the counted step is the one after that
     assert row["gflop_per_env_step"] > 0
     assert row["env_steps_per_s"] == pytest.approx(4 / row["seconds"]["batched"])
+
+
+def test_the_table_shows_a_dash_for_fields_a_row_lacks():
+    """Rows written before the reward timer and the arithmetic floor (no share_reward, gflop_per_env_step,
+    floor_share), and a row whose counted step played no round (gflop_per_env_step None): a dash, no error
+    (markdown_table's rule for a missing value, which these columns rely on)."""
+    row = bench_env._measure_row("LeakGym-Digits-v0", 1, 1, "fixed", 1, "cpu", True, "none",
+                                 {"rounds": 2, "iterations": [1], "num_clients": 1, "eval_size": 16})
+    old = {k: v for k, v in row.items() if k not in ("share_reward", "gflop_per_env_step", "floor_share")}
+    uncounted = dict(row, gflop_per_env_step=None, floor_share=None)
+    lines = bench_env.to_markdown([old, uncounted], "test machine").splitlines()
+    assert lines[-2].endswith("| - | " + f"{old['share_overhead']:.0%}" + " | - | - |")
+    assert lines[-1].endswith(" | - | - |") and f"| {row['share_reward']:.0%} |" in lines[-1]

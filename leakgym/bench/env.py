@@ -346,7 +346,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
          ("peak RSS (MB)", lambda r: mb(r["peak_rss_mb"])), ("peak device (MB)", lambda r: mb(r["peak_device_mb"])),
          ("defense", lambda r: f"{r['share_defense']:.0%}"), ("attack", lambda r: f"{r['share_attack']:.0%}"),
          ("FL round", lambda r: f"{r['share_fl']:.0%}"), ("scoring", lambda r: f"{r['share_score']:.0%}"),
-         ("reward", lambda r: "-" if r.get("share_reward") is None else f"{r['share_reward']:.0%}"),
+         ("reward", lambda r: f"{r.get('share_reward'):.0%}"),  # (markdown_table: "-" where a row lacks it)
          ("Python overhead", lambda r: f"{r['share_overhead']:.0%}"),
          ("GFLOP/env step", lambda r: f"{r.get('gflop_per_env_step'):.3g}"),
          ("floor/wall", lambda r: f"{r.get('floor_share'):.0%}")],
