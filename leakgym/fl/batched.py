@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -320,18 +320,11 @@ def _looped_updates(model: nn.Module, params: dict[str, Tensor], frozen: dict[st
             start = {n: t[game] for n, t in params.items()}
             for k in range(k_clients):
                 own = {} if buffers is None else {n: t[game].clone() for n, t in buffers.items()}
-                current, state = start, optimizer.init(start)
-                for index in range(local_steps):
-                    leaves = {n: t.detach().requires_grad_(True) for n, t in current.items()}
-                    with torch.enable_grad():
-                        loss = task_loss(model, x[game, k], y[game, k], params={**frozen, **own, **leaves})
-                        grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
-                    if kind == "gradient":
-                        current = grads
-                        break
-                    current, state = optimizer.step({n: t.detach() for n, t in leaves.items()}, grads, state,
-                                                    local_lr, index + 1)
-                tensors.append(current if kind == "gradient" else {n: start[n] - current[n] for n in start})
+                def loss(leaves, xb=x[game, k], yb=y[game, k], own=own):  # (this client's, bound now)
+                    return task_loss(model, xb, yb, params={**frozen, **own, **leaves})
+
+                tensors.append(_local_training(start, loss, kind=kind, local_steps=local_steps, local_lr=local_lr,
+                                               optimizer=optimizer))
                 statistics.append(own)
 
     def stacked(rows: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -354,26 +347,31 @@ def _rowwise_updates(model: nn.Module, form: RowwiseForward, params: dict[str, T
     start = {name: t.detach().unsqueeze(1).expand(n_games, k_clients, *t.shape[1:]).reshape(rows, *t.shape[1:])
              for name, t in params.items()}
     xs, ys = x.reshape(rows, *x.shape[2:]), y.reshape(rows, *y.shape[2:])
-    current, state = start, optimizer.init(start)
-    with torch.enable_grad():
-        for index in range(local_steps):
-            leaves = {name: t.detach().requires_grad_(True) for name, t in current.items()}
-            if grouped:
-                losses = form.grouped_loss({**{n: t.expand(rows, *t.shape) for n, t in frozen.items()}, **leaves},
-                                           xs, ys)
-            else:
-                losses = batched_loss(model, leaves, xs, ys, shared=frozen, rowwise=form)
-            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-            if kind == "gradient":
-                current = dict(zip(leaves, grads))
-                break
-            if optimizer.plain:
-                current = {name: leaves[name].detach() - local_lr * g for name, g in zip(leaves, grads)}
-            else:  # every row its own client: the elementwise step of all rows at once
-                current, state = optimizer.step({name: t.detach() for name, t in leaves.items()},
-                                                dict(zip(leaves, grads)), state, local_lr, index + 1)
-    out = current if kind == "gradient" else {name: start[name] - current[name] for name in start}
+
+    def loss(leaves: dict[str, Tensor]) -> Tensor:  # every row its own client: the sum's gradient is each row's
+        if grouped:
+            return form.grouped_loss({**{n: t.expand(rows, *t.shape) for n, t in frozen.items()}, **leaves}, xs, ys).sum()
+        return batched_loss(model, leaves, xs, ys, shared=frozen, rowwise=form).sum()
+
+    out = _local_training(start, loss, kind=kind, local_steps=local_steps, local_lr=local_lr, optimizer=optimizer)
     return {name: t.reshape(n_games, k_clients, *t.shape[1:]) for name, t in out.items()}
+
+
+def _local_training(start: dict[str, Tensor], loss: Callable[[dict[str, Tensor]], Tensor], *, kind: str,
+                    local_steps: int, local_lr: float, optimizer: LocalOptimizer) -> dict[str, Tensor]:
+    """The update of clients that start from ``start`` and train on ``loss(leaves)`` (a scalar; rows that own
+    their leaves get their own gradients from its sum) by ``torch.autograd``: the gradient (FedSGD), or
+    ``start - w_E`` after ``local_steps`` steps of ``optimizer`` (:meth:`LocalOptimizer.step`, elementwise:
+    every row its own client's step)."""
+    current, state = start, optimizer.init(start)
+    for index in range(local_steps):
+        leaves = {n: t.detach().requires_grad_(True) for n, t in current.items()}
+        with torch.enable_grad():
+            grads = dict(zip(leaves, torch.autograd.grad(loss(leaves), list(leaves.values()))))
+        if kind == "gradient":
+            return grads
+        current, state = optimizer.step({n: t.detach() for n, t in leaves.items()}, grads, state, local_lr, index + 1)
+    return {n: start[n] - current[n] for n in start}
 
 
 def client_updates(
