@@ -278,6 +278,45 @@ def test_the_defense_batches_plain_models_and_runs_the_others_one_by_one(digits,
 
 
 
+def test_large_models_on_a_cpu_are_synthesised_one_by_one(digits, monkeypatch):
+    """On a CPU the vmap form does not pay for a model above CPU_VMAP_MAX_PARAMETERS (ResNet-18's synthesis:
+    1,440 ms a client one by one against 1,852 batched): DCS2 then runs every client through dcs2_gradient,
+    in a vector step as alone, and the result is what the batched form gives, to float32 rounding. Below the
+    bound the clients stay one dcs2_gradients call. dcs2_gradients itself still takes such models."""
+    import leakgym.defenses.dcs2 as dcs2_module
+    from leakgym.defenses import DefenseConfig
+    from leakgym.defenses.registry import DEFENSES, DefenseContext
+    from leakgym.models import parameter_sets
+
+    spec, _, _, px, py = digits
+    clients = _clients(spec, px, py, sizes=(1, 2, 1))
+    models, xs, ys, grads = ([c[k] for c in clients] for k in range(4))
+    config = DefenseConfig(dcs2_lambda_g=0.5, dcs2_steps=5)
+
+    def ctx(i):
+        return DefenseContext(name="dcs2", config=config, model=models[i], spec=spec, device=torch.device("cpu"),
+                              seed=i, generator=torch.Generator().manual_seed(i), public_x=px, public_y=py)
+
+    calls = []
+    original = dcs2_module.dcs2_gradients
+    monkeypatch.setattr(dcs2_module, "dcs2_gradients", lambda m, *a: calls.append(len(m)) or original(m, *a))
+    defense = DEFENSES["dcs2"]
+    batched = defense.apply_many([ctx(i) for i in range(3)], models, xs, ys, grads, step=0)
+    assert calls == [3] and dcs2_module.synthesised_together(models[0])
+    calls.clear()
+    size = sum(p.numel() for p in models[0].parameters())
+    monkeypatch.setattr(parameter_sets, "CPU_VMAP_MAX_PARAMETERS", size - 1)
+    assert dcs2_module.batchable(models[0]) and not dcs2_module.synthesised_together(models[0])
+    one_by_one = defense.apply_many([ctx(i) for i in range(3)], models, xs, ys, grads, step=0)
+    alone = defense.apply(ctx(1), models[1], xs[1], ys[1], grads[1], step=0)
+    assert calls == []
+    assert all(torch.equal(one_by_one[1][0][n], t) for n, t in alone[0].items())
+    for (got, _), (ref, _) in zip(one_by_one, batched):
+        for n, t in ref.items():
+            torch.testing.assert_close(got[n], t, rtol=1e-4, atol=1e-6)
+    assert len(original(models[:1], xs[:1], ys[:1], grads[:1], [clients[0][4]], [torch.Generator()])) == 1
+
+
 def test_batchnorm_in_eval_mode_is_batched_with_each_clients_running_statistics(digits, eval_bn_convnets):
     """A victim with a batch of one trains with BatchNorm in eval mode (running statistics), where the
     examples do not couple: its synthesis joins the batched computation, each client's concealed

@@ -210,6 +210,65 @@ def test_problems_simulated_as_whole_updates_run_in_passes_on_a_cpu(digit_victim
     calls.clear()
     run(digit_victims(5, known=lambda i: i != 1))  # LeNet: the per-row form
     assert calls == [7]
+    # A large model's rows hold a copy of every parameter each: CPU_PARAMETERS_PER_PASS bounds a pass too.
+    monkeypatch.setattr(optimization, "CPU_POSITIONS_PER_PASS", 1 << 20)
+    monkeypatch.setattr(optimization, "CPU_PARAMETERS_PER_PASS",
+                        3 * sum(p.numel() for p in victims[0][1].model.parameters()))
+    calls.clear()
+    thirds = run(victims)
+    assert calls == [3, 2, 2]  # rows: both IG problems and the first DLG one; the second DLG one; prior-init
+    for a, b in zip(thirds, whole):
+        torch.testing.assert_close(a.images, b.images, **VECTORISED_TOL)
+
+
+def test_a_large_model_on_a_cpu_is_simulated_row_by_row(digit_victims, monkeypatch):
+    """On a CPU the vmap(grad) of a model above CPU_VMAP_MAX_PARAMETERS loses to its rows one after another
+    (ResNet-18, 8 rows: 342 vs 220 ms per row and iteration): the engine computes those dummy updates with the
+    loop and batches the rest. Every result (images, labels, budget, restarts) is the vmap form's, to the
+    vectorised kernels' rounding. The per-row form of the LeNet is not a vmap(grad) and keeps its form."""
+    from leakgym.attacks.engine.problems import UpdateSimulator
+    from leakgym.models import parameter_sets
+
+    victims = digit_victims(4, known=lambda i: i != 1, arch="convnet")
+    settings = [("inverting-gradients", {"iterations": 3}), ("dlg", {"iterations": 2}),
+                ("prior-init", {"iterations": 2, "restarts": 2}), ("gradinversion", {"iterations": 2})]
+    attacks = [build_attack(name, **options) for name, options in settings]
+    forms = []
+    for name in ("vectorised", "sequential"):
+        real = getattr(UpdateSimulator, name)
+        monkeypatch.setattr(UpdateSimulator, name, lambda self, *a, _n=name, _f=real: forms.append(_n) or _f(self, *a))
+
+    def run(victims, attacks=attacks):
+        forms.clear()
+        return reconstruct_jointly(attacks, [v[0] for v in victims], [v[1] for v in victims], seeds=[3, 4, 5, 6])
+
+    vmap_form = run(victims)
+    assert set(forms) == {"vectorised"}
+    monkeypatch.setattr(parameter_sets, "CPU_VMAP_MAX_PARAMETERS",
+                        sum(p.numel() for p in victims[0][1].model.parameters()) - 1)
+    rows = run(victims)
+    assert set(forms) == {"sequential"}
+    for a, b in zip(rows, vmap_form):
+        assert (a.cost.iterations, a.cost.restarts) == (b.cost.iterations, b.cost.restarts)
+        assert torch.equal(a.labels, b.labels)
+        torch.testing.assert_close(a.images, b.images, **VECTORISED_TOL)
+    monkeypatch.setattr(parameter_sets, "CPU_VMAP_MAX_PARAMETERS", 0)
+    run(digit_victims(4), attacks[:2] * 2)  # LeNet: the per-row form
+    assert set(forms) == {"vectorised"}
+
+
+def test_the_row_by_row_form_refuses_a_model_that_draws_from_the_global_rng(digit_victims, monkeypatch):
+    """The CPU's row-by-row form keeps the vectorised form's guarantee that a problem's random numbers are its
+    own: a model whose forward draws from torch's global RNG (dropout) is refused as vmap refuses it."""
+    from leakgym.models import parameter_sets
+
+    update, knowledge = digit_victims(1, arch="convnet")[0]
+    model = copy.deepcopy(knowledge.model)
+    model.body.add_module("dropout", torch.nn.Dropout(0.5))
+    knowledge = dataclasses.replace(knowledge, model=model)
+    monkeypatch.setattr(parameter_sets, "CPU_VMAP_MAX_PARAMETERS", 0)
+    with pytest.raises(ValueError, match="global RNG"):
+        reconstruct_jointly([build_attack("inverting-gradients", iterations=1)], [update], [knowledge], seeds=[0])
 
 
 @pytest.mark.cuda
@@ -227,6 +286,26 @@ def test_whole_update_problems_stay_one_call_on_cuda(digit_victims, cuda_device,
     out = reconstruct_jointly([build_attack("inverting-gradients", iterations=2)] * 3, [m[0] for m in moved],
                               [m[1] for m in moved], seeds=[1, 2, 3])
     assert calls == [3] and all(r.images.device.type == "cuda" for r in out)
+
+
+@pytest.mark.cuda
+def test_a_large_model_keeps_the_vmap_form_on_cuda(digit_victims, cuda_device, monkeypatch):
+    """CPU_VMAP_MAX_PARAMETERS is a CPU's bound: on a GPU the engine and DCS² vmap a model of any size."""
+    from leakgym.attacks.engine.problems import UpdateSimulator
+    from leakgym.defenses.dcs2 import synthesised_together
+    from leakgym.models import parameter_sets
+
+    moved = [(u.to(cuda_device), dataclasses.replace(k, model=copy.deepcopy(k.model).to(cuda_device)))
+             for u, k in digit_victims(2, arch="convnet")]
+    monkeypatch.setattr(parameter_sets, "CPU_VMAP_MAX_PARAMETERS", 0)
+    forms = []
+    real = UpdateSimulator.sequential
+    monkeypatch.setattr(UpdateSimulator, "sequential", lambda self, *a: forms.append(1) or real(self, *a))
+    out = reconstruct_jointly([build_attack("inverting-gradients", iterations=2)] * 2, [m[0] for m in moved],
+                              [m[1] for m in moved], seeds=[1, 2])
+    assert forms == [] and all(r.images.device.type == "cuda" for r in out)
+    model = copy.deepcopy(moved[0][1].model).eval()
+    assert synthesised_together(model) and not synthesised_together(copy.deepcopy(model).cpu())
 
 
 @pytest.mark.cuda

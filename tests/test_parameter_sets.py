@@ -10,7 +10,13 @@ from torch.func import functional_call
 
 from leakgym.data import DatasetSpec
 from leakgym.models import build_model, task_loss
-from leakgym.models.parameter_sets import batched_forward, batched_loss, vmapped
+from leakgym.models.parameter_sets import (
+    CPU_VMAP_MAX_PARAMETERS,
+    batched_forward,
+    batched_loss,
+    vmap_pays_off,
+    vmapped,
+)
 from leakgym.models.rowwise import RowwiseForward
 
 SPEC = DatasetSpec(name="digits-like", channels=1, image_size=16, num_classes=10, mean=(0.5,), std=(0.25,))
@@ -83,3 +89,16 @@ def test_vmapped_reports_random_operations_as_vmap_does():
     """vmapped is vmap(randomness="error"): a random operation in the row function is an error."""
     with pytest.raises(RuntimeError, match="randomness"):
         vmapped(lambda t: t + torch.rand(()), 3)(torch.zeros(3))
+
+
+def test_the_vmap_form_pays_on_a_cpu_for_small_models_only():
+    """CPU_VMAP_MAX_PARAMETERS (2 M) lies between the measured models: the CIFAR ConvNet (width 16, 0.19 M
+    parameters: vmap pays) and the ConvNet at width 64 (2.9 M: even) and ResNet-18 (11.2 M: vmap loses). The
+    bound is a CPU's: on any other device (here "meta", which holds no data) vmap always pays."""
+    cifar = DatasetSpec(name="cifar-like", channels=3, image_size=32, num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3)
+    assert vmap_pays_off(build_model("lenet", SPEC)) and vmap_pays_off(build_model("convnet", cifar))
+    wide, resnet = build_model("convnet", cifar, width=64), build_model("resnet18", cifar)
+    for model in (wide, resnet):
+        assert sum(p.numel() for p in model.parameters()) > CPU_VMAP_MAX_PARAMETERS
+        assert not vmap_pays_off(model) and vmap_pays_off(model.to("meta"))
+    assert vmap_pays_off(torch.nn.ReLU())  # no parameters: nothing to copy per row

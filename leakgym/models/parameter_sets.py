@@ -25,6 +25,9 @@ Both compute the same mathematics (to float rounding: ``tests/test_engine_rowwis
 checks the model's layers and hooks) and passes it to every call. :func:`vmapped` is the vmap form of any
 per-row function, for callers whose row is more than one forward pass: the engine's ``vmap(grad)`` of
 larger models, and its rows with PRECODE noise and BatchNorm statistics.
+
+On a CPU the vmap form stops paying for large models (:func:`vmap_pays_off`): the engine's dummy updates and
+DCS²'s synthesis, which differentiate every row twice, then compute their rows one after another.
 """
 
 from __future__ import annotations
@@ -37,6 +40,31 @@ from torch.func import functional_call, vmap
 from leakgym.models.base import task_loss
 from leakgym.models.convolution import UnfoldedConvolutions
 from leakgym.models.rowwise import RowwiseForward
+
+#: On a CPU, a model with more parameters than this is not worth a vmap over rows that are differentiated
+#: twice (:func:`vmap_pays_off`). Measured (one thread, 32x32 images, one image a row; vmap form against the
+#: same rows one after another) for the engine's Inverting Gradients, ms per problem and iteration, and for
+#: DCS²'s synthesis, ms per client for 3 steps:
+#:
+#: * the CIFAR ConvNet (width 16, 0.19 M parameters): engine at 16 rows 16.1 vs 19.4, DCS² at 8 clients 86.9
+#:   vs 117.0 -- vmap pays;
+#: * the ConvNet at width 64 (2.9 M): engine at 8 rows 186.6 vs 188.1, DCS² at 4 clients 1,010 vs 997 -- even;
+#: * ResNet-18 (11.2 M): engine at 8 rows 342-344 vs 220, 2 rows 157-182 vs 180, DCS² at 4 clients 1,852 vs
+#:   1,440 -- vmap loses, more so the more rows it holds (every row a copy of every weight and its gradients).
+#:
+#: CENSOR's trial evaluations (forward passes only) are even for ResNet-18 (4 clients, 5 trials: 1,729 vs
+#: 1,755 ms a client) and keep their vmap form.
+CPU_VMAP_MAX_PARAMETERS = 2_000_000
+
+
+def vmap_pays_off(model: nn.Module) -> bool:
+    """Whether rows of ``model`` that are differentiated twice should be vmapped on the model's device: always
+    on an accelerator, and on a CPU for models of at most :data:`CPU_VMAP_MAX_PARAMETERS` parameters (the
+    measurements there); otherwise the caller computes its rows one after another."""
+    params = list(model.parameters())
+    if not params or params[0].device.type != "cpu":
+        return True
+    return sum(p.numel() for p in params) <= CPU_VMAP_MAX_PARAMETERS
 
 
 def vmapped(fn: Callable, rows: int, in_dims=0, *, unfold: bool = True) -> Callable:
@@ -108,4 +136,4 @@ def batched_loss(model: nn.Module, params: dict[str, Tensor], x: Tensor, y: Tens
     return vmapped(row, x.shape[0], unfold=unfold)(params, buffers or {}, x, y)
 
 
-__all__ = ["batched_forward", "batched_loss", "vmapped"]
+__all__ = ["CPU_VMAP_MAX_PARAMETERS", "batched_forward", "batched_loss", "vmap_pays_off", "vmapped"]

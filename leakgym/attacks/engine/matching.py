@@ -600,7 +600,7 @@ def run_joint_matching(
                 y = torch.cat([r.labels(soft) for r in alive])
                 eps = torch.cat([r.gen.randn((sim.noise_numel,), dtype=dtype) for r in alive]) if sim.noise_numel \
                     else x.new_zeros(x.shape[0], 0)
-            dummy, stats = sim.vectorised(x, y, eps) if vectorize else sim.sequential(x, y, eps)
+            dummy, stats = sim.updates(x, y, eps, vectorize=vectorize)
             # Runs that match the same layers as one matrix share one flattening of the dummy updates.
             shared = len(alive) > 1 and all(r.flat is not None and r.names == alive[0].names for r in alive)
             flat = flat_layers(dummy, alive[0].names) if shared else None

@@ -187,7 +187,8 @@ def invert_jointly(
     problems with one objective, optimiser and label handling form one
     :class:`~leakgym.attacks.engine.matching.Part`, and their budgets, restarts, step sizes, TV weights
     and start images are per problem. On a CPU, problems simulated as whole updates (the CIFAR ConvNet,
-    ResNet-18) make one call per :data:`CPU_POSITIONS_PER_PASS` image positions instead. Problem ``i``'s
+    ResNet-18) make one call per :data:`CPU_POSITIONS_PER_PASS` image positions or
+    :data:`CPU_PARAMETERS_PER_PASS` parameters instead. Problem ``i``'s
     result is what ``attacks[i]`` would return for it alone, up to the rounding of the vectorised kernels.
     """
     return _invert_jointly(attacks, updates, knowledges, generators, _Facts())
@@ -325,23 +326,33 @@ def _invert_jointly(
 #: one pass took 22.7 ms at 7.6 GB). Problems of the per-row form (DLG's LeNet on digits) and other devices
 #: run in one call.
 CPU_POSITIONS_PER_PASS = 1 << 15
+#: On a CPU, the most model parameters (engine rows x parameters of the model) one such call holds: every row
+#: carries its own dummy update, its flattened copy and their gradients, as large as the model. Binds for
+#: large models only (the CIFAR ConvNet's 0.19 M parameters reach it at 176 rows, past the positions' 32):
+#: ResNet-18 (11.2 M) runs 3 problems a pass. Measured, ResNet-18, 16 problems of one 32x32 image (computed
+#: row by row, :func:`~leakgym.models.parameter_sets.vmap_pays_off`), one thread, ms per problem and
+#: iteration: one call 259, passes of 4 problems 217, of 1 problem 216.
+CPU_PARAMETERS_PER_PASS = 1 << 25
 
 
 def _passes(parts: dict[tuple, list[int]], key: tuple, attacks: Sequence[OptimizationAttack],
             updates: Sequence[SharedUpdate], knowledges: Sequence[AttackerKnowledge], prepared: list,
             facts: _Facts) -> list[dict[tuple, list[int]]]:
     """The engine calls of one group of problems (``parts``: part key -> problem indices): one, or on a CPU
-    passes of at most :data:`CPU_POSITIONS_PER_PASS` image positions (at least one problem each; the parts in
-    their order) where the problems are simulated as whole updates."""
+    passes of at most :data:`CPU_POSITIONS_PER_PASS` image positions and :data:`CPU_PARAMETERS_PER_PASS`
+    parameters (at least one problem each; the parts in their order) where the problems are simulated as
+    whole updates."""
     device = key[7]
     if device.type != "cpu":
         return [parts]
     first = next(iter(parts.values()))[0]
     k = knowledges[first]
-    per_row = k.batch_size * math.prod(k.spec.shape[1:])
+    positions = k.batch_size * math.prod(k.spec.shape[1:])
+    parameters = sum(p.numel() for p in k.model.parameters())
+    per_pass = max(1, min(CPU_POSITIONS_PER_PASS // positions, CPU_PARAMETERS_PER_PASS // max(parameters, 1)))
     rows = {i: facts.attack(attacks[i], "settings", attacks[i].settings)[1]  # (its restarts)
             for members in parts.values() for i in members}
-    if sum(rows.values()) * per_row <= CPU_POSITIONS_PER_PASS:
+    if sum(rows.values()) <= per_pass:
         return [parts]
     probe = ProblemSet.from_updates([updates[first]], [k], names=prepared[first][3], labels=None, device=device,
                                     dtype=_DTYPES[key[8]], use_bn_stats=key[6])
@@ -352,12 +363,11 @@ def _passes(parts: dict[tuple, list[int]], key: tuple, attacks: Sequence[Optimiz
     used = 0
     for part, members in parts.items():
         for i in members:
-            cost = rows[i] * per_row
-            if current and used + cost > CPU_POSITIONS_PER_PASS:
+            if current and used + rows[i] > per_pass:
                 out.append(current)
                 current, used = {}, 0
             current.setdefault(part, []).append(i)
-            used += cost
+            used += rows[i]
     out.append(current)
     return out
 

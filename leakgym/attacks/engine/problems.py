@@ -16,6 +16,9 @@ stacked otherwise). Both are the vmap form of :mod:`leakgym.models.parameter_set
 there (:mod:`leakgym.models.convolution`), because ``vmap`` makes them grouped convolutions, whose
 double backward loops over the rows. A plain layer stack (DLG's LeNet) skips vmap: its rows' losses are
 :func:`~leakgym.models.parameter_sets.batched_loss` in its row-wise form (:mod:`leakgym.models.rowwise`).
+On a CPU, a model too large for ``vmap(grad)`` to pay (:func:`~leakgym.models.parameter_sets.vmap_pays_off`:
+ResNet-18) has its rows computed by the loop, one after another (:meth:`UpdateSimulator.updates`); the
+rest of the engine (matching, image steps) stays one computation over all rows.
 
 BatchNorm: clients compute updates in train mode, so for batches of more than one example BN
 normalises with the batch's own statistics. The engine works on a private copy of the model whose
@@ -31,7 +34,8 @@ engine's private copy every sampling bottleneck instead takes ``eps`` from an in
 update, drawn by the caller from each problem's own generator (one fresh ``eps`` per forward pass,
 ``local_steps`` of them for FedAvg), so the noise of problem ``i`` does not depend on its neighbours
 and the vectorised and sequential paths see the same noise. Any other random operation in a model's
-forward would draw from the global RNG; the vectorised path rejects it (``vmap(randomness="error")``).
+forward would draw from the global RNG; the vectorised path rejects it (``vmap(randomness="error")``), and
+so does the CPU's row-by-row form of large models (it watches the CPU generator's state).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import BatchNormInputStatistics, task_loss
 from leakgym.models.convolution import UNFOLD_MAX_ENTRIES, unfolded_entries
-from leakgym.models.parameter_sets import batched_loss, vmapped
+from leakgym.models.parameter_sets import batched_loss, vmap_pays_off, vmapped
 from leakgym.models.precode import VariationalBottleneck
 from leakgym.models.rowwise import RowwiseForward
 
@@ -357,6 +361,11 @@ def _rowwise_forward(ps: ProblemSet, rowwise: RowwiseForward, rows: dict[str, Te
     return batched_loss(ps.model, rows, x, y, shared=fixed, rowwise=rowwise), ()
 
 
+_GLOBAL_RNG = ("the model draws from torch's global RNG in its forward pass (other than PRECODE's bottleneck, "
+               "which the engine feeds per-problem noise); per-problem seeds cannot reach it. Use a deterministic "
+               "model, or vectorize=False (the sequential path does not check)")
+
+
 class UpdateSimulator:
     """Computes dummy updates (and BN statistics) for the engine's rows: vectorised or looped.
 
@@ -438,6 +447,10 @@ class UpdateSimulator:
             # 15% slower for the CIFAR ConvNet at 16 rows, and out of memory for ResNet-18 at 64 rows.
             self.vmapped = vmapped_update
             self.rowwise = None
+        # On a CPU, the vmap(grad) of a large model loses to its rows one after another (measured at
+        # leakgym.models.parameter_sets.CPU_VMAP_MAX_PARAMETERS: ResNet-18, 8 rows, 342 vs 220 ms per row and
+        # iteration): :meth:`updates` takes the sequential form for them.
+        self.row_by_row = not self.row_leaves and not vmap_pays_off(problems.model)
         self._leaves: list[dict[str, Tensor]] | None = None
         self.select(torch.repeat_interleave(torch.arange(problems.n, device=problems.device),
                                             torch.tensor(counts, device=problems.device)))
@@ -498,11 +511,22 @@ class UpdateSimulator:
         except RuntimeError as e:
             if "randomness" not in str(e):
                 raise
-            raise ValueError(
-                "the model draws from torch's global RNG in its forward pass (other than PRECODE's "
-                "bottleneck, which the engine feeds per-problem noise); per-problem seeds cannot reach "
-                "it. Use a deterministic model, or vectorize=False (the sequential path does not check)"
-            ) from e
+            raise ValueError(_GLOBAL_RNG) from e
+
+    def updates(self, x: Tensor, y: Tensor, eps: Tensor, *, vectorize: bool = True) -> tuple[dict[str, Tensor], tuple]:
+        """The selected rows' dummy updates in the engine's form for them: :meth:`vectorised`, or
+        :meth:`sequential` for ``vectorize=False`` (the reference loop) and for a large model on a CPU
+        (:attr:`row_by_row`). The second keeps the first's guarantee that a row's random numbers are its
+        problem's own: a model that draws from torch's global RNG is refused."""
+        if not vectorize:
+            return self.sequential(x, y, eps)
+        if not self.row_by_row:
+            return self.vectorised(x, y, eps)
+        state = torch.get_rng_state()  # (row_by_row is a CPU form: the CPU generator is the one to watch)
+        out = self.sequential(x, y, eps)
+        if not torch.equal(torch.get_rng_state(), state):
+            raise ValueError(_GLOBAL_RNG)
+        return out
 
     def sequential(self, x: Tensor, y: Tensor, eps: Tensor) -> tuple[dict[str, Tensor], tuple]:
         """The same dummy updates of the selected rows, one row at a time with ``torch.autograd.grad``."""
