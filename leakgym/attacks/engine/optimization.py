@@ -328,7 +328,7 @@ def _invert_jointly(
 CPU_POSITIONS_PER_PASS = 1 << 15
 #: On a CPU, the most model parameters (engine rows x parameters of the model) one such call holds: every row
 #: carries its own dummy update, its flattened copy and their gradients, as large as the model. Binds for
-#: large models only (the CIFAR ConvNet's 0.19 M parameters reach it at 176 rows, past the positions' 32):
+#: large models only (the CIFAR ConvNet's 0.19 M parameters reach it at 179 rows, past the positions' 32):
 #: ResNet-18 (11.2 M) runs 3 problems a pass. Measured, ResNet-18, 16 problems of one 32x32 image (computed
 #: row by row, :func:`~leakgym.models.parameter_sets.vmap_pays_off`), one thread, ms per problem and
 #: iteration: one call 259, passes of 4 problems 217, of 1 problem 216.
