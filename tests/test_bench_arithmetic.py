@@ -64,6 +64,19 @@ def test_only_the_requested_gradients_are_counted():
     assert flops.by_operator() == {"convolution": forward, "convolution_backward": forward}
 
 
+def test_a_module_fed_a_leaf_inside_autograd_grad_is_counted():
+    """Found with `leakgym bench env --defender random` on SVHN: DCS²'s reference synthesis passes its concealed
+    samples (a leaf) through the model and differentiates with torch.autograd.grad, where the module tracker of
+    torch's FlopCounterMode raised ("A leaf node was passed to _will_engine_execute_node") and the counted step
+    failed. Counted without it: the forward and both gradients, as for a bare convolution."""
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    with count_matrix_flops() as flops:
+        (g,) = torch.autograd.grad(conv(x).square().sum(), [x], create_graph=True)
+        torch.autograd.grad(g.sum(), [conv.weight])
+    assert flops.total > 3 * _conv_ops(2, 16, 4, 3, 9)
+
+
 def test_gemm_rate_is_a_finite_positive_rate_and_checks_its_arguments():
     rate = gemm_rate("cpu", size=64, repeats=3)
     assert math.isfinite(rate) and rate > 0

@@ -64,13 +64,32 @@ class MatrixFlops:
         return {str(getattr(op, "__name__", op)).split(".")[0]: int(n) for op, n in counts.items()}
 
 
+class _NoModules:
+    """A module tracker that tracks nothing, for :class:`FlopCounterMode`: every count goes to ``"Global"``,
+    the only total read here. FlopCounterMode's own tracker (``torch.utils.module_tracker.ModuleTracker``)
+    hooks every module's inputs for the backward pass, and that hook fails inside ``torch.autograd.grad``
+    when a module's input is a leaf ("A leaf node was passed to _will_engine_execute_node but we are
+    currently running autograd.grad()"): DCS²'s reference synthesis (:func:`~leakgym.defenses.dcs2.dcs2_gradient`,
+    the concealed samples through the model) failed that way in ``leakgym bench env``'s counted step."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _NoModules:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 @contextlib.contextmanager
 def count_matrix_flops() -> Iterator[MatrixFlops]:
     """``with count_matrix_flops() as flops: ...``: the matrix-product and convolution operations of the
     block, its backward passes included (read ``flops.total`` after the block). Every operator call goes
-    through Python while it counts, so never time a counted block."""
+    through Python while it counts, so never time a counted block. No per-module split is kept
+    (:class:`_NoModules`)."""
     mode = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward:
                                                           _convolution_backward_flops})
+    mode.mod_tracker = _NoModules()  # (FlopCounterMode's attribute; its __enter__/__exit__ and counts use it)
     with mode:
         yield MatrixFlops(mode)
 
