@@ -225,6 +225,36 @@ def test_update_summaries_of_all_games_equal_each_update_alone(monkeypatch):
         np.testing.assert_array_equal(observations.update_summaries(ups), together)
 
 
+def test_an_update_larger_than_the_cpus_bound_is_summarised_in_blocks(monkeypatch):
+    """On a CPU an update of more than CPU_SUMMARY_ENTRIES entries (ResNet-18's 11.2 M: 342 -> 34 ms) is
+    summarised from blocks of at most that many entries, two passes, instead of as one float64 row: the same
+    summaries as the reference written out per update and as the one-row computation, to float64 rounding,
+    for pruned, all-zero, tiny and huge updates, and for non-finite entries. Each game's alone as in a vector."""
+    from leakgym.fl.update import SharedUpdate
+    from leakgym.game import feedback as observations
+
+    ups = [u for u in _updates() if u is not None]
+    gen = torch.Generator().manual_seed(1)
+    odd = {"a": torch.randn(40, generator=gen), "b": torch.randn(3, 7, generator=gen)}  # two tensors: two empty groups
+    odd["a"][3], odd["a"][5], odd["b"][1, 2] = float("nan"), float("inf"), float("-inf")
+    ups.append(SharedUpdate(odd))
+    rows = {id(u): observations._summary_rows(torch.cat([t.reshape(1, -1) for t in u.tensors.values()], dim=1),
+                                              [t.numel() for t in u.tensors.values()])[0] for u in ups}
+    blocks = []
+    real = observations._summary_in_blocks
+    monkeypatch.setattr(observations, "_summary_in_blocks", lambda t, s: blocks.append(len(t)) or real(t, s))
+    monkeypatch.setattr(observations, "CPU_SUMMARY_ENTRIES", 8)  # every update past it; tensors in several blocks
+    together = observations.update_summaries(ups)
+    assert len(blocks) == len(ups)
+    for i, u in enumerate(ups):
+        np.testing.assert_allclose(together[i], rows[id(u)], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(observations.update_summaries([u])[0], together[i])
+        if i < len(ups) - 1:
+            np.testing.assert_allclose(together[i], _summary_reference(u), rtol=1e-6, atol=1e-7)
+    # (an infinite entry makes the noise statistics NaN in both forms; the observation maps NaN to 0)
+    assert np.isnan(together[-1, -2:]).all() and np.isfinite(together[:-1]).all()
+
+
 LAYER_ZERO_FRACTION = 4  # the first layer group's zero fraction
 
 

