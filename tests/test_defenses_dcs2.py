@@ -243,12 +243,32 @@ def test_batched_synthesis_rejects_mixed_steps_and_architectures(digits):
                        [torch.Generator(), torch.Generator()])
 
 
+def _contexts(models, spec, px, py, config):
+    """``ctx(i)``: client i's DefenseContext (on a CPU, seed i, its own generator)."""
+    from leakgym.defenses.registry import DefenseContext
+
+    def ctx(i):
+        return DefenseContext(name="dcs2", config=config, model=models[i], spec=spec, device=torch.device("cpu"),
+                              seed=i, generator=torch.Generator().manual_seed(i), public_x=px, public_y=py)
+
+    return ctx
+
+
+def _batched_calls(monkeypatch):
+    """``(calls, dcs2_gradients)``: the client count of every later dcs2_gradients call, and the real function."""
+    import leakgym.defenses.dcs2 as dcs2_module
+
+    calls = []
+    original = dcs2_module.dcs2_gradients
+    monkeypatch.setattr(dcs2_module, "dcs2_gradients", lambda m, *a: calls.append(len(m)) or original(m, *a))
+    return calls, original
+
+
 def test_the_defense_batches_plain_models_and_runs_the_others_one_by_one(digits, monkeypatch):
     """DCS2.apply_many: the LeNet clients go through one dcs2_gradients call; a BatchNorm model goes
     through dcs2_gradient, and its result is exactly what apply gives it alone."""
-    import leakgym.defenses.dcs2 as dcs2_module
     from leakgym.defenses import DefenseConfig
-    from leakgym.defenses.registry import DEFENSES, DefenseContext
+    from leakgym.defenses.registry import DEFENSES
 
     spec, _, _, px, py = digits
     clients = _clients(spec, px, py, sizes=(1, 2, 1))
@@ -259,13 +279,8 @@ def test_the_defense_batches_plain_models_and_runs_the_others_one_by_one(digits,
     grads = [clients[0][3], clients[1][3], _grad(bn, xb, yb), clients[2][3]]
     config = DefenseConfig(dcs2_lambda_g=0.5, dcs2_steps=5)
 
-    def ctx(i):
-        return DefenseContext(name="dcs2", config=config, model=models[i], spec=spec, device=torch.device("cpu"),
-                              seed=i, generator=torch.Generator().manual_seed(i), public_x=px, public_y=py)
-
-    calls = []
-    original = dcs2_module.dcs2_gradients
-    monkeypatch.setattr(dcs2_module, "dcs2_gradients", lambda m, *a: calls.append(len(m)) or original(m, *a))
+    ctx = _contexts(models, spec, px, py, config)
+    calls, _ = _batched_calls(monkeypatch)
     defense = DEFENSES["dcs2"]
     together = defense.apply_many([ctx(i) for i in range(4)], models, xs, ys, grads, step=0)
     assert calls == [3]
@@ -277,7 +292,6 @@ def test_the_defense_batches_plain_models_and_runs_the_others_one_by_one(digits,
             torch.testing.assert_close(together[i][0][n], t, rtol=1e-4, atol=1e-6)
 
 
-
 def test_large_models_on_a_cpu_are_synthesised_one_by_one(digits, monkeypatch):
     """On a CPU the vmap form does not pay for a model above CPU_VMAP_MAX_PARAMETERS (ResNet-18's synthesis:
     1,440 ms a client one by one against 1,852 batched): DCS2 then runs every client through dcs2_gradient,
@@ -285,7 +299,7 @@ def test_large_models_on_a_cpu_are_synthesised_one_by_one(digits, monkeypatch):
     bound the clients stay one dcs2_gradients call. dcs2_gradients itself still takes such models."""
     import leakgym.defenses.dcs2 as dcs2_module
     from leakgym.defenses import DefenseConfig
-    from leakgym.defenses.registry import DEFENSES, DefenseContext
+    from leakgym.defenses.registry import DEFENSES
     from leakgym.models import parameter_sets
 
     spec, _, _, px, py = digits
@@ -293,13 +307,8 @@ def test_large_models_on_a_cpu_are_synthesised_one_by_one(digits, monkeypatch):
     models, xs, ys, grads = ([c[k] for c in clients] for k in range(4))
     config = DefenseConfig(dcs2_lambda_g=0.5, dcs2_steps=5)
 
-    def ctx(i):
-        return DefenseContext(name="dcs2", config=config, model=models[i], spec=spec, device=torch.device("cpu"),
-                              seed=i, generator=torch.Generator().manual_seed(i), public_x=px, public_y=py)
-
-    calls = []
-    original = dcs2_module.dcs2_gradients
-    monkeypatch.setattr(dcs2_module, "dcs2_gradients", lambda m, *a: calls.append(len(m)) or original(m, *a))
+    ctx = _contexts(models, spec, px, py, config)
+    calls, original = _batched_calls(monkeypatch)
     defense = DEFENSES["dcs2"]
     batched = defense.apply_many([ctx(i) for i in range(3)], models, xs, ys, grads, step=0)
     assert calls == [3] and dcs2_module.synthesised_together(models[0])
