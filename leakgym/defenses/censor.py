@@ -418,6 +418,7 @@ class Censor(GroupedStepDefense):
     """CENSOR on every local step's gradient; ``fallback="skip"`` withholds the round's update."""
 
     name = "censor"
+    public_split = False
     min_group = 2  # a client alone keeps the reference computation (bit-identical to before batching)
     fields = (
         # limit: a scenario's documented bound (paper: T = 20; the batched trials hold T + 1 parameter copies)

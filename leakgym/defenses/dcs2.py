@@ -538,13 +538,19 @@ class DCS2(GroupedStepDefense):
                 "the client's labelled images (Eq. 9), and a Mixup/InstaHide client trains on mixed images with "
                 "soft labels; use one of them")
 
-    @staticmethod
-    def settings(ctx: DefenseContext) -> dict:
-        """:func:`dcs2_gradient`'s keyword arguments from a context (all but the generator)."""
+    def reads_public_split(self, config) -> bool:
+        """Only the 'public' and 'mixup' starts draw a public image (:func:`_start_points`)."""
+        return config.dcs2_start in ("public", "mixup")
+
+    def settings(self, ctx: DefenseContext) -> dict:
+        """:func:`dcs2_gradient`'s keyword arguments from a context (all but the generator); the public split
+        only for the starts that draw from it."""
         c = ctx.config
+        public = self.reads_public_split(c)
         return {"lambda_g": c.dcs2_lambda_g, "lambda_x": c.dcs2_lambda_x, "lambda_z": c.dcs2_lambda_z,
                 "epsilon": c.dcs2_epsilon, "num_concealed": c.dcs2_num_concealed, "steps": c.dcs2_steps,
-                "lr": c.dcs2_lr, "start": c.dcs2_start, "public_x": ctx.public_x, "public_y": ctx.public_y}
+                "lr": c.dcs2_lr, "start": c.dcs2_start, "public_x": ctx.public_x if public else None,
+                "public_y": ctx.public_y if public else None}
 
     def apply(self, ctx: DefenseContext, model: nn.Module, x: Tensor, y: Tensor, grad: dict[str, Tensor], *,
               step: int) -> tuple[dict[str, Tensor], dict]:

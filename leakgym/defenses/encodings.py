@@ -216,6 +216,7 @@ class Mixup(InputDefense):
     """Inside-batch Mixup of ``mixup_k`` images per encoded example."""
 
     name = "mixup"
+    public_split = False
     fields = (int_field("mixup_k", 0, "Mixup encoding: images mixed per encoded example; 0 off.",
                         limit_option="batch_size",
                         limit_why="mixes up to k images of the private batch; needs k <= batch_size"),)

@@ -146,6 +146,7 @@ class Oasis(InputDefense):
     """OASIS Eq. (7): the private batch plus the selected augmented copies of every image."""
 
     name = "oasis"
+    public_split = False
     fields = (int_field("oasis", 0, "OASIS augmentation bit mask: 1 major rotation, 2 minor rotation, 4 shear, "
                         "8 hflip, 16 vflip; 0 off.", low=0, high=ALL_BITS,
                         # a scenario offers one on/off action dimension per augmentation named in oasis_bits

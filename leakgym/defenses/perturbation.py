@@ -82,6 +82,7 @@ class Clip(UpdateDefense):
     """Global L2 clipping of the shared update, ``u * min(1, C / ||u||_2)``."""
 
     name = "clip"
+    public_split = False
     fields = (real_field("clip", 0.0, "Clip the update's global L2 norm to this value; 0 off."),)
 
     def apply(self, ctx: DefenseContext, update: Update, x: Tensor, y: Tensor) -> tuple[Update, dict]:
@@ -118,6 +119,7 @@ class Noise(UpdateDefense):
     """I.i.d. Gaussian or Laplace noise on every entry of the shared update (applied last: never pruned)."""
 
     name = "noise"
+    public_split = False
     fields = (
         real_field("noise_sigma", 0.0, "Noise scale added to every entry (Gaussian std, or Laplace scale b); 0 off.",
                    high=NOISE_SIGMA_MAX),

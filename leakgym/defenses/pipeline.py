@@ -259,8 +259,9 @@ def _begin(call: DefenseCall) -> _Client:
         client.done = (clean, DefenseReport(applied=[], overhead_s=0.0, fidelity=1.0, details=details))
         return client
     spec = model.spec
-    public_xn = None if call.public_x is None else spec.normalize(call.public_x.to(x))
-    public_yd = None if call.public_y is None else call.public_y.to(device)
+    public_xn = public_yd = None
+    if call.public_x is not None and any(DEFENSES[n].reads_public_split(config) for n in client.applied):
+        public_xn, public_yd = spec.normalize(call.public_x.to(x)), call.public_y.to(device)
     client.ctx = {
         name: DefenseContext(
             name=name, config=config, model=model, spec=spec, device=device, seed=seed,

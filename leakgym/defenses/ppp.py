@@ -56,6 +56,7 @@ class PPP(UpdateDefense):
     """PPP-NG / PPP-GC on the layers before the PRECODE bottleneck."""
 
     name = "ppp"
+    public_split = False
     fields = (
         choice_field("ppp", "off", "PPP partial perturbation of the layers before the PRECODE bottleneck: 'off', "
                      "'ng' (noise) or 'gc' (pruning).", PPP_MODES),

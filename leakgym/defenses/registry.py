@@ -15,6 +15,8 @@ A defense is a small object (an instance of :class:`InputDefense`, :class:`StepD
 * ``validate(config)`` — cross-field rules it owns (default: none);
 * ``cost(config)`` — its extra client compute in clean-gradient units (default: 0, "free by
   comparison"); :func:`defense_compute_units` sums it over the active defenses;
+* ``public_split`` / ``reads_public_split(config)`` — whether it reads the public split (default:
+  True); the pipeline normalises the split for a call only when one of its defenses reads it;
 * ``apply(ctx, ...)`` — the stage's transform; ``ctx`` is a :class:`DefenseContext` carrying the
   config, the model, the dataset spec, the device, the seed, the defense's own generator and the
   normalised public split.
@@ -305,8 +307,9 @@ class DefenseContext:
         device: the device of the private batch; every tensor a defense makes belongs here.
         seed: the call's seed (also seeds PRECODE's sampling through :meth:`global_rng`).
         generator: this defense's own generator, derived from ``(seed, name)`` on ``device``.
-        public_x: the public split as *normalised* images on ``device`` (``None`` if not given).
-        public_y: its labels on ``device``.
+        public_x: the public split as *normalised* images on ``device`` (``None`` if not given, or if no
+            active defense of the call :meth:`~Defense.reads_public_split`).
+        public_y: its labels on ``device`` (``None`` with ``public_x``).
         batch_size: the batch size the client declares (the original ``B``).
         update_kind: ``"gradient"`` (FedSGD) or ``"model_delta"`` (FedAvg).
         metadata: shared by all defenses of the call and copied into
@@ -364,6 +367,16 @@ class Defense(ABC):
     def cost(self, config: FieldValues) -> float:
         """Extra client compute when active, in clean-gradient evaluations. Default: 0 (free by comparison)."""
         return 0.0
+
+    #: whether ``apply`` reads the public split (``ctx.public_x``, ``ctx.public_y``); see :meth:`reads_public_split`
+    public_split: ClassVar[bool] = True
+
+    def reads_public_split(self, config: FieldValues) -> bool:
+        """Whether ``apply`` reads ``ctx.public_x``/``ctx.public_y`` under ``config``. The pipeline normalises
+        a call's public split only when one of its active defenses reads it, and otherwise gives every context
+        ``None``: normalising CIFAR-10's 5,000 public images costs 73 ms (one thread), which a noise defense paid
+        on every call. Default: the class's ``public_split`` (True unless the defense says it never reads it)."""
+        return self.public_split
 
     def __repr__(self) -> str:
         return f"<{self.stage} defense {self.name!r}: {', '.join(f.name for f in self.fields)}>"

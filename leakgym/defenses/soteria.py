@@ -127,6 +127,7 @@ class Soteria(UpdateDefense):
     """Prune the head-weight update columns of the representation units Soteria scores lowest."""
 
     name = "soteria"
+    public_split = False
     fields = (real_field("soteria", 0.0, "Soteria: fraction of representation units whose head-weight gradient "
                          "columns are pruned; 0 off.", high=1.0, high_open=True),)
 

@@ -83,6 +83,7 @@ class Prune(UpdateDefense):
     """Per-layer smallest-magnitude pruning (gradient compression)."""
 
     name = "prune"
+    public_split = False
     fields = (real_field("prune", 0.0, "Per-layer smallest-magnitude pruning fraction p (gradient compression); 0 off.",
                          high=1.0, high_open=True),)
 
@@ -121,6 +122,7 @@ class TopK(UpdateDefense):
     """Global top-k sparsification of the whole update."""
 
     name = "topk"
+    public_split = False
     fields = (real_field("topk", 1.0, "Global top-k sparsification: fraction of all entries kept (largest magnitudes); "
                          "1.0 off.", high=1.0, low_open=True),)
 

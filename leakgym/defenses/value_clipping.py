@@ -46,6 +46,7 @@ class ClipValue(UpdateDefense):
     """Clamp each entry of the shared update to ``[-clip_value, clip_value]``."""
 
     name = "clip_value"
+    public_split = False
     fields = (real_field("clip_value", 0.0, "Clamp every entry of the update to [-c, c] (CENSOR paper's "
                          "Clipping baseline); 0 off."),)
 
