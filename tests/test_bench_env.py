@@ -62,6 +62,27 @@ def test_missing_dataset_is_timed_on_labelled_synthetic_images(monkeypatch):
     assert bench_env._use_synthetic_data_if_missing("LeakGym-Digits-v0") == "real"
 
 
+def test_synthetic_images_sets_the_size_of_the_synthetic_training_set(monkeypatch):
+    """``--synthetic-images`` gives the synthetic set the given size (each game's public split is then
+    ``public_fraction`` of it), and the row names it; the smallest size the scenario can split passes."""
+    from leakgym.data.loading import DatasetUnavailableError
+    from leakgym.game import batch as game_module
+
+    def missing(*args, **kwargs):
+        raise DatasetUnavailableError("cifar10", [], "not on disk in this test", "")
+
+    monkeypatch.setattr(game_module, "_dataset", game_module._dataset)  # restored after the test
+    monkeypatch.setattr("leakgym.data.load_dataset", missing)
+    label = bench_env._use_synthetic_data_if_missing("LeakGym-CIFAR-v0", 3_000)
+    assert label == f"{bench_env.SYNTHETIC}, 3,000 training images"
+    assert game_module._dataset("cifar10", 32).train_x.shape[0] == 3_000
+    assert bench_env._use_synthetic_data_if_missing("LeakGym-CIFAR-v0") == bench_env.SYNTHETIC
+    assert game_module._dataset("cifar10", 32).train_x.shape[0] == 600 * (8 + 2)
+    from leakgym.game.scenario import load_scenario
+
+    bench_env.check_synthetic_images(10, load_scenario("cifar10"))  # 1 public, 9 private: passes
+
+
 @pytest.mark.cuda
 def test_bench_env_on_cuda_reports_device_memory(tmp_path, cuda_device):
     out = tmp_path / "bench_env.json"
@@ -96,6 +117,10 @@ def _no_worker(*args, **kwargs):
     (["--envs", ","], "--envs=',' names no environment"),
     (["--envs", "digits", "--steps", "0"], "--steps=0"),
     (["--envs", "digits", "--warmup-steps", "-1"], "--warmup-steps=-1; allowed: integers >= 0"),
+    (["--envs", "cifar10", "--synthetic-images", "9"], "--synthetic-images=9 gives scenario 'cifar10' 0 public"),
+    (["--envs", "cifar10", "--synthetic-images", "10", "--overrides", "public_fraction=0.5"],
+     ("5 public and 5 private images; allowed: sizes N with floor(public_fraction * N) >= 1 (public_fraction=0.5) "
+      "and at least 9 private images (8 clients and the victim)")),
 ])
 def test_bench_env_rejects_bad_inputs_before_any_worker(tmp_path, monkeypatch, capsys, extra, message):
     monkeypatch.setattr(bench_env, "run", _no_worker)

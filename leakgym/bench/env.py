@@ -33,7 +33,10 @@ bounds a large N on a GPU.
 
 A scenario whose dataset is not on disk is timed on synthetic images of the dataset's shape (uniform
 noise, random labels) inside the worker only, and its row says ``synthetic data (timing only)``; the
-environment itself never substitutes data. Results go to ``--json`` and a markdown table beside it,
+environment itself never substitutes data. The synthetic training set has 600 images per client plus 1,200
+unless ``--synthetic-images`` sets its size: every game holds a public split of ``public_fraction`` of it,
+which the attacks and defenses that read the public split process (CIFAR-10's real 50,000 images give
+5,000 public images a game; the row then names the size). Results go to ``--json`` and a markdown table beside it,
 rewritten after every finished row; Ctrl-C stops the worker and keeps the finished rows (exit status 130).
 """
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import multiprocessing as mp
 import resource
 import signal
@@ -97,7 +101,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from leakgym.agents.experiments.cli_common import add_allow_large_argument
 
     add_allow_large_argument(parser)
+    parser.add_argument("--synthetic-images", type=int, default=None, metavar="N",
+                        help="training images of the synthetic set a scenario without its dataset on disk is timed "
+                             "on (default: 600 per client + 1,200); the real size (e.g. 50000 for CIFAR-10) gives "
+                             "every game a public split of the real size")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar (rows done / total)")
+
+
+def check_synthetic_images(n: int, scenario) -> None:
+    """``--synthetic-images`` must split like the scenario's dataset: at least one public image
+    (``public_fraction`` of it) and a private one per client and the victim; ValueError naming the bound."""
+    public = math.floor(scenario.public_fraction * n)
+    if public < 1 or n - public < scenario.num_clients + 1:
+        raise ValueError(f"--synthetic-images={n} gives scenario {scenario.name!r} {public} public and {n - public} "
+                         f"private images; allowed: sizes N with floor(public_fraction * N) >= 1 (public_fraction="
+                         f"{scenario.public_fraction}) and at least {scenario.num_clients + 1} private images "
+                         f"({scenario.num_clients} clients and the victim)")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -110,7 +129,7 @@ def parse_sizes(text: str) -> list[int]:
 # --------------------------------------------------------------------------------------------------
 def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
              queue, batch_clients: bool = True, defender: str = "none", overrides: dict | None = None,
-             warmup: int = 0) -> None:
+             warmup: int = 0, synthetic_images: int | None = None) -> None:
     # Ctrl-C reaches the whole process group: the parent stops this worker, which prints no traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -118,15 +137,16 @@ def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_game
 
         torch.set_num_threads(threads)
         row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients, defender,
-                           overrides, warmup)
+                           overrides, warmup, synthetic_images)
         queue.put({**row, "threads": threads})
     except Exception as exc:  # noqa: BLE001 - a failed round, a bad id, ...: recorded, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {first_line}"})
 
 
-def _use_synthetic_data_if_missing(gym_id: str) -> str:
-    """``"real"``, or (dataset not on disk) make this worker's games use synthetic images of its shape."""
+def _use_synthetic_data_if_missing(gym_id: str, train_images: int | None = None) -> str:
+    """``"real"``, or (dataset not on disk) make this worker's games use synthetic images of its shape:
+    ``train_images`` training images (default: 600 per client + 1,200); returns the row's data label."""
     import gymnasium as gym
     import torch
 
@@ -142,14 +162,14 @@ def _use_synthetic_data_if_missing(gym_id: str) -> str:
         return "real"
     spec = dataset_spec(sc.dataset, sc.image_size)
     g = torch.Generator().manual_seed(0)
-    n_train, n_test = 600 * (sc.num_clients + 2), max(sc.eval_size, 100)
+    n_train, n_test = train_images or 600 * (sc.num_clients + 2), max(sc.eval_size, 100)
 
     def images(n: int):
         return torch.rand(n, *spec.shape, generator=g), torch.randint(0, spec.num_classes, (n,), generator=g)
 
     data = Dataset(spec, *images(n_train), *images(n_test))
     game_module._dataset = lambda name, image_size: data  # this worker process only
-    return SYNTHETIC
+    return SYNTHETIC if train_images is None else f"{SYNTHETIC}, {n_train:,} training images"
 
 
 class _GameView:
@@ -169,14 +189,14 @@ class _GameView:
 
 def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str,
                  batch_clients: bool = True, defender: str = "none", overrides: dict | None = None,
-                 warmup: int = 0) -> dict:
+                 warmup: int = 0, synthetic_images: int | None = None) -> dict:
     import gymnasium as gym
     import numpy as np
     import torch
 
     import leakgym  # noqa: F401  (registers the ids)
 
-    data = _use_synthetic_data_if_missing(gym_id)
+    data = _use_synthetic_data_if_missing(gym_id, synthetic_images)
     cuda = torch.device(device).type == "cuda"
     # "none": no defense; "random": a random menu action per round
     kwargs = {"device": device, "opponent": defender, **(overrides or {})}
@@ -296,7 +316,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
         threads: int = 1, batch_clients: bool = True, defender: str = "none",
         overrides: dict | None = None, warmup: int = 0, *, rows: list[dict] | None = None, on_row=None,
-        progress: bool = False) -> list[dict]:
+        progress: bool = False, synthetic_images: int | None = None) -> list[dict]:
     """One spawned worker per (id, N); each finished row is appended to ``rows`` (returned) and passed to
     ``on_row(rows)``. On KeyboardInterrupt the running worker is stopped and the interrupt re-raised."""
     ctx = mp.get_context("spawn")
@@ -307,7 +327,8 @@ def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_gam
                 bar.set_postfix_str(f"{gym_id} N={n}")
                 queue = ctx.Queue()
                 proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads,
-                                                          queue, batch_clients, defender, overrides, warmup))
+                                                          queue, batch_clients, defender, overrides, warmup,
+                                                          synthetic_images))
                 proc.start()
                 row = None
                 try:
@@ -388,8 +409,11 @@ def main(args: argparse.Namespace) -> int:
 
     ids = parse_ids(args.envs)
     overrides = scenario_overrides(args)
-    for gym_id in ids:  # a bad id or override fails here, before any worker starts
-        load_scenario(gym.spec(gym_id).kwargs["scenario"], **overrides)
+    synthetic = getattr(args, "synthetic_images", None)
+    for gym_id in ids:  # a bad id, override or synthetic size fails here, before any worker starts
+        sc = load_scenario(gym.spec(gym_id).kwargs["scenario"], **overrides)
+        if synthetic is not None:
+            check_synthetic_images(synthetic, sc)
     out = check_output(args.json)
     machine = machine_label(args.threads, args.device)
 
@@ -400,7 +424,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
             args.batch_clients == "on", args.defender, overrides, args.warmup_steps, rows=rows, on_row=save,
-            progress=not getattr(args, "no_progress", False))
+            progress=not getattr(args, "no_progress", False), synthetic_images=synthetic)
     except KeyboardInterrupt:
         return interrupted(len(rows), len(ids) * len(sizes), out, Path(out).with_suffix(".md"))
     save(rows, echo=True)
