@@ -230,6 +230,17 @@ def test_class_means_are_computed_once_per_public_split_until_it_changes(monkeyp
     assert len(adaptive._CLASS_MEANS) == before - 1
 
 
+@pytest.mark.cuda
+def test_class_means_of_a_cuda_public_split_are_cached_on_cuda(cuda_device):
+    from leakgym.attacks import adaptive
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(20, 1, 4, 4, generator=g).to(cuda_device), torch.randint(0, 3, (20,), generator=g).to(cuda_device)
+    means = adaptive.cached_class_mean_images(x, y, 3, x.device)
+    assert means.device == x.device and adaptive.cached_class_mean_images(x, y, 3, x.device) is means
+    torch.testing.assert_close(means.cpu(), adaptive.class_mean_images(x.cpu(), y.cpu(), 3))
+
+
 # -- EOT --------------------------------------------------------------------------------------------
 def test_eot_averaging_changes_the_objective(digits, lenet):
     """At fixed images, E=16 averaged noisy dummy gradients give a cosine loss closer to the noise-free

@@ -56,8 +56,36 @@ class _Probe(UpdateDefense):
         return update, {}
 
 
+def _watch_public_reads(monkeypatch) -> tuple[dict[str, bool], set[str]]:
+    """Make the pipeline's contexts record, by defense name, whether they were given the public split and
+    whether their defense read it (``ctx.public_x`` or ``ctx.public_y``)."""
+    from leakgym.defenses import pipeline
+    from leakgym.defenses.registry import DefenseContext
+
+    given: dict[str, bool] = {}
+    read: set[str] = set()
+
+    class Watched(DefenseContext):
+        def __getattribute__(self, name):
+            if name in ("public_x", "public_y"):
+                read.add(object.__getattribute__(self, "name"))
+            return super().__getattribute__(name)
+
+    def context(**kwargs):
+        given[kwargs["name"]] = kwargs["public_x"] is not None
+        return Watched(**kwargs)
+
+    monkeypatch.setattr(pipeline, "DefenseContext", context)
+    return given, read
+
+
 def _run_every_defense(device: torch.device, tmp_path, monkeypatch) -> None:
+    """Every case on ``device`` with a public split passed. Each defense is given the split (normalised)
+    exactly when it declares that it reads it (``Defense.reads_public_split``), and one that declares it never
+    reads it does not touch ``ctx.public_x`` or ``ctx.public_y`` (it would get None)."""
     monkeypatch.setenv("LEAKGYM_DATA", str(tmp_path))  # LODA trains its extractor here, once
+    given, read = _watch_public_reads(monkeypatch)
+    readers = set()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 1, 16, 16, generator=g).to(device)
     y = torch.tensor([3, 8, 1, 3]).to(device)
@@ -66,12 +94,19 @@ def _run_every_defense(device: torch.device, tmp_path, monkeypatch) -> None:
     for case, settings in CASES.items():
         model = build_model("lenet", SPEC, precode=case == "ppp", seed=0, device=device)
         cfg = DefenseConfig(**settings)
+        given.clear(), read.clear()
         upd, rep = apply_defense(model, x, y, cfg, seed=1, public_x=public_x, public_y=public_y)
         assert rep.applied == cfg.active(), case
+        for name in rep.applied:
+            declared = DEFENSES[name].reads_public_split(cfg)
+            assert given[name] is declared, (case, name)
+            assert declared or name not in read, f"{name} reads ctx.public_x but declares it never reads the split"
+            readers |= {f"{name}-{cfg.dcs2_start}" if name == "dcs2" else name} if declared else set()
         for name, t in upd.tensors.items():
             assert t.device.type == device.type and bool(torch.isfinite(t).all()), (case, name)
         for key, t in upd.metadata.get("encoding", {}).items():
             assert not isinstance(t, torch.Tensor) or t.device.type == device.type, (case, key)
+    assert readers == {"loda", "instahide", "dcs2-mixup"}  # DCS²'s 'random' start draws no public image
     _SEEN.clear()
     with registered(_Probe()):
         apply_defense(build_model("lenet", SPEC, seed=0, device=device), x, y, DefenseConfig(probe=1.0),

@@ -330,74 +330,13 @@ def test_victims_with_a_batch_of_one_batch_their_batchnorm_models_step_defenses(
             torch.testing.assert_close(upd.tensors[name], t, rtol=1e-4, atol=1e-5)
 
 
-def _watch_public_reads(monkeypatch) -> tuple[dict[str, bool], set[str]]:
-    """Make the pipeline's contexts record, by defense name, whether they were given the public split and
-    whether their defense read it."""
-    from leakgym.defenses import pipeline
-    from leakgym.defenses.registry import DefenseContext
-
-    given: dict[str, bool] = {}
-    read: set[str] = set()
-
-    class Watched(DefenseContext):
-        def __getattribute__(self, name):
-            if name in ("public_x", "public_y"):
-                read.add(object.__getattribute__(self, "name"))
-            return super().__getattribute__(name)
-
-    def context(**kwargs):
-        given[kwargs["name"]] = kwargs["public_x"] is not None
-        return Watched(**kwargs)
-
-    monkeypatch.setattr(pipeline, "DefenseContext", context)
-    return given, read
-
-
-def test_every_builtin_defense_declares_whether_it_reads_the_public_split(monkeypatch):
-    """Each registered defense, active as in its method check, with a public split passed: it is given the
-    split (normalised) exactly when it declares that it reads it (``Defense.reads_public_split``), and a
-    defense that declares it never reads it does not touch ``ctx.public_x`` or ``ctx.public_y`` (it would
-    get None). DCS² reads it for its 'public' and 'mixup' starts only."""
-    from method_checks import DEFENSE_CASES
-
-    from leakgym.defenses import DEFENSES
-
-    given, read = _watch_public_reads(monkeypatch)
-    g = torch.Generator().manual_seed(3)
-    public_x, public_y = torch.rand(12, 1, 16, 16, generator=g), torch.randint(0, 10, (12,), generator=g)
-    cases = {name: (case.config, case.setting) for name, case in DEFENSE_CASES.items()}
-    cases["dcs2-random-start"] = (DefenseConfig(dcs2_lambda_g=0.7, dcs2_steps=2, dcs2_start="random"),
-                                  DEFENSE_CASES["dcs2"].setting)
-    readers = set()
-    for key, (config, setting) in cases.items():
-        name = key.split("-")[0]
-        if name == "loda":
-            config = config.replace(loda_steps=2)
-        elif name == "dcs2":
-            config = config.replace(dcs2_steps=2)
-        elif name == "censor":
-            config = config.replace(censor_trials=2)
-        given.clear(), read.clear()
-        x, y = _batch(setting.batch_size, seed=1)
-        apply_defense(setting.build(), x, y, config, seed=5, public_x=public_x, public_y=public_y)
-        assert name in given, key
-        declared = DEFENSES[name].reads_public_split(config)
-        assert given[name] is declared, key
-        if not declared:
-            assert name not in read, f"{key} reads ctx.public_x but declares that it never reads the public split"
-        else:
-            readers.add(key)
-    assert readers == {"loda", "instahide", "dcs2"}  # dcs2's default start is 'mixup'
-
-
 def test_a_call_normalises_the_public_split_only_when_a_defense_reads_it(monkeypatch):
     """Noise and pruning never read the public split: a call with them does not normalise it (73 ms for
     CIFAR-10's 5,000 public images, paid on every defended call before), and its update is bit-identical
     with and without the split passed. Add a reader (DCS² with its 'mixup' start) and the split is normalised
-    once for the call and given to every context."""
+    once for the call. Which defense gets it: tests/test_defenses_devices.py."""
     from leakgym.data.spec import DatasetSpec
 
-    given, _ = _watch_public_reads(monkeypatch)
     sizes = []
     normalize = DatasetSpec.normalize
     monkeypatch.setattr(DatasetSpec, "normalize", lambda self, t: sizes.append(t.shape[0]) or normalize(self, t))
@@ -407,10 +346,10 @@ def test_a_call_normalises_the_public_split_only_when_a_defense_reads_it(monkeyp
     public_x, public_y = torch.rand(12, 1, 16, 16, generator=g), torch.randint(0, 10, (12,), generator=g)
     config = DefenseConfig(noise_sigma=1e-3, prune=0.5)
     with_split, _ = apply_defense(model, x, y, config, seed=2, public_x=public_x, public_y=public_y)
-    assert 12 not in sizes and given == {"prune": False, "noise": False}
+    assert 12 not in sizes
     without, _ = apply_defense(model, x, y, config, seed=2)
     for name, t in without.tensors.items():
         assert torch.equal(with_split.tensors[name], t), name
-    apply_defense(model, x, y, config.replace(dcs2_lambda_g=0.5, dcs2_steps=2), seed=2,
-                  public_x=public_x, public_y=public_y)
-    assert sizes.count(12) == 1 and given == {"prune": True, "noise": True, "dcs2": True}
+    apply_defense(model, x, y, config.replace(dcs2_lambda_g=0.5, dcs2_steps=2), seed=2, public_x=public_x,
+                  public_y=public_y)
+    assert sizes.count(12) == 1
