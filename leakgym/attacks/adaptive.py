@@ -273,7 +273,7 @@ def class_mean_images(public_x: Tensor, public_y: Tensor, num_classes: int) -> T
     return means.to(public_x.dtype)
 
 
-#: class means by public image tensor (weakly held): ``public_x -> (key, public_y, means)``
+#: class means by public image tensor (weakly held): ``public_x -> (key, weak reference to public_y, means)``
 _CLASS_MEANS = WeakIdKeyDictionary()
 
 

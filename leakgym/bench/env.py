@@ -33,11 +33,12 @@ bounds a large N on a GPU.
 
 A scenario whose dataset is not on disk is timed on synthetic images of the dataset's shape (uniform
 noise, random labels) inside the worker only, and its row says ``synthetic data (timing only)``; the
-environment itself never substitutes data. The synthetic training set has 600 images per client plus 1,200
-unless ``--synthetic-images`` sets its size: every game holds a public split of ``public_fraction`` of it,
-which the attacks and defenses that read the public split process (CIFAR-10's real 50,000 images give
-5,000 public images a game; the row then names the size). Results go to ``--json`` and a markdown table beside it,
-rewritten after every finished row; Ctrl-C stops the worker and keeps the finished rows (exit status 130).
+environment itself never substitutes data. The synthetic training set has 600 images per client plus
+1,200 unless ``--synthetic-images`` sets its size: every game holds a public split of ``public_fraction``
+of it, which the attacks and defenses that read the public split process (CIFAR-10's real 50,000 images
+give 5,000 public images a game; the row then names the size). Results go to ``--json`` and a markdown
+table beside it, rewritten after every finished row; Ctrl-C stops the worker and keeps the finished rows
+(exit status 130).
 """
 
 from __future__ import annotations
