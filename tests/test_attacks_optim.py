@@ -196,51 +196,6 @@ def test_class_mean_images():
     assert class_mean_images(x, torch.tensor([1, 1, 1]), 3)[1].item() == pytest.approx(0.5)
 
 
-def test_class_means_are_computed_once_per_public_split_until_it_changes(monkeypatch):
-    """Prior-init reads its class means from a cache keyed on the public tensors (a game's public split
-    is fixed for its episode): the second call computes nothing and returns the same values; an in-place
-    write to the images or the labels, other labels, another class count or a fresh tensor recompute them;
-    a public split that is freed leaves the cache."""
-    import gc
-
-    from leakgym.attacks import adaptive
-
-    computed = []
-    compute = adaptive.class_mean_images
-    monkeypatch.setattr(adaptive, "class_mean_images", lambda *a: computed.append(1) or compute(*a))
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(20, 1, 4, 4, generator=g), torch.randint(0, 3, (20,), generator=g)
-    cpu = torch.device("cpu")
-    first = adaptive.cached_class_mean_images(x, y, 3, cpu)
-    assert torch.equal(first, compute(x, y, 3)) and len(computed) == 1
-    assert adaptive.cached_class_mean_images(x, y, 3, cpu) is first and len(computed) == 1
-    x.mul_(0.5)  # the images change in place: recomputed
-    halved = adaptive.cached_class_mean_images(x, y, 3, cpu)
-    assert len(computed) == 2 and torch.allclose(halved, first * 0.5)
-    y[:] = 0  # the labels change in place
-    assert torch.allclose(adaptive.cached_class_mean_images(x, y, 3, cpu)[0], x.mean(0)) and len(computed) == 3
-    other = torch.zeros_like(y)  # equal labels in another tensor, another class count, another images tensor
-    adaptive.cached_class_mean_images(x, other, 3, cpu)
-    adaptive.cached_class_mean_images(x, other, 4, cpu)
-    adaptive.cached_class_mean_images(x.clone(), other, 4, cpu)
-    assert len(computed) == 6
-    before = len(adaptive._CLASS_MEANS)
-    del x
-    gc.collect()
-    assert len(adaptive._CLASS_MEANS) == before - 1
-
-
-@pytest.mark.cuda
-def test_class_means_of_a_cuda_public_split_are_cached_on_cuda(cuda_device):
-    from leakgym.attacks import adaptive
-
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(20, 1, 4, 4, generator=g).to(cuda_device), torch.randint(0, 3, (20,), generator=g).to(cuda_device)
-    means = adaptive.cached_class_mean_images(x, y, 3, x.device)
-    assert means.device == x.device and adaptive.cached_class_mean_images(x, y, 3, x.device) is means
-    torch.testing.assert_close(means.cpu(), adaptive.class_mean_images(x.cpu(), y.cpu(), 3))
-
-
 # -- EOT --------------------------------------------------------------------------------------------
 def test_eot_averaging_changes_the_objective(digits, lenet):
     """At fixed images, E=16 averaged noisy dummy gradients give a cosine loss closer to the noise-free

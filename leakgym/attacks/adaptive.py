@@ -18,17 +18,16 @@ Three adaptations, each a subclass of :class:`~leakgym.attacks.inverting_gradien
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.weak import WeakIdKeyDictionary
 
 from leakgym.attacks.base import AttackerKnowledge, check_integer
 from leakgym.attacks.engine import DefenseSimulator, MatchingObjective
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
+from leakgym.attacks.public_split import derived
 from leakgym.fl.update import SharedUpdate
 from leakgym.models import precode_layer_split
 from leakgym.optim.randomness import BatchedGenerator
@@ -273,27 +272,6 @@ def class_mean_images(public_x: Tensor, public_y: Tensor, num_classes: int) -> T
     return means.to(public_x.dtype)
 
 
-#: class means by public image tensor (weakly held): ``public_x -> (key, weak reference to public_y, means)``
-_CLASS_MEANS = WeakIdKeyDictionary()
-
-
-def cached_class_mean_images(public_x: Tensor, public_y: Tensor, num_classes: int, device: torch.device) -> Tensor:
-    """:func:`class_mean_images` of ``public_x`` on ``device``, computed once while ``public_x`` and
-    ``public_y`` live and are not written to in place (torch's version counters; a write through ``.data``
-    or a NumPy view is not seen). Read-only by contract: callers index the result, never write to it.
-
-    Why: a game's public split is fixed for its episode, and prior-init recomputed its means for every
-    problem: 69 ms with CIFAR-10's 5,000 public images (one thread), 0.7 s of a CIFAR vector step at N = 8."""
-    device = torch.device(device)
-    key = (public_x._version, public_y._version, num_classes, device)
-    entry = _CLASS_MEANS.get(public_x)
-    if entry is not None and entry[0] == key and entry[1]() is public_y:
-        return entry[2]
-    means = class_mean_images(public_x.to(device), public_y, num_classes)
-    _CLASS_MEANS[public_x] = (key, weakref.ref(public_y), means)
-    return means
-
-
 class PriorInit(InvertingGradients):
     """Inverting Gradients initialised with the class-mean image (DCS^2 paper Table 4 "AvgImg").
 
@@ -314,7 +292,10 @@ class PriorInit(InvertingGradients):
         if labels is None:
             raise ValueError("prior-init needs known or inferred labels to pick class means")
         spec, device = knowledge.spec, generator.device
-        means = cached_class_mean_images(knowledge.public_x, knowledge.public_y, spec.num_classes, device)
+        public_x, public_y = knowledge.public_x, knowledge.public_y
+        # computed once per public split (public_split.derived): a game's split is fixed for its episode
+        means = derived(public_x, ("class means", spec.num_classes, torch.device(device)),
+                        lambda: class_mean_images(public_x.to(device), public_y, spec.num_classes), also=(public_y,))
         start = spec.normalize(means[labels.to(device)].float())  # (B, C, H, W)
         noise = torch.randn(restarts, *start.shape, generator=generator, device=device)
         return start.unsqueeze(0) + self.config.prior_noise * noise

@@ -67,6 +67,7 @@ from leakgym.attacks.analytic import (
     recover_linear_input,
 )
 from leakgym.attacks.base import check_seed, check_tolerance
+from leakgym.attacks.public_split import derived
 from leakgym.data import DatasetSpec
 from leakgym.optim.randomness import seeded_generator
 
@@ -302,7 +303,11 @@ class ImprintAttack(InputBlockAttack):
         cfg: ImprintConfig = self.config
         d = math.prod(spec.shape)
         direction = self.measurement_direction(spec)
-        thresholds = imprint_thresholds(direction, cfg.num_bins, spec, public_x)
+        if public_x is None:
+            thresholds = imprint_thresholds(direction, cfg.num_bins, spec)
+        else:  # once per public split (public_split.derived): the direction is fixed by the settings and spec
+            thresholds = derived(public_x, ("imprint thresholds", cfg.measurement, cfg.seed, cfg.num_bins, spec),
+                                 lambda: imprint_thresholds(direction, cfg.num_bins, spec, public_x))
         block = ImprintBlock(d, cfg.num_bins)
         with torch.no_grad():
             block.linear0.weight.copy_(direction.expand(cfg.num_bins, d))
