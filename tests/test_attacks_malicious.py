@@ -231,6 +231,20 @@ def test_malicious_configs_are_checked_and_prepare_model_leaves_the_global_rng(a
     torch.testing.assert_close(torch.rand(3), expected)
 
 
+def test_the_malicious_block_starts_at_zero_without_an_initialisation(monkeypatch):
+    """Its users set every weight: the block starts at zero and runs no random initialisation (42 ms a
+    block at TinyImageNet's size, every round, before)."""
+    def drawn(tensor, *args, **kwargs):
+        if tensor.device.type != "meta":  # torch.nn.utils.skip_init builds the layers on the meta device
+            raise AssertionError("the block ran a random initialisation")
+        return tensor
+
+    for name in ("kaiming_uniform_", "uniform_"):
+        monkeypatch.setattr(torch.nn.init, name, drawn)
+    block = ImprintBlock(256, 4)
+    assert all(bool((p == 0).all()) for p in block.parameters())
+
+
 def test_a_threshold_equal_to_the_largest_public_measurement_moves_above_it():
     """When the brightest public images share one brightness, a top quantile equals it: `searchsorted`
     put it past the end and it stayed on the measurement, so equally bright victims (an image and its
