@@ -57,6 +57,21 @@ def test_a_derived_value_is_kept_while_its_tensors_live_unchanged():
     assert len(public_split._DERIVED) == before - 1  # the entries go with their public split
 
 
+def test_an_inference_tensor_is_not_cached():
+    """Tensors made under torch.inference_mode keep no version counter (reading it raises): a value derived
+    from one is computed every call, and prior-init still runs on such a split."""
+    with torch.inference_mode():
+        x, y = _public()
+    computed = []
+    for _ in range(2):
+        public_split.derived(x, "k", lambda: computed.append(1), also=(y,))
+    assert len(computed) == 2
+    model = build_model("lenet", SPEC, seed=0)
+    knowledge = AttackerKnowledge(model=model, spec=SPEC, batch_size=1, public_x=x, public_y=y)
+    start = PriorInit(iterations=1).initial_images(knowledge, y[:1], 1, torch.Generator().manual_seed(0))
+    assert start.shape == (1, 1, *SPEC.shape)
+
+
 def test_prior_init_computes_the_class_means_once_per_public_split(monkeypatch):
     """Two rounds against the same game's public split: the class means are computed once, and each start
     image is what the class means computed afresh give."""

@@ -28,7 +28,11 @@ def derived(public_x: Tensor, key: Hashable, compute: Callable[[], T], *, also: 
     and are not written to in place; the key names everything else the value depends on (settings,
     device). Tensors are followed by object and version counter: an in-place write through torch is seen, a
     write through ``.data`` or a NumPy view is not. The value is shared: callers read it, never write to it.
+    Inference tensors (made under ``torch.inference_mode``) keep no version counter: for them the value is
+    computed every call.
     """
+    if public_x.is_inference() or any(t.is_inference() for t in also):
+        return compute()
     entries = _DERIVED.get(public_x)
     if entries is None:
         entries = _DERIVED[public_x] = {}
