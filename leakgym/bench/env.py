@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import multiprocessing as mp
 import resource
 import signal
@@ -110,11 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_synthetic_images(n: int, scenario) -> None:
-    """``--synthetic-images`` must split like the scenario's dataset: at least one public image
-    (``public_fraction`` of it) and a private one per client and the victim; ValueError naming the bound."""
-    public = math.floor(scenario.public_fraction * n)
-    if public < 1 or n - public < scenario.num_clients + 1:
-        raise ValueError(f"--synthetic-images={n} gives scenario {scenario.name!r} {public} public and {n - public} "
+    """``--synthetic-images`` must split like the scenario's dataset (:func:`leakgym.game.scenario.split_counts`):
+    at least one public image and a private one per client and the victim; ValueError naming the bound."""
+    from leakgym.game.scenario import split_counts
+
+    public, private, fits = split_counts(scenario, n)
+    if not fits:
+        raise ValueError(f"--synthetic-images={n} gives scenario {scenario.name!r} {public} public and {private} "
                          f"private images; allowed: sizes N with floor(public_fraction * N) >= 1 (public_fraction="
                          f"{scenario.public_fraction}) and at least {scenario.num_clients + 1} private images "
                          f"({scenario.num_clients} clients and the victim)")

@@ -598,21 +598,29 @@ def _check_model(sc: Scenario) -> None:
                          "choose a larger image_size or another model") from None
 
 
+def split_counts(sc: Scenario, n: int) -> tuple[int, int, bool]:
+    """The public and private image counts of ``sc``'s federated split of ``n`` training images, and whether
+    they suffice: a public image (the attacker's priors, DCS²'s and LODA's start images) and a private one
+    per client and the victim."""
+    public = math.floor(sc.public_fraction * n)
+    return public, n - public, public >= 1 and n - public >= sc.num_clients + 1
+
+
 def _check_split(sc: Scenario) -> None:
-    """The federated split of the dataset's published training set must have a public image (the
-    attacker's priors, DCS²'s and LODA's start images) and a private one per client and the victim:
-    checked when the scenario is built, not at reset or in the first round that needs them."""
+    """:func:`split_counts` of the dataset's published training set must suffice: checked when the scenario
+    is built, not at reset or in the first round that needs them."""
     from leakgym.data.catalog import dataset_info
 
     n = dataset_info(sc.dataset).train_size
-    public = math.floor(sc.public_fraction * n)
+    public, _, fits = split_counts(sc, n)
+    if fits:
+        return
     if public < 1:
         raise ValueError(f"scenario {sc.name!r}: public_fraction={sc.public_fraction!r} leaves no public image of "
                          f"the {n} training images of {sc.dataset}; allowed: >= {1 / n:.3g}")
-    if n - public < sc.num_clients + 1:
-        raise ValueError(f"scenario {sc.name!r}: num_clients={sc.num_clients} benign clients and the victim need "
-                         f"{sc.num_clients + 1} private images, public_fraction={sc.public_fraction!r} leaves "
-                         f"{n - public} of the {n} training images of {sc.dataset}")
+    raise ValueError(f"scenario {sc.name!r}: num_clients={sc.num_clients} benign clients and the victim need "
+                     f"{sc.num_clients + 1} private images, public_fraction={sc.public_fraction!r} leaves "
+                     f"{n - public} of the {n} training images of {sc.dataset}")
 
 
 def _attack_values(sc: Scenario, key: str) -> list:
