@@ -88,6 +88,8 @@ def _trap_block(num_neurons: int, scale_factor: float, seed: int, spec: DatasetS
     Built on the CPU from ``seed`` (the same block whatever the model's device; ``insert_input_block`` moves
     it to the model's device), once per setting: every game and round of a scenario sends the same block,
     and drawing it took 0.75 s at TinyImageNet's 12,288 inputs and 500 neurons (one thread, each round).
+    Held for the process, at most two settings: 2 x neurons x inputs values each (49 MB at that size in
+    float32, 602 MB at Imagenette's 224 px), as large as the block every prepared model carries.
     """
     d = math.prod(spec.shape)
     generator = seeded_generator(seed)
