@@ -45,12 +45,12 @@ def test_games_share_one_normalised_copy_and_evaluation_set():
     try:
         assert games.images is shared_images(games.dataset, "cpu")  # one copy for every row
         assert games.servers[0].eval_x is games.servers[2].eval_x  # the batched round's shared-evaluation path
-        # What a game keeps of its own: the public split (unit images, 10% of the training set) and index
-        # sets. Copies of the clients' shards (the whole training set) would be ten times more.
+        # What a game keeps of its own: index sets (its public split's and its clients'). Copies of the
+        # clients' shards would be the whole training set, and the public images 10% of it.
         train_bytes = games.dataset.train_x.nbytes
         for r in range(3):
-            own = [games.public_x[r], games.public_y[r], games.victim_rows[r], *games.benign_rows[r]]
-            assert sum(t.nbytes for t in own) < 0.15 * train_bytes
+            own = [games.public_rows[r], games.victim_rows[r], *games.benign_rows[r]]
+            assert sum(t.nbytes for t in own) < 0.01 * train_bytes
     finally:
         vec.close()
 
@@ -66,7 +66,8 @@ def test_a_games_batches_are_the_normalised_rows_of_its_split():
         split = federated_split(g.dataset, num_clients=sc.num_clients + 1, public_fraction=sc.public_fraction,
                                 alpha=sc.dirichlet_alpha, seed=1234)
         norm = g.spec.normalize
-        assert torch.equal(g.public_x[1], split.public_x)
+        public_x, public_y = g.public_split(1)
+        assert torch.equal(public_x, split.public_x) and torch.equal(public_y, split.public_y)
         rng = copy.deepcopy(g.rngs[1])
         nvec = [len(d) for d in (g.menus["defender"].dims, g.menus["attacker"].dims)]
         plans = game_round.plan(g, [1], [(np.zeros(nvec[0], np.int64), np.zeros(nvec[1], np.int64))])

@@ -104,6 +104,7 @@ class LayerSkipping(InvertingGradients):
     """Inverting Gradients on a subset of layers (PPP paper Sec. 3.3; pruned layers skipped)."""
 
     name = "layer-skipping"
+    public_split = False
     Config = LayerSkippingConfig
 
     def matched_names(self, update: SharedUpdate, knowledge: AttackerKnowledge) -> list[str]:
@@ -219,6 +220,7 @@ class EOT(InvertingGradients):
     """
 
     name = "eot"
+    public_split = False
     Config = EOTConfig
 
     def simulator(self) -> DefenseSimulator:
@@ -281,6 +283,7 @@ class PriorInit(InvertingGradients):
     """
 
     name = "prior-init"
+    public_split = True
     Config = PriorInitConfig
 
     def initial_images(

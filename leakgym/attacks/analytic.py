@@ -446,6 +446,7 @@ class AnalyticAttack(Attack):
     """
 
     name: ClassVar[str] = "analytic"
+    public_split = False
     Config: ClassVar[type] = AnalyticConfig
 
     def _reconstruct_batch(

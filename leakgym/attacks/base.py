@@ -96,6 +96,22 @@ class Attack(ABC):
     #: Config fields that may differ between the problems of one :meth:`reconstruct_batch` call
     #: (``configs=``); attacks whose computation takes them per problem batch such problems together.
     per_problem_fields: ClassVar[tuple[str, ...]] = ()
+    #: Whether the attack reads the public split (``prepare_model``'s ``public_x``, ``knowledge.public_x`` and
+    #: ``public_y``). A game gathers a public split only for the rounds whose attack or defense reads it, and
+    #: gives the others ``None`` (:meth:`leakgym.game.batch.GameBatch.public_split`). Each class declares it
+    #: for itself: a subclass that does not say so reads it (True), whatever its parent declared, so an
+    #: attack built on a non-reader such as Inverting Gradients never loses a split it reads.
+    public_split: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "public_split" not in cls.__dict__:
+            cls.public_split = True
+
+    def reads_public_split(self) -> bool:
+        """Whether this attack reads the public split (:attr:`public_split`; an attack whose reading depends
+        on its config overrides this)."""
+        return self.public_split
 
     def __init__(self, config: Any | None = None, **overrides: Any) -> None:
         if config is None:

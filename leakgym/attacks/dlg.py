@@ -49,6 +49,7 @@ class DLG(OptimizationAttack):
     """Deep Leakage from Gradients: L2 gradient matching, L-BFGS, joint label optimisation."""
 
     name = "dlg"
+    public_split = False
     Config = DLGConfig
 
     def label_mode(self, knowledge: AttackerKnowledge):

@@ -76,6 +76,7 @@ class GradInversion(OptimizationAttack):
     """GradInversion (Yin et al. 2021): L2 matching + TV/l2 + BN-statistics + group-consistency priors."""
 
     name = "gradinversion"
+    public_split = False
     Config = GradInversionConfig
 
     def uses_bn_stats(self, knowledge: AttackerKnowledge) -> bool:

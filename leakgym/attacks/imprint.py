@@ -281,6 +281,7 @@ class ImprintAttack(InputBlockAttack):
     """
 
     name: ClassVar[str] = "imprint"
+    public_split = True
     Config: ClassVar[type] = ImprintConfig
     malicious: ClassVar[bool] = True
     #: Name of the inserted block; its layers are ``imprint.linear0`` and ``imprint.linear2``.

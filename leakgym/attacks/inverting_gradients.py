@@ -73,6 +73,7 @@ class InvertingGradients(OptimizationAttack):
     """Inverting Gradients (Geiping et al. 2020): cosine matching + TV, signed Adam, box, restarts."""
 
     name = "inverting-gradients"
+    public_split = False
     Config = InvertingGradientsConfig
 
     def objective(self) -> MatchingObjective:

@@ -127,6 +127,7 @@ class LodaInversion(InvertingGradients):
     """LODA's adaptive attack: Inverting Gradients, then Eq. 6 to undo the obscuring."""
 
     name = "loda-inversion"
+    public_split = True
     Config = LodaInversionConfig
 
     def _reconstruct_batch(

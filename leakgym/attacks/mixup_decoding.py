@@ -174,6 +174,7 @@ class MixupDecoding(InvertingGradients):
     """
 
     name = "mixup-decoding"
+    public_split = True  # (the cross-dataset public offset, when the encoding names public images)
     Config = MixupDecodingConfig
 
     def _reconstruct_batch(

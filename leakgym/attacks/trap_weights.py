@@ -148,6 +148,7 @@ class TrapWeightsAttack(InputBlockAttack):
     """
 
     name: ClassVar[str] = "trap-weights"
+    public_split = False
     Config: ClassVar[type] = TrapWeightsConfig
     malicious: ClassVar[bool] = True
     #: Name of the inserted block; its layers are ``trap.linear0`` and ``trap.linear2``.

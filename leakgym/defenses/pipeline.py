@@ -69,6 +69,7 @@ from leakgym.defenses.registry import (
     DefenseContext,
     GlobalRngStream,
     derived_generator,
+    reads_public_split,
     seeded_global_rng,
 )
 from leakgym.fl.bank import ModelBank
@@ -260,7 +261,7 @@ def _begin(call: DefenseCall) -> _Client:
         return client
     spec = model.spec
     public_xn = public_yd = None
-    if call.public_x is not None and any(DEFENSES[n].reads_public_split(config) for n in client.applied):
+    if call.public_x is not None and reads_public_split(config):
         public_xn, public_yd = spec.normalize(call.public_x.to(x)), call.public_y.to(device)
     client.ctx = {
         name: DefenseContext(

@@ -634,3 +634,10 @@ def defense_compute_units(config: FieldValues) -> float:
     A deterministic count (unlike wall time), so the same seed gives the same rewards.
     """
     return float(sum(_REGISTRY[name].cost(config) for name in config.active()))
+
+
+def reads_public_split(config: FieldValues) -> bool:
+    """Whether a defense active in ``config`` reads the public split (:meth:`Defense.reads_public_split`):
+    the pipeline normalises it, and a game gathers it (:meth:`leakgym.game.batch.GameBatch.public_split`),
+    only then."""
+    return any(_REGISTRY[name].reads_public_split(config) for name in config.active())

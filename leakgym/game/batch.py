@@ -5,7 +5,9 @@ several envs share, :func:`leakgym.envs.step_together`), a vector env is a batch
 quantities are columns with a leading N dimension: the global models' parameters are the rows of one
 :class:`~leakgym.fl.bank.ModelBank` (one stacked tensor per parameter name), round counters, accuracies
 and test losses are ``(N,)`` arrays, and the per-game objects that cannot be stacked (each game's
-generator, its client split as index sets, the record of its last round) are length-N lists. The
+generator, its client split and public split as index sets, the record of its last round) are length-N
+lists; a game's public images are gathered only for the rounds whose attack or defense reads them
+(:meth:`GameBatch.public_split`). The
 scenario, the action menus, the dataset (one normalised copy per device for the whole process,
 :class:`SharedImages`) and the values the scenario fixes for a whole episode (the local optimiser, the
 learning-rate schedule) are held once.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,6 +46,11 @@ from .records import RoundPlan, RoundRecord
 
 #: the two players of every game, in the order of the views' dicts
 AGENTS = ("attacker", "defender")
+
+#: bytes of gathered public splits (:meth:`GameBatch.public_split`) a batch keeps between rounds, the most
+#: recently read ones: what lets the values an attack derives from a split (:mod:`leakgym.attacks.public_split`)
+#: outlive a round. 1 GiB holds 17 CIFAR-10 splits (61 MB each) and any number of digits ones (46 KB).
+PUBLIC_SPLIT_CACHE_BYTES = 2**30
 
 
 @lru_cache(maxsize=8)
@@ -183,8 +191,11 @@ class GameBatch:
         self.diverged_at: list[int | None] = [None] * size
         self.rngs: list[np.random.Generator | None] = [None] * size
         self.servers: list[Server | None] = [None] * size
-        self.public_x: list[Tensor | None] = [None] * size  # unit images (attacker priors, defender auxiliaries)
-        self.public_y: list[Tensor | None] = [None] * size
+        #: each game's public split (attacker priors, defender auxiliaries) as indices of the dataset's
+        #: training images; :meth:`public_split` gathers the images
+        self.public_rows: list[Tensor | None] = [None] * size
+        self._public: OrderedDict[int, tuple[Tensor, Tensor, Tensor]] = OrderedDict()  # row -> (rows, x, y)
+        self._public_bytes = 0
         self.victim_rows: list[Tensor | None] = [None] * size
         self.benign_rows: list[list[Tensor]] = [[] for _ in range(size)]
         self.last: list[RoundRecord | None] = [None] * size
@@ -243,6 +254,35 @@ class GameBatch:
             self._signatures[row] = (server_model, key)
         return key
 
+    def public_split(self, row: int) -> tuple[Tensor, Tensor]:
+        """Game ``row``'s public split: its unit images and labels on the batch's device, gathered from the
+        dataset's training images (bit for bit the split :func:`leakgym.data.federated_split` makes).
+
+        Why on demand: a game used to keep its public split from reset on, 61 MB per CIFAR-10 game and 491
+        MB per TinyImageNet one, so that N = 256 CIFAR-10 games held 15.7 GB of them whatever they played.
+        Now only the rounds whose attack or defense reads the split gather it (:func:`leakgym.game.round.defend`).
+        The most recently read splits stay gathered within :data:`PUBLIC_SPLIT_CACHE_BYTES` (at least the one
+        just read), and a kept split is the same tensor on every read, so what an attack derives from it is
+        computed once (:func:`leakgym.attacks.public_split.derived`); a split read again after it was dropped
+        is gathered again, with equal values."""
+        rows = self.public_rows[row]
+        kept = self._public.get(row)
+        if kept is not None and kept[0] is rows:
+            self._public.move_to_end(row)
+            return kept[1], kept[2]
+        self._forget_public(row)
+        x, y = self.dataset.train_x[rows].to(self.device), self.dataset.train_y[rows].to(self.device)
+        self._public[row] = (rows, x, y)
+        self._public_bytes += x.nbytes + y.nbytes
+        while self._public_bytes > PUBLIC_SPLIT_CACHE_BYTES and len(self._public) > 1:
+            self._forget_public(next(iter(self._public)))
+        return x, y
+
+    def _forget_public(self, row: int) -> None:
+        kept = self._public.pop(row, None)
+        if kept is not None:
+            self._public_bytes -= kept[1].nbytes + kept[2].nbytes
+
     # ------------------------------------------------------------------ reset
     def reset(self, row: int, seed: int) -> None:
         """Start a new episode of game ``row`` from ``seed``: its generator, client split, global model
@@ -259,8 +299,8 @@ class GameBatch:
         self.rngs[row] = np.random.default_rng(seed)
         self.round[row] = 0
         self.diverged_at[row] = None
-        self.public_x[row] = self.dataset.train_x[split.public].to(dev)
-        self.public_y[row] = self.dataset.train_y[split.public].to(dev)
+        self.public_rows[row] = split.public
+        self._forget_public(row)
         self.victim_rows[row], self.benign_rows[row] = split.clients[0], list(split.clients[1:])
         self.servers[row] = server
         self._signatures[row] = None
@@ -318,11 +358,12 @@ class GameBatch:
     # ------------------------------------------------------------------ copies
     def __getstate__(self) -> dict:
         """A copy (``copy.deepcopy``, pickle) carries every game's state; its models are bound to the copy's
-        own bank by :meth:`__setstate__` (the bank's stacks travel, its bindings do not); decoded plans are
-        made again on demand."""
+        own bank by :meth:`__setstate__` (the bank's stacks travel, its bindings do not); decoded plans and
+        gathered public splits are made again on demand."""
         state = dict(self.__dict__)
         del state["bank"]
         state["plans"] = {}
+        state["_public"], state["_public_bytes"] = OrderedDict(), 0  # (gathered again on demand)
         return state
 
     def __deepcopy__(self, memo: dict) -> GameBatch:

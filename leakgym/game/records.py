@@ -28,6 +28,8 @@ class RoundPlan:
     attack_settings: dict[str, Any]
     defense: DefenseConfig
     attack: Attack
+    #: whether the attack or a defense reads the public split (the round then gathers it for the game)
+    reads_public_split: bool = True
 
 
 @dataclass

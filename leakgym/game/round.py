@@ -62,6 +62,7 @@ from leakgym.defenses import (
     apply_defense,
     apply_defense_many,
     defense_compute_units,
+    reads_public_split,
 )
 from leakgym.defenses.registry import seeded_global_rng
 from leakgym.devices import to_host
@@ -230,9 +231,10 @@ def plan_one(batch: GameBatch, row: int, defender_action: Any, attacker_action: 
             d_settings.setdefault(field, [])
         d_action, a_action = d_action.copy(), a_action.copy()  # (check may return the caller's array)
         d_action.flags.writeable = a_action.flags.writeable = False
+        defense, decoded_attack = defense_config_for(sc, d_action, defender), attack_for(sc, a_settings)
         out = RoundPlan(defender_action=d_action, attacker_action=a_action, defense_settings=d_settings,
-                        attack_settings=a_settings,
-                        defense=defense_config_for(sc, d_action, defender), attack=attack_for(sc, a_settings))
+                        attack_settings=a_settings, defense=defense, attack=decoded_attack,
+                        reads_public_split=decoded_attack.reads_public_split() or reads_public_split(defense))
         if len(batch.plans) >= PLAN_CACHE:
             batch.plans.clear()
         batch.plans[key] = out
@@ -260,8 +262,9 @@ def plan(batch: GameBatch, rows: list[int], actions: Sequence[tuple[Any, Any]]) 
 # --------------------------------------------------------------------------------------------------
 def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_clients: bool) -> list[Defended]:
     """Phase 2 of every game, each with its own draws: the round seed and the private batch from the game's
-    generator (all private batches as one read of the shared images), the model the server sends, the
-    victims' defense pipelines as one :func:`~leakgym.defenses.apply_defense_many`; with ``batch_clients``
+    generator (all private batches as one read of the shared images), the public split of the games whose
+    attack or defense reads it (:meth:`GameBatch.public_split`; ``None`` for the others), the model the server
+    sends, the victims' defense pipelines as one :func:`~leakgym.defenses.apply_defense_many`; with ``batch_clients``
     the victims' clean updates first, as one batched computation per architecture (:func:`_clean_updates`),
     and the input and step defenses batched over the games (to float32 rounding); without it the pipelines
     run game by game (bit-identical; a round of one game batches its own defenses' work either way)."""
@@ -274,11 +277,13 @@ def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_c
         n = len(victims)
         picks.append(victims[rng.choice(n, size=sc.batch_size, replace=n < sc.batch_size)])
     private = batch.images.read(picks)
+    # The public split, gathered for the games whose attack or defense reads it (the others get None).
+    publics = [batch.public_split(r) if p.reads_public_split else (None, None) for r, p in zip(rows, plans)]
     draw_s = (time.perf_counter() - t0) / len(rows)
     sent_models, prepare_s = [], []
-    for r, p in zip(rows, plans):
+    for r, p, (public_x, _) in zip(rows, plans, publics):
         t1 = time.perf_counter()
-        sent_models.append(p.attack.prepare_model(batch.model(r), batch.spec, public_x=batch.public_x[r]))
+        sent_models.append(p.attack.prepare_model(batch.model(r), batch.spec, public_x=public_x))
         prepare_s.append(draw_s + time.perf_counter() - t1)
     if batch_clients and len(rows) > 1:
         cleans, clean_s = _clean_updates(batch, rows, sent_models, private)
@@ -286,20 +291,21 @@ def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_c
         cleans, clean_s = [None] * len(rows), [0.0] * len(rows)
     t0 = time.perf_counter()
     calls = [DefenseCall(m, x, y, p.defense, seed=seed, update_kind=sc.update_kind, local_steps=sc.local_steps,
-                         local_lr=batch.local_lr(r), public_x=batch.public_x[r], public_y=batch.public_y[r],
+                         local_lr=batch.local_lr(r), public_x=public_x, public_y=public_y,
                          clean=c, clean_seconds=t, optimizer=batch.local_optimizer)
-             for r, p, m, (x, y), seed, c, t in zip(rows, plans, sent_models, private, seeds, cleans, clean_s)]
+             for r, p, m, (x, y), seed, c, t, (public_x, public_y)
+             in zip(rows, plans, sent_models, private, seeds, cleans, clean_s, publics)]
     shared = apply_defense_many(calls, batch_defenses=batch_clients or len(rows) == 1)
     share_s = (time.perf_counter() - t0) / len(rows)
     # The attack gets its own seed, derived from the round seed: it must not replay the client's draws (e.g.
     # PRECODE's sampling noise, seeded by the round seed in apply_defense). SeedSequence([seed, ATTACK_STREAM]).
     attack_seeds = derived_seeds(seeds, ATTACK_STREAM)
     out = []
-    for r, p, m, (x, y), seed, attack_seed, (update, report), t_prep, t_clean in zip(
-            rows, plans, sent_models, private, seeds, attack_seeds, shared, prepare_s, clean_s):
+    for p, m, (x, y), seed, attack_seed, (update, report), t_prep, t_clean, (public_x, public_y) in zip(
+            plans, sent_models, private, seeds, attack_seeds, shared, prepare_s, clean_s, publics):
         knowledge = AttackerKnowledge(model=m, spec=batch.spec, batch_size=sc.batch_size,
                                       labels=y.clone() if sc.known_labels else None,
-                                      public_x=batch.public_x[r], public_y=batch.public_y[r])
+                                      public_x=public_x, public_y=public_y)
         out.append(Defended(x=x, y=y, update=update, report=report, seed=seed,
                             attack_job=AttackJob(attack=p.attack, update=update, knowledge=knowledge, seed=attack_seed),
                             timings={"defense_s": t_prep + t_clean + share_s}))
