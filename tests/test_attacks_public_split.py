@@ -57,6 +57,39 @@ def test_a_derived_value_is_kept_while_its_tensors_live_unchanged():
     assert len(public_split._DERIVED) == before - 1  # the entries go with their public split
 
 
+def test_gathers_of_one_source_share_their_derived_values():
+    """``gathered_from``: a split gathered again finds what was derived from an earlier gather, while the
+    source and the gathered tensors are unchanged; images and labels of one source do not collide."""
+    data_x, data_y = _public(60, seed=1)
+    rows = torch.arange(5, 45)
+    computed = []
+
+    def gather(rows):
+        x, y = data_x[rows], data_y[rows]
+        public_split.gathered_from(x, rows, "x")
+        public_split.gathered_from(y, rows, "y")
+        return x, y
+
+    def means(x, y):
+        return public_split.derived(x, "means", lambda: computed.append(1) or class_mean_images(x, y, 10), also=(y,))
+
+    x1, y1 = gather(rows)
+    first = means(x1, y1)
+    x2, y2 = gather(rows)
+    assert means(x2, y2) is first and len(computed) == 1
+    public_split.derived(y2, "means", lambda: computed.append(1), also=(x2,))  # the labels as the key tensor
+    assert len(computed) == 2
+    x2.add_(1.0)  # written after the gather: followed by itself, and computed on its own values
+    assert torch.allclose(means(x2, y2), first + 1.0, atol=1e-6) and len(computed) == 3
+    assert means(*gather(rows)) is first and len(computed) == 3
+    rows.add_(1)  # the source changed
+    assert means(*gather(rows)) is not first and len(computed) == 4
+    before = len(public_split._DERIVED)
+    del rows, x1, y1, x2, y2
+    gc.collect()
+    assert len(public_split._DERIVED) < before  # the entries go with their source
+
+
 def test_an_inference_tensor_is_not_cached():
     """Tensors made under torch.inference_mode keep no version counter (reading it raises): a value derived
     from one is computed every call, and prior-init still runs on such a split."""

@@ -104,24 +104,34 @@ def test_a_round_gathers_the_split_only_for_a_reader_and_keeps_it(monkeypatch):
         env.close()
 
 
-def test_the_kept_splits_are_bounded_and_a_dropped_one_is_gathered_again(monkeypatch):
+def test_past_the_budget_a_split_is_gathered_for_each_read_and_keeps_its_derived_values(monkeypatch):
+    """A split that does not fit is gathered again on every read (equal values); prior-init's class means,
+    derived from it, are still computed once for the episode (``gathered_from``)."""
+    from leakgym.attacks import adaptive
+
     env = parallel_env("digits", iterations=[1])
     try:
         env.reset(seed=0)
         batch = env.games
-        one = sum(t.nbytes for t in batch.public_split(0))
-        monkeypatch.setattr(batch_module, "PUBLIC_SPLIT_CACHE_BYTES", one - 1)
+        monkeypatch.setattr(batch_module, "PUBLIC_SPLIT_CACHE_BYTES", 0)
         x, _ = batch.public_split(0)
-        assert batch.public_split(0)[0] is x  # at least the split just read is kept
-        batch._forget_public(0)
         again, _ = batch.public_split(0)
-        assert again is not x and torch.equal(again, x)
-        assert batch._public_bytes == one
+        assert again is not x and torch.equal(again, x) and not batch._public and batch._public_bytes == 0
+        means = []
+        real = adaptive.class_mean_images
+        monkeypatch.setattr(adaptive, "class_mean_images", lambda *a, **k: means.append(1) or real(*a, **k))
+        for _ in range(3):
+            env.step(_actions(env, "prior-init"))
+        assert len(means) == 1
+        env.reset(seed=1)  # a new episode, a new split
+        env.step(_actions(env, "prior-init"))
+        assert len(means) == 2
     finally:
         env.close()
 
 
-def test_a_vector_of_games_keeps_within_the_budget(monkeypatch):
+def test_a_vector_of_games_keeps_the_splits_that_fit_until_their_games_reset(monkeypatch):
+    """Not least recently used: games reading in turn would then drop every split before its next read."""
     import gymnasium as gym
 
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, opponent="none", iterations=[1])
@@ -129,10 +139,17 @@ def test_a_vector_of_games_keeps_within_the_budget(monkeypatch):
         vec.reset(seed=0)
         batch = vec.games
         one = sum(t.nbytes for t in batch.public_split(0))
+        batch.reset(0, seed=5)
+        assert not batch._public and batch._public_bytes == 0
         monkeypatch.setattr(batch_module, "PUBLIC_SPLIT_CACHE_BYTES", 2 * one + one // 2)
-        for r in range(3):
-            batch.public_split(r)
-        assert list(batch._public) == [1, 2] and batch._public_bytes <= 2 * one + one // 2
+        first = [batch.public_split(r)[0] for r in range(3)]
+        second = [batch.public_split(r)[0] for r in range(3)]
+        assert sorted(batch._public) == [0, 1] and batch._public_bytes == 2 * one
+        assert second[0] is first[0] and second[1] is first[1] and second[2] is not first[2]
+        batch.reset(1, seed=6)
+        assert sorted(batch._public) == [0] and batch._public_bytes == one
+        batch.public_split(2)
+        assert sorted(batch._public) == [0, 2]
     finally:
         vec.close()
 

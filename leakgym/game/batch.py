@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import math
 import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from leakgym.attacks.public_split import gathered_from
 from leakgym.data import Dataset, load_dataset, split_indices
 from leakgym.devices import check_device
 from leakgym.fl import batched as fl_batched
@@ -47,9 +47,9 @@ from .records import RoundPlan, RoundRecord
 #: the two players of every game, in the order of the views' dicts
 AGENTS = ("attacker", "defender")
 
-#: bytes of gathered public splits (:meth:`GameBatch.public_split`) a batch keeps between rounds, the most
-#: recently read ones: what lets the values an attack derives from a split (:mod:`leakgym.attacks.public_split`)
-#: outlive a round. 1 GiB holds 17 CIFAR-10 splits (61 MB each) and any number of digits ones (46 KB).
+#: bytes of gathered public splits (:meth:`GameBatch.public_split`) a batch keeps between rounds, so that a
+#: game reading its split every round does not gather it every round. 1 GiB holds 17 CIFAR-10 splits (61 MB
+#: each) and any number of digits ones (46 KB).
 PUBLIC_SPLIT_CACHE_BYTES = 2**30
 
 
@@ -194,7 +194,7 @@ class GameBatch:
         #: each game's public split (attacker priors, defender auxiliaries) as indices of the dataset's
         #: training images; :meth:`public_split` gathers the images
         self.public_rows: list[Tensor | None] = [None] * size
-        self._public: OrderedDict[int, tuple[Tensor, Tensor, Tensor]] = OrderedDict()  # row -> (rows, x, y)
+        self._public: dict[int, tuple[Tensor, Tensor, Tensor]] = {}  # kept gathers: row -> (rows, x, y)
         self._public_bytes = 0
         self.victim_rows: list[Tensor | None] = [None] * size
         self.benign_rows: list[list[Tensor]] = [[] for _ in range(size)]
@@ -261,21 +261,23 @@ class GameBatch:
         Why on demand: a game used to keep its public split from reset on, 61 MB per CIFAR-10 game and 491
         MB per TinyImageNet one, so that N = 256 CIFAR-10 games held 15.7 GB of them whatever they played.
         Now only the rounds whose attack or defense reads the split gather it (:func:`leakgym.game.round.defend`).
-        The most recently read splits stay gathered within :data:`PUBLIC_SPLIT_CACHE_BYTES` (at least the one
-        just read), and a kept split is the same tensor on every read, so what an attack derives from it is
-        computed once (:func:`leakgym.attacks.public_split.derived`); a split read again after it was dropped
-        is gathered again, with equal values."""
+        A gathered split is kept, the same tensor on every read, until its game resets, while the kept splits
+        fit in :data:`PUBLIC_SPLIT_CACHE_BYTES`; past that, a split is gathered for each read (61 MB copied for
+        CIFAR-10). (Not least recently used: the games of a vector env read in turn every round, and with more
+        of them than fit, that policy would drop every split before its next read.) Either way, what an attack
+        derives from a split is computed once per episode
+        (:func:`leakgym.attacks.public_split.gathered_from`)."""
         rows = self.public_rows[row]
         kept = self._public.get(row)
         if kept is not None and kept[0] is rows:
-            self._public.move_to_end(row)
             return kept[1], kept[2]
         self._forget_public(row)
         x, y = self.dataset.train_x[rows].to(self.device), self.dataset.train_y[rows].to(self.device)
-        self._public[row] = (rows, x, y)
-        self._public_bytes += x.nbytes + y.nbytes
-        while self._public_bytes > PUBLIC_SPLIT_CACHE_BYTES and len(self._public) > 1:
-            self._forget_public(next(iter(self._public)))
+        gathered_from(x, rows, "x")
+        gathered_from(y, rows, "y")
+        if self._public_bytes + x.nbytes + y.nbytes <= PUBLIC_SPLIT_CACHE_BYTES:
+            self._public[row] = (rows, x, y)
+            self._public_bytes += x.nbytes + y.nbytes
         return x, y
 
     def _forget_public(self, row: int) -> None:
@@ -363,7 +365,7 @@ class GameBatch:
         state = dict(self.__dict__)
         del state["bank"]
         state["plans"] = {}
-        state["_public"], state["_public_bytes"] = OrderedDict(), 0  # (gathered again on demand)
+        state["_public"], state["_public_bytes"] = {}, 0  # (gathered again on demand)
         return state
 
     def __deepcopy__(self, memo: dict) -> GameBatch:
