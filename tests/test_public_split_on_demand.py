@@ -104,24 +104,24 @@ def test_a_round_gathers_the_split_only_for_a_reader_and_keeps_it(monkeypatch):
         env.close()
 
 
-def test_past_the_budget_a_split_is_gathered_for_each_read_and_keeps_its_derived_values(monkeypatch):
-    """A split that does not fit is gathered again on every read (equal values); prior-init's class means,
-    derived from it, are still computed once for the episode (``gathered_from``)."""
+def test_a_split_gathered_again_keeps_its_derived_values(monkeypatch):
+    """A split dropped and gathered again (equal values, another tensor): prior-init's class means, derived
+    from it, are still computed once for the episode (``gathered_from``)."""
     from leakgym.attacks import adaptive
 
     env = parallel_env("digits", iterations=[1])
     try:
         env.reset(seed=0)
         batch = env.games
-        monkeypatch.setattr(batch_module, "PUBLIC_SPLIT_CACHE_BYTES", 0)
-        x, _ = batch.public_split(0)
-        again, _ = batch.public_split(0)
-        assert again is not x and torch.equal(again, x) and not batch._public and batch._public_bytes == 0
         means = []
         real = adaptive.class_mean_images
         monkeypatch.setattr(adaptive, "class_mean_images", lambda *a, **k: means.append(1) or real(*a, **k))
+        gathers = []
         for _ in range(3):
+            batch._forget_public(0)
             env.step(_actions(env, "prior-init"))
+            gathers.append(batch.public_split(0)[0])
+        assert gathers[0] is not gathers[1] and torch.equal(gathers[0], gathers[1])
         assert len(means) == 1
         env.reset(seed=1)  # a new episode, a new split
         env.step(_actions(env, "prior-init"))
@@ -130,8 +130,10 @@ def test_past_the_budget_a_split_is_gathered_for_each_read_and_keeps_its_derived
         env.close()
 
 
-def test_a_vector_of_games_keeps_the_splits_that_fit_until_their_games_reset(monkeypatch):
-    """Not least recently used: games reading in turn would then drop every split before its next read."""
+def test_the_kept_splits_fit_the_budget_or_the_most_one_round_read(monkeypatch):
+    """Kept until their games reset, as many as fit in the larger of the budget and the most one call read
+    at once (a round holds those anyway); past that, gathered for each read. Not least recently used: games
+    reading in turn would then drop every split before its next read."""
     import gymnasium as gym
 
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, opponent="none", iterations=[1])
@@ -150,6 +152,8 @@ def test_a_vector_of_games_keeps_the_splits_that_fit_until_their_games_reset(mon
         assert sorted(batch._public) == [0] and batch._public_bytes == one
         batch.public_split(2)
         assert sorted(batch._public) == [0, 2]
+        batch.public_splits([0, 1, 2])  # three read at once: holding three raises no peak
+        assert sorted(batch._public) == [0, 1, 2] and batch._public_peak == 3 * one
     finally:
         vec.close()
 

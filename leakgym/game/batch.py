@@ -47,9 +47,9 @@ from .records import RoundPlan, RoundRecord
 #: the two players of every game, in the order of the views' dicts
 AGENTS = ("attacker", "defender")
 
-#: bytes of gathered public splits (:meth:`GameBatch.public_split`) a batch keeps between rounds, so that a
-#: game reading its split every round does not gather it every round. 1 GiB holds 17 CIFAR-10 splits (61 MB
-#: each) and any number of digits ones (46 KB).
+#: bytes of gathered public splits (:meth:`GameBatch.public_splits`) a batch keeps between rounds at least, so
+#: that a game reading its split every round does not gather it every round. 1 GiB holds 17 CIFAR-10 splits
+#: (61 MB each) and any number of digits ones (46 KB).
 PUBLIC_SPLIT_CACHE_BYTES = 2**30
 
 
@@ -196,6 +196,7 @@ class GameBatch:
         self.public_rows: list[Tensor | None] = [None] * size
         self._public: dict[int, tuple[Tensor, Tensor, Tensor]] = {}  # kept gathers: row -> (rows, x, y)
         self._public_bytes = 0
+        self._public_peak = 0  # the most bytes of public splits one call of public_splits has read
         self.victim_rows: list[Tensor | None] = [None] * size
         self.benign_rows: list[list[Tensor]] = [[] for _ in range(size)]
         self.last: list[RoundRecord | None] = [None] * size
@@ -255,30 +256,46 @@ class GameBatch:
         return key
 
     def public_split(self, row: int) -> tuple[Tensor, Tensor]:
-        """Game ``row``'s public split: its unit images and labels on the batch's device, gathered from the
-        dataset's training images (bit for bit the split :func:`leakgym.data.federated_split` makes).
+        """Game ``row``'s public split: :meth:`public_splits` of one game."""
+        return self.public_splits([row])[0]
+
+    def public_splits(self, rows: Sequence[int]) -> list[tuple[Tensor, Tensor]]:
+        """The public splits of the games ``rows`` read at once (one round's readers): each game's unit
+        images and labels on the batch's device, gathered from the dataset's training images (bit for bit the
+        split :func:`leakgym.data.federated_split` makes).
 
         Why on demand: a game used to keep its public split from reset on, 61 MB per CIFAR-10 game and 491
         MB per TinyImageNet one, so that N = 256 CIFAR-10 games held 15.7 GB of them whatever they played.
         Now only the rounds whose attack or defense reads the split gather it (:func:`leakgym.game.round.defend`).
+
         A gathered split is kept, the same tensor on every read, until its game resets, while the kept splits
-        fit in :data:`PUBLIC_SPLIT_CACHE_BYTES`; past that, a split is gathered for each read (61 MB copied for
-        CIFAR-10). (Not least recently used: the games of a vector env read in turn every round, and with more
-        of them than fit, that policy would drop every split before its next read.) Either way, what an attack
-        derives from a split is computed once per episode
-        (:func:`leakgym.attacks.public_split.gathered_from`)."""
-        rows = self.public_rows[row]
-        kept = self._public.get(row)
-        if kept is not None and kept[0] is rows:
-            return kept[1], kept[2]
-        self._forget_public(row)
-        x, y = self.dataset.train_x[rows].to(self.device), self.dataset.train_y[rows].to(self.device)
-        gathered_from(x, rows, "x")
-        gathered_from(y, rows, "y")
-        if self._public_bytes + x.nbytes + y.nbytes <= PUBLIC_SPLIT_CACHE_BYTES:
-            self._public[row] = (rows, x, y)
-            self._public_bytes += x.nbytes + y.nbytes
-        return x, y
+        fit in the larger of :data:`PUBLIC_SPLIT_CACHE_BYTES` and the most one call has read at once (the
+        round held those anyway, so keeping them raises no peak: games that all read every round are gathered
+        once an episode). Past that, a split is gathered for each read (61 MB copied for CIFAR-10). The kept
+        ones are not evicted least recently used: the games of a vector env read in turn, and with more of them
+        than fit, that policy would drop every split before its next read. Either way, what an attack derives
+        from a split is computed once per episode (:func:`leakgym.attacks.public_split.gathered_from`)."""
+        out, fresh = [], []
+        for row in rows:
+            source = self.public_rows[row]
+            kept = self._public.get(row)
+            if kept is not None and kept[0] is source:
+                out.append((kept[1], kept[2]))
+                continue
+            self._forget_public(row)
+            x, y = self.dataset.train_x[source].to(self.device), self.dataset.train_y[source].to(self.device)
+            gathered_from(x, source, "x")
+            gathered_from(y, source, "y")
+            out.append((x, y))
+            fresh.append((row, source, x, y))
+        read = sum(x.nbytes + y.nbytes for x, y in {id(x): (x, y) for x, y in out}.values())
+        self._public_peak = max(self._public_peak, read)
+        budget = max(PUBLIC_SPLIT_CACHE_BYTES, self._public_peak)
+        for row, source, x, y in fresh:
+            if self._public_bytes + x.nbytes + y.nbytes <= budget:
+                self._public[row] = (source, x, y)
+                self._public_bytes += x.nbytes + y.nbytes
+        return out
 
     def _forget_public(self, row: int) -> None:
         kept = self._public.pop(row, None)

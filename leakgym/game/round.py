@@ -263,7 +263,7 @@ def plan(batch: GameBatch, rows: list[int], actions: Sequence[tuple[Any, Any]]) 
 def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_clients: bool) -> list[Defended]:
     """Phase 2 of every game, each with its own draws: the round seed and the private batch from the game's
     generator (all private batches as one read of the shared images), the public split of the games whose
-    attack or defense reads it (:meth:`GameBatch.public_split`; ``None`` for the others), the model the server
+    attack or defense reads it (:meth:`GameBatch.public_splits`; ``None`` for the others), the model the server
     sends, the victims' defense pipelines as one :func:`~leakgym.defenses.apply_defense_many`; with ``batch_clients``
     the victims' clean updates first, as one batched computation per architecture (:func:`_clean_updates`),
     and the input and step defenses batched over the games (to float32 rounding); without it the pipelines
@@ -278,7 +278,9 @@ def defend(batch: GameBatch, rows: list[int], plans: list[RoundPlan], *, batch_c
         picks.append(victims[rng.choice(n, size=sc.batch_size, replace=n < sc.batch_size)])
     private = batch.images.read(picks)
     # The public split, gathered for the games whose attack or defense reads it (the others get None).
-    publics = [batch.public_split(r) if p.reads_public_split else (None, None) for r, p in zip(rows, plans)]
+    reading = [r for r, p in zip(rows, plans) if p.reads_public_split]
+    gathered = dict(zip(reading, batch.public_splits(reading)))
+    publics = [gathered.get(r, (None, None)) for r in rows]
     draw_s = (time.perf_counter() - t0) / len(rows)
     sent_models, prepare_s = [], []
     for r, p, (public_x, _) in zip(rows, plans, publics):
