@@ -194,3 +194,14 @@ def test_a_cuda_game_gathers_its_split_on_its_device(monkeypatch):
         assert torch.equal(x.cpu(), env.games.dataset.train_x[rows])
     finally:
         env.close()
+
+
+def test_a_game_not_reset_has_no_split():
+    env = parallel_env("digits")
+    try:
+        with pytest.raises(RuntimeError, match="game 0 has not been reset"):
+            env.games.public_split(0)
+        with pytest.raises(ValueError, match=r"row=3; allowed: integers in \[0, 0\]"):
+            env.games.public_splits([3])
+    finally:
+        env.close()

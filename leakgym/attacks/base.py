@@ -98,7 +98,7 @@ class Attack(ABC):
     per_problem_fields: ClassVar[tuple[str, ...]] = ()
     #: Whether the attack reads the public split (``prepare_model``'s ``public_x``, ``knowledge.public_x`` and
     #: ``public_y``). A game gathers a public split only for the rounds whose attack or defense reads it, and
-    #: gives the others ``None`` (:meth:`leakgym.game.batch.GameBatch.public_split`). Each class declares it
+    #: gives the others ``None`` (:meth:`leakgym.game.batch.GameBatch.public_splits`). Each class declares it
     #: for itself: a subclass that does not say so reads it (True), whatever its parent declared, so an
     #: attack built on a non-reader such as Inverting Gradients never loses a split it reads.
     public_split: ClassVar[bool] = True

@@ -30,7 +30,7 @@ def gathered_from(tensor: Tensor, source: Tensor, part: str) -> None:
     """Declare ``tensor`` a gather of read-only data that ``source`` names (``part`` tells apart the tensors
     gathered from one source, e.g. a split's images and labels): every gather of ``source`` and ``part`` holds
     the same values, so what :func:`derived` computed from one of them serves the others while ``source``
-    lives unchanged. A game's public split is such a gather (:meth:`leakgym.game.batch.GameBatch.public_split`:
+    lives unchanged. A game's public split is such a gather (:meth:`leakgym.game.batch.GameBatch.public_splits`:
     ``source`` is the split's index tensor, which lives for the episode), so that a split gathered again after
     the batch dropped it keeps its derived values. A gathered tensor written in place after this call is
     followed by itself again."""

@@ -638,6 +638,6 @@ def defense_compute_units(config: FieldValues) -> float:
 
 def reads_public_split(config: FieldValues) -> bool:
     """Whether a defense active in ``config`` reads the public split (:meth:`Defense.reads_public_split`):
-    the pipeline normalises it, and a game gathers it (:meth:`leakgym.game.batch.GameBatch.public_split`),
+    the pipeline normalises it, and a game gathers it (:meth:`leakgym.game.batch.GameBatch.public_splits`),
     only then."""
     return any(_REGISTRY[name].reads_public_split(config) for name in config.active())

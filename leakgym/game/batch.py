@@ -7,7 +7,7 @@ quantities are columns with a leading N dimension: the global models' parameters
 and test losses are ``(N,)`` arrays, and the per-game objects that cannot be stacked (each game's
 generator, its client split and public split as index sets, the record of its last round) are length-N
 lists; a game's public images are gathered only for the rounds whose attack or defense reads them
-(:meth:`GameBatch.public_split`). The
+(:meth:`GameBatch.public_splits`). The
 scenario, the action menus, the dataset (one normalised copy per device for the whole process,
 :class:`SharedImages`) and the values the scenario fixes for a whole episode (the local optimiser, the
 learning-rate schedule) are held once.
@@ -192,7 +192,7 @@ class GameBatch:
         self.rngs: list[np.random.Generator | None] = [None] * size
         self.servers: list[Server | None] = [None] * size
         #: each game's public split (attacker priors, defender auxiliaries) as indices of the dataset's
-        #: training images; :meth:`public_split` gathers the images
+        #: training images; :meth:`public_splits` gathers the images
         self.public_rows: list[Tensor | None] = [None] * size
         self._public: dict[int, tuple[Tensor, Tensor, Tensor]] = {}  # kept gathers: row -> (rows, x, y)
         self._public_bytes = 0
@@ -277,7 +277,9 @@ class GameBatch:
         from a split is computed once per episode (:func:`leakgym.attacks.public_split.gathered_from`)."""
         out, fresh = [], []
         for row in rows:
-            source = self.public_rows[row]
+            source = self.public_rows[self.check_row(row)]
+            if source is None:
+                raise RuntimeError(f"game {row} has not been reset; call reset() first")
             kept = self._public.get(row)
             if kept is not None and kept[0] is source:
                 out.append((kept[1], kept[2]))
