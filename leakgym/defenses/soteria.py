@@ -33,7 +33,10 @@ PRECODE the representation is the sampled bottleneck output of one forward pass.
 The registered defense :data:`SOTERIA` (field ``soteria``, update stage) scores the units on a
 train-mode copy of the model (as the client trained; the caller's model and its BatchNorm statistics
 stay untouched) with the batch the client trained on, under the round's seeded global RNG (PRECODE).
-Free in the cost model (one Jacobian of the representation, small next to the defenses that count).
+Free in the cost model (:meth:`Defense.cost` is 0), although the Jacobian is one input gradient per
+representation unit: 576 on the CIFAR ConvNet, 2.7 s a call for one image on one CPU thread, the costliest
+defense in wall time. A defense's cost reads only its settings, and this one depends on the model; see
+``docs/limits.md``.
 """
 
 from __future__ import annotations
