@@ -118,7 +118,7 @@ def test_a_split_gathered_again_keeps_its_derived_values(monkeypatch):
         monkeypatch.setattr(adaptive, "class_mean_images", lambda *a, **k: means.append(1) or real(*a, **k))
         gathers = []
         for _ in range(3):
-            batch._forget_public(0)
+            batch._public.pop(0, None)  # dropped
             env.step(_actions(env, "prior-init"))
             gathers.append(batch.public_split(0)[0])
         assert gathers[0] is not gathers[1] and torch.equal(gathers[0], gathers[1])
@@ -154,6 +154,9 @@ def test_the_kept_splits_fit_the_budget_or_the_most_one_round_read(monkeypatch):
         assert sorted(batch._public) == [0, 2]
         batch.public_splits([0, 1, 2])  # three read at once: holding three raises no peak
         assert sorted(batch._public) == [0, 1, 2] and batch._public_peak == 3 * one
+        batch.reset(2, seed=7)
+        twice = batch.public_splits([2, 2])  # a row named twice is one gather, kept and counted once
+        assert twice[0][0] is twice[1][0] and batch._public_bytes == 3 * one
     finally:
         vec.close()
 

@@ -49,7 +49,7 @@ AGENTS = ("attacker", "defender")
 
 #: bytes of gathered public splits (:meth:`GameBatch.public_splits`) a batch keeps between rounds at least, so
 #: that a game reading its split every round does not gather it every round. 1 GiB holds 17 CIFAR-10 splits
-#: (61 MB each) and any number of digits ones (46 KB).
+#: (61 MB each) or 7,000 digits ones (148 KB).
 PUBLIC_SPLIT_CACHE_BYTES = 2**30
 
 
@@ -194,8 +194,7 @@ class GameBatch:
         #: each game's public split (attacker priors, defender auxiliaries) as indices of the dataset's
         #: training images; :meth:`public_splits` gathers the images
         self.public_rows: list[Tensor | None] = [None] * size
-        self._public: dict[int, tuple[Tensor, Tensor, Tensor]] = {}  # kept gathers: row -> (rows, x, y)
-        self._public_bytes = 0
+        self._public: dict[int, tuple[Tensor, Tensor]] = {}  # kept gathers, row -> (x, y); dropped at reset
         self._public_peak = 0  # the most bytes of public splits one call of public_splits has read
         self.victim_rows: list[Tensor | None] = [None] * size
         self.benign_rows: list[list[Tensor]] = [[] for _ in range(size)]
@@ -275,34 +274,37 @@ class GameBatch:
         ones are not evicted least recently used: the games of a vector env read in turn, and with more of them
         than fit, that policy would drop every split before its next read. Either way, what an attack derives
         from a split is computed once per episode (:func:`leakgym.attacks.public_split.gathered_from`)."""
-        out, fresh = [], []
+        gathered: dict[int, tuple[Tensor, Tensor]] = {}
+        fresh = []
         for row in rows:
-            source = self.public_rows[self.check_row(row)]
+            row = self.check_row(row)
+            if row in gathered:
+                continue
+            kept = self._public.get(row)
+            if kept is not None:
+                gathered[row] = kept
+                continue
+            source = self.public_rows[row]
             if source is None:
                 raise RuntimeError(f"game {row} has not been reset; call reset() first")
-            kept = self._public.get(row)
-            if kept is not None and kept[0] is source:
-                out.append((kept[1], kept[2]))
-                continue
-            self._forget_public(row)
             x, y = self.dataset.train_x[source].to(self.device), self.dataset.train_y[source].to(self.device)
             gathered_from(x, source, "x")
             gathered_from(y, source, "y")
-            out.append((x, y))
-            fresh.append((row, source, x, y))
-        read = sum(x.nbytes + y.nbytes for x, y in {id(x): (x, y) for x, y in out}.values())
-        self._public_peak = max(self._public_peak, read)
-        budget = max(PUBLIC_SPLIT_CACHE_BYTES, self._public_peak)
-        for row, source, x, y in fresh:
-            if self._public_bytes + x.nbytes + y.nbytes <= budget:
-                self._public[row] = (source, x, y)
-                self._public_bytes += x.nbytes + y.nbytes
-        return out
+            gathered[row] = (x, y)
+            fresh.append(row)
+        self._public_peak = max(self._public_peak, sum(x.nbytes + y.nbytes for x, y in gathered.values()))
+        budget, kept_bytes = max(PUBLIC_SPLIT_CACHE_BYTES, self._public_peak), self._public_bytes
+        for row in fresh:
+            x, y = gathered[row]
+            if kept_bytes + x.nbytes + y.nbytes <= budget:
+                self._public[row] = (x, y)
+                kept_bytes += x.nbytes + y.nbytes
+        return [gathered[int(row)] for row in rows]
 
-    def _forget_public(self, row: int) -> None:
-        kept = self._public.pop(row, None)
-        if kept is not None:
-            self._public_bytes -= kept[1].nbytes + kept[2].nbytes
+    @property
+    def _public_bytes(self) -> int:
+        """Bytes of the kept public splits."""
+        return sum(x.nbytes + y.nbytes for x, y in self._public.values())
 
     # ------------------------------------------------------------------ reset
     def reset(self, row: int, seed: int) -> None:
@@ -321,7 +323,7 @@ class GameBatch:
         self.round[row] = 0
         self.diverged_at[row] = None
         self.public_rows[row] = split.public
-        self._forget_public(row)
+        self._public.pop(row, None)
         self.victim_rows[row], self.benign_rows[row] = split.clients[0], list(split.clients[1:])
         self.servers[row] = server
         self._signatures[row] = None
@@ -384,7 +386,7 @@ class GameBatch:
         state = dict(self.__dict__)
         del state["bank"]
         state["plans"] = {}
-        state["_public"], state["_public_bytes"] = {}, 0  # (gathered again on demand)
+        state["_public"] = {}  # (gathered again on demand)
         return state
 
     def __deepcopy__(self, memo: dict) -> GameBatch:
