@@ -61,6 +61,17 @@ def test_an_attack_that_does_not_declare_it_reads_the_split_whatever_its_parent_
     assert Mine().reads_public_split() and not Quiet().reads_public_split()
 
 
+def test_a_defense_that_does_not_declare_it_reads_the_split_whatever_its_parent_says():
+    from leakgym.defenses import DefenseConfig
+    from leakgym.defenses.perturbation import Noise
+
+    class LouderNoise(Noise):
+        pass
+
+    assert not Noise.public_split and LouderNoise.public_split
+    assert LouderNoise().reads_public_split(DefenseConfig())
+
+
 def _actions(env, strategy: str) -> dict[str, np.ndarray]:
     batch = env.games
     attacker = np.zeros(len(batch.menus["attacker"].dims), np.int64)

@@ -368,8 +368,15 @@ class Defense(ABC):
         """Extra client compute when active, in clean-gradient evaluations. Default: 0 (free by comparison)."""
         return 0.0
 
-    #: whether ``apply`` reads the public split (``ctx.public_x``, ``ctx.public_y``); see :meth:`reads_public_split`
+    #: whether ``apply`` reads the public split (``ctx.public_x``, ``ctx.public_y``); see :meth:`reads_public_split`.
+    #: Each class declares it for itself, as attacks do (:attr:`leakgym.attacks.base.Attack.public_split`): a
+    #: subclass that does not say so reads it, whatever its parent declared.
     public_split: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "public_split" not in cls.__dict__:
+            cls.public_split = True
 
     def reads_public_split(self, config: FieldValues) -> bool:
         """Whether ``apply`` reads ``ctx.public_x``/``ctx.public_y`` under ``config``. The pipeline normalises
