@@ -8,7 +8,7 @@
     leakgym selfplay ...              alternating best responses
     leakgym metagame ...              PSRO: populations of attackers and defenders, equilibria, exploitability
     leakgym reproduce dcs2|ppp|oasis|censor|loda|all [--resume|--rerender]   re-run each paper's main table (docs/results/)
-    leakgym bench attacks|defenses|env|eval|trace --json PATH
+    leakgym bench attacks|defenses|env|eval|trace|operators --json PATH
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ BENCHMARKS = {
     "env": ("leakgym.bench.env", "environment steps per second and the cost split"),
     "eval": ("leakgym.bench.eval", "leakgym eval with games in lockstep vs one game at a time"),
     "trace": ("leakgym.bench.trace", "the project files one round enters (docs/architecture.md)"),
+    "operators": ("leakgym.bench.operators", "the tensor operators one vector step dispatches, by phase"),
 }
 
 DEMO_ATTACKERS = "random,ig-paper,prior-init-dcs2"
