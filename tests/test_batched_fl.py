@@ -469,6 +469,54 @@ def test_evaluate_many_bounds_the_images_of_a_vectorised_pass(digits, monkeypatc
         assert bounded[0] == one_pass[0] and bounded[1] == pytest.approx(one_pass[1], rel=1e-6)
 
 
+@pytest.mark.parametrize("grouped", [True, False])
+def test_evaluate_many_reads_its_results_once_whatever_its_passes(digits, monkeypatch, grouped):
+    """On an accelerator a read of a result makes the host wait for the device: the passes' counts and
+    loss sums stay on the device and come to the host in one read after the last pass (two reads per
+    pass before), with the same values as passes of every size."""
+    models, _, _ = games_and_batches(digits, n=3)
+    params = batched.stack_parameters(models)
+    ex, ey = digits.spec.normalize(digits.test_x[:16]), digits.test_y[:16]
+    vectorise = None if grouped else True  # None on a CPU: LeNet's grouped form for 16 small images
+    one_pass = batched.evaluate_many(models[0], params, ex, ey, vectorise=vectorise)
+    reads, real_tolist = [], torch.Tensor.tolist
+
+    def counting_tolist(self):
+        reads.append(tuple(self.shape))
+        return real_tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    per_game = batched.evaluate_many(models[0], params, ex, ey, chunk=1, vectorise=vectorise)
+    monkeypatch.undo()
+    assert reads == [(2, 3)]
+    assert per_game[0] == one_pass[0] and per_game[1] == pytest.approx(one_pass[1], rel=1e-6)
+
+
+@pytest.mark.cuda
+def test_evaluate_many_on_cuda_waits_for_the_device_once(digits, cuda_device):
+    """Passes of one game each: the host reads the results once, not once per pass (sync debug mode
+    counts each wait for the device)."""
+    import warnings
+
+    models, _, _ = games_and_batches(digits, n=4)
+    params = {k: v.to(cuda_device) for k, v in batched.stack_parameters(models).items()}
+    model = models[0].to(cuda_device)
+    ex, ey = digits.spec.normalize(digits.test_x[:40]).to(cuda_device), digits.test_y[:40].to(cuda_device)
+
+    def waits(chunk):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                batched.evaluate_many(model, params, ex, ey, chunk=chunk)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert waits(1) == waits(4) >= 1
+
+
 @pytest.mark.parametrize("vectorise", [True, False])
 def test_a_diverged_model_scores_zero_accuracy(digits, vectorise):
     """NaN weights give NaN logits, whose arg-max is an index all the same (the first NaN): such a

@@ -652,6 +652,7 @@ def evaluate_many(
                 return accuracy, losses
         per_game = (x if shared else x[0]).shape[0]
         games = max(1, min(chunk, EVAL_IMAGES_PER_PASS // per_game))
+        corrects, sums = [], []  # per pass, on the device: read once after the last pass
         for lo in range(0, n_games, games):
             part = {k: v[lo:lo + games] for k, v in params.items()}
             if grouped is not None:
@@ -665,10 +666,14 @@ def evaluate_many(
                 logits = vmap(forward, in_dims=(0, 0))(part, torch.stack(list(x[lo:lo + games])))
                 labels = torch.stack(list(y[lo:lo + games]))
             ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-            count = labels.shape[1]
-            # As Server.evaluate: Python division of the correct count and of the float32 loss sum.
-            accuracy.extend(c / count for c in correct_predictions(logits, labels).sum(dim=1).tolist())
-            losses.extend(s / count for s in ce.sum(dim=1).tolist())
+            corrects.append(correct_predictions(logits, labels).sum(dim=1))
+            sums.append(ce.sum(dim=1))
+        # One transfer for all passes (a read per pass made the host wait for each pass on an accelerator
+        # before it could launch the next). float64 holds the int64 counts and the float32 sums exactly, so
+        # this is Server.evaluate's Python division of the correct count and of the float32 loss sum.
+        counts, totals = torch.stack([torch.cat(corrects).double(), torch.cat(sums).double()]).tolist()
+        accuracy = [c / per_game for c in counts]
+        losses = [t / per_game for t in totals]
     return accuracy, losses
 
 
