@@ -23,7 +23,7 @@ def test_the_count_is_attributed_to_the_phase_that_dispatched_it():
     for row in (short, long):
         assert row["total"] == sum(p["operators"] for p in row["phases"].values())
         assert row["views"] == sum(p["views"] for p in row["phases"].values()) < row["total"]
-        assert set(row["phases"]) <= {*bench_operators.PHASES, "other"}
+        assert set(row["phases"]) <= {*bench_operators.PHASES, "other"} and row["host_waits"] is None  # (CPU)
     extra = long["phases"]["attack"]["operators"] - short["phases"]["attack"]["operators"]
     assert extra > 0 and long["total"] - short["total"] == extra  # three more iterations, nothing else
     for phase in ("defend", "score", "aggregate", "reward"):
@@ -47,6 +47,7 @@ def test_the_command_writes_json_and_markdown(tmp_path):
     assert rows[1]["per_game"] == rows[1]["total"] / 2
     table = out.with_suffix(".md").read_text()
     assert "| LeakGym-Digits-v0, iterations=[1], num_clients=1, eval_size=16 | 2 | fixed |" in table
+    assert "| host waits |" in table and f"| {rows[1]['per_game']:,.1f} | - |" in table  # no waits on a CPU
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -75,6 +76,9 @@ def test_the_count_on_cuda_attributes_the_backward_to_the_attack(cuda_device):
 
     short, long = row(1), row(4)
     assert long["phases"]["attack"]["operators"] > short["phases"]["attack"]["operators"]
+    # the host waits for the device (scoring reads the images), but never once per attack iteration
+    assert short["host_waits"]["total"] >= 1
+    assert long["host_waits"]["phases"].get("attack", 0) == short["host_waits"]["phases"].get("attack", 0)
     assert long.get("phases", {}).get("other") == short.get("phases", {}).get("other")
     for phase in ("defend", "score", "aggregate", "reward"):
         assert long["phases"][phase] == short["phases"][phase], phase

@@ -8,7 +8,9 @@ kernel: ``OpOverload.is_view``) and the rest, and attributed to the round's phas
 (plan, defend, attack, score, aggregate, reward; ``other``: the vector env around the round). Unlike a
 timing, the count is the same on every machine of one device type. On a CPU it includes the CPU-only forms
 (the flat distance's victim blocks, the clients one after another, ...), so for what a GPU dispatches count
-with ``--device cuda``.
+with ``--device cuda``. On CUDA each row also counts the host's waits for the device, by phase
+(``torch.cuda.set_sync_debug_mode("warn")``: a result read to the host, a data-dependent shape, ...):
+each one stops the host from queueing work ahead of the device, so a launch-bound loop should have none.
 
 Each row plays the vector env (``gym.make_vec``, ``batch_clients`` on, game ``i`` seeded ``i``) for two
 steps of its plan (lazy imports, caches, the first decode of each action), then counts the third. The
@@ -83,14 +85,20 @@ def _phases_named(current: list[str]):
             setattr(game_round, name, phase)
 
 
-def count_step(vec, action) -> dict:
+def count_step(vec, action, *, waits: bool = False) -> dict:
     """The operators of one ``vec.step(action)``: ``{"total", "views", "phases": {phase: {"operators",
-    "views"}}}`` (``views`` of each: the view operators among them)."""
+    "views"}}}`` (``views`` of each: the view operators among them). ``waits`` (CUDA): also ``"host_waits"``,
+    the times the host waited for the device, by phase (``torch.cuda.set_sync_debug_mode``'s warnings),
+    else ``None``."""
+    import warnings
+
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     current = ["other"]
     ops: Counter = Counter()
     views: Counter = Counter()
+    waited: Counter = Counter()
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -99,10 +107,24 @@ def count_step(vec, action) -> dict:
                 views[current[0]] += 1
             return func(*args, **(kwargs or {}))
 
-    with _phases_named(current), Count():
+    def note(message, category, *args, **kwargs):  # every warning while counting (filter "always")
+        if "synchroniz" in str(message):
+            waited[current[0]] += 1
+
+    with contextlib.ExitStack() as stack:
+        if waits:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.simplefilter("always")
+            warnings.showwarning = note
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("warn")
+            stack.callback(torch.cuda.set_sync_debug_mode, "default")
+        stack.enter_context(_phases_named(current))
+        stack.enter_context(Count())
         vec.step(action)
     phases = {p: {"operators": ops[p], "views": views[p]} for p in (*PHASES, "other") if ops[p]}
-    return {"total": sum(ops.values()), "views": sum(views.values()), "phases": phases}
+    host_waits = {"total": sum(waited.values()), "phases": dict(waited)} if waits else None
+    return {"total": sum(ops.values()), "views": sum(views.values()), "phases": phases, "host_waits": host_waits}
 
 
 def measure(gym_id: str, num_envs: int, actions: str, defender: str, device: str,
@@ -110,6 +132,7 @@ def measure(gym_id: str, num_envs: int, actions: str, defender: str, device: str
     """One row: the operators of the third step of ``num_envs`` games (see the module docstring)."""
     import gymnasium as gym
     import numpy as np
+    import torch
 
     import leakgym  # noqa: F401  (registers the ids)
 
@@ -123,7 +146,7 @@ def measure(gym_id: str, num_envs: int, actions: str, defender: str, device: str
         vec.reset(seed=0)
         vec.step(plan[0])
         vec.step(plan[1])
-        counted = count_step(vec, plan[2])
+        counted = count_step(vec, plan[2], waits=torch.device(device).type == "cuda")
     finally:
         vec.close()
     return {"env": gym_id, "num_envs": num_envs, "actions": actions, "defender": defender,
@@ -142,6 +165,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
          ("N", lambda r: str(r["num_envs"])), ("actions", lambda r: r["actions"]),
          ("operators", lambda r: f"{r['total']:,}"), ("of them views", lambda r: f"{r['views']:,}"),
          ("per game", lambda r: f"{r['per_game']:,.1f}"),
+         ("host waits", lambda r: f"{r['host_waits']['total']:,}"),  # ("-" on a CPU: markdown_table's rule)
          *[(p, phase(p)) for p in (*PHASES, "other")]],
         rows, key=["env", "num_envs"],
     )
