@@ -173,6 +173,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     import gymnasium as gym
+    import torch
 
     from leakgym.agents.experiments.cli_common import scenario_overrides
     from leakgym.bench.env import parse_ids, parse_sizes
@@ -184,8 +185,6 @@ def main(args: argparse.Namespace) -> int:
     for gym_id in ids:  # a bad id or override fails here, before anything is played
         load_scenario(gym.spec(gym_id).kwargs["scenario"], **overrides)
     out = check_output(args.json)
-    import torch
-
     machine = machine_label(torch.get_num_threads(), args.device)
     rows: list[dict] = []
     try:
