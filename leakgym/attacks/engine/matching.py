@@ -438,13 +438,13 @@ class _Run:
     def keep_best(self, matching: Tensor, total: Tensor) -> None:
         x, logits = self.x, self.logits
         view = (-1,) + (1,) * (x.dim() - 1)
-        if self.all:  # every row: in place, without gathering
+        if self.all:  # every row: in place, without gathering (``out=``: one operator each, no copy)
             better = total < self.best_total  # False for NaN: diverged iterates are never kept
-            self.best_total.copy_(torch.where(better, total, self.best_total))
-            self.best_match.copy_(torch.where(better, matching, self.best_match))
-            self.best_x.copy_(torch.where(better.view(view), x.detach(), self.best_x))
+            torch.where(better, total, self.best_total, out=self.best_total)
+            torch.where(better, matching, self.best_match, out=self.best_match)
+            torch.where(better.view(view), x.detach(), self.best_x, out=self.best_x)
             if logits is not None:
-                self.best_logits.copy_(torch.where(better.view(-1, 1, 1), logits.detach(), self.best_logits))
+                torch.where(better.view(-1, 1, 1), logits.detach(), self.best_logits, out=self.best_logits)
             return
         idx = self.active
         prev = self.best_total.index_select(0, idx)
@@ -483,20 +483,25 @@ class _Run:
             grads[0] = sign if self.signed is True else torch.where(self.signed.view(view), sign, grads[0])
         self.opt.step(grads)
         with torch.no_grad():
-            if self.boxed is not False:
+            if self.boxed is True:  # clamp: min(max(x, lower), upper), the same values for lower <= upper
+                x.clamp_(min=self.ps.lower, max=self.ps.upper)
+            elif self.boxed is not False:
                 boxed = torch.maximum(torch.minimum(x, self.ps.upper), self.ps.lower)
-                x.copy_(boxed if self.boxed is True else torch.where(self.boxed.view(view), boxed, x))
+                torch.where(self.boxed.view(view), boxed, x, out=x)
             # A diverged row restarts from its best iterate -- images and, for DLG, label logits: a row whose
             # logits stayed NaN evaluated NaN for the rest of its budget -- others are unaffected. L-BFGS
             # rejects the pair spanning a NaN gradient and goes on; Adam's moments stay NaN after one, so
-            # such an Adam row stays at its best iterate for the rest of its budget.
-            bad = ~torch.isfinite(x).flatten(1).all(dim=1)
+            # such an Adam row stays at its best iterate for the rest of its budget. A row is finite where
+            # its largest magnitude is below infinity (NaN compares False): three operators, where
+            # ``isfinite(...).all()`` dispatches six.
+            finite = _finite_rows(x)
             logits = self.logits
             if logits is not None:
-                bad = bad | ~torch.isfinite(logits).flatten(1).all(dim=1)
+                finite = finite & _finite_rows(logits)
                 best = self.best_logits if self.all else self.best_logits.index_select(0, self.active)
-                logits.copy_(torch.where(bad.view(-1, 1, 1), best, logits))
-            x.copy_(torch.where(bad.view(view), self.best_x if self.all else self.best_x.index_select(0, self.active), x))
+                torch.where(finite.view(-1, 1, 1), logits, best, out=logits)
+            best = self.best_x if self.all else self.best_x.index_select(0, self.active)
+            torch.where(finite.view(view), x, best, out=x)
 
     def outputs(self) -> list[MatchingOutput]:
         """Each member part's result: each of its victims' restart with the lowest matching loss (first on ties)."""
@@ -524,6 +529,11 @@ class _Run:
             ))
             lo = hi
         return out
+
+
+def _finite_rows(t: Tensor) -> Tensor:
+    """``(P,)``: whether every entry of each row of ``t`` is finite (``isfinite(t).flatten(1).all(1)``)."""
+    return t.detach().flatten(1).abs().amax(dim=1) < math.inf
 
 
 def _flags(values: list[bool], device: torch.device) -> bool | Tensor:
