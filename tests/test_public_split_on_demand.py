@@ -66,7 +66,7 @@ def test_a_defense_that_does_not_declare_it_reads_the_split_whatever_its_parent_
     from leakgym.defenses.perturbation import Noise
 
     class LouderNoise(Noise):
-        pass
+        """Declares nothing about the public split (on purpose: the rule under test)."""
 
     assert not Noise.public_split and LouderNoise.public_split
     assert LouderNoise().reads_public_split(DefenseConfig())

@@ -626,8 +626,6 @@ def evaluate_many(
             for i, a, lo in zip(members, acc, loss):
                 accuracy[i], losses[i] = a, lo
         return accuracy, losses
-    accuracy = []
-    losses = []
     with in_mode(model, False):
         grouped = None
         if not vectorise:
@@ -643,6 +641,7 @@ def evaluate_many(
                 grouped = plain
             else:
                 logits_of = forward if plain is None else plain.plain_logits
+                accuracy, losses = [], []
                 for i in range(n_games):
                     xi, yi = (x, y) if shared else (x[i], y[i])
                     logits = logits_of({k: v[i] for k, v in params.items()}, xi)

@@ -532,8 +532,9 @@ class _Run:
 
 
 def _finite_rows(t: Tensor) -> Tensor:
-    """``(P,)``: whether every entry of each row of ``t`` is finite (``isfinite(t).flatten(1).all(1)``)."""
-    return t.detach().flatten(1).abs().amax(dim=1) < math.inf
+    """``(P,)``: whether every entry of each row of ``t`` is finite (``isfinite(t).flatten(1).all(1)``); called
+    under ``torch.no_grad``."""
+    return t.flatten(1).abs().amax(dim=1) < math.inf
 
 
 def _flags(values: list[bool], device: torch.device) -> bool | Tensor:
