@@ -168,12 +168,17 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
         """Make this env row ``row`` of ``games`` (a batch of its scenario and device that other envs share, so
         that :func:`step_together` plays their rounds as one), before its first reset: ``ValueError``
         otherwise, naming what differs."""
+        row = self._check_join(games, row)
+        self.games, self.row = games, row
+
+    def _check_join(self, games: GameBatch, row: int) -> int:
+        """What :meth:`join` checks, changing nothing; returns the checked row."""
         if self.games.started(self.row):
             raise ValueError("join() moves an env before its first reset(); this env has started an episode")
         if games.scenario != self.scenario or games.device != self.games.device:
             raise ValueError(f"cannot join {games!r}: its scenario or device differs from this env's "
                              f"({self.scenario.name!r} on {self.games.device})")
-        self.games, self.row = games, games.check_row(row)
+        return games.check_row(row)
 
     # ------------------------------------------------------------------ reset / step
     def reset(self, seed: int | None = None, options: dict | None = None):
@@ -342,10 +347,17 @@ def step_together(envs: Sequence[LeakGymParallelEnv], actions: Sequence[dict[str
 def share_batch(envs: Sequence[LeakGymParallelEnv]) -> GameBatch:
     """Make ``envs`` (parallel envs of one scenario and device, before their first reset) the rows of one
     :class:`~leakgym.game.batch.GameBatch`, so that :func:`step_together` plays their rounds as one batched
-    round. Returns the batch."""
+    round. Returns the batch. Every env is checked before any of them moves: a refused call changes none."""
     if not envs:
         raise ValueError("share_batch needs at least one environment")
+    if len({id(env) for env in envs}) != len(envs):
+        raise ValueError("share_batch got the same environment twice; give each env once")
     games = GameBatch(envs[0].scenario, len(envs), device=envs[0].games.device)
+    for i, env in enumerate(envs):
+        try:
+            env._check_join(games, i)
+        except ValueError as exc:
+            raise ValueError(f"share_batch: environment {i}: {exc}") from None
     for i, env in enumerate(envs):
         env.join(games, i)
     return games
@@ -392,11 +404,27 @@ def raw_env(scenario: str | Scenario = "digits", **overrides: Any):
     return ActionChecking(parallel_to_aec(parallel_env(scenario, **overrides)))
 
 
+class OrderEnforcing(wrappers.OrderEnforcingWrapper):
+    """PettingZoo's order-enforcing wrapper, whose ``reset`` counts only once it succeeded. PettingZoo's marks
+    the env reset before it resets the env inside, so a refused reset (a bad seed: ``ValueError``, nothing
+    changed) left a wrapper that took the env for reset: the next ``step`` failed with an ``AttributeError``
+    from inside the adapter instead of PettingZoo's "reset() needs to be called before step"."""
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        flags = self._has_reset, self._has_updated
+        try:
+            super().reset(seed=seed, options=options)
+        except BaseException:
+            self._has_reset, self._has_updated = flags
+            raise
+
+
 def env(scenario: str | Scenario = "digits", **overrides: Any):
-    """The AEC form (:func:`raw_env`) wrapped in PettingZoo's order-enforcing wrapper."""
-    return wrappers.OrderEnforcingWrapper(raw_env(scenario, **overrides))
+    """The AEC form (:func:`raw_env`) wrapped in PettingZoo's order-enforcing wrapper (:class:`OrderEnforcing`)."""
+    return OrderEnforcing(raw_env(scenario, **overrides))
 
 
 __all__ = [
-    "ActionChecking", "LeakGymParallelEnv", "RoundError", "env", "parallel_env", "raw_env", "share_batch", "step_together",
+    "ActionChecking", "LeakGymParallelEnv", "OrderEnforcing", "RoundError", "env", "parallel_env", "raw_env", "share_batch",
+    "step_together",
 ]

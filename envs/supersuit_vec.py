@@ -57,9 +57,16 @@ class PaddedFlatActions(BaseParallelWrapper):
         return self._space
 
     def step(self, actions: dict[str, Any]):
-        for agent, action in actions.items():
-            n = self.menu_sizes[agent]
-            arr = np.asarray(action)
+        # Only a known agent's action can be a padding action; anything else (not a dict, an unknown agent, an
+        # action numpy cannot read) is left to the env's own check, which names what is allowed.
+        for agent, action in (actions.items() if isinstance(actions, dict) else ()):
+            n = self.menu_sizes.get(agent)
+            if n is None:
+                continue
+            try:
+                arr = np.asarray(action)
+            except (TypeError, ValueError, RuntimeError):
+                continue
             if arr.size == 1 and arr.dtype.kind in "iuf" and np.isfinite(arr).all() and int(arr.reshape(-1)[0]) >= n:
                 raise ValueError(
                     f"{agent} flat action {int(arr.reshape(-1)[0])} is a padding action: the {agent}'s menu has "

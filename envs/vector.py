@@ -154,12 +154,16 @@ class LeakGymVectorEnv(VectorEnv):
 
     def _step(self, actions):
         given = actions
-        actions = np.asarray(actions)
+        try:
+            actions = np.asarray(actions)
+        except Exception:  # noqa: BLE001 - e.g. ragged rows, a tensor that requires grad
+            raise ValueError(f"actions {given!r} are not an array of shape {self.action_space.shape}") from None
         if actions.shape != self.action_space.shape:
             raise ValueError(f"actions have shape {actions.shape}; expected {self.action_space.shape}")
-        # Each game's action is checked as given (a list row keeps its Python bools, which np.asarray
-        # turned into integers the single-agent view would have refused).
-        rows = given if isinstance(given, (list, tuple)) else actions
+        # Each game's action is checked as given: a list row keeps its Python bools (np.asarray turned them into
+        # integers the single-agent view would have refused), a masked array's row its mask (np.asarray dropped
+        # it, and the hidden values would have been played).
+        rows = given if isinstance(given, (list, tuple, np.ma.MaskedArray)) else actions
         if self.autoreset_mode == AutoresetMode.DISABLED and self._autoreset.any():
             raise RuntimeError(f"sub-environment(s) {np.flatnonzero(self._autoreset).tolist()} finished their "
                                "episode and autoreset_mode is DISABLED: reset them first, "

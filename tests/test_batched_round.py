@@ -122,6 +122,19 @@ def test_batched_clients_play_the_game_by_game_trajectory_to_rounding(cheap_over
     assert played >= cheap_overrides["rounds"]
 
 
+def test_a_refused_share_batch_moves_no_env(cheap_overrides):
+    """Found in an audit: share_batch joined the envs one by one, so a refused call (here the second env
+    has started an episode) had already moved the first into the new batch."""
+    fresh, started = parallel_env("digits", **cheap_overrides), parallel_env("digits", **cheap_overrides)
+    started.reset(seed=0)
+    before = [(e.games, e.row) for e in (fresh, started)]
+    with pytest.raises(ValueError, match="environment 1: join\\(\\) moves an env before its first reset"):
+        share_batch([fresh, started])
+    with pytest.raises(ValueError, match="the same environment twice"):
+        share_batch([fresh, fresh])
+    assert [(e.games, e.row) for e in (fresh, started)] == before
+
+
 def test_a_failing_batched_phase_restores_every_game(cheap_overrides, monkeypatch):
     envs = [parallel_env("digits", **cheap_overrides) for _ in range(3)]
     games = share_batch(envs)

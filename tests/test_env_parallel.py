@@ -92,6 +92,20 @@ def test_a_bad_reset_seed_is_named_and_changes_nothing(cheap_overrides, seed):
         np.testing.assert_array_equal(first[a], again[a])
 
 
+def test_a_refused_aec_reset_leaves_the_env_unreset(cheap_overrides):
+    """Found in an audit: PettingZoo's order-enforcing wrapper counted a reset refused for its seed, and the
+    next step failed inside the adapter (AttributeError) instead of asking for a reset."""
+    a = env("digits", **cheap_overrides)
+    with pytest.raises(ValueError, match="seed=-1"):
+        a.reset(seed=-1)
+    with pytest.raises(AssertionError, match="reset\\(\\) needs to be called before step"):
+        a.step(np.zeros(4, np.int64))
+    a.reset(seed=0)
+    with pytest.raises(ValueError, match="seed=-1"):
+        a.reset(seed=-1)
+    a.step(a.action_space(a.agent_selection).sample())  # the env reset before stays reset
+
+
 def test_round_failure_is_reported_with_context_and_history_kept(cheap_overrides, monkeypatch):
     e = parallel_env("digits", **cheap_overrides)
     e.reset(seed=0)

@@ -170,6 +170,19 @@ def test_supersuit_recipe_pads_and_a_padded_action_raises(cheap_overrides):
     venv.close()
 
 
+def test_the_padding_wrapper_leaves_bad_agent_keys_to_the_env(cheap_overrides):
+    """Found in an audit: an unknown agent was a KeyError and a list an AttributeError in the padding
+    check, before the env's own check could name the allowed agents."""
+    from leakgym.envs.supersuit_vec import PaddedFlatActions
+
+    padded = PaddedFlatActions(parallel_env("digits", flat_actions=True, **_game(cheap_overrides)))
+    padded.reset(seed=0)
+    with pytest.raises(ValueError, match=r"exactly the agents \['attacker', 'defender'\].*unknown \['spy'\]"):
+        padded.step({"attacker": 0, "defender": 0, "spy": 0})
+    with pytest.raises(ValueError, match="must be a dict"):
+        padded.step([0, 0])
+
+
 def test_supersuit_recipe_feeds_sb3_ppo_with_equal_menus(cheap_overrides):
     _needs("supersuit")
     from stable_baselines3 import PPO

@@ -270,6 +270,38 @@ def test_a_rejected_action_changes_nothing_parallel_and_vector(cheap_overrides):
     np.testing.assert_array_equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["multidiscrete", "flat"])
+def test_the_vector_env_refuses_what_the_single_view_refuses(cheap_overrides, flat):
+    """Found in an audit: np.asarray dropped a masked array's mask, so the vector env played the value hidden
+    under it (the single-agent view refuses masked entries); ragged rows and a tensor that requires grad gave
+    numpy's and torch's own errors. Every one is a ValueError now, and no game moves."""
+    def vector():
+        v = gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="random", flat_actions=flat, **cheap_overrides)
+        v.reset(seed=9)
+        return v
+
+    good = np.array([3, 5]) if flat else np.array([[0, 1, 0, 1], [1, 0, 0, 0]])
+    masked = np.ma.masked_array(good, mask=np.zeros_like(good, dtype=bool))
+    masked.mask[(0,) if flat else (0, 1)] = True
+    ragged = [3, [5, 1]] if flat else [[0, 1, 0, 1], [1, 0]]
+    expected = vector().step(good)
+    v = vector()
+    for bad in (masked, ragged, torch.zeros(good.shape, requires_grad=True)):
+        with pytest.raises(ValueError, match="masked|not an array"):
+            v.step(bad)
+    got = v.step(good)
+    np.testing.assert_array_equal(expected[0], got[0])
+    np.testing.assert_array_equal(expected[1], got[1])
+
+
+@pytest.mark.parametrize("bad", [[[1], [2, 3]], torch.tensor(3.0, requires_grad=True)], ids=["ragged", "grad-tensor"])
+def test_a_flat_action_numpy_cannot_read_is_a_named_value_error(cheap_overrides, bad):
+    env = gym.make("LeakGym-Digits-v0", opponent="none", flat_actions=True, **cheap_overrides)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"flat action .*expected one integer in 0\.\.\d+"):
+        env.step(bad)
+
+
 def test_the_round_details_carry_the_decoded_actions(cheap_overrides):
     """The infos are numbers (leakgym.game.feedback: strategy_index); the full record is round_details()."""
     e = parallel_env("digits", **cheap_overrides)

@@ -250,7 +250,11 @@ class FlatActions:
 
     def to_multi(self, action: Any) -> np.ndarray:
         """A flat action -> the MultiDiscrete action; ``ValueError`` names the value and the range."""
-        arr = np.asarray(action)
+        try:
+            arr = np.asarray(action)
+        except Exception:  # noqa: BLE001 - e.g. ragged nested sequences, a tensor that requires grad
+            raise ValueError(f"{self.menu.where}{self.menu.role} flat action {action!r}: expected one integer in "
+                             f"0..{self.n - 1}") from None
         # kinds i/u/f only (numpy files timedelta64 under the integers); a masked entry hides its value
         integer = arr.shape in ((), (1,)) and arr.dtype.kind in "iu"
         whole = (arr.shape in ((), (1,)) and arr.dtype.kind == "f" and bool(np.isfinite(arr).all())
