@@ -186,6 +186,45 @@ def test_bench_env_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys)
     assert "interrupted: 1 of 3 rows" in capsys.readouterr().err
 
 
+def test_bench_env_ctrl_c_while_a_worker_exits_keeps_its_row(tmp_path, monkeypatch, capsys):
+    """Found in an audit: a row was saved only after its worker had exited (a second or more), so a Ctrl-C in
+    that wait lost the row while the message counted it. Here the 2nd worker's exit is interrupted."""
+    class FakeProcess:
+        def __init__(self, target, args):
+            self.args = args
+
+        def start(self):
+            row = {"env": self.args[0], "num_envs": self.args[1], "actions": "fixed", "data": "real",
+                   "env_steps_per_s": 2.0, "baseline_env_steps_per_s": 1.0, "baseline_games": 1,
+                   "speedup": 2.0, "peak_rss_mb": 1.0, "peak_device_mb": None,
+                   **{f"share_{k}": 0.2 for k in ("defense", "attack", "fl", "score", "overhead")}}
+            self.args[7].put(row)
+
+        def join(self):
+            if self.args[1] == 2 and not getattr(self, "stopped", False):
+                raise KeyboardInterrupt
+
+        def terminate(self):
+            self.stopped = True
+
+    class FakeContext:
+        Process = FakeProcess
+
+        @staticmethod
+        def Queue():
+            import queue
+
+            return queue.Queue()
+
+    monkeypatch.setattr(bench_env.mp, "get_context", lambda method: FakeContext)
+    out = tmp_path / "e.json"
+    code = main(["bench", "env", "--json", str(out), "--envs", "digits", "--num-envs", "1,2,3", "--no-progress"])
+    assert code == 130
+    rows = json.loads(out.read_text(), parse_constant=_strict)["rows"]
+    assert [r["num_envs"] for r in rows] == [1, 2]
+    assert "interrupted: 2 of 3 rows" in capsys.readouterr().err
+
+
 def test_worker_ignores_ctrl_c(monkeypatch):
     import signal
 

@@ -193,6 +193,24 @@ def test_nothing_in_an_npz_is_unpickled(tmp_path):
     assert not target.exists()
 
 
+def test_an_npz_entry_that_is_not_a_npy_array_is_refused_by_name(tmp_path):
+    """Found in an audit: numpy hands back the raw bytes of a zip entry without a .npy header (junk, or a
+    pickle), and the dataset checks failed on them with an AttributeError. Nothing is un-pickled."""
+    import pickle
+    import zipfile
+
+    target = tmp_path / "ran"
+    for name, entry in (("junk.npz", b"hello"), ("pickled.npz", pickle.dumps(_Payload(str(target))))):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("images.npy", entry)
+            z.writestr("labels.npy", entry)
+        with pytest.raises(ValueError, match=r"\['images', 'labels'\] are not .npy arrays") as exc:
+            load_dataset(str(path))
+        _one_line_naming(exc, path)
+    assert not target.exists()
+
+
 def test_missing_paths_and_unknown_names_are_refused(tmp_path):
     missing = tmp_path / "nowhere"
     with pytest.raises(ValueError, match="no such folder or .npz file") as exc:

@@ -165,6 +165,23 @@ def test_log_round_trips_exactly_and_drops_a_cut_off_line(tmp_path):
     assert (tmp_path / "episodes.csv").read_text().count("\n") == 1 + 2
 
 
+def test_a_last_round_entry_that_is_not_an_array_is_ignored(tmp_path):
+    """Found in an audit: numpy hands back the raw bytes of a zip entry without a .npy header, and resuming
+    failed with an AttributeError on them; a damaged last round is ignored (the pair's rows still count)."""
+    import zipfile
+
+    log = el.EpisodeLog.open(tmp_path, SETTINGS, resume=False)
+    log.append(_pair("A1", 0.1))
+    path = next((tmp_path / el.LAST_ROUND_DIR).iterdir())
+    with zipfile.ZipFile(path) as z:
+        entries = {n: z.read(n) for n in z.namelist()}
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, b"junk" if name in ("originals.npy", "matched.npy") else data)
+    resumed = el.EpisodeLog.open(tmp_path, SETTINGS, resume=True)
+    assert list(resumed.finished) == [("A1", "D1")] and resumed.finished[("A1", "D1")].last_round is None
+
+
 def test_log_rejects_malformed_rows_and_incomplete_pairs_are_replayed(tmp_path):
     log = el.EpisodeLog.open(tmp_path, SETTINGS, resume=False)
     log.append(_pair("A1", 0.1))

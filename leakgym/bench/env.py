@@ -345,10 +345,15 @@ def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_gam
                     proc.join()
                     raise
                 rows.append(row)
-                proc.join()
-                bar.update()
-                if on_row is not None:
+                if on_row is not None:  # saved before the worker's exit is awaited (a second or more)
                     on_row(rows)
+                try:
+                    proc.join()
+                except KeyboardInterrupt:
+                    proc.terminate()
+                    proc.join()
+                    raise
+                bar.update()
     return rows
 
 
@@ -428,6 +433,8 @@ def main(args: argparse.Namespace) -> int:
             args.batch_clients == "on", args.defender, overrides, args.warmup_steps, rows=rows, on_row=save,
             progress=not getattr(args, "no_progress", False), synthetic_images=synthetic)
     except KeyboardInterrupt:
+        if rows:  # (the interrupt may have come between a row's arrival and its save)
+            save(rows)
         return interrupted(len(rows), len(ids) * len(sizes), out, Path(out).with_suffix(".md"))
     save(rows, echo=True)
     return 0

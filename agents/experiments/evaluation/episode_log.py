@@ -286,8 +286,14 @@ class EpisodeLog:
                 last = LastRound(originals=data["originals"], matched=data["matched"], ssim=data["ssim"],
                                  psnr=data["psnr"], labels=data["labels"] if "labels" in data.files else None,
                                  lpips=data["lpips"] if "lpips" in data.files else None)
-        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile):
+        except (OSError, EOFError, KeyError, ValueError, MemoryError, zipfile.BadZipFile):
             return None
+        # (numpy hands back the raw bytes of an entry that is not a .npy file)
+        if not all(isinstance(a, np.ndarray) for a in (last.originals, last.matched, last.ssim, last.psnr)) \
+                or not isinstance(last.labels, (np.ndarray, type(None))):
+            return None
+        if not isinstance(last.lpips, (np.ndarray, type(None))):
+            last.lpips = None
         per_image = (len(last.originals),)
         ok = (all(a.dtype.kind == "f" for a in (last.originals, last.matched, last.ssim, last.psnr))
               and last.originals.ndim == 4 and last.matched.shape == last.originals.shape
