@@ -105,6 +105,13 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _folder(text: str) -> Path:
+    """``--out`` of ``demo``: :func:`leakgym.files.folder_argument` (imported when demo is parsed)."""
+    from leakgym.files import folder_argument
+
+    return folder_argument(text)
+
+
 def _demo(args: argparse.Namespace) -> int:
     evaluation = importlib.import_module("leakgym.agents.experiments.evaluation.cli")
     parser = argparse.ArgumentParser()
@@ -115,9 +122,9 @@ def _demo(args: argparse.Namespace) -> int:
             "--attackers", DEMO_ATTACKERS,
             "--defenders", DEMO_DEFENDERS,
             "--episodes", str(args.episodes),
-            "--out", args.out,
+            "--out", str(args.out),
             "--overrides", f"rounds={args.rounds}",
-        ]
+        ] + (["--resume"] if args.resume else [])
     )  # fmt: skip
     return evaluation.main(eval_args)
 
@@ -211,9 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "shows its channels, classes and statistics; default: none)")
     desc.set_defaults(func=_describe)
     demo = sub.add_parser("demo", help="small tournament on LeakGym-Digits-v0 (writes payoff + gallery)")
-    demo.add_argument("--out", default="runs/demo", help="output folder")
+    demo.add_argument("--out", default="runs/demo", type=_folder, help="output folder")
     demo.add_argument("--episodes", type=int, default=2, help="episodes per pair")
     demo.add_argument("--rounds", type=int, default=4, help="FL rounds per episode")
+    demo.add_argument("--resume", action="store_true",
+                      help="continue an interrupted demo in --out (the pairs it finished are not played again)")
     demo.set_defaults(func=_demo)
     _add_lazy(sub, COMMANDS)
     bench = sub.add_parser("bench", help="benchmarks (results written to a JSON file and a markdown table)")

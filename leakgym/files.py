@@ -1,11 +1,12 @@
 """Output files replaced atomically: written beside their final name, then renamed over it, so an
 interruption (Ctrl-C, a failing figure) never leaves a half-written file or a stale one beside a new one;
-one writer per run folder (:func:`run_folder_lock`); content hashes of input files (:func:`file_digest`);
+one writer per run folder (:func:`run_folder_lock`, whose ``--out`` :func:`folder_argument` checks); content hashes of input files (:func:`file_digest`);
 values made JSON-safe for results files (:func:`json_safe`).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import hashlib
 import json
@@ -148,6 +149,16 @@ def run_folder_lock(folder: str | os.PathLike[str], command: str) -> Iterator[Pa
                 break
 
 
+def folder_argument(text: str) -> Path:
+    """``argparse`` type of ``--out``: a folder path, not empty. ``Path("")`` is the current directory, so an
+    empty ``--out`` (an unset shell variable) wrote a run's files, and removed an earlier run's stale ones,
+    in whatever directory the command ran from."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no folder; allowed: a folder path (e.g. runs/eval, or . for "
+                                         "the current directory)")
+    return Path(text)
+
+
 def command_line(argv: list[str] | None = None) -> str:
     """``leakgym <arguments>`` of this process (what :func:`run_folder_lock` records as its holder)."""
     args = sys.argv[1:] if argv is None else argv
@@ -176,5 +187,5 @@ def json_safe(v: Any) -> Any:
     return v
 
 
-__all__ = ["LOCK_FILE", "RunFolderBusy", "command_line", "file_digest", "json_safe", "replacing",
+__all__ = ["LOCK_FILE", "RunFolderBusy", "command_line", "file_digest", "folder_argument", "json_safe", "replacing",
            "run_folder_lock", "write_atomically"]

@@ -43,6 +43,31 @@ def test_device_and_seed_are_checked_before_anything_runs(tmp_path, capsys, argv
     assert (out / "episodes.csv").read_text() == "earlier run\n"
 
 
+@pytest.mark.parametrize("command", [["eval"], ["train"], ["selfplay"], ["metagame"], ["reproduce", "dcs2"], ["demo"]])
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_refused_by_the_parser(tmp_path, monkeypatch, capsys, command, out):
+    """Found in an audit: --out '' is Path('') == the current directory, where eval wrote its files and train
+    removed an earlier run's stale ones (an unset shell variable does it)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--out", out])
+    assert exc.value.code == 2 and f"argument --out: {out!r} names no folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_takes_the_resume_its_interrupt_message_asks_for(tmp_path, monkeypatch):
+    """Found in an audit: Ctrl-C in `leakgym demo` said "run the same command with --resume" (eval's words),
+    which demo refused as an unknown argument; it passes --resume on to its evaluation now."""
+    import importlib
+
+    evaluation = importlib.import_module("leakgym.agents.experiments.evaluation.cli")
+    seen = []
+    monkeypatch.setattr(evaluation, "main", lambda args: seen.append(args) or 0)
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 0
+    assert main(["demo", "--out", str(tmp_path / "d"), "--resume"]) == 0
+    assert [a.resume for a in seen] == [False, True] and seen[1].out == tmp_path / "d"
+
+
 @pytest.mark.parametrize("bench", ["env", "attacks", "eval"])
 def test_bench_device_is_checked_by_the_parser(capsys, bench):
     """``leakgym bench ... --device cuda`` on a machine without it is an argparse error naming the

@@ -40,7 +40,7 @@ from typing import Any
 from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.checks import is_integer
 from leakgym.devices import device_argument
-from leakgym.files import json_safe
+from leakgym.files import folder_argument, json_safe
 
 from .cli_common import (
     INTERRUPTED,
@@ -188,7 +188,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--initial-defender", default="random", help="frozen defender D_0 for the first attacker")
     parser.add_argument("--eval-episodes", type=int, default=2, help="evaluation episodes per matchup (0 = none)")
     add_hyperparams_argument(parser)
-    parser.add_argument("--out", type=Path, default=Path("runs/selfplay"), help="output folder")
+    parser.add_argument("--out", type=folder_argument, default=Path("runs/selfplay"), help="output folder")
     parser.add_argument("--device", default="cpu", type=device_argument, help="torch device of the policies and the games")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 

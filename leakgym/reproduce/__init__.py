@@ -22,6 +22,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from leakgym.files import folder_argument
 from leakgym.suggest import did_you_mean
 
 #: paper key -> module defining ``PAPER_SPEC`` (a :class:`~leakgym.reproduce.runner.Paper`).
@@ -62,7 +63,7 @@ class _GivenTrue(_Given):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``leakgym reproduce``."""
     parser.add_argument("paper", choices=[*PAPERS, "all"], help="which paper's table to reproduce ('all': every one)")
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce"),
+    parser.add_argument("--out", type=folder_argument, default=Path("runs/reproduce"),
                         help="output folder for reproduce_<paper>.{json,md,png}; the .json is written as the run goes "
                              "(\"complete\": false until it ends) (default: %(default)s)")
     # The run options record that they were given (args.given): --rerender refuses them.

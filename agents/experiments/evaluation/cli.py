@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from leakgym.devices import device_argument
-from leakgym.files import json_safe
+from leakgym.files import folder_argument, json_safe
 
 from ..cli_common import (
     INTERRUPTED,
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--defenders", default="none,random", help="comma-separated defender specs")
     parser.add_argument("--episodes", type=int, default=3, help="episodes per pair")
-    parser.add_argument("--out", type=Path, default=Path("runs/eval"), help="output folder")
+    parser.add_argument("--out", type=folder_argument, default=Path("runs/eval"), help="output folder")
     parser.add_argument(
         "--resume",
         action="store_true",

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from leakgym.devices import device_argument
+from leakgym.files import folder_argument
 
 from ..cli_common import (
     INTERRUPTED,
@@ -38,7 +39,7 @@ from .solvers import META_SOLVERS
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_env_arguments(parser)
     parser.add_argument("--iterations", type=int, default=5, help="PSRO iterations (default: 5)")
-    parser.add_argument("--out", type=Path, default=Path("runs/metagame"), help="output folder (default: runs/metagame)")
+    parser.add_argument("--out", type=folder_argument, default=Path("runs/metagame"), help="output folder (default: runs/metagame)")
     parser.add_argument("--meta-solver", default="nash",
                         help=f"meta-solver: {', '.join(META_SOLVERS)} (default: nash)")
     parser.add_argument("--attackers", default=None,

@@ -9,6 +9,7 @@ from pathlib import Path
 from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.agents.policies.scripted import ROLES
 from leakgym.devices import device_argument
+from leakgym.files import folder_argument
 
 from ..cli_common import (
     INTERRUPTED,
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="frozen opponent: random, round-robin, bandit, a preset, fixed:..., or a policy .zip "
         "(default: the file's env_kwargs opponent, random)",
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/train"), help="output folder")
+    parser.add_argument("--out", type=folder_argument, default=Path("runs/train"), help="output folder")
     add_hyperparams_argument(parser)
     parser.add_argument("--checkpoint-freq", type=int, default=None,
                         help="checkpoint every N steps (default: a quarter of the run; 0: no checkpoints)")
