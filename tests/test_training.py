@@ -527,6 +527,43 @@ def test_selfplay_checks_its_first_run_before_touching_the_folder(tmp_path, bad)
     assert not (tmp_path / "t").exists()
 
 
+def test_a_policy_the_run_reads_may_not_lie_in_its_out(tmp_path):
+    """Found in an audit: `train --opponent OUT/policy.zip --out OUT` replaced the opponent with the policy it
+    trained (and named itself its opponent); self-play did the same to an --initial-defender in OUT, and only
+    then failed. Both are refused before anything is written."""
+    out = tmp_path / "run"
+    (out / "iter_01" / "defender").mkdir(parents=True)
+    for path in (out / "policy.zip", out / "iter_01" / "defender" / "policy.zip"):
+        path.write_bytes(b"an earlier run's policy")
+    before = sorted(str(p) for p in out.rglob("*"))
+    with pytest.raises(ValueError, match=r"opponent='.*policy.zip' lies in --out .*copy the policy elsewhere"):
+        tr.train(tr.TrainConfig(timesteps=4, opponent=str(out / "policy.zip"), out=out, overrides=TINY, progress=False))
+    with pytest.raises(ValueError, match=r"initial_defender='.*policy.zip' lies in --out"):
+        sp.selfplay("LeakGym-Digits-v0", iterations=1, timesteps=8, out=out, progress=False, overrides=TINY,
+                    initial_defender=str(out / "iter_01" / "defender" / "policy.zip"))
+    assert sorted(str(p) for p in out.rglob("*")) == before
+    assert (out / "policy.zip").read_bytes() == b"an earlier run's policy"
+
+
+def test_selfplay_clears_an_earlier_run_and_writes_its_own_summary_first(tmp_path, monkeypatch):
+    """Found in an audit: a 1-iteration run into the folder of a 2-iteration one left iter_02/ beside its own,
+    and a crash in iteration 1 left the earlier run's summary.json, describing the other run."""
+    out = tmp_path / "sp"
+    (out / "iter_02" / "attacker").mkdir(parents=True)
+    (out / "summary.json").write_text('{"previous": "run"}')
+    (out / "notes.txt").write_text("the user's")
+
+    def crash(config):
+        raise RuntimeError("the machine went down")
+
+    monkeypatch.setattr(sp, "train", crash)
+    with pytest.raises(RuntimeError, match="went down"):
+        sp.selfplay("LeakGym-Digits-v0", iterations=1, timesteps=8, out=out, progress=False, overrides=TINY)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "summary.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iterations"] == 1 and summary["history"][0]["failed"].startswith("attacker: RuntimeError")
+
+
 def test_a_run_clears_an_earlier_runs_checkpoints_and_evaluations(tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)

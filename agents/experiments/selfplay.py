@@ -22,7 +22,9 @@ returns, and ``leakage_lpips`` where the user's LPIPS backbone weights are on di
 summary names the backbone; without the weights it is ``null``, ``lpips_note`` says why once, and the
 pairs carry no ``leakage_lpips``).
 
-``summary.json`` is rewritten after every iteration. Ctrl-C (``KeyboardInterrupt``) saves the policy
+An earlier run's ``iter_NN`` folders and ``summary.json`` in ``OUT`` are removed when a run starts, and
+``summary.json`` is written then (the settings, no iterations yet) and rewritten after every iteration. A
+policy the run reads (``--initial-defender``) may not lie in ``OUT``. Ctrl-C (``KeyboardInterrupt``) saves the policy
 being trained (see :mod:`leakgym.agents.experiments.training`), records the unfinished iteration in the summary
 (its ``interrupted`` entry names the stage: attacker training, defender training or evaluation)
 and raises :class:`SelfPlayInterrupted`; ``leakgym selfplay`` then exits with status 130.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,7 +43,7 @@ from typing import Any
 from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.checks import is_integer
 from leakgym.devices import device_argument
-from leakgym.files import folder_argument, json_safe
+from leakgym.files import folder_argument, json_safe, write_atomically
 
 from .cli_common import (
     INTERRUPTED,
@@ -54,6 +57,7 @@ from .cli_common import (
 )
 from .evaluation.play import evaluate
 from .training import MAX_TRAIN_SEED, TrainConfig, TrainingInterrupted, check_config, train
+from .training.checks import check_outside
 
 
 class SelfPlayInterrupted(KeyboardInterrupt):
@@ -74,6 +78,16 @@ def _eval_pairs(env_id: str, attacker: str, defenders: list[str], episodes: int,
     keep = ("leakage_ssim", "leakage_psnr", *(("leakage_lpips",) if lpips else ()), "accuracy", "attacker_return",
             "defender_return")
     return [{m: row[f"{m}_mean"] for m in keep} for row in table.rows()]
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Remove what an earlier self-play run in ``out`` wrote (its ``iter_NN`` folders and ``summary.json``):
+    a shorter run would leave the earlier run's later iterations beside its own, and a crash its summary."""
+    for folder in out.glob("iter_[0-9][0-9]"):
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
+    if (out / "summary.json").is_file():
+        (out / "summary.json").unlink()
 
 
 def selfplay(
@@ -103,6 +117,7 @@ def selfplay(
                          f"allowed: seed <= {MAX_TRAIN_SEED - 2 * iterations - 1} (training seeds are at most 2**32 - 1)")
     gym_id, _ = resolve_env(env_id)
     overrides = dict(overrides or {})
+    check_outside(initial_defender, out, "initial_defender")
     # The first training run's settings (hyperparameters, scenario, the initial defender, steps) are checked
     # before the folder or its summary.json is touched; a later run's opponent is a policy trained here.
     check_config(TrainConfig(env_id=gym_id, role="attacker", algo=algo, timesteps=timesteps, opponent=initial_defender,
@@ -112,6 +127,7 @@ def selfplay(
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _clear_previous_run(out)
     with_lpips = lpips_available()
     summary: dict[str, Any] = {
         "env_id": gym_id,
@@ -133,8 +149,9 @@ def selfplay(
 
     def write_summary() -> None:
         summary["wall_time_s"] = round(time.perf_counter() - t0, 3)
-        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, default=str))
+        write_atomically(out / "summary.json", json.dumps(json_safe(summary), indent=2, default=str))
 
+    write_summary()  # this run's settings from the start: a crash leaves no earlier run's summary
     for k in range(1, iterations + 1):
         folder = out / f"iter_{k:02d}"
         common = {"env_id": gym_id, "algo": algo, "timesteps": timesteps, "overrides": overrides,

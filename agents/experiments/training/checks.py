@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from leakgym.agents.policies.base import Agent
@@ -47,6 +49,24 @@ def _env_kwargs(config: TrainConfig, file_kwargs: dict[str, Any]) -> tuple[dict[
     kwargs["device"] = config.device  # the games run where the policy does
     overrides = {k: v for k, v in kwargs.items() if k not in ENV_KEYS}
     return kwargs, overrides
+
+
+def check_outside(spec: Any, out: str | os.PathLike[str], what: str) -> None:
+    """``ValueError`` when ``spec`` (an opponent spec: a name, a preset or a policy file) is a policy file in the
+    folder ``out`` that a run writes: the run replaces or removes what lies there (its policy, its
+    checkpoints; self-play's ``iter_*`` folders), the opponent it reads included."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return
+    path = Path(spec)
+    if path.suffix != ".zip" and not path.is_file():
+        return  # a name or a preset
+    try:
+        inside = path.resolve().is_relative_to(Path(out).resolve())
+    except (OSError, RuntimeError):  # an unresolvable path: make_agent names it
+        return
+    if inside:
+        raise ValueError(f"{what}={str(spec)!r} lies in --out {str(out)!r}, which this run writes into (and may "
+                         "replace it there): copy the policy elsewhere or give another --out")
 
 
 @dataclass
@@ -94,6 +114,7 @@ def check_config(config: TrainConfig) -> CheckedConfig:
                          "vector env; pass --n-envs N")
     batch_clients = n_envs > 1 if config.batch_clients is None else config.batch_clients
     opponent = env_kwargs["opponent"]
+    check_outside(opponent, config.out, "opponent")
     if not isinstance(opponent, Agent):  # a name, preset or policy path: resolved now, not after the folder is made
         make_agent(opponent, role="defender" if role == "attacker" else "attacker",
                    scenario=load_scenario(scenario_name, **overrides))
