@@ -241,6 +241,31 @@ def test_rerender_alone_rewrites_from_the_recorded_json(tmp_path, monkeypatch):
     assert calls == [tmp_path / "reproduce_dcs2.json"]
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no results file to re-render"),
+    ("[1]", "holds a JSON list, not the results object"),
+    ('{"a": 1}', "missing ['paper', 'cells']"),
+    ("{not json", "not a readable results file"),
+])
+def test_rerender_of_a_missing_or_foreign_file_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    """Found in an audit: these were exit 1 with a raw FileNotFoundError, AttributeError or KeyError."""
+    from leakgym import cli
+
+    if content is not None:
+        (tmp_path / "reproduce_dcs2.json").write_text(content)
+    assert cli.main(["reproduce", "dcs2", "--rerender", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("leakgym: error: ") and message in err and err.count("\n") == 1
+
+
+def test_reproduce_into_an_out_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+    from leakgym import cli
+
+    (tmp_path / "afile").write_text("x")
+    assert cli.main(["reproduce", "dcs2", "--out", str(tmp_path / "afile")]) == 2
+    assert "--out=" in capsys.readouterr().err and (tmp_path / "afile").read_text() == "x"
+
+
 def test_the_utility_run_takes_the_fl_protocol(split, monkeypatch):
     """Scale's FedAvg protocol (issue 36): every client trains with the local optimiser and the server
     applies the mean model difference; the protocol is checked when the scale is built."""

@@ -108,6 +108,8 @@ def main(args: argparse.Namespace) -> int:
     if args.rerender and given:
         raise ValueError(f"--rerender rewrites the tables of the run recorded in <out>/reproduce_<paper>.json; "
                          f"{', '.join(dict.fromkeys(given))} cannot change it (run without --rerender to run with them)")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out={str(args.out)!r} is a file; allowed: a folder (made if missing)")
     resume = getattr(args, "resume", False)
     failed = False
     for done, name in enumerate(names):
@@ -128,7 +130,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"reproduce: interrupted during {name}; {what}; finished papers: {finished}, in {args.out}",
                   file=sys.stderr)
             return 130
-        except Exception as err:  # noqa: BLE001 - report, continue with the other papers, exit 1
+        except Exception as err:  # report, continue with the other papers, exit 1
+            if len(names) == 1 and isinstance(err, ValueError):
+                raise  # one paper and a user error (a bad results file, a resume with other options): one line, exit 2
             failed = True
             print(f"reproduce {name}: failed: {type(err).__name__}: {err}", file=sys.stderr)
             continue

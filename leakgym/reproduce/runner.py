@@ -465,7 +465,19 @@ def rerender(paper: Paper, path: Path | str, out: Path | str | None = None) -> d
     file (``"complete": false``) is refused: ``run_paper(..., resume=True)`` finishes it.
     """
     path = Path(path)
-    result = json.loads(path.read_text())
+    if not path.is_file():
+        raise ValueError(f"{path}: no results file to re-render (`leakgym reproduce {paper.key} --out FOLDER` writes "
+                         f"FOLDER/reproduce_{paper.key}.json)")
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable results file ({type(exc).__name__}: {exc})") from None
+    if not isinstance(result, dict):
+        raise ValueError(f"{path}: holds a JSON {type(result).__name__}, not the results object `leakgym reproduce` "  # noqa: TRY004
+                         "writes")
+    missing = [k for k in ("paper", "cells") if k not in result]
+    if missing:
+        raise ValueError(f"{path}: not a results file of `leakgym reproduce`: missing {missing}")
     if result.get("paper") != paper.key:
         raise ValueError(f"{path} holds the results of {result.get('paper')!r}, not {paper.key!r}")
     if result.get("complete") is False:
