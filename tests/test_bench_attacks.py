@@ -48,6 +48,8 @@ def _strict(constant):
     (["--models", ","], "--models=',': names no model"),
     (["--ns", "1,x"], "--ns entry 'x'"),
     (["--iterations", "0"], "--iterations=0"),
+    (["--iterations", "-1", "--quick"], "--iterations=-1"),  # (--quick replaced the value before its check)
+    (["--resnet-iterations", "0", "--quick"], "--resnet-iterations=0"),
 ])
 def test_bench_attacks_rejects_bad_inputs_before_measuring(tmp_path, monkeypatch, extra, message):
     def no_measure(*a, **k):

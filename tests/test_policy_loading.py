@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import shlex
+import warnings
 import zipfile
 
 import gymnasium as gym
@@ -149,11 +150,15 @@ def test_hostile_weights_are_refused(saved, tmp_path, marker):
         with pytest.raises(ValueError, match="policy.pth is not a plain tensor state_dict; refused"):
             LearnedAgent(broken)
 
-    # A plain pickle (not torch's format) naming os.system is refused the same way.
-    hostile = _copy_policy(saved, tmp_path, replace={"policy.pth": pickle.dumps(_hostile(marker), protocol=2)})
-    with pytest.raises(ValueError, match="refused"):
-        LearnedAgent(hostile)
-    assert not marker.exists()
+    # A plain pickle (not torch's format) naming os.system is refused the same way, and in one line: torch's
+    # legacy-format warning no longer comes before the refusal (found in an audit).
+    for protocol in (2, 4):  # (torch warns about protocol 4)
+        hostile = _copy_policy(saved, tmp_path, replace={"policy.pth": pickle.dumps(_hostile(marker), protocol=protocol)})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match="refused"):
+                LearnedAgent(hostile)
+        assert not marker.exists() and [str(w.message) for w in caught] == []
 
 
 def test_policy_metadata_and_spaces_are_checked(saved, tmp_path, monkeypatch):

@@ -41,6 +41,7 @@ import io
 import itertools
 import json
 import math
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -336,7 +337,9 @@ def _read_weights(path: Path, device: str) -> dict[str, Any]:
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise ValueError(f"{path}: not a readable zip file ({exc})") from None
     try:
-        state = torch.load(io.BytesIO(raw), map_location=device, weights_only=True)
+        with warnings.catch_warnings():  # (a raw pickle gets torch's legacy-format warning before its refusal below)
+            warnings.simplefilter("ignore")
+            state = torch.load(io.BytesIO(raw), map_location=device, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure of the (weights-only) reader: a corrupt file
         # (a damaged pickle raised KeyError or AssertionError from inside torch's reader)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

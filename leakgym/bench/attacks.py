@@ -154,11 +154,11 @@ def main(args: argparse.Namespace) -> int:
     models = parse_models(args.models)
     ns = parse_ns(args.ns)
     iterations, resnet_iterations = args.iterations, args.resnet_iterations
+    for flag, value in (("--iterations", iterations), ("--resnet-iterations", resnet_iterations)):
+        if value < 1:  # (checked before --quick replaces them: a bad value is refused with it too)
+            raise ValueError(f"{flag}={value}; allowed: integers >= 1")
     if args.quick:
         ns, iterations, resnet_iterations = [1, 2], 2, 1
-    for flag, value in (("--iterations", iterations), ("--resnet-iterations", resnet_iterations)):
-        if value < 1:
-            raise ValueError(f"{flag}={value}; allowed: integers >= 1")
     if args.image_size < 8:
         raise ValueError(f"--image-size={args.image_size}; allowed: integers >= 8")
     if args.threads is not None and args.threads < 1:
