@@ -80,6 +80,19 @@ def test_a_folder_with_train_and_val_keeps_its_own_split(tmp_path):
     assert data.spec.channels == 1 and data.train_y.tolist().count(0) == 4 and data.test_y.tolist() == [1, 1]
 
 
+@pytest.mark.parametrize("where", ["", "train", "val"])
+def test_loose_images_in_a_train_val_folder_are_refused_as_in_the_flat_layout(tmp_path, where):
+    """Found in an audit: images beside the class folders of train/ or val/ (or beside train/ and val/) were
+    ignored without a word, where the flat layout refuses them."""
+    root = tmp_path / "split"
+    _folder(root / "train", {"x": 4, "y": 3}, shape=(9, 9, 1))
+    _folder(root / "val", {"y": 2}, shape=(9, 9, 1), seed=2)
+    Image.fromarray(np.zeros((9, 9), np.uint8)).save(root / where / "loose.png")
+    with pytest.raises(ValueError, match="'loose.png', ... lie beside the class sub-folders") as exc:
+        load_dataset(str(root))
+    _one_line_naming(exc, root / where)
+
+
 def test_an_npz_gives_grey_or_colour_images_and_its_own_split(tmp_path):
     grey = load_dataset(str(_npz(tmp_path / "g.npz")))
     assert grey.spec.shape == (1, 8, 8) and grey.spec.num_classes == 3 and len(grey.test_y) == 6
@@ -152,10 +165,19 @@ def test_bad_npz_files_are_refused_in_one_line_naming_the_file(tmp_path):
         "fourch.npz": {"images": np.zeros((30, 8, 8, 4), np.uint8)},
         "oneclass.npz": {"labels": np.zeros(30, np.int64)},
         "floatlabels.npz": {"labels": np.arange(30) % 3 * 1.0},
+        # found in an audit: a uint64 label past 2**63 became -1 and its image was dropped; one huge label made
+        # a class per integer up to it (out of memory); timedelta64 labels passed as integers
+        "wrapped.npz": {"labels": np.array([0, 1, 2] * 9 + [0, 1, 2**64 - 1], dtype=np.uint64)},
+        "huge.npz": {"labels": np.array([0, 1, 2] * 9 + [0, 1, 2**40])},
+        "timedelta.npz": {"labels": (np.arange(30) % 3).astype("m8[s]")},
+        "onepixel.npz": {"images": np.random.default_rng(0).integers(0, 256, (30, 1, 1), dtype=np.uint8)},
     }
     expected = {"negative.npz": "labels out of range", "range.npz": "labels out of range: label 2 for 2 classes",
                 "float.npz": "must be uint8", "count.npz": "one label per image", "fourch.npz": "C = 1 or 3",
-                "oneclass.npz": "one class", "floatlabels.npz": "must be integers"}
+                "oneclass.npz": "one class", "floatlabels.npz": "must be integers",
+                "wrapped.npz": "holds 18446744073709551615; allowed: integers in [0, 99999]",
+                "huge.npz": "holds 1099511627776; allowed", "timedelta.npz": "must be integers",
+                "onepixel.npz": "images of 1x1 pixels; allowed: at least 2x2"}
     for name, extra in cases.items():
         path = _npz(tmp_path / name, **extra)
         with pytest.raises(ValueError) as exc:

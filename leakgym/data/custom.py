@@ -58,6 +58,9 @@ USER_SPLIT_SEED = 0
 USER_TEST_FRACTION = 0.2
 #: Fewest training images a split may leave: one public and one private image.
 MIN_TRAIN_IMAGES = 2
+#: Largest label an ``.npz`` dataset may hold (without ``classes``, the largest label + 1 is the number of
+#: classes, a name and a model output each: one stray large label would have made a million of them).
+MAX_LABEL = 99_999
 
 
 def resolve_path(value: str | os.PathLike[str]) -> str:
@@ -140,6 +143,8 @@ def _read(path: str, fingerprint: str) -> UserData:
     del fingerprint  # only part of the cache key
     reader = _read_folder if Path(path).is_dir() else _read_npz
     kind, classes, train_x, train_y, test_x, test_y = reader(Path(path))
+    if min(train_x.shape[2:]) < 2:  # (the default image size is the shorter side; a model needs 2 pixels)
+        raise ValueError(f"{path}: images of {train_x.shape[2]}x{train_x.shape[3]} pixels; allowed: at least 2x2")
     own_split = test_x is not None
     if not own_split:
         train_x, train_y, test_x, test_y = _split(path, train_x, train_y, len(classes))
@@ -225,12 +230,26 @@ def _decode_uniform(root: Path, paths: list[Path], shape: tuple[int, int, int] |
     return out
 
 
+def _loose_images(folder: Path) -> list[Path]:
+    """The images lying directly in ``folder`` (not in a class sub-folder)."""
+    return [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def _refuse_loose(folder: Path, loose: list[Path]) -> None:
+    if loose:
+        raise ValueError(f"{folder}: images {loose[0].name!r}, ... lie beside the class sub-folders; move every image "
+                         f"into its class's sub-folder (ImageFolder layout: {folder}/<class>/<image>)")
+
+
 def _read_folder(root: Path):
-    loose = [p for p in sorted(root.iterdir()) if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    loose = _loose_images(root)
     subfolders = class_folders(root)
     names = {p.name for p in subfolders}
     test_name = "val" if "val" in names else "test" if "test" in names else None
     if "train" in names and test_name is not None and class_folders(root / "train"):
+        # (loose images here were ignored, where the flat layout refuses them)
+        for folder in (root, root / "train", root / test_name):
+            _refuse_loose(folder, _loose_images(folder))
         classes = [p.name for p in class_folders(root / "train")]
         test_classes = [p.name for p in class_folders(root / test_name)]
         unknown = sorted(set(test_classes) - set(classes))
@@ -251,9 +270,7 @@ def _read_folder(root: Path):
     if not subfolders:
         what = "holds images but no class sub-folders" if loose else "holds no class sub-folders"
         raise ValueError(f"{root}: {what} (ImageFolder layout: {root}/<class>/<image>, one sub-folder per class)")
-    if loose:
-        raise ValueError(f"{root}: images {loose[0].name!r}, ... lie beside the class sub-folders; move every image "
-                         f"into its class's sub-folder (ImageFolder layout: {root}/<class>/<image>)")
+    _refuse_loose(root, loose)
     classes = [p.name for p in subfolders]
     _check_classes(root, classes)
     paths, labels = _class_images(classes, root)
@@ -333,10 +350,13 @@ def _npz_images(path: Path, key: str, x: np.ndarray) -> np.ndarray:
 
 
 def _npz_labels(path: Path, key: str, y: np.ndarray, count: int) -> np.ndarray:
-    if y.dtype == bool or not np.issubdtype(y.dtype, np.integer):
+    if y.dtype.kind not in "iu":  # (bool and timedelta64 are kinds of their own)
         raise ValueError(f"{path}: {key!r} must be integers, got dtype {y.dtype}")
     if y.shape != (count,):
         raise ValueError(f"{path}: {key!r} has shape {y.shape}, expected ({count},) (one label per image)")
-    if count and int(y.min()) < 0:
-        raise ValueError(f"{path}: labels out of range: {key!r} holds {int(y.min())}; allowed: integers >= 0")
+    # (compared as Python integers: a uint64 label past 2**63 became negative as int64, and its image was dropped)
+    if count and not 0 <= int(y.min()) <= int(y.max()) <= MAX_LABEL:
+        bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+        raise ValueError(f"{path}: labels out of range: {key!r} holds {bad}; allowed: integers in [0, {MAX_LABEL}] "
+                         "(class indices)")
     return y.astype(np.int64)
