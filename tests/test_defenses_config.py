@@ -46,6 +46,24 @@ def test_validation_messages_name_value_and_range(field, value, message):
     assert message in str(err.value)
 
 
+def test_numpy_scalars_are_accepted_as_plain_values_and_numpy_bools_refused():
+    """Found in an audit: np.int64 and np.float32 values in range were refused, where every other layer takes
+    numpy integers (leakgym.checks.is_integer). The config holds them as Python values (infos are JSON)."""
+    import json
+
+    import numpy as np
+
+    cfg = DefenseConfig(oasis=np.int64(1), censor_trials=np.int32(2), noise_sigma=np.float32(0.5), prune=np.float64(0.5),
+                        noise_kind=np.str_("laplace"))
+    assert cfg == DefenseConfig(oasis=1, censor_trials=2, noise_sigma=0.5, prune=0.5, noise_kind="laplace")
+    assert [type(v) for v in (cfg.oasis, cfg.noise_sigma, cfg.noise_kind)] == [int, float, str]
+    json.dumps(cfg.to_dict())
+    for field, bad in (("censor_trials", np.bool_(True)), ("noise_sigma", np.bool_(True)), ("oasis", np.float64(1.0)),
+                       ("noise_sigma", np.float32("nan"))):
+        with pytest.raises(ValueError, match=f"DefenseConfig.{field}="):
+            DefenseConfig(**{field: bad})
+
+
 def test_mixup_and_instahide_are_exclusive_and_replace_rejects_unknown_fields():
     with pytest.raises(ValueError, match="set at most one"):
         DefenseConfig(mixup_k=2, instahide_k=4)

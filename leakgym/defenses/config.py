@@ -74,9 +74,7 @@ class DefenseConfig:
                 f"unknown DefenseConfig field(s) {unknown}{did_you_mean(unknown[0], known)}; "
                 f"allowed: {sorted(known)}"
             )
-        for name, spec in known.items():
-            if name in values:
-                spec.check(values[name])
+        values = {name: spec.normalized(values[name]) for name, spec in known.items() if name in values}
         object.__setattr__(self, "_values", {name: values.get(name, spec.default) for name, spec in known.items()})
         object.__setattr__(self, "_active", None)  # (registry generation, active defenses), see active()
         for defense in DEFENSES.values():

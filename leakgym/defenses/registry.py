@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,9 +42,11 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from leakgym.checks import is_integer
 from leakgym.devices import seed_generators
 
 if TYPE_CHECKING:
@@ -185,12 +188,12 @@ class Field:
         """Raise ``ValueError`` naming the field, the value and the allowed values unless ``value`` fits."""
         if self.kind == "choice":
             ok = isinstance(value, str) and value in (self.choices or ())
-        elif self.kind == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= (self.low if self.low is not None else 0)
+        elif self.kind == "int":  # (numpy integers too: leakgym.checks.is_integer, as every other layer)
+            ok = is_integer(value) and value >= (self.low if self.low is not None else 0)
             ok = ok and (self.high is None or value <= self.high)
         else:
             try:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
             except OverflowError:  # an int beyond float's range (10**400)
                 ok = False
             if ok and self.low is not None:
@@ -200,6 +203,12 @@ class Field:
         if not ok:
             sep = " " if self.kind == "real" else ": "
             raise ValueError(f"DefenseConfig.{self.name}={value!r}; allowed{sep}{self.allowed}")
+
+    def normalized(self, value: Any) -> Any:
+        """``value`` checked (:meth:`check`) and as a plain Python value: a numpy scalar becomes its Python
+        number or string (what a config holds: its infos and records are written as JSON)."""
+        self.check(value)
+        return value.item() if isinstance(value, np.generic) else value
 
 
 def real_field(name: str, default: float, doc: str, *, low: float | None = 0.0, high: float | None = math.inf,
