@@ -257,6 +257,26 @@ def test_label_accuracies_of_many_pairs_are_each_pairs_own():
         _label_accuracies([torch.tensor([1])], [torch.tensor([], dtype=torch.int64)])
 
 
+def test_data_range_and_max_db_are_bounded_where_float32_holds_the_metrics():
+    """Found in an audit: data_range=1e-10 scored two equal zero images NaN (SSIM's c1 * c2 underflowed),
+    1e20 gave PSNR -inf (the squared error overflowed), max_db=1e300 a RuntimeError. Both ends of the allowed
+    ranges give finite values; beyond them is a ValueError naming the range."""
+    from leakgym.metrics.functional import DATA_RANGE_LIMITS, MAX_DB_LIMIT
+
+    x, zeros = unit_images(3), torch.zeros(2, 1, 16, 16)
+    for scale in DATA_RANGE_LIMITS:
+        y = x.flip(0) * scale
+        for value in (ssim(x * scale, y, data_range=scale), psnr(x * scale, y, data_range=scale), mse(y, y, scale)):
+            assert torch.isfinite(value).all()
+        assert torch.equal(ssim(zeros, zeros, data_range=scale), torch.ones(2))
+        assert torch.equal(psnr(y, y, data_range=scale, max_db=MAX_DB_LIMIT), torch.full((3,), MAX_DB_LIMIT))
+    for bad in (1e-10, 1e20, float("inf"), 0.0):
+        with pytest.raises(ValueError, match=r"data_range=.*allowed: a number in \[1e-06, 1e\+06\]"):
+            ssim(x, x, data_range=bad)
+    with pytest.raises(ValueError, match=r"max_db=1e\+300; allowed: a number in \(0, 1000\]"):
+        psnr(x, x, max_db=1e300)
+
+
 def test_input_validation():
     x = unit_images(2)
     with pytest.raises(ValueError, match="equal shapes"):

@@ -6,7 +6,9 @@ metrics receive ``spec.denormalize(x_n)``) and return a tensor ``(N,)`` with one
 Input handling, shared by every metric:
 
 * Both inputs must be floating tensors of the same 4-D shape, with finite values; ``data_range`` must be
-  a finite number ``> 0``. Violations raise ``ValueError`` naming the bad value.
+  a number in :data:`DATA_RANGE_LIMITS` (the metrics compute in float32, where SSIM's constants underflow
+  and squared errors overflow outside it), ``max_db`` one in ``(0, MAX_DB_LIMIT]``. Violations raise
+  ``ValueError`` naming the bad value and the allowed range.
 * Values are **clamped** to ``[0, data_range]`` before scoring. Attacks return unconstrained images,
   and a reconstruction is judged as the image a viewer would see (clipped to the valid range), the
   convention of Inverting Gradients and breaching.
@@ -49,6 +51,14 @@ DEFAULT_SSIM_WINDOW = 7
 DEFAULT_MAX_DB = 100.0
 """PSNR cap for identical images."""
 
+DATA_RANGE_LIMITS = (1e-6, 1e6)
+"""Allowed ``data_range`` (inclusive): unit images take 1, 8-bit ones 255. Outside it, float32 broke the metrics
+(found in an audit): at 1e-10 SSIM's ``c1 * c2`` underflows to 0 and two equal images score NaN, at 1e20 squared
+errors overflow and PSNR is -inf."""
+
+MAX_DB_LIMIT = 1000.0
+"""Largest allowed PSNR cap (``max_db``): 1e300 did not fit the float32 result."""
+
 
 @dataclass(frozen=True)
 class MetricInfo:
@@ -82,9 +92,9 @@ def check_image_pair(a: Tensor, b: Tensor, data_range: float = 1.0) -> tuple[Ten
         raise ValueError(f"images need C, H, W >= 1, got shape {tuple(a.shape)}")
     if not a.is_floating_point() or not b.is_floating_point():
         raise ValueError(f"images must be floating point, got {a.dtype} and {b.dtype}")
-    if isinstance(data_range, bool) or not (isinstance(data_range, numbers.Real) and math.isfinite(data_range)
-                                            and data_range > 0):
-        raise ValueError(f"data_range={data_range!r} must be a finite number > 0")
+    low, high = DATA_RANGE_LIMITS
+    if isinstance(data_range, bool) or not (isinstance(data_range, numbers.Real) and low <= data_range <= high):
+        raise ValueError(f"data_range={data_range!r}; allowed: a number in [{low:g}, {high:g}]")
     for name, images in (("reconstructions (first argument)", a), ("originals (second argument)", b)):
         bad = int((~torch.isfinite(images.detach().flatten(1))).any(dim=1).sum())
         if bad:
@@ -106,8 +116,8 @@ def mse(a: Tensor, b: Tensor, data_range: float = 1.0) -> Tensor:
 
 def psnr(a: Tensor, b: Tensor, data_range: float = 1.0, max_db: float = DEFAULT_MAX_DB) -> Tensor:
     """Per-image peak signal-to-noise ratio in dB ``(N,)``, capped at ``max_db`` (higher is better)."""
-    if isinstance(max_db, bool) or not (isinstance(max_db, numbers.Real) and math.isfinite(max_db) and max_db > 0):
-        raise ValueError(f"max_db={max_db!r} must be a finite number > 0")
+    if isinstance(max_db, bool) or not (isinstance(max_db, numbers.Real) and 0 < max_db <= MAX_DB_LIMIT):
+        raise ValueError(f"max_db={max_db!r}; allowed: a number in (0, {MAX_DB_LIMIT:g}]")
     err = mse(a, b, data_range)
     with torch.no_grad():
         safe = err.clamp_min(torch.finfo(err.dtype).tiny)
