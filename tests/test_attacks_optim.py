@@ -354,6 +354,36 @@ def test_attack_configs_are_checked_when_built(name, kwargs, message):
         build_attack(name, **kwargs)
 
 
+@pytest.mark.parametrize("name, kwargs, message", [
+    ("dlg", {"lr": True}, "lr=True; allowed: a number"),
+    ("inverting-gradients", {"lr": "0.1"}, "lr='0.1'; allowed: a number"),  # was a TypeError of a comparison
+    ("inverting-gradients", {"tv": None}, "tv=None; allowed: a number"),
+    ("inverting-gradients", {"tv": 1e300}, r"tv=1e\+300; allowed: a number of magnitude at most 1e\+06"),  # inf loss
+    ("eot", {"noise_std": 1e300}, "noise_std=1e"),  # NaN histories
+    ("gradinversion", {"bn": 1e7}, "bn=10000000.0"),
+    ("dlg", {"boxed": "yes"}, "boxed='yes'; allowed: True or False"),  # ran on its truth value
+    ("dlg", {"infer_labels": None}, "infer_labels=None; allowed: True or False"),
+    ("inverting-gradients", {"signed": 1}, "signed=1; allowed: True or False"),
+    ("analytic", {"certified_only": 0}, "certified_only=0; allowed: True or False"),
+    ("trap-weights", {"num_neurons": True}, "num_neurons=True; must be an integer >= 1"),
+    ("imprint", {"num_bins": True}, "num_bins=True; must be an integer >= 2"),
+    ("dlg", {"device": "bogus"}, "device='bogus' is not a torch device name"),  # failed in reconstruct
+    ("dlg", {"device": 1.5}, "device=1.5; allowed: a device name"),
+])
+def test_attack_option_types_are_checked_when_built(name, kwargs, message):
+    """Found in an audit: each was accepted when the attack was built."""
+    with pytest.raises(ValueError, match=message):
+        build_attack(name, **kwargs)
+
+
+def test_numpy_option_values_are_held_as_python_values():
+    import numpy as np
+
+    config = build_attack("inverting-gradients", iterations=np.int64(3), lr=np.float32(0.5), boxed=np.bool_(False)).config
+    assert (config.iterations, config.lr, config.boxed) == (3, 0.5, False)
+    assert [type(v) for v in (config.iterations, config.lr, config.boxed)] == [int, float, bool]
+
+
 @pytest.mark.parametrize(("labels", "batch_size", "message"), [
     (torch.tensor([3, 10]), 2, r"labels=\[3, 10\]; allowed: class indices in \[0, 9\]"),  # an engine IndexError
     (torch.tensor([-1]), 1, r"labels=\[-1\]; allowed: class indices in \[0, 9\]"),  # (a device assert on CUDA)

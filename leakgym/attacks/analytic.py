@@ -64,6 +64,7 @@ from leakgym.attacks.base import (
     AttackCost,
     AttackerKnowledge,
     AttackResult,
+    check_option_types,
     check_tolerance,
 )
 from leakgym.attacks.labels import infer_labels
@@ -429,6 +430,7 @@ class AnalyticConfig:
     """Return only vectors that two or more rows agree on (certified single examples); else fill every slot."""
 
     def __post_init__(self) -> None:
+        check_option_types(self)
         if self.layer is not None and (not isinstance(self.layer, str) or not self.layer):
             raise ValueError(f"layer={self.layer!r}; must be None or a non-empty module-name prefix")
         if not 0.0 <= self.rel_tol < 1.0:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -239,6 +240,37 @@ class Attack(ABC):
 
 #: Seeds are non-negative and fit in 63 bits (``torch.Generator.manual_seed`` takes up to 64).
 MAX_SEED = 2**63 - 1
+
+
+#: Largest magnitude of a real attack option (a weight, step size, tolerance or noise scale), as the defenses
+#: cap their noise: a finite tv, bn or noise_std of 1e300 gave an infinite loss and NaN histories.
+REAL_OPTION_MAX = 1e6
+
+
+def check_option_types(config: Any) -> None:
+    """Check that every ``bool`` and ``float`` field of an attack's config (a dataclass) holds a value of its type
+    (a float field's finite value at most :data:`REAL_OPTION_MAX` in magnitude), and store numpy scalars (of its
+    ``int`` fields too) as Python values; ``ValueError`` naming the field otherwise. A config's own
+    ``__post_init__`` checks the ranges after this: without it, ``boxed="yes"`` or ``None`` ran on its truth
+    value, ``lr=True`` was a number, and ``lr="0.1"`` a TypeError of a comparison."""
+    for f in dataclasses.fields(config):
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        value = getattr(config, f.name)
+        if kind == "bool":
+            ok = isinstance(value, (bool, np.bool_))
+            allowed = "True or False"
+        elif kind == "int":  # (checked by the config itself, check_integer, which names the range)
+            ok, allowed = True, ""
+        elif kind == "float":  # (NaN and inf are left to the config's own check, which names the range)
+            ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+                and not (math.isfinite(value) and abs(value) > REAL_OPTION_MAX)
+            allowed = f"a number of magnitude at most {REAL_OPTION_MAX:g}"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{f.name}={value!r}; allowed: {allowed}")
+        if isinstance(value, np.generic):
+            object.__setattr__(config, f.name, value.item())
 
 
 def check_integer(value: Any, name: str, low: int = 0) -> int:

@@ -67,7 +67,7 @@ from leakgym.attacks.analytic import (
     image_box,
     recover_linear_input,
 )
-from leakgym.attacks.base import check_seed, check_tolerance
+from leakgym.attacks.base import check_integer, check_option_types, check_seed, check_tolerance
 from leakgym.attacks.public_split import derived
 from leakgym.data import DatasetSpec
 from leakgym.optim.randomness import seeded_generator
@@ -260,8 +260,8 @@ class ImprintConfig:
     """Slack of the valid-image box test (ranks bins when there are more than batch_size), >= 0."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_bins, int) or self.num_bins < 2:
-            raise ValueError(f"num_bins={self.num_bins!r}; allowed: integers >= 2")
+        check_option_types(self)
+        self.num_bins = check_integer(self.num_bins, "num_bins", 2)  # (True passed isinstance(..., int))
         if self.measurement not in IMPRINT_MEASUREMENTS:
             raise ValueError(f"measurement={self.measurement!r}; allowed: {IMPRINT_MEASUREMENTS}")
         if not 0.0 <= self.rel_tol < 1.0:

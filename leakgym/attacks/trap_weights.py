@@ -53,7 +53,7 @@ from leakgym.attacks.analytic import (
     InputBlockAttack,
     recover_linear_input,
 )
-from leakgym.attacks.base import check_seed, check_tolerance
+from leakgym.attacks.base import check_integer, check_option_types, check_seed, check_tolerance
 from leakgym.attacks.imprint import ImprintBlock, insert_input_block
 from leakgym.data import DatasetSpec
 from leakgym.optim.randomness import seeded_generator
@@ -126,8 +126,8 @@ class TrapWeightsConfig:
     """Return only vectors that two or more neurons agree on; else fill every slot with the best candidates."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_neurons, int) or self.num_neurons < 1:
-            raise ValueError(f"num_neurons={self.num_neurons!r}; allowed: integers >= 1")
+        check_option_types(self)
+        self.num_neurons = check_integer(self.num_neurons, "num_neurons", 1)  # (True passed isinstance(..., int))
         if not 0.0 < self.scale_factor <= 1.0:
             raise ValueError(f"scale_factor={self.scale_factor}; allowed range (0, 1]")
         if not 0.0 <= self.rel_tol < 1.0:

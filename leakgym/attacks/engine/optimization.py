@@ -28,12 +28,14 @@ from leakgym.attacks.base import (
     AttackerKnowledge,
     AttackResult,
     check_integer,
+    check_option_types,
     check_seed,
 )
 from leakgym.attacks.engine.matching import Part, run_joint_matching
 from leakgym.attacks.engine.objective import MatchingObjective, PerProblem, Schedule
 from leakgym.attacks.engine.problems import ProblemSet, simulates_whole_updates
 from leakgym.attacks.labels import LABEL_METHODS, _head_names, _infer_labels, _infer_labels_many
+from leakgym.devices import check_device
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.update import SharedUpdate
 from leakgym.optim.randomness import BatchedGenerator, seeded_generator
@@ -59,10 +61,13 @@ class OptimizationConfig:
     """Floating-point type of the computation: ``"float32"`` or ``"float64"``."""
 
     def __post_init__(self) -> None:
+        check_option_types(self)
         for name in ("iterations", "restarts"):
             check_integer(getattr(self, name), name, 1)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr={self.lr}; must be a finite number > 0")
+        if self.device is not None:  # (a bad name failed in reconstruct, with torch's own error)
+            check_device(self.device)
         if self.label_method not in LABEL_METHODS:
             raise ValueError(f"label_method={self.label_method!r}; allowed: {LABEL_METHODS}")
         if self.dtype not in _DTYPES:
