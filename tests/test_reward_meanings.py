@@ -217,3 +217,34 @@ def test_victims_update_reaches_the_model_in_the_batched_aggregation():
         torch.testing.assert_close((after[0][name] - after[1][name]).detach(), -0.5 / 17 * (u_a[name] - u_b[name]),
                                    atol=1e-5, rtol=1e-3)
     assert any(not torch.equal(u_a[n], u_b[n]) for n in u_a)
+
+
+@pytest.mark.parametrize(("strategy", "module", "stage", "overrides"), [
+    ("loda-inversion", "loda_inversion", "invert_obscuring", {}),
+    ("mixup-decoding", "mixup_decoding", "demix",
+     {"batch_size": 2, "defender_menu": {"mixup_k": [0, 2]}, "attack_defaults": {"decode_steps": 10}}),
+])
+def test_a_two_stage_attack_is_charged_its_second_stage_once_whatever_the_restarts(strategy, module, stage, overrides,
+                                                                                   monkeypatch):
+    """Found in an audit: LODA inversion's Eq. 6 steps and Mixup decoding's demixing were added to the
+    iterations, so attack_units charged them once per restart, although they run once on the best restart."""
+    import importlib
+
+    attacks = importlib.import_module(f"leakgym.attacks.{module}")
+    steps = []
+    real = getattr(attacks, stage)
+
+    def counting(*args, **kwargs):
+        steps.append(kwargs["steps"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attacks, stage, counting)
+    env = parallel_env("digits", **{**CHEAP, "strategies": [strategy], "iterations": [3], "restarts": [1, 2], **overrides})
+    env.reset(seed=0)
+    defender = np.zeros(env.action_space("defender").shape, np.int64)
+    defender[0] = 1 if "defender_menu" in overrides else 0  # Mixup on: what Mixup decoding decodes
+    for restarts in (1, 2):
+        steps.clear()
+        _, _, _, _, infos = env.step({"attacker": np.array([0, 0, restarts - 1, 0]), "defender": defender})
+        assert len(steps) == 1
+        assert infos["attacker"]["attack_units"] == 3 * restarts + steps[0]

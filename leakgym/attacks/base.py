@@ -58,16 +58,21 @@ class AttackerKnowledge:
 
 @dataclass
 class AttackCost:
-    """The budget an attack spent: optimisation iterations x restarts, and wall time."""
+    """The budget an attack spent: optimisation iterations x restarts, the steps of a second stage that runs
+    once (``once``), and wall time."""
 
     iterations: int
     restarts: int
     wall_time_s: float
+    once: int = 0
+    """Steps of a second stage that runs once on the first stage's best restart, whatever the restarts (Mixup
+    decoding's demixing, LODA inversion's Eq. 6 steps)."""
 
     @property
     def units(self) -> int:
-        """Iterations x restarts: the budget unit the environment charges for."""
-        return self.iterations * self.restarts
+        """Iterations x restarts + the second stage's steps: the budget unit the environment charges for. (The
+        second stage was counted as iterations, and so charged once per restart although it ran once.)"""
+        return self.iterations * self.restarts + self.once
 
 
 @dataclass

@@ -159,5 +159,5 @@ class LodaInversion(InvertingGradients):
             )
             res.history["inversion_residual"] = hist
             res.images = recovered
-            res.cost.iterations += c.inversion_steps
+            res.cost.once += c.inversion_steps  # (run once, on the best restart)
         return results

@@ -244,7 +244,7 @@ class MixupDecoding(InvertingGradients):
                 results[i] = AttackResult(
                     images=decoded.clone(),
                     labels=labels,
-                    cost=AttackCost(iterations=iters + cfg.decode_steps, restarts=restarts, wall_time_s=0.0),
+                    cost=AttackCost(iterations=iters, restarts=restarts, wall_time_s=0.0, once=cfg.decode_steps),
                     history={"matching_loss": match_hist, "decode_loss": hist},
                     final_loss=loss,
                 )

@@ -29,10 +29,11 @@ mapped to [0, 1]:
 * ``lpips``: 1 - mean LPIPS clipped to [0, 1] (needs the pretrained LPIPS weights);
 * ``ssim+psnr``: the mean of the two above.
 
-Attacker: ``r_A = L - w_cost * (iterations x restarts) / 1000``, with ``iterations`` the steps the
-attack ran (``AttackResult.cost``): the menu's budget, plus the second stage of two-stage attacks --
-Mixup decoding's demixing steps (``decode_steps``, default 1000) and LODA inversion's Eq. 6 steps
-(``inversion_steps``) -- which are real work and charged as such.
+Attacker: ``r_A = L - w_cost * (iterations x restarts + once) / 1000`` (``AttackCost.units``), with
+``iterations`` and ``restarts`` the menu's budget the attack ran (``AttackResult.cost``) and ``once`` the steps
+of the second stage of two-stage attacks, which runs once on the best restart -- Mixup decoding's demixing
+steps (``decode_steps``, default 1000) and LODA inversion's Eq. 6 steps (``inversion_steps``) -- real work,
+charged as such.
 
 Defender: ``r_D = -L + w_fid * fidelity + w_acc * accuracy - w_ovh * defense_units``, where
 fidelity is the cosine of the shared update to the clean update, accuracy the global model's last
