@@ -244,7 +244,8 @@ def test_rerender_alone_rewrites_from_the_recorded_json(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("content", "message"), [
     (None, "no results file to re-render"),
     ("[1]", "holds a JSON list, not the results object"),
-    ('{"a": 1}', "missing ['paper', 'cells']"),
+    ('{"a": 1}', "missing ['paper']"),
+    ('{"paper": "dcs2"}', "not a complete results file"),
     ("{not json", "not a readable results file"),
 ])
 def test_rerender_of_a_missing_or_foreign_file_is_one_line_and_exit_2(tmp_path, capsys, content, message):

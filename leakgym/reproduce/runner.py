@@ -475,16 +475,19 @@ def rerender(paper: Paper, path: Path | str, out: Path | str | None = None) -> d
     if not isinstance(result, dict):
         raise ValueError(f"{path}: holds a JSON {type(result).__name__}, not the results object `leakgym reproduce` "  # noqa: TRY004
                          "writes")
-    missing = [k for k in ("paper", "cells") if k not in result]
-    if missing:
-        raise ValueError(f"{path}: not a results file of `leakgym reproduce`: missing {missing}")
+    if "paper" not in result:
+        raise ValueError(f"{path}: not a results file of `leakgym reproduce`: missing ['paper']")
     if result.get("paper") != paper.key:
         raise ValueError(f"{path} holds the results of {result.get('paper')!r}, not {paper.key!r}")
     if result.get("complete") is False:
         raise ValueError(f"{path} holds an unfinished run (\"complete\": false); `leakgym reproduce {paper.key} "
                          "--resume` with the options it was started with finishes it")
-    result["plateau"] = plateau(result)
-    result["verdicts"] = paper.verdicts(result)
+    try:
+        result["plateau"] = plateau(result)
+        result["verdicts"] = paper.verdicts(result)
+    except (KeyError, TypeError, IndexError) as exc:  # a file edited by hand or written by something else
+        raise ValueError(f"{path}: not a complete results file of `leakgym reproduce` ({type(exc).__name__}: "
+                         f"{exc})") from None
     write_outputs(paper, result, Path(out) if out is not None else path.parent)
     return result
 
