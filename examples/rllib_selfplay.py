@@ -47,7 +47,7 @@ def metrics_callback():
         """Per finished episode: the mean leakage SSIM over its rounds and the final test accuracy."""
 
         def on_episode_end(self, *, episode, metrics_logger=None, **kwargs) -> None:
-            # the reset infos have the same keys, with round 0 (no round played: NaN metrics)
+            # the reset infos have the same keys, with round 0 (no round played: zeros, matching_loss -1)
             infos = [i for i in episode.get_infos().get("attacker", []) if i.get("round", 0) > 0]
             if infos and metrics_logger is not None:
                 metrics_logger.log_value("leakage_ssim", sum(i["leakage_ssim"] for i in infos) / len(infos))
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < (0 if name == "env_runners" else 1):
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}; must be >= "
                          f"{0 if name == 'env_runners' else 1}")
-    try:
-        import ray  # noqa: F401
+    try:  # (RLlib itself: plain Ray comes with the dev extra, without RLlib's own dependencies)
+        from ray.rllib.algorithms.ppo import PPOConfig  # noqa: F401
     except ImportError:
         print('this example needs Ray RLlib: pip install "leakgym[rllib]"', file=sys.stderr)
         return 2
