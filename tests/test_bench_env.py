@@ -145,6 +145,24 @@ def test_bench_env_unwritable_json_is_refused_before_measuring(tmp_path, monkeyp
     assert "--json=" in capsys.readouterr().err
 
 
+def _fake_row(args: tuple, rate: float) -> dict:
+    """A finished row as a worker of ``_measure(*args)`` puts it on its queue (``args[7]``)."""
+    return {"env": args[0], "num_envs": args[1], "actions": "fixed", "data": "real", "env_steps_per_s": rate,
+            "baseline_env_steps_per_s": 1.0, "baseline_games": 1, "speedup": rate, "peak_rss_mb": 1.0,
+            "peak_device_mb": None, **{f"share_{k}": 0.2 for k in ("defense", "attack", "fl", "score", "overhead")}}
+
+
+def _fake_spawn(monkeypatch, process: type) -> None:
+    """The bench's worker processes replaced by ``process`` (no worker: its start() runs the row)."""
+    import queue
+
+    class FakeContext:
+        Process = process
+        Queue = queue.Queue
+
+    monkeypatch.setattr(bench_env.mp, "get_context", lambda method: FakeContext)
+
+
 def test_bench_env_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys):
     """The row measurement is stubbed (no worker): the 2nd row raises KeyboardInterrupt."""
     calls = []
@@ -157,25 +175,12 @@ def test_bench_env_ctrl_c_keeps_the_finished_rows(tmp_path, monkeypatch, capsys)
             calls.append(self.args[1])
             if len(calls) == 2:
                 raise KeyboardInterrupt
-            row = {"env": self.args[0], "num_envs": self.args[1], "actions": "fixed", "data": "real",
-                   "env_steps_per_s": float("nan"), "baseline_env_steps_per_s": 1.0, "baseline_games": 1,
-                   "speedup": float("inf"), "peak_rss_mb": 1.0, "peak_device_mb": None,
-                   **{f"share_{k}": 0.2 for k in ("defense", "attack", "fl", "score", "overhead")}}
-            self.args[7].put(row)
+            self.args[7].put(_fake_row(self.args, float("nan")) | {"speedup": float("inf")})
 
         def join(self):
             """Nothing to wait for: start() ran the row."""
 
-    class FakeContext:
-        Process = FakeProcess
-
-        @staticmethod
-        def Queue():
-            import queue
-
-            return queue.Queue()
-
-    monkeypatch.setattr(bench_env.mp, "get_context", lambda method: FakeContext)
+    _fake_spawn(monkeypatch, FakeProcess)
     out = tmp_path / "e.json"
     code = main(["bench", "env", "--json", str(out), "--envs", "digits", "--num-envs", "1,2,3", "--no-progress"])
     assert code == 130 and calls == [1, 2]
@@ -194,11 +199,7 @@ def test_bench_env_ctrl_c_while_a_worker_exits_keeps_its_row(tmp_path, monkeypat
             self.args = args
 
         def start(self):
-            row = {"env": self.args[0], "num_envs": self.args[1], "actions": "fixed", "data": "real",
-                   "env_steps_per_s": 2.0, "baseline_env_steps_per_s": 1.0, "baseline_games": 1,
-                   "speedup": 2.0, "peak_rss_mb": 1.0, "peak_device_mb": None,
-                   **{f"share_{k}": 0.2 for k in ("defense", "attack", "fl", "score", "overhead")}}
-            self.args[7].put(row)
+            self.args[7].put(_fake_row(self.args, 2.0))
 
         def join(self):
             if self.args[1] == 2 and not getattr(self, "stopped", False):
@@ -207,16 +208,7 @@ def test_bench_env_ctrl_c_while_a_worker_exits_keeps_its_row(tmp_path, monkeypat
         def terminate(self):
             self.stopped = True
 
-    class FakeContext:
-        Process = FakeProcess
-
-        @staticmethod
-        def Queue():
-            import queue
-
-            return queue.Queue()
-
-    monkeypatch.setattr(bench_env.mp, "get_context", lambda method: FakeContext)
+    _fake_spawn(monkeypatch, FakeProcess)
     out = tmp_path / "e.json"
     code = main(["bench", "env", "--json", str(out), "--envs", "digits", "--num-envs", "1,2,3", "--no-progress"])
     assert code == 130
