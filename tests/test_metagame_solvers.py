@@ -164,3 +164,28 @@ def test_unknown_meta_solver_is_one_line_with_the_allowed_names():
         meta_solver("nahs")
     message = str(info.value)
     assert "\n" not in message and "'nash'" in message and "nash, prd, uniform" in message
+
+
+@pytest.mark.parametrize("case", ["constant 2x2", "constant 7x6", "duplicated rock-paper-scissors 7x7"])
+def test_nash_widens_an_extreme_equilibrium_where_ties_allow_a_more_mixed_one(case):
+    """Found in an audit: vertex enumeration and the mixed-integer program return extreme equilibria, so a table
+    with tied members (a PSRO best response that copies an earlier member, a constant table) got all the weight
+    on one copy: the all-zero 7 x 6 table gave two pure strategies. nash() now widens its pick within the set of
+    equilibria around it: every tied member that some equilibrium there plays is played."""
+    from leakgym.agents.experiments.metagame.solvers import nash, nash_conv, support
+
+    if case == "constant 2x2":
+        A = B = np.ones((2, 2))
+    elif case == "constant 7x6":  # (past MAX_ENUMERATION strategies: the mixed-integer path)
+        A = B = np.zeros((7, 6))
+    else:
+        rps = np.array([[0.0, -1.0, 1.0], [1.0, 0.0, -1.0], [-1.0, 1.0, 0.0]])
+        copies = [0, 1, 2, 0, 1, 2, 0]
+        A = rps[np.ix_(copies, copies)]
+        B = -A
+    x, y = nash(A, B)
+    assert max(nash_conv(A, B, x, y)) <= 1e-9
+    assert support(x) == list(range(A.shape[0])) and support(y) == list(range(A.shape[1]))
+    if case.startswith("constant"):
+        np.testing.assert_allclose(x, np.full(A.shape[0], 1 / A.shape[0]))
+        np.testing.assert_allclose(y, np.full(A.shape[1], 1 / A.shape[1]))

@@ -22,9 +22,10 @@ enumeration then returns the extreme points of those sets (possibly several per 
 :class:`DegenerateGameWarning` says that the list is not the whole set. :func:`analyse_game` returns the
 equilibria together with that diagnosis, their supports and each side's value.
 
-:func:`select_equilibrium` picks the one equilibrium the ``nash`` meta-solver uses: the one of largest
+:func:`select_equilibrium` picks the one equilibrium the ``nash`` meta-solver starts from: the one of largest
 joint entropy (ties broken by order), so that the meta-strategy does not put all its weight on one member
-when the table also supports a mixture.
+when the table also supports a mixture; :func:`nash` then widens it (:func:`_widened`) where the table's ties
+make a more mixed equilibrium around it, which no extreme point is.
 """
 
 from __future__ import annotations
@@ -350,20 +351,78 @@ def uniform(attacker_payoffs, defender_payoffs) -> tuple[np.ndarray, np.ndarray]
     return np.full(m, 1.0 / m), np.full(n, 1.0 / n)
 
 
+#: a strategy whose payoff is within this of the best (in unit-range payoffs) is a tied best response when an
+#: equilibrium is widened (:func:`_widened`)
+TIE_TOLERANCE = 1e-9
+
+
+def _widest(own: np.ndarray, other: np.ndarray, opponent: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """One side's mixture in the equilibria with the opponent's mixture ``opponent`` fixed, with every strategy
+    that can be played played: ``own`` (``(k, l)``: this side's payoff of its strategy ``i`` against the
+    opponent's ``j``) and ``other`` (the opponent's payoffs, same layout). The mixtures ``p`` that keep the pair
+    an equilibrium are a polytope: ``p`` on this side's best responses to ``opponent`` only, and every strategy
+    ``opponent`` plays still a best response of the opponent to ``p``. One LP per best response finds the
+    polytope's point with the most weight on it; their average lies in the polytope and plays every strategy any
+    of its points plays (``current``, a point of the polytope, where no LP solves)."""
+    from scipy.optimize import linprog
+
+    gains = own @ opponent
+    best = np.flatnonzero(gains >= gains.max() - TIE_TOLERANCE)
+    played = np.flatnonzero(opponent > SUPPORT_TOLERANCE)
+    if len(best) < 2:
+        return current
+    k = own.shape[0]
+    replies = other[best].T  # (l, |best|): the opponent's payoff of its strategy j against each best response
+    # for every strategy j the opponent plays and every strategy q it could play: p . (replies[q] - replies[j]) <= 0
+    upper = np.concatenate([replies[None, :, :] - replies[played][:, None, :]], axis=0).reshape(-1, len(best))
+    points = []
+    for t in range(len(best)):
+        objective = np.zeros(len(best))
+        objective[t] = -1.0
+        out = linprog(objective, A_ub=upper, b_ub=np.zeros(len(upper)), A_eq=np.ones((1, len(best))), b_eq=[1.0],
+                      bounds=(0, None), method="highs")
+        if out.status == 0:
+            p = np.zeros(k)
+            p[best] = np.clip(out.x, 0.0, None)
+            points.append(p / p.sum())
+    return np.mean(points, axis=0) if points else current
+
+
+def _widened(A: np.ndarray, B: np.ndarray, x: np.ndarray, y: np.ndarray, rounds: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """The equilibrium ``(x, y)`` of a degenerate table widened to the largest supports its set of equilibria
+    allows around it: each side in turn takes :func:`_widest` against the other's mixture (every step keeps an
+    equilibrium, and the supports only grow). Vertex enumeration and the mixed-integer program both return
+    extreme points: in a table with tied members (a PSRO best response that copies an earlier member, a constant
+    table) those put all the weight on one of the copies, where the copies mixed are equilibria too (found in an
+    audit: the all-zero 7 x 6 table gave two pure strategies, not the uniform pair)."""
+    a, b = _scaled(A), _scaled(B)
+    for _ in range(rounds):
+        wider_x = _widest(a, b, y, x)
+        wider_y = _widest(b.T, a.T, wider_x, y)
+        grown = support(wider_x) != support(x) or support(wider_y) != support(y)
+        if not is_equilibrium(A, B, wider_x, wider_y):
+            break
+        x, y = _clean(wider_x), _clean(wider_y)
+        if not grown:
+            break
+    return x, y
+
+
 def nash(attacker_payoffs, defender_payoffs) -> tuple[np.ndarray, np.ndarray]:
     """The ``nash`` meta-solver: the equilibrium :func:`select_equilibrium` picks among :func:`analyse_game`'s;
     for a table of more than :data:`MAX_ENUMERATION` strategies, whose list would be long (a PSRO table with
     near-duplicate members has many support patterns), one equilibrium of largest support straight from
-    :func:`_milp_equilibria` (one solve)."""
+    :func:`_milp_equilibria` (one solve). Either is then widened (:func:`_widened`) where the table's ties
+    allow a more mixed equilibrium around it."""
     A, B = _check_tables(attacker_payoffs, defender_payoffs)
     m, n = A.shape
     if m + n > MAX_ENUMERATION and min(m, n) > 1:
         for x, y in _milp_equilibria(_scaled(A), _scaled(B), limit=1, largest_support=True)[0]:
             x, y = _clean(x), _clean(y)
             if is_equilibrium(A, B, x, y):
-                return x, y
+                return _widened(A, B, x, y)
     e = select_equilibrium(analyse_game(A, B))
-    return e.attacker_mix, e.defender_mix
+    return _widened(A, B, e.attacker_mix, e.defender_mix)
 
 
 #: ``--meta-solver`` name -> function ``(A, B) -> (attacker_mix, defender_mix)``
