@@ -81,8 +81,9 @@ def _list_presets(env: str | None) -> int:
                 try:
                     preset_action(name, scenario, role)
                     allowed = "yes  "
-                except ValueError as exc:
-                    allowed = f"no ({str(exc).split(': ', 1)[-1][:70]})  "
+                except ValueError as exc:  # (the reason: what follows "in scenario 'NAME': ")
+                    reason = str(exc).split(f"in scenario {scenario.name!r}: ", 1)[-1]
+                    allowed = f"no ({reason if len(reason) <= 90 else reason[:87] + '...'})  "
             settings = ", ".join(f"{k}={v}" for k, v in p.settings.items()) or "no defense"
             print(f"  {name:<22} {allowed}{settings}  [{p.source}]")
     return 0

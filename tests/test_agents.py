@@ -90,6 +90,22 @@ def test_preset_that_would_collapse_to_off_is_refused(digits):
     assert preset_action("noise-0.1", coarse.replace(defender_menu={"noise_sigma": [0.0, 0.15]})).tolist()[0] == 1
 
 
+def test_an_attacker_preset_whose_prior_would_collapse_to_off_is_refused(digits):
+    """Found in an audit: ig-paper's TV prior (1e-4) became tv = 0 in a menu [0, 1e-3, 1e-2] (SVHN's), without a
+    word; only the defender presets were checked. A menu with a value near it still plays the preset."""
+    from leakgym.game.scenario import load_scenario
+
+    coarse = digits.replace(tv=[0.0, 1e-3, 1e-2])
+    for name in ("ig-paper", "prior-init-dcs2"):
+        with pytest.raises(ValueError, match=rf"{name}.*tv=0.0001 maps to the menu's off value 0.0"):
+            preset_action(name, coarse, "attacker")
+    with pytest.raises(ValueError, match="tv=0.0001 maps to the menu's off value"):
+        preset_action("ig-paper", load_scenario("svhn"), "attacker")
+    assert digits.decode_attacker(preset_action("ig-paper", digits, "attacker"))["tv"] == 1e-4
+    dlg = preset_action("dlg-paper", coarse, "attacker")  # DLG's preset asks for no prior: tv stays 0
+    assert coarse.decode_attacker(dlg).get("tv", 0.0) == 0.0
+
+
 def test_preset_role_and_name_errors(digits):
     with pytest.raises(ValueError, match="plays the defender, not the attacker; attacker presets"):
         preset_action("dcs2-paper", digits, "attacker")

@@ -155,7 +155,20 @@ def _attacker_action(preset: Preset, scenario, where: str) -> np.ndarray:
                 f"{where}: setting {key!r} is not in the scenario's attacker menu; menu: "
                 + ", ".join(f"{k}={v}" for k, v in menu.items())
             )
-    return scenario.encode_attacker(out)
+    action = scenario.encode_attacker(out)
+    # A switched-on setting (a prior's weight) must not collapse onto 0, its "off" value: found in an audit,
+    # ig-paper's TV prior 1e-4 became tv = 0 in SVHN's menu [0, 1e-3, 1e-2], without a word.
+    played = scenario.decode_attacker(action)
+    for key, wanted in out.items():
+        if _is_zero(played.get(key)) and not _is_zero(wanted):
+            raise ValueError(f"{where}: {key}={wanted!r} maps to the menu's off value {played[key]!r} (menu "
+                             f"{key}={menu[key]}); the preset would play without it there")
+    return action
+
+
+def _is_zero(value: Any) -> bool:
+    """A number that is 0 (an attack option's "off": no prior); not a bool, a string or ``"max"``."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and value == 0
 
 
 def _defender_action(preset: Preset, scenario, where: str) -> np.ndarray:
