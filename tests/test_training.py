@@ -89,6 +89,9 @@ def test_plan_steps_plays_the_requested_steps_or_says_how_many():
     ]
     assert tr.plan_steps("ppo", 128, 1, ppo).notes == []
     assert tr.plan_steps("ppo", 1, 1, ppo).actual == 2  # PPO normalises advantages over >= 2 steps
+    # ... of a rollout, n_steps x n_envs: one step per env (8 over 8 games) played 16 until an audit found it
+    plan = tr.plan_steps("ppo", 8, 8, {"n_steps": 8, "batch_size": 32})
+    assert (plan.actual, plan.kwargs["n_steps"], plan.kwargs["batch_size"]) == (8, 1, 8)
     plan = tr.plan_steps("a2c", 10, 4, {"n_steps": 8})
     assert (plan.kwargs["n_steps"], plan.actual) == (3, 12)
     assert tr.plan_steps("a2c", 20, 1, {}).actual == 20  # A2C's default n_steps (5)

@@ -69,8 +69,9 @@ def plan_steps(algo: str, requested: int, n_envs: int, kwargs: dict[str, Any]) -
     n_steps = int(kwargs.get("n_steps", defaults["n_steps"].default))
     notes = []
     if requested < n_steps * n_envs:
-        # PPO normalises advantages over a rollout, which needs at least 2 steps.
-        shrunk = max(math.ceil(requested / n_envs), 2 if algo == "ppo" else 1)
+        # PPO normalises advantages over a rollout, which needs at least 2 steps: n_steps x n_envs >= 2 (the
+        # bound was on n_steps, which doubled a budget of one step per env, e.g. 8 steps over 8 envs)
+        shrunk = max(math.ceil(requested / n_envs), math.ceil(2 / n_envs) if algo == "ppo" else 1)
         notes.append(f"n_steps {n_steps} -> {shrunk}: one rollout of {n_steps} x {n_envs} env(s) would play "
                      f"{n_steps * n_envs} steps, more than the {requested} requested")
         n_steps = kwargs["n_steps"] = shrunk
