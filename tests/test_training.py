@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from leakgym.agents import LearnedAgent, make_agent
@@ -210,9 +211,15 @@ def test_train_cli_reads_the_file_and_logs_leakgym_scalars_evaluations_and_check
     assert meta["algo"] == "ppo" and meta["role"] == "attacker" and meta["opponent"] == "noise-0.1"
     assert meta["timesteps"] == meta["requested_timesteps"] == 32 and meta["overrides"] == {**TINY, "restarts": [1]}
     assert meta["hyperparams"]["n_epochs"] == 2 and meta["hyperparams_file"] == str(conf)
-    assert sorted(p.name for p in (out / "checkpoints").glob("*.zip")) == [
-        "policy_16_steps.zip", "policy_24_steps.zip", "policy_32_steps.zip", "policy_8_steps.zip"
-    ]
+    # Checkpoints every 8 steps, rollouts of 16: saved after each update (found in an audit: saved when due, before
+    # the update, a checkpoint labelled 32 held other weights than the final policy trained on those 32 steps).
+    assert sorted(p.name for p in (out / "checkpoints").glob("*.zip")) == ["policy_16_steps.zip", "policy_32_steps.zip"]
+    final, last = LearnedAgent(out / "policy.zip"), LearnedAgent(out / "checkpoints" / "policy_32_steps.zip")
+    first = LearnedAgent(out / "checkpoints" / "policy_16_steps.zip")
+    weights = {name: agent.policy.state_dict() for name, agent in (("final", final), ("last", last), ("first", first))}
+    for name, tensor in weights["final"].items():
+        assert torch.equal(tensor, weights["last"][name]), name
+    assert any(not torch.equal(t, weights["first"][n]) for n, t in weights["final"].items())
     with open(out / "eval.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == tr.EVAL_COLUMNS and [r["timesteps"] for r in rows] == ["16", "32"]

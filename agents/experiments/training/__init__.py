@@ -27,8 +27,10 @@ A run writes, under ``OUT``::
     policy.json         spaces and network architecture (what loading it needs, see
                         :mod:`leakgym.agents.policies.learned`), algorithm, env id, role, opponent, overrides,
                         hyperparameters, requested and played steps, wall time, ``interrupted``
-    checkpoints/        policy_<steps>_steps.zip (+ .json) every ``checkpoint_freq`` steps
-                        (default: a quarter of the run; 0: none)
+    checkpoints/        policy_<steps>_steps.zip (+ .json) every ``checkpoint_freq`` steps (default: a quarter
+                        of the run; 0: none), each saved at the end of the update after the steps passed a
+                        multiple of it and labelled with the steps played then (so the last is the final
+                        policy; multiples passed within one rollout give one checkpoint)
     tb/                 TensorBoard logs (``tensorboard --logdir OUT/tb``): SB3's own scalars and,
                         per rollout, LeakGym's (:class:`LeakGymMetricsCallback`): ``leakgym/leakage``,
                         ``leakgym/leakage_ssim``, ``leakgym/leakage_psnr``, ``leakgym/accuracy``,

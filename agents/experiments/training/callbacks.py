@@ -49,19 +49,35 @@ def _checkpoint_callback(save_freq: int, folder: Path, metadata: dict[str, Any],
     from stable_baselines3.common.callbacks import BaseCallback
 
     class PolicyCheckpoints(BaseCallback):
-        """``folder/policy_<steps>_steps.zip`` and its JSON file each time the steps pass a multiple
-        of ``save_freq``."""
+        """``folder/policy_<steps>_steps.zip`` and its JSON file once the steps have passed a multiple of
+        ``save_freq``: at the next update's end (the next rollout's start, or the run's end), labelled with the
+        steps played then. Saved when it came due, a checkpoint held the weights from before the update of the
+        steps it was labelled with (found in an audit: the last one, labelled with the run's steps, was not the
+        final policy); several multiples passed within one rollout give one checkpoint."""
 
         def _init_callback(self) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             self.next_save = (self.num_timesteps // save_freq + 1) * save_freq
+            self.due = False
 
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_save:
-                path = folder / f"policy_{self.num_timesteps}_steps.zip"
-                save_policy(self.model, path, {**metadata, "timesteps": int(self.num_timesteps)}, flat_nvec=flat_nvec)
+                self.due = True
                 self.next_save = (self.num_timesteps // save_freq + 1) * save_freq
             return True
+
+        def _save_if_due(self) -> None:
+            if self.due:
+                steps = int(self.model.num_timesteps)
+                save_policy(self.model, folder / f"policy_{steps}_steps.zip", {**metadata, "timesteps": steps},
+                            flat_nvec=flat_nvec)
+                self.due = False
+
+        def _on_rollout_start(self) -> None:
+            self._save_if_due()
+
+        def _on_training_end(self) -> None:
+            self._save_if_due()
 
     return PolicyCheckpoints()
 
@@ -135,7 +151,9 @@ EVAL_COLUMNS = ["timesteps", "wall_time_s", "episodes"] + [
 
 def eval_callback(make_env: Callable[[int], Any], freq: int, episodes: int, seed: int, csv_path: Path, *,
                   together: bool = False):
-    """An SB3 callback that evaluates the policy against the opponent every ``freq`` steps.
+    """An SB3 callback that evaluates the policy against the opponent every ``freq`` steps: once the steps have
+    passed a multiple of ``freq``, at the next update's end (the next rollout's start, or the run's end), so that
+    a row labelled with a step count evaluates the policy trained on those steps.
 
     Each evaluation is one :func:`evaluate_policy`: ``episodes`` episodes on environments built for it
     (``make_env(num_envs)``, so every evaluation meets the opponent in the same starting state), the
@@ -151,15 +169,28 @@ def eval_callback(make_env: Callable[[int], Any], freq: int, episodes: int, seed
         def _init_callback(self) -> None:
             self.t0 = time.perf_counter()
             self.next_eval = (self.num_timesteps // freq + 1) * freq
+            self.due = False
             csv_path.parent.mkdir(parents=True, exist_ok=True)
             with open(csv_path, "w", newline="") as fh:
                 csv.writer(fh).writerow(EVAL_COLUMNS)
 
-        def _on_step(self) -> bool:
+        def _on_step(self) -> bool:  # (evaluated after the update, as the checkpoints are saved)
             if self.num_timesteps >= self.next_eval:
-                self.evaluate()
+                self.due = True
                 self.next_eval = (self.num_timesteps // freq + 1) * freq
             return True
+
+        def _evaluate_if_due(self) -> None:
+            if self.due:
+                self.num_timesteps = self.model.num_timesteps
+                self.evaluate()
+                self.due = False
+
+        def _on_rollout_start(self) -> None:
+            self._evaluate_if_due()
+
+        def _on_training_end(self) -> None:
+            self._evaluate_if_due()
 
         def evaluate(self) -> dict[str, Any]:
             rows = evaluate_policy(make_env, lambda obs: self.model.predict(obs, deterministic=True)[0],
