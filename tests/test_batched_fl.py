@@ -177,6 +177,28 @@ def test_clients_one_after_another_are_compute_update_bit_for_bit(digits, arch, 
                 assert all(torch.equal(got.buffers[name], t) for name, t in ref.buffers.items())
 
 
+@pytest.mark.parametrize("arch", ["convnet", "mlp"])
+@pytest.mark.parametrize("optimizer", [{"name": "sgd", "momentum": 0.9}, {"name": "sgd", "weight_decay": 0.01},
+                                       {"name": "adam"}, {"name": "adam", "weight_decay": 0.01}],
+                         ids=["momentum", "weight-decay", "adam", "adam-weight-decay"])
+def test_clients_one_after_another_are_compute_update_bit_for_bit_with_every_optimiser(digits, arch, optimizer):
+    """Found in an audit: the one-after-another clients took their steps as g + wd * w and w - lr * g, where
+    torch.optim (compute_update's client) adds with alpha, a fused product on a CPU; the last bits differed, and
+    BatchNorm on batches of 3 made that 1.6e-3 (weight decay) and 2.9e-2 (Adam) after three steps."""
+    from leakgym.fl.optim import LocalOptimizer
+
+    opt = LocalOptimizer(**optimizer)
+    models, x, y = games_and_batches(digits, n=2, k=2, b=3, arch=arch)
+    out = batched.benign_updates(models[0], batched.stack_parameters(models), x, y, kind="model_delta", local_steps=3,
+                                 local_lr=0.05, buffers=batched.stack_buffers(models) or None, vectorise=False,
+                                 optimizer=opt)
+    for n, m in enumerate(models):
+        for k in range(2):
+            ref = compute_update(m, x[n, k], y[n, k], kind="model_delta", local_steps=3, local_lr=0.05, optimizer=opt)
+            got = batched.unpack(out, n, k, kind="model_delta", batch_size=3, local_steps=3, local_lr=0.05, model=m)
+            assert all(torch.equal(got.tensors[name], t) for name, t in ref.tensors.items())
+
+
 @pytest.mark.parametrize("vectorise", [None, True])  # a CPU's own form (one client after another), vmap
 @pytest.mark.parametrize("arch", ["convnet", "mlp"])
 @pytest.mark.parametrize(("kind", "steps", "b"), [("gradient", 1, 4), ("model_delta", 2, 3), ("gradient", 1, 1)])
