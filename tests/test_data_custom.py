@@ -307,3 +307,24 @@ def test_paths_are_told_from_names():
     assert not is_dataset_path("mnist") and not is_dataset_path("svhn")
     assert is_dataset_path("./mnist") and is_dataset_path("a/b") and is_dataset_path("x.npz")
     assert is_dataset_path("~/data") and not is_dataset_path("no-such-dataset-name")
+
+
+def test_a_folder_behind_a_link_is_read_again_when_it_changes(tmp_path):
+    """Found in an audit: the cache key (leakgym.data.folders.tree_fingerprint) did not enter linked folders,
+    which the readers follow: images added behind a linked class folder, or the link pointed at another copy,
+    were not seen again in the same process (nor by the decoded-image cache of the named datasets)."""
+    store = _folder(tmp_path / "store", {"x": 4, "y": 5}, shape=(8, 8, 1))
+    root = tmp_path / "data"
+    root.mkdir()
+    for name in ("x", "y"):
+        (root / name).symlink_to(store / name, target_is_directory=True)
+    assert len(load_dataset(str(root)).train_y) + len(load_dataset(str(root)).test_y) == 9
+    _folder(store, {"x": 3}, shape=(8, 8, 1), seed=1)  # overwrites 000..002, adds nothing
+    for i in range(3, 9):
+        Image.fromarray(np.full((8, 8), i, np.uint8)).save(store / "x" / f"new{i}.png")
+    data = load_dataset(str(root))
+    assert len(data.train_y) + len(data.test_y) == 15
+    (root / "y" / "loop").symlink_to(root, target_is_directory=True)  # a link loop is counted once, not followed for ever
+    from leakgym.data.folders import tree_fingerprint
+
+    assert tree_fingerprint(root)

@@ -120,6 +120,20 @@ def test_network_failure_raises_one_unavailable_error(tmp_path: Path, fake_serve
     assert str(tmp_path / "data" / "fashion-mnist") in message and "load_dataset('digits')" in message
 
 
+@pytest.mark.parametrize("name", ["celeba", "tiny-imagenet", "imagenet"])
+@pytest.mark.parametrize("download", [False, True])
+def test_a_dataset_provided_by_hand_is_not_offered_a_download(tmp_path: Path, name: str, download: bool) -> None:
+    """Found in an audit: the message of a dataset LeakGym never downloads ended with "call load_dataset(name,
+    download=True) on a machine with internet access", which cannot fetch it."""
+    with pytest.raises(DatasetUnavailableError) as info:
+        load_dataset(name, root=tmp_path / "data", download=download)
+    message = str(info.value)
+    assert "download=True" not in message and "(LeakGym does not download it)" in message
+    assert str(pickle.loads(pickle.dumps(info.value))) == message
+    with pytest.raises(DatasetUnavailableError, match=r"download=True\) on a machine with internet access"):
+        load_dataset("cifar10", root=tmp_path / "data", download=False)
+
+
 def test_pinned_urls_and_digests_match_torchvision() -> None:
     datasets = torchvision.datasets
     for name, cls in (("mnist", datasets.MNIST), ("fashion-mnist", datasets.FashionMNIST)):

@@ -63,16 +63,28 @@ def image_files(folder: Path) -> list[Path]:
 
 def tree_fingerprint(path: Path) -> str:
     """SHA-256 over every file's relative path, size and modification time under ``path`` (or of the file
-    ``path``): what caches of data read from ``path`` are keyed by, so that a changed copy is read again."""
+    ``path``): what caches of data read from ``path`` are keyed by, so that a changed copy is read again.
+
+    Linked folders are followed, as the readers follow them (``root/train`` or a class folder may be a link),
+    and each folder's resolved path counts too, so a link pointed at another copy is another tree (found in an
+    audit: the walk did not enter linked folders, and a relinked or edited copy behind one kept its cache); a
+    folder reached again through a link loop is counted once."""
     path = Path(path)
     digest = hashlib.sha256(str(path.resolve()).encode())
     if path.is_file():
         stat = path.stat()
         digest.update(f"{stat.st_size}\0{stat.st_mtime_ns}".encode())
         return digest.hexdigest()
-    for dirpath, dirnames, filenames in os.walk(path):
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(path, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames.sort()
         relative = os.path.relpath(dirpath, path)
+        digest.update(f"{relative}\0{real}\n".encode())
         for name in sorted(filenames):
             stat = os.stat(os.path.join(dirpath, name))
             digest.update(f"{relative}/{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())

@@ -265,6 +265,10 @@ class CelebaSource(SizedSource):
         raise OSError("CelebA is distributed by its authors through Google Drive under their terms; LeakGym does "
                       "not download it")
 
+    @property
+    def downloadable(self) -> bool:
+        return False
+
     def layout_hint(self, root: Path) -> str:
         return (f"put img_align_celeba/ (the aligned-and-cropped JPEGs), list_attr_celeba.txt and "
                 f"list_eval_partition.txt from the CelebA site into {root / self.folder}")
@@ -314,6 +318,10 @@ class ClassFolderSource(SizedSource):
         classes = [p.name for p in class_folders(directory / "train")]
         return _read_class_folders(directory / "train", directory / "val", classes, image_size,
                                    f"{directory} ({self.name})")
+
+    @property
+    def downloadable(self) -> bool:
+        return self.remote is not None
 
     def download(self, root: Path) -> Path:
         if self.remote is None:
@@ -381,6 +389,10 @@ class TinyImageNetSource(SizedSource):
     def download(self, root: Path) -> Path:
         raise OSError("TinyImageNet is derived from ImageNet and distributed under its terms; LeakGym does not "
                       "download it")
+
+    @property
+    def downloadable(self) -> bool:
+        return False
 
     def layout_hint(self, root: Path) -> str:
         return (f"extract tiny-imagenet-200.zip so that {root / self.folder} holds wnids.txt, train/<wnid>/images/ "

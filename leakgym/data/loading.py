@@ -44,17 +44,19 @@ class DatasetUnavailableError(RuntimeError):
         message: the full explanation (also ``str(error)``).
     """
 
-    def __init__(self, name: str, searched: list[tuple[Path, list[str]]], reason: str, hint: str) -> None:
-        super().__init__(name, searched, reason, hint)  # args kept whole so the error pickles
+    def __init__(self, name: str, searched: list[tuple[Path, list[str]]], reason: str, hint: str,
+                 downloadable: bool = True) -> None:
+        super().__init__(name, searched, reason, hint, downloadable)  # args kept whole so the error pickles
         lines = [f"dataset {name!r} is not available.", "Looked in:"]
         for directory, missing in searched:
             state = "directory does not exist" if not directory.is_dir() else "missing " + ", ".join(missing)
             lines.append(f"  - {directory} ({state})")
         lines.append(reason)
-        lines.append(
-            f"To provide it: {hint}; or call load_dataset({name!r}, download=True) on a machine with "
-            f"internet access; or set $LEAKGYM_DATA / pass root= to point at a directory that holds it."
-        )
+        # (a dataset provided by hand only is not offered download=True, which cannot fetch it: found in an audit)
+        fetch = (f"; or call load_dataset({name!r}, download=True) on a machine with internet access"
+                 if downloadable else " (LeakGym does not download it)")
+        lines.append(f"To provide it: {hint}{fetch}; or set $LEAKGYM_DATA / pass root= to point at a directory "
+                     "that holds it.")
         lines.append("The bundled 'digits' dataset works offline: load_dataset('digits').")
         self.message = "\n".join(lines)
         self.name = name
@@ -136,16 +138,16 @@ def load_dataset(
     searched = [(d, source.missing_files(d)) for d in source.candidates(base)]
     directory = next((d for d, missing in searched if not missing), None)
     if directory is None:
-        hint = source.layout_hint(base)
+        hint, fetchable = source.layout_hint(base), source.downloadable
         if not download:
-            raise DatasetUnavailableError(name, searched, "Download disabled (download=False).", hint)
+            raise DatasetUnavailableError(name, searched, "Download disabled (download=False).", hint, fetchable)
         try:
             directory = source.download(base)
         except DownloadError as error:
-            raise DatasetUnavailableError(name, searched, f"Download failed: {error}", hint) from error
+            raise DatasetUnavailableError(name, searched, f"Download failed: {error}", hint, fetchable) from error
         except OSError as error:  # e.g. the root is not writable, extraction failed
             raise DatasetUnavailableError(
-                name, searched, f"Download failed: {type(error).__name__}: {error}", hint
+                name, searched, f"Download failed: {type(error).__name__}: {error}", hint, fetchable
             ) from error
 
     if isinstance(source, SizedSource):  # decoded straight to the requested size (JPEG folders)

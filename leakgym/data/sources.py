@@ -61,6 +61,11 @@ class DiskSource(ABC):
     def download(self, root: Path) -> Path:
         """Fetch and verify the official files under ``root``; return the directory now holding them."""
 
+    @property
+    def downloadable(self) -> bool:
+        """Whether :meth:`download` fetches the files (False: provided by hand only)."""
+        return True
+
     @abstractmethod
     def layout_hint(self, root: Path) -> str:
         """How a user can provide the files by hand."""
