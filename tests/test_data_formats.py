@@ -244,6 +244,27 @@ def test_cifar_reader_refuses_non_integer_labels(tmp_path: Path) -> None:
         read_cifar_batch(path, "labels")
 
 
+def test_a_label_out_of_range_is_named_with_its_file(tmp_path: Path) -> None:
+    """Found in an audit: an MNIST label byte of 200, or a CIFAR-10 label of 10 or -1, failed only in the
+    dataset's own check, whose message names no file."""
+    _mnist_like(tmp_path / "mnist", gz=False)
+    labels = tmp_path / "mnist" / "train-labels-idx1-ubyte"
+    labels.write_bytes(_idx_bytes(np.array([0, 1, 200, 3, 4]), 0x08, "u1"))
+    with pytest.raises(ValueError, match=rf"{labels}: label 200 out of range; allowed \[0, 9\]"):
+        load_dataset("mnist", root=tmp_path, download=False)
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for i in range(1, 6):
+        _cifar_batch(folder / f"data_batch_{i}", 2, "labels", 10, seed=i)
+    _cifar_batch(folder / "test_batch", 3, "labels", 10, seed=9)
+    for bad in (10, -1):
+        data = np.zeros((2, 3072), dtype=np.uint8)
+        with open(folder / "data_batch_3", "wb") as f:
+            pickle.dump({"data": data, "labels": [0, bad]}, f, protocol=2)
+        with pytest.raises(ValueError, match=rf"data_batch_3: label {bad} out of range; allowed \[0, 9\]"):
+            load_dataset("cifar10", root=tmp_path, download=False)
+
+
 def test_idx_reader_names_the_file_for_empty_truncated_and_damaged_files(tmp_path: Path) -> None:
     good = _idx_bytes(np.arange(60, dtype=np.uint8).reshape(3, 4, 5), 0x08, "u1")
     path = tmp_path / "train-images-idx3-ubyte.gz"

@@ -119,6 +119,17 @@ def test_celeba_takes_the_male_attribute_as_label_and_the_official_partitions(tm
     assert load_dataset("celeba", root=tmp_path, image_size=64, download=False).train_x.shape == (3, 3, 64, 64)
 
 
+def test_celebas_memory_bound_counts_train_and_test_together(tmp_path, monkeypatch):
+    """Found in an audit: CelebA checked each split against the bound, the other image sets train + test
+    together (CelebA at 90 px passed with 16.5 GiB). Here the bound holds three of its four images."""
+    from leakgym.data import folders
+
+    _celeba(tmp_path, males=[1, 0, 0, 1], partitions=[0, 0, 0, 2])
+    monkeypatch.setattr(folders, "MAX_DATASET_BYTES", 3 * 3 * 32 * 32 * 4)
+    with pytest.raises(ValueError, match=r"4 images of 3x32x32 take .* more than the"):
+        load_dataset("celeba", root=tmp_path, download=False)
+
+
 def test_celeba_is_never_downloaded_and_the_error_says_what_to_put_where(tmp_path):
     with pytest.raises(DatasetUnavailableError) as exc:
         load_dataset("celeba", root=tmp_path, download=True)

@@ -180,12 +180,14 @@ _PICKLE_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, Attri
                   struct.error, UnicodeDecodeError, OverflowError, MemoryError)
 
 
-def read_cifar_batch(path: str | os.PathLike[str], label_key: str) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_batch(path: str | os.PathLike[str], label_key: str, num_classes: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """Read one CIFAR python batch: ``(images uint8 (N, 3, 32, 32), labels int64 (N,))``.
 
     Args:
         path: a batch file such as ``cifar-10-batches-py/data_batch_1`` or ``cifar-100-python/train``.
         label_key: ``"labels"`` for CIFAR-10, ``"fine_labels"`` for CIFAR-100.
+        num_classes: when given, every label must be in ``[0, num_classes)`` (named with the file).
 
     The official files are Python 2 pickles; they are decoded with ``encoding="latin1"`` (byte
     strings become ``str`` keys, numpy buffers survive unchanged), as torchvision does, by
@@ -226,4 +228,14 @@ def read_cifar_batch(path: str | os.PathLike[str], label_key: str) -> tuple[np.n
         raise ValueError(f"{path}: 'data' must be uint8 of shape (N, 3072), got {data.dtype} {data.shape}")
     if labels.shape != (data.shape[0],):
         raise ValueError(f"{path}: {label_key!r} has shape {labels.shape}, expected ({data.shape[0]},)")
+    if num_classes is not None:
+        check_label_range(path, labels, num_classes)
     return data.reshape(-1, 3, 32, 32), labels
+
+
+def check_label_range(path: str | os.PathLike[str], labels: np.ndarray, num_classes: int) -> None:
+    """``ValueError`` naming the file unless every label is in ``[0, num_classes)`` (a damaged file's label
+    failed later, in the dataset's own check, which names no file: found in an audit)."""
+    if labels.size and not (0 <= int(labels.min()) and int(labels.max()) < num_classes):
+        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
+        raise ValueError(f"{path}: label {bad} out of range; allowed [0, {num_classes - 1}]")

@@ -258,6 +258,8 @@ class CelebaSource(SizedSource):
             raise ValueError(f"{directory / 'list_eval_partition.txt'}: needs images of partition 0 (train) and "
                              "2 (test)")
         where = f"{directory} (celeba)"
+        # train + test together, as the other image sets check them (each split alone passed the bound)
+        check_dataset_bytes(where, len(splits[0][0]) + len(splits[2][0]), 3, image_size)
         return (decode_images(splits[0][0], 3, image_size, where=where), _labels(splits[0][1]),
                 decode_images(splits[2][0], 3, image_size, where=where), _labels(splits[2][1]))
 
