@@ -374,7 +374,7 @@ def _widest(own: np.ndarray, other: np.ndarray, opponent: np.ndarray, current: n
     k = own.shape[0]
     replies = other[best].T  # (l, |best|): the opponent's payoff of its strategy j against each best response
     # for every strategy j the opponent plays and every strategy q it could play: p . (replies[q] - replies[j]) <= 0
-    upper = np.concatenate([replies[None, :, :] - replies[played][:, None, :]], axis=0).reshape(-1, len(best))
+    upper = (replies[None, :, :] - replies[played][:, None, :]).reshape(-1, len(best))
     points = []
     for t in range(len(best)):
         objective = np.zeros(len(best))
