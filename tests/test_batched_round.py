@@ -302,3 +302,24 @@ def test_a_games_batch_signature_is_its_server_models_signature_for_the_episode(
     games.reset(0, seed=1)  # a new episode, a new model
     assert games.model(0) is not model and games.signature(0, games.model(0)) == real(games.model(0))
     assert calls[-1] is games.model(0)
+
+
+def test_the_self_audits_time_is_attack_time_in_a_vector_too(cheap_overrides, monkeypatch):
+    """Found in an audit: each game of a vector took its share of the engine call as its attack time, without
+    the defenders' self-audits, which ran in the same phase; `leakgym bench env` then put them in the Python
+    overhead of its vector rows (90% at 150 audit iterations) and in the attack of its sequential baseline."""
+    import time
+
+    real = round_module._self_audits
+
+    def slow(*args, **kwargs):
+        time.sleep(0.2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(round_module, "_self_audits", slow)
+    envs = [parallel_env("digits", **cheap_overrides) for _ in range(2)]
+    games = share_batch(envs)
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    play_round(games, [0, 1], [(np.zeros(6, np.int64), np.zeros(4, np.int64))] * 2)
+    assert all(games.timings[r]["attack_s"] >= 0.1 for r in (0, 1)), [games.timings[r] for r in (0, 1)]

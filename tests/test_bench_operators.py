@@ -30,6 +30,14 @@ def test_the_count_is_attributed_to_the_phase_that_dispatched_it():
         assert long["phases"][phase] == short["phases"][phase], phase
 
 
+def test_a_step_that_only_resets_games_is_not_the_one_counted():
+    """Found in an audit: with rounds=2 the third step only resets the games, and the row counted it (every phase
+    0). The fourth step, which plays a round, is counted then, the same step as with longer episodes."""
+    two = bench_operators.measure("LeakGym-Digits-v0", 2, "fixed", "none", "cpu", {**CHEAP, "iterations": [1], "rounds": 2})
+    assert two["phases"]["attack"]["operators"] > 0 and two["phases"]["aggregate"]["operators"] > 0
+    assert two["total"] == _row(1)["total"]
+
+
 def test_the_count_is_the_same_every_run_and_the_phases_are_restored():
     originals = {name: getattr(game_round, name) for name in bench_operators.PHASES}
     first, second = _row(2, n=3, actions="random"), _row(2, n=3, actions="random")

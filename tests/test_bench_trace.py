@@ -35,4 +35,7 @@ def test_the_command_writes_json_and_markdown(tmp_path):
     rows = json.loads(path.read_text())["rows"]
     assert rows[0]["layer_count"] == len(rows[0]["layer_files"]) and rows[0]["file_count"] >= rows[0]["layer_count"]
     assert "game/env layer" in path.with_suffix(".md").read_text()
+    import torch  # the machine line names this process's torch threads (it said 1 whatever they were)
+
+    assert f"{torch.get_num_threads()} torch thread(s)" in json.loads(path.read_text())["machine"]
     assert main(["bench", "trace", "--json", str(tmp_path / "t2.json"), "--defender", "1,x"]) == 2

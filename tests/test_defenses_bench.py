@@ -88,6 +88,21 @@ def test_delta_acc_is_against_the_same_architecture():
     assert "| PPP-NG1 | mlp-64, lr 0.1 + PRECODE | - | 90.0% |  |" in md
 
 
+@pytest.mark.parametrize(("utility", "lpips"), [("victim", None), ("both", None), ("victim", "alex")])
+def test_a_failed_row_has_as_many_cells_as_the_header(utility, lpips):
+    """Found in an audit: a failed row's blanks were one cell short of the header in every layout."""
+    ok = {"defense": "none", "model": "lenet", "width": None, "lr": 0.5, "precode": False, "model_label": "lenet",
+          "setting": "-", "bench_override": {}, "accuracy": 0.5, "accuracy_all": 0.5, "fidelity": 1.0,
+          "overhead_ms": 0.0, "ssim": 0.1, "psnr": 7.0}
+    bad = {"defense": "gaussian", "model": "lenet", "width": None, "lr": 0.5, "precode": False, "model_label": "lenet",
+           "error": "RuntimeError: boom"}
+    settings = {"all_clients": False, "utility": utility, "lpips": lpips, "image_size": 16, "rounds": 1, "clients": 2,
+                "batch_size": 4, "victim_batch": 1, "model": "lenet", "lr": 0.5, "attack_iterations": 1,
+                "attack_rounds": [0]}
+    rows = [line for line in bench.markdown_table([ok, bad], settings).splitlines() if line.startswith("|")]
+    assert len({row.count("|") for row in rows}) == 1, rows
+
+
 def test_plan_puts_precode_rows_on_the_ppp_reproduction_model():
     from leakgym.reproduce.ppp import SCALES
 

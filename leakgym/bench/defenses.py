@@ -639,9 +639,10 @@ def markdown_table(records: list[dict], settings: dict) -> str:
          "overhead ms/update |"),
         f"|---|---|---|---:|---:|{extra_rule}---:|---:|{lpips_rule}---:|---:|",
     ]
+    columns = lines[2].count("|") - 1
     for r in records:
-        if "error" in r:
-            blanks = " | | | | | |" + (" | |" if both else "") + (" |" if with_lpips else "")
+        if "error" in r:  # (as many cells as the header: the blanks were one short, found in an audit)
+            blanks = " |" * (columns - 2)
             lines.append(f"| {r['defense']} | {r.get('model_label', '')} | error: {r['error']}{blanks}")
             continue
         delta = "" if r["delta_acc"] is None else _num(r["delta_acc"], "+.1f")

@@ -118,5 +118,7 @@ def main(args: argparse.Namespace) -> int:
              ""]
     lines += [f"{i}. `{f}`" + (" (game/env layer)" if f in result["layer_files"] else "")
               for i, f in enumerate(result["files"], 1)]
-    write_results(out, machine_label(1, "cpu"), [result], "\n".join(lines) + "\n")
+    import torch
+
+    write_results(out, machine_label(torch.get_num_threads(), "cpu"), [result], "\n".join(lines) + "\n")
     return 0
