@@ -320,6 +320,36 @@ local_lr_decay = 0.5
     assert local_optimizer(default) is None and round_local_lr(default, 5) == default.local_lr
 
 
+def _steps_equal_torch_optim(device) -> None:
+    """Five steps of every LocalOptimizer against torch.optim on one float32 tensor, compared bit for bit."""
+    from leakgym.fl.optim import LocalOptimizer
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    for opt in (LocalOptimizer("sgd", momentum=0.9), LocalOptimizer("sgd", weight_decay=0.01),
+                LocalOptimizer("sgd", momentum=0.9, weight_decay=0.01), LocalOptimizer("adam"),
+                LocalOptimizer("adam", weight_decay=0.01)):
+        start = torch.randn(1000, generator=gen, device=device)
+        leaf = start.clone().requires_grad_(True)
+        reference = opt.torch_optimizer([leaf], lr=0.05)
+        params, state = {"w": start.clone()}, opt.init({"w": start})
+        for t in range(1, 6):
+            grad = torch.randn(1000, generator=gen, device=device)
+            leaf.grad = grad.clone()
+            reference.step()
+            params, state = opt.step(params, {"w": grad}, state, 0.05, t)
+            assert torch.equal(params["w"], leaf.detach()), (opt.describe(), t)
+
+
+def test_a_step_is_torch_optims_bit_for_bit():
+    """LocalOptimizer.step runs torch.optim's own kernels out of place (add with alpha, lerp, addcmul, addcdiv)."""
+    _steps_equal_torch_optim("cpu")
+
+
+@pytest.mark.cuda
+def test_a_step_is_torch_optims_bit_for_bit_on_cuda(cuda_device):
+    _steps_equal_torch_optim(cuda_device)
+
+
 @pytest.mark.cuda
 def test_the_local_optimisers_run_on_cuda(digits, cuda_device):
     """Adam and SGD with momentum on a CUDA device: the state is created on the parameters' device, and the

@@ -260,20 +260,16 @@ def check_option_types(config: Any) -> None:
     value, ``lr=True`` was a number, and ``lr="0.1"`` a TypeError of a comparison."""
     for f in dataclasses.fields(config):
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        value = getattr(config, f.name)
-        if kind == "bool":
-            ok = isinstance(value, (bool, np.bool_))
-            allowed = "True or False"
-        elif kind == "int":  # (checked by the config itself, check_integer, which names the range)
-            ok, allowed = True, ""
-        elif kind == "float":  # (NaN and inf are left to the config's own check, which names the range)
-            ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
-                and not (math.isfinite(value) and abs(value) > REAL_OPTION_MAX)
-            allowed = f"a number of magnitude at most {REAL_OPTION_MAX:g}"
-        else:
+        if kind not in ("bool", "int", "float"):
             continue
-        if not ok:
-            raise ValueError(f"{f.name}={value!r}; allowed: {allowed}")
+        value = getattr(config, f.name)
+        # (an int field is checked by the config itself, check_integer, which names the range; NaN and inf of a
+        # float field too)
+        if kind == "bool" and not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{f.name}={value!r}; allowed: True or False")
+        if kind == "float" and (not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_))
+                                or (math.isfinite(value) and abs(value) > REAL_OPTION_MAX)):
+            raise ValueError(f"{f.name}={value!r}; allowed: a number of magnitude at most {REAL_OPTION_MAX:g}")
         if isinstance(value, np.generic):
             object.__setattr__(config, f.name, value.item())
 
