@@ -121,6 +121,33 @@ def test_adaptive_decoders_play_against_any_defense():
             assert math.isfinite(rewards["attacker"]) and _all_finite(infos)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_an_attack_returning_non_finite_pixels_is_scored_not_a_failed_round(monkeypatch, value):
+    """A diverged attack (a user-registered one; the built-in attacks keep their best finite iterate) may
+    return NaN or infinite pixels. The metrics refuse non-finite images, so NaN pixels made every step a
+    RoundError: the game now scores NaN as grey (nothing_sent's guess) and clamps the infinities."""
+    import leakgym.game.round as game_round
+
+    play = game_round.reconstruct_all
+
+    def diverged(jobs, **kwargs):
+        results, seconds = play(jobs, **kwargs)
+        for r in results:
+            r.images = r.images.clone()
+            r.images[..., :3, :] = value
+        return results, seconds
+
+    monkeypatch.setattr(game_round, "reconstruct_all", diverged)
+    env = parallel_env("digits", **CHEAP)
+    env.reset(seed=0)
+    _, rewards, _, _, infos = env.step({a: np.zeros(len(env.action_space(a).nvec), np.int64) for a in env.agents})
+    assert all(math.isfinite(r) for r in rewards.values()) and _all_finite(infos)
+    game = env.unwrapped
+    images = np.asarray(game.games.last[game.row].reconstructions)  # what render() shows
+    assert np.isfinite(images).all()
+    assert (images[..., :3, :] == (0.5 if math.isnan(value) else float(value > 0))).all()
+
+
 @pytest.mark.parametrize("metric", ["ssim", "psnr", "ssim+psnr"])
 def test_a_nan_score_is_no_leakage_not_a_nan_reward(metric):
     """max(nan, 0.0) is NaN in Python: a NaN SSIM or PSNR (a reconstruction with NaN pixels) made NaN

@@ -329,6 +329,10 @@ def test_a_skipped_update_is_not_attacked_and_leaks_nothing(cheap_overrides):
         if infos["defender"]["update_skipped"]:
             skipped += 1
             assert infos["attacker"]["leakage"] == 0.0 and infos["attacker"]["attack_units"] == 0.0
+            # the other scores are the uninformed guess's (docs/game.md): grey images, label 0
+            record = e.last_round
+            assert (record.reconstructions == 0.5).all()
+            assert infos["attacker"]["label_accuracy"] == float((np.asarray(record.labels) == 0).mean())
     assert skipped >= 1  # a huge trial step never lowers the loss: every round falls back to skip
 
 

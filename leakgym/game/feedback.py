@@ -289,8 +289,9 @@ def attacker_observations(
 # Rewards
 # --------------------------------------------------------------------------------------------------
 def _clip01(v: float) -> float:
-    """``v`` clipped to [0, 1]; NaN (a score of a reconstruction with NaN pixels) is 0: nothing leaked, and
-    rewards stay finite (``max(nan, 0.0)`` is NaN)."""
+    """``v`` clipped to [0, 1]; a NaN score is 0: nothing leaked, and rewards stay finite (``max(nan, 0.0)``
+    is NaN). The game's own scoring makes none (:func:`~leakgym.game.round.unit_images` greys NaN pixels);
+    a score computed elsewhere may be NaN."""
     return 0.0 if math.isnan(v) else float(min(max(v, 0.0), 1.0))
 
 

@@ -459,14 +459,19 @@ def nothing_sent(spec, x: Tensor) -> AttackResult:
 def unit_images(spec, images: Sequence[Tensor]) -> list[Tensor]:
     """Normalised image batches -> unit images clamped to [0, 1] (detached), the batches of one shape,
     device and dtype as one stacked computation (elementwise, so each equals its own bit for bit; one
-    kernel per operation for the games of a vector step instead of one per game)."""
+    kernel per operation for the games of a vector step instead of one per game).
+
+    A NaN pixel (an attack that diverged and returned it: the built-in attacks fall back to their best
+    finite iterate, a user-registered one may not) becomes 0.5, the grey of :func:`nothing_sent`'s
+    uninformed guess, and -inf/+inf clamp to 0/1: the metrics refuse non-finite images, and a diverged
+    attack's output is scored as the guess it is, not as a failed round."""
     out: list[Tensor] = [torch.empty(0)] * len(images)
     groups: dict[tuple, list[int]] = {}
     for i, x in enumerate(images):
         groups.setdefault((tuple(x.shape), x.device, x.dtype), []).append(i)
     for members in groups.values():
         stacked = torch.stack([images[i].detach() for i in members])
-        for i, x in zip(members, spec.denormalize(stacked).clamp(0, 1).unbind(0)):
+        for i, x in zip(members, spec.denormalize(stacked).clamp(0, 1).nan_to_num_(0.5).unbind(0)):
             out[i] = x
     return out
 
