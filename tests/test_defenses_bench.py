@@ -103,6 +103,22 @@ def test_a_failed_row_has_as_many_cells_as_the_header(utility, lpips):
     assert len({row.count("|") for row in rows}) == 1, rows
 
 
+@pytest.mark.parametrize(("all_clients", "utility", "who"), [
+    (False, "all", "applied by every client."), (True, "all", "applied by every client."),
+    (False, "victim", "applied by the victim (client 0) only."),
+    (False, "both", "applied by the victim (client 0) only in `accuracy` (and leakage), by every client in")])
+def test_the_header_names_who_applied_the_defense(all_clients, utility, who):
+    """Found in an audit: ``--utility all`` (without ``--all-clients``) trained every client defended, and the
+    header said the victim alone had applied the defense."""
+    row = {"defense": "none", "model": "lenet", "width": None, "lr": 0.5, "precode": False, "model_label": "lenet",
+           "setting": "-", "bench_override": {}, "accuracy": 0.5, "accuracy_all": 0.5, "fidelity": 1.0,
+           "overhead_ms": 0.0, "ssim": 0.1, "psnr": 7.0}
+    settings = {"all_clients": all_clients, "utility": utility, "image_size": 16, "rounds": 1, "clients": 2,
+                "batch_size": 4, "victim_batch": 1, "model": "lenet", "lr": 0.5, "attack_iterations": 1,
+                "attack_rounds": [0]}
+    assert f"defense {who}" in bench.markdown_table([row], settings)
+
+
 def test_plan_puts_precode_rows_on_the_ppp_reproduction_model():
     from leakgym.reproduce.ppp import SCALES
 

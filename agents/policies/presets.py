@@ -74,7 +74,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("oasis-mr+sh",   "defender", {"oasis": ["major_rotation", "shear"]},    "OASIS Fig. 6: major rotation + shear"),
     Preset("ppp-ng2",       "defender", {"ppp": "ng", "ppp_sigma": 0.01},          "PPP §5.2: NG2, sigma = 1e-2"),
     Preset("ppp-gc90",      "defender", {"ppp": "gc", "ppp_prune": 0.9},           "PPP §5.2: GC90, pruning 0.9"),
-    Preset("loda-paper",    "defender", {"loda_c": 20.0},                          "LODA §5 (LODA1): c = 20"),
+    Preset("loda-paper",    "defender", {"loda_c": 20.0},                          "LODA §5 (LODA1): its printed c = 20, in normalised pixels"),
     Preset("loda-calibrated", "defender", {"loda_c": 9.0},
            "LODA Eq. 4 with c calibrated to LeakGym's extractor (leakgym.defenses.loda.CALIBRATED_C)"),
     # ---- attacker -------------------------------------------------------------------------------

@@ -600,8 +600,10 @@ def markdown_table(records: list[dict], settings: dict) -> str:
     """The results as a markdown table (accuracy and leakage next to no defense on the same model); a
     missing or non-finite number shows ``-``."""
     add_baselines(records)
-    who = "every client" if settings["all_clients"] else "the victim (client 0) only"
-    both = settings.get("utility") == "both" and not settings["all_clients"]
+    # (``--all-clients`` is ``--utility all``; a file without ``utility`` predates the modes: victim only)
+    mode = "all" if settings["all_clients"] else settings.get("utility", "victim")
+    who = "every client" if mode == "all" else "the victim (client 0) only"
+    both = mode == "both"
     if both:
         who = ("the victim (client 0) only in `accuracy` (and leakage), by every client in `accuracy (all)`, "
                "the utility mode of the defense's full cost")

@@ -208,7 +208,8 @@ def _presets() -> dict[str, DefenseConfig]:
         "oasis": d(oasis=1 | 4),              # major rotation + shear, the paper's strongest combination
         "dcs2": d(dcs2_lambda_g=0.7),
         "loda": d(loda_c=CALIBRATED_C),       # c calibrated for LeakGym's extractor (leakgym.defenses.loda)
-        "loda-paper": d(loda_c=20.0),         # LODA1 as in the paper (c = 20, first five conv layers)
+        "loda-paper": d(loda_c=20.0),         # LODA1's printed c = 20, in normalised pixel units (~10x the
+                                              # paper's pixel weight on digits: leakgym.defenses.loda, Units)
         "mixup": d(mixup_k=4),
         "instahide": d(instahide_k=4),
     }

@@ -77,9 +77,12 @@ Deviations, and why:
   align the features better on average but hand a growing share of the private images to the
   attacker unchanged. With the reproduction's 100 steps ``c = 9`` reaches feature distance 0.69,
   SSIM 0.31 and 3/128 collapsed (``c = 7``: 0.56, 0.51, 15/128; ``c = 5``: 0.38, 0.75, 47/128).
-  At the paper's ``c = 20`` the features end *further* from the target than the start image was
-  (1.49): the pixel term wins everywhere. ``c = 20`` remains available (preset ``loda-paper``); it is
-  the right value only for its own extractor (and its own pixel units, see above).
+  At the paper's printed ``c = 20``, taken in our units, the features end *further* from the target than
+  the start image was (1.49): the pixel term wins everywhere. ``c = 20`` remains available (preset
+  ``loda-paper``: the number the paper prints, taken in LeakGym's normalised units, so about 10x the
+  paper's pixel weight on digits; the paper's weight itself, 2.0 here, lies below the ``c = 3`` row,
+  where every image collapsed onto its private original); it is the right value only for its own
+  extractor and its own pixel units.
 
 Images in and out are normalised model inputs; ``public_x`` must be normalised the same way.
 
@@ -520,7 +523,8 @@ class Loda(InputDefense):
 
     name = "loda"
     fields = (
-        real_field("loda_c", 0.0, "LODA pixel-distance weight c of Eq. (4); 0 off (paper: 20 for its ResNet-18; "
+        real_field("loda_c", 0.0, "LODA pixel-distance weight c of Eq. (4), normalised pixel units; 0 off (paper: 20 for its "
+                   "ResNet-18 on [0, 1] pixels, 20 * std^2 here; "
                    f"calibrated for LeakGym's extractor: {CALIBRATED_C:g}).", high=LODA_C_MAX),
         int_field("loda_steps", 500, "LODA normalised-gradient-descent steps T (paper: 500).", low=1,
                   limit=30_000),  # a scenario's documented bound
