@@ -45,7 +45,8 @@ forward pre-hook (:func:`insert_input_block`), so ``forward(x, return_kl=...)``,
 identity they return the same values.
 
 FedAvg. After one local step the model delta is ``lr`` times the gradient and the recovery is
-unchanged (the ratio cancels ``lr``). After several steps the imprint layer's own weights move between
+unchanged (the ratio cancels ``lr``) up to the delta's float32 rounding, which the empty-bin test adds to
+``rel_tol`` (:func:`~leakgym.attacks.analytic.delta_rounding`). After several steps the imprint layer's own weights move between
 steps (bins shift by ``lr * dL/db``), and bins become approximate.
 """
 
@@ -218,7 +219,8 @@ def imprint_thresholds(
 
 
 def recover_imprint_bins(
-    weight_grad: Tensor, bias_grad: Tensor, bias: Tensor, *, rel_tol: float = 1e-6
+    weight_grad: Tensor, bias_grad: Tensor, bias: Tensor, *, rel_tol: float = 1e-6,
+    rounding: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-bin inputs ``(dW_i - dW_{i+1}) / (db_i - db_{i+1})`` of a cumulative imprint layer (RTF Eq. 4).
 
@@ -228,6 +230,9 @@ def recover_imprint_bins(
         bias: ``(n,)`` the layer's bias as sent (``-t_i``); it orders the neurons by threshold, so the
             rows may come in any order.
         rel_tol: bins with ``|db_i - db_{i+1}| <= rel_tol * max`` count as empty.
+        rounding: optional bounds of the rounding in ``weight_grad`` and ``bias_grad`` entries (a model
+            delta's, :func:`~leakgym.attacks.analytic.delta_rounding`): a bin whose bias difference does
+            not exceed the two rows' bounds counts as empty too.
 
     Returns:
         ``(candidates (K, d) float64, strength (K,))``: one vector per non-empty bin and the magnitude
@@ -240,7 +245,11 @@ def recover_imprint_bins(
     cum_b = bias_grad.detach().to(torch.float64)[order]
     bin_w = cum_w - torch.cat([cum_w[1:], torch.zeros_like(cum_w[:1])])
     bin_b = cum_b - torch.cat([cum_b[1:], torch.zeros_like(cum_b[:1])])
-    candidates, rows = recover_linear_input(bin_w, bin_b, rel_tol=rel_tol)
+    bin_rounding = None
+    if rounding is not None:
+        cum_r = rounding[1].to(device=cum_b.device, dtype=torch.float64)[order]
+        bin_rounding = cum_r + torch.cat([cum_r[1:], torch.zeros_like(cum_r[:1])])
+    candidates, rows = recover_linear_input(bin_w, bin_b, rel_tol=rel_tol, bias_rounding=bin_rounding)
     return candidates, bin_b[rows].abs()
 
 
@@ -321,13 +330,13 @@ class ImprintAttack(InputBlockAttack):
             block.linear2.bias.zero_()
         return insert_input_block(model, block, self.block_name)
 
-    def _candidates(self, update, knowledge, weight_grad, bias_grad):
+    def _candidates(self, update, knowledge, weight_grad, bias_grad, rounding):
         params = dict(knowledge.model.named_parameters())
         if f"{self.layer}.bias" not in params:
             raise ValueError(
                 f"knowledge.model has no parameter {self.layer + '.bias'!r}; pass the model returned by prepare_model"
             )
         candidates, strength = recover_imprint_bins(
-            weight_grad, bias_grad, params[f"{self.layer}.bias"], rel_tol=self.config.rel_tol
+            weight_grad, bias_grad, params[f"{self.layer}.bias"], rel_tol=self.config.rel_tol, rounding=rounding
         )
         return candidates, strength, {}
