@@ -338,7 +338,7 @@ def test_config_validation(cls, bad):
     ("inverting-gradients", {"layer_weights": {"head.weight": -1.0}}, "each must be a finite number"),
     ("inverting-gradients", {"layer_weights": {"head.weight": 0.0}}, "at least one must be > 0"),
     ("inverting-gradients", {"layer_weights": 3}, "layer_weights=3"),
-    ("mixup-decoding", {"decode_steps": float("nan")}, "decode_steps=nan; must be an integer >= 0"),
+    ("mixup-decoding", {"decode_steps": float("nan")}, "decode_steps=nan; must be an integer >= 1"),
     ("dlg", {"history_size": 2.5}, "history_size=2.5; must be an integer >= 1"),
     ("loda-inversion", {"layers": "bogus"}, "layers='bogus'; allowed"),
     ("loda-inversion", {"layers": -3}, "layers=-3; allowed"),
@@ -346,12 +346,28 @@ def test_config_validation(cls, bad):
     ("loda-inversion", {"extractor_width": 0}, "extractor_width=0"),
     ("loda-inversion", {"inversion_steps": 2.5}, "inversion_steps=2.5"),
     ("loda-inversion", {"extractor_seed": -1}, "extractor_seed=-1"),
+    # found in an audit: 0 steps returned the second stage's start (noise, a public image) as the result
+    ("mixup-decoding", {"decode_steps": 0}, "decode_steps=0; must be an integer >= 1"),
+    ("loda-inversion", {"inversion_steps": 0}, "inversion_steps=0; must be an integer >= 1"),
 ])
 def test_attack_configs_are_checked_when_built(name, kwargs, message):
     """Found in review: each of these was accepted and failed (or, for an infinite layer weight,
     silently returned the start images) only inside reconstruct."""
     with pytest.raises(ValueError, match=message):
         build_attack(name, **kwargs)
+
+
+def test_an_attack_refuses_another_attacks_config_when_built():
+    """Found in an audit: ``InvertingGradients(DLGConfig())`` (or a dict, or a subclass's config) was built,
+    then failed as an AttributeError in reconstruct, or silently ignored the extra fields."""
+    from leakgym.attacks import ATTACKS
+
+    for name, cls in ATTACKS.items():
+        others = [c.Config() for n, c in ATTACKS.items() if c.Config is not cls.Config][:3] + [{"iterations": 3}]
+        for config in others:
+            with pytest.raises(ValueError, match=f"config is a {type(config).__name__}; attack '{name}' takes"):
+                cls(config)
+        assert type(cls(cls.Config()).config) is cls.Config
 
 
 @pytest.mark.parametrize("name, kwargs, message", [

@@ -122,6 +122,10 @@ class Attack(ABC):
     def __init__(self, config: Any | None = None, **overrides: Any) -> None:
         if config is None:
             config = self.Config()
+        elif type(config) is not self.Config:  # (another attack's options failed later, as an AttributeError)
+            raise ValueError(
+                f"config is a {type(config).__name__}; attack {self.name!r} takes a {self.Config.__name__} "
+                "(or keyword options)")
         if overrides:
             known = {f.name for f in dataclasses.fields(config)}
             unknown = sorted(set(overrides) - known)

@@ -56,7 +56,8 @@ class LodaInversionConfig(InvertingGradientsConfig):
     c: float = 1.0
     """Pixel weight ``c`` of Eq. 6 (paper: 1, searched over {0, 1, 5, 10, 20})."""
     inversion_steps: int = 100
-    """Gradient-descent steps on Eq. 6 (paper: 100)."""
+    """Gradient-descent steps on Eq. 6 (paper: 100), >= 1 (they start from a public image or noise: no
+    step would return that start)."""
     inversion_lr: float = 0.05
     """Adam step size on Eq. 6 (not given in the paper)."""
     start: str = "public"
@@ -75,7 +76,7 @@ class LodaInversionConfig(InvertingGradientsConfig):
         super().__post_init__()
         if not (self.c >= 0 and math.isfinite(self.c)):
             raise ValueError(f"c={self.c}; must be a finite number >= 0")
-        self.inversion_steps = check_integer(self.inversion_steps, "inversion_steps", 0)
+        self.inversion_steps = check_integer(self.inversion_steps, "inversion_steps", 1)
         self.extractor_seed = check_seed(self.extractor_seed, "extractor_seed")
         self.extractor_epochs = check_integer(self.extractor_epochs, "extractor_epochs", 0)
         if self.extractor_arch not in MODEL_NAMES:

@@ -56,7 +56,8 @@ class MixupDecodingConfig(InvertingGradientsConfig):
     """Inverting Gradients on the encodings, then least-squares demixing."""
 
     decode_steps: int = 1000
-    """Adam steps of the demixing regression (GradAttack: 1000)."""
+    """Adam steps of the demixing regression (GradAttack: 1000), >= 1 (it starts from noise: no step would
+    return the noise)."""
     decode_lr: float = 0.01
     """Adam learning rate of the demixing regression (LODA Sec. 5.1: 0.01)."""
     joint: bool = False
@@ -64,7 +65,7 @@ class MixupDecodingConfig(InvertingGradientsConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.decode_steps = check_integer(self.decode_steps, "decode_steps", 0)
+        self.decode_steps = check_integer(self.decode_steps, "decode_steps", 1)
         if not (self.decode_lr > 0 and math.isfinite(self.decode_lr)):
             raise ValueError(f"decode_lr={self.decode_lr}; must be a finite number > 0")
 

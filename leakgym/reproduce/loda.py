@@ -141,8 +141,7 @@ def columns(size: str) -> list[AttackColumn]:
         AttackColumn(IG, "inverting-gradients", note="cosine + TV; labels known"),
         AttackColumn(IG_ENC, "inverting-gradients", labels_known=False,
                      note="the non-adaptive attacker: IG with labels inferred from the gradient, unaware of the "
-                          "encoding (mixup-decoding with decode_steps=0 returns its demixing start, not the "
-                          "recovered encodings, so it cannot serve here)"),
+                          "encoding (mixup-decoding always demixes: its decode_steps are at least 1)"),
         AttackColumn(DECODE, "mixup-decoding", note="inversion + demixing with the known mixing matrix (Adam, lr 0.01)"),
         AttackColumn(LODA_INV1, "loda-inversion", {"c": 1.0, "inversion_steps": 100, "layers": 5},
                      note="LODA Eq. 6, c=1, 100 steps (paper)"),
