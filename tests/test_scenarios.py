@@ -107,6 +107,17 @@ def test_invalid_actions_name_the_value_and_range():
         ({"strategies": ["imprint"]}, r"strategy \['imprint'\] modify the model .* threat_model='honest'"),
         ({"public_fraction": 1e-6}, r"public_fraction=1e-06 leaves no public image of the 1438 training images"),
         ({"public_fraction": 0.9999, "num_clients": 1}, r"num_clients=1 benign clients and the victim need 2 private"),
+        # found in an audit: accepted, then every round failed (a RoundError, so an episode could not go on)
+        ({"defender_menu": {"ppp": ["off", "ng"]}}, r"ppp='ng' perturbs the layers .* needs precode=True"),
+        ({"public_fraction": 0.003, "defender_menu": {"instahide_k": [0, 8]}},
+         r"instahide_k=8 mixes 7 public images into each example \(k=8, batch_size=1\); the public split holds 4"),
+        ({"defender_menu": {"instahide_k": [0, 200]}}, r"instahide_k=200 mixes 199 public images .* holds 143"),
+        ({"update_kind": "model_delta", "local_lr_schedule": "exponential", "local_lr_decay": 0.01, "rounds": 40},
+         r"local learning rate of round 24 of 40 \(1e-47.*is 0 in float32"),
+        ({"update_kind": "model_delta", "local_lr": 1e-46}, r"round 1 of \d+ \(1e-46.* is 0 in float32"),
+        ({"update_kind": "model_delta", "local_weight_decay": 1e39}, r"local_weight_decay=1e\+39; allowed: .*3.40282e\+38\]"),
+        ({"update_kind": "model_delta", "local_optimizer": "adam", "local_lr": 1e39},
+         r"local_lr=1e\+39; allowed: finite numbers in \(0, 3.40282e\+38\]"),
     ],
 )
 def test_bad_configurations_are_refused_when_built(overrides, message):

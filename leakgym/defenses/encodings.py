@@ -163,8 +163,8 @@ def instahide_encode(
                 f"public_x must be (P, {', '.join(map(str, x.shape[1:]))}); got {tuple(public_x.shape)}"
             )
         b, p = x.shape[0], public_x.shape[0]
-        n_other = 1 if (k >= 3 and b >= 2) else 0
-        n_pub = k - 1 - n_other
+        n_pub = public_images_per_mix(k, b)
+        n_other = k - 1 - n_pub
         if n_pub > p:
             raise ValueError(f"k={k} needs {n_pub} public images per mix; public_x has {p}")
         lams = sample_coefficients(b, k, generator).to(device=x.device, dtype=x.dtype)
@@ -231,12 +231,27 @@ class Mixup(InputDefense):
         return x_enc, y_soft, info
 
 
+def public_images_per_mix(k: int, batch_size: int) -> int:
+    """How many public images :func:`instahide_encode` mixes into each encoded example: ``k - 1``, less one
+    private image where ``k >= 3`` and the batch holds another."""
+    return max(0, k - 1 - (1 if k >= 3 and batch_size >= 2 else 0))
+
+
+def _public_images_suffice(k: int, scenario) -> str | None:
+    """A scenario's InstaHide k may mix no more public images than its split holds."""
+    needed = public_images_per_mix(k, scenario.batch_size) if k else 0
+    if needed > scenario.public_images:
+        return (f"mixes {needed} public images into each example (k={k}, batch_size={scenario.batch_size}); "
+                f"the public split holds {scenario.public_images}")
+    return None
+
+
 class InstaHide(InputDefense):
     """InstaHide: Mixup of ``instahide_k`` images, then a random pixel-wise sign flip."""
 
     name = "instahide"
     fields = (int_field("instahide_k", 0, "InstaHide encoding: images mixed per encoded example (InstaHide paper: 4); "
-                        "0 off."),)
+                        "0 off.", scenario_check=_public_images_suffice),)
 
     def validate(self, config) -> None:
         _check_k(config, "instahide_k")

@@ -52,6 +52,13 @@ def ppp(update: Update, model: nn.Module, mode: str, *, sigma: float, prune: flo
     return out, {"mode": mode, "layers": layers}
 
 
+def _needs_precode(mode: str, scenario) -> str | None:
+    """A scenario that offers PPP must train a PRECODE model (its layers before the bottleneck)."""
+    if mode != "off" and not scenario.precode:
+        return "perturbs the layers before a PRECODE bottleneck; needs precode=True"
+    return None
+
+
 class PPP(UpdateDefense):
     """PPP-NG / PPP-GC on the layers before the PRECODE bottleneck."""
 
@@ -59,7 +66,7 @@ class PPP(UpdateDefense):
     public_split = False
     fields = (
         choice_field("ppp", "off", "PPP partial perturbation of the layers before the PRECODE bottleneck: 'off', "
-                     "'ng' (noise) or 'gc' (pruning).", PPP_MODES),
+                     "'ng' (noise) or 'gc' (pruning).", PPP_MODES, scenario_check=_needs_precode),
         # Both > 0: with 0 the defense is reported as applied and changes nothing. ppp_sigma's upper bound
         # as noise_sigma's (NOISE_SIGMA_MAX): beyond it float32 updates overflow.
         real_field("ppp_sigma", 0.1, "PPP-NG Gaussian standard deviation (paper: 1e-3 .. 0.5; NG1 = 0.1).",

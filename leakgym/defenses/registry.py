@@ -36,7 +36,7 @@ import math
 import numbers
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -130,6 +130,10 @@ class Field:
             (Mixup's ``mixup_k <= batch_size``); not lifted by ``allow_large``.
         limit_why: the reason given when ``limit_option`` is exceeded (e.g. ``"mixes up to k images of
             the private batch; needs k <= batch_size"``).
+        scenario_check: a function ``(value, scenario) -> reason or None`` run on each of the field's
+            ``defender_menu`` levels and its ``defense_defaults`` entry when a scenario is built: a reason
+            refuses the scenario (PPP needs ``precode=True``; InstaHide's k needs as many public images as
+            it mixes). A module-level function (fields are pickled). Not lifted by ``allow_large``.
         bit_menu: how a scenario offers the field: ``None`` for a value dimension (the field's
             ``defender_menu`` levels), a :class:`BitMenu` for an integer bit mask whose bits a scenario
             switches on and off one action dimension each (OASIS's augmentations).
@@ -150,6 +154,7 @@ class Field:
     limit_why: str = ""
     bit_menu: BitMenu | None = None
     defense: str = ""
+    scenario_check: Callable[[Any, Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name.startswith("_") or self.name in RESERVED_NAMES:
@@ -219,16 +224,19 @@ def real_field(name: str, default: float, doc: str, *, low: float | None = 0.0, 
 
 
 def int_field(name: str, default: int, doc: str, *, low: int = 0, high: int | None = None, limit: int | None = None,
-              limit_option: str | None = None, limit_why: str = "", bit_menu: BitMenu | None = None) -> Field:
+              limit_option: str | None = None, limit_why: str = "", bit_menu: BitMenu | None = None,
+              scenario_check: Callable[[Any, Any], str | None] | None = None) -> Field:
     """An integer field in ``[low, high]`` (``high=None``: unbounded); ``limit``, ``limit_option``,
-    ``limit_why``: what a scenario bounds it by; ``bit_menu``: offered as bits of a mask (see :class:`Field`)."""
+    ``limit_why``, ``scenario_check``: what a scenario bounds it by; ``bit_menu``: offered as bits of a mask
+    (see :class:`Field`)."""
     return Field(name, "int", default, doc, low=low, high=high, limit=limit, limit_option=limit_option,
-                 limit_why=limit_why, bit_menu=bit_menu)
+                 limit_why=limit_why, bit_menu=bit_menu, scenario_check=scenario_check)
 
 
-def choice_field(name: str, default: str, doc: str, choices: Sequence[str]) -> Field:
-    """A string field taking one of ``choices``."""
-    return Field(name, "choice", default, doc, choices=tuple(choices))
+def choice_field(name: str, default: str, doc: str, choices: Sequence[str], *,
+                 scenario_check: Callable[[Any, Any], str | None] | None = None) -> Field:
+    """A string field taking one of ``choices``; ``scenario_check`` as in :class:`Field`."""
+    return Field(name, "choice", default, doc, choices=tuple(choices), scenario_check=scenario_check)
 
 
 # ---------------------------------------------------------------------------------------------------

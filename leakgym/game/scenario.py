@@ -207,6 +207,13 @@ class Scenario:
 
     # -- menus and spaces ------------------------------------------------------------------------
     @property
+    def public_images(self) -> int:
+        """Images in the public split of the dataset's published training set (:func:`split_counts`)."""
+        from leakgym.data.catalog import dataset_info
+
+        return split_counts(self, dataset_info(self.dataset).train_size)[0]
+
+    @property
     def defender_menu_dims(self) -> Menu:
         """The defender's :class:`~leakgym.game.menus.Menu` (menu entries, then the bits of each bit-mask field)."""
         from leakgym.defenses import defense_field
@@ -381,9 +388,13 @@ _INT_MIN = {"batch_size": 1, "num_clients": 0, "rounds": 1, "local_steps": 1, "e
             "audit_iterations": 0}
 _OPTIONAL_INT_MIN = {"image_size": 8, "model_width": 1}
 #: float field -> (lower bound, lower bound excluded, upper bound, upper bound excluded)
-_FLOATS = {"local_lr": (0.0, True, math.inf, False), "server_lr": (0.0, True, math.inf, False),
+#: The largest float32: the local optimiser's step takes its rate and weight decay as float32 scalars
+#: (torch's ``add(alpha=...)``), and a larger one overflows there (found in an audit: ``local_lr=1e39``
+#: with Adam, or weight decay 1e39, failed every round)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOATS = {"local_lr": (0.0, True, FLOAT32_MAX, False), "server_lr": (0.0, True, math.inf, False),
            "public_fraction": (0.0, True, 1.0, True), "local_momentum": (0.0, False, 1.0, True),
-           "local_weight_decay": (0.0, False, math.inf, False), "local_lr_decay": (0.0, True, 1.0, False)}
+           "local_weight_decay": (0.0, False, FLOAT32_MAX, False), "local_lr_decay": (0.0, True, 1.0, False)}
 _OPTIONAL_FLOATS = {"dirichlet_alpha": (0.0, True, math.inf, False)}
 _BOOLS = ("precode", "known_labels", "allow_large")
 _STRINGS = ("name", "dataset", "model", "update_kind", "threat_model", "leakage_metric", "local_optimizer",
@@ -563,6 +574,20 @@ def _check_fl_protocol(sc: Scenario) -> None:
     if sc.local_lr_schedule != "exponential" and sc.local_lr_decay != 1.0:
         raise ValueError(f"scenario {sc.name!r}: local_lr_decay={sc.local_lr_decay!r} with local_lr_schedule="
                          f"{sc.local_lr_schedule!r}; allowed: 1.0 (the decay is the 'exponential' schedule's)")
+    # Every round's rate must stay a positive float32 (the clients' arithmetic): an exponential decay over many
+    # rounds, or a tiny local_lr, reached 0 there and failed every round from then on (found in an audit).
+    # (scheduled_lr's formulas over every round at once)
+    rnd = np.arange(sc.rounds, dtype=np.float64)
+    rates = {"constant": np.array([sc.local_lr]),
+             "exponential": sc.local_lr * np.power(sc.local_lr_decay, rnd),
+             "cosine": sc.local_lr * (1 + np.cos(np.pi * rnd / sc.rounds)) / 2}[sc.local_lr_schedule]
+    vanished = np.flatnonzero(rates.astype(np.float32) == 0)
+    if vanished.size:
+        rnd = int(vanished[0])
+        raise ValueError(f"scenario {sc.name!r}: the local learning rate of round {rnd + 1} of {sc.rounds} "
+                         f"({rates[rnd]:.3g}: local_lr={sc.local_lr!r}, local_lr_schedule={sc.local_lr_schedule!r}, "
+                         f"local_lr_decay={sc.local_lr_decay!r}) is 0 in float32; allowed: every round's rate "
+                         f">= {float(np.finfo(np.float32).smallest_subnormal):.3g}")
 
 
 def local_optimizer(sc: Scenario):
@@ -666,10 +691,16 @@ def _check_limits(sc: Scenario) -> None:
 
 def _check_option_limits(sc: Scenario) -> None:
     """A defense field bounded by a scenario option (:attr:`~leakgym.defenses.registry.Field.limit_option`:
-    Mixup's k by the batch size): its nonzero menu levels and default may not exceed that option's value."""
+    Mixup's k by the batch size): its nonzero menu levels and default may not exceed that option's value;
+    and each level and default passes the field's own :attr:`~leakgym.defenses.registry.Field.scenario_check`."""
     from leakgym.defenses import defense_fields
 
     for key, spec in defense_fields().items():
+        if spec.scenario_check is not None:
+            for value in dict.fromkeys(_defense_values(sc, key)):
+                why = spec.scenario_check(value, sc)
+                if why:
+                    raise ValueError(f"scenario {sc.name!r}: defender_menu {key}={value!r} {why}")
         if spec.limit_option is None:
             continue
         values = [v for v in _defense_values(sc, key) if v]
