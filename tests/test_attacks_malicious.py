@@ -232,6 +232,27 @@ def test_one_fedavg_step_recovers_what_fedsgd_does(attack, digits):
     assert counts["model_delta"] >= counts["gradient"] - 4, counts
 
 
+def test_trap_weights_widens_its_agreement_tolerance_on_a_model_delta_only_upwards(digits):
+    """(review) The rounding bound widens ``match_tol`` on a model delta; it never narrows a user's wider one
+    (it was capped at 0.5 too), and a gradient keeps ``match_tol`` as it is."""
+    from leakgym.attacks.analytic import layer_gradients
+
+    spec = digits.spec
+    x, y = spec.normalize(digits.train_x[:8]), digits.train_y[:8]
+    for tol in (1e-5, 0.8):
+        a = TrapWeightsAttack(match_tol=tol)
+        model = a.prepare_model(build_model("lenet", spec, seed=0), spec)
+        knowledge = AttackerKnowledge(model=model, spec=spec, batch_size=8)
+        for kind in ("gradient", "model_delta"):
+            update = compute_update(model, x, y, kind=kind, local_steps=1, local_lr=0.1)
+            grads = layer_gradients(update, "trap.linear0.weight", "trap.linear0.bias")
+            _, _, options = a._candidates(update, knowledge, *grads, a._rounding(update, knowledge, *grads))
+            if kind == "gradient" or tol == 0.8:
+                assert options["match_tol"] == tol
+            else:
+                assert 1e-4 < options["match_tol"] < 1e-2  # the median rounding bound (about 1.7e-3 here)
+
+
 def test_trap_weights_config_errors():
     with pytest.raises(ValueError, match="num_neurons"):
         TrapWeightsAttack(num_neurons=0)

@@ -113,16 +113,27 @@ def test_invalid_actions_name_the_value_and_range():
          r"instahide_k=8 mixes 7 public images into each example \(k=8, batch_size=1\); the public split holds 4"),
         ({"defender_menu": {"instahide_k": [0, 200]}}, r"instahide_k=200 mixes 199 public images .* holds 143"),
         ({"update_kind": "model_delta", "local_lr_schedule": "exponential", "local_lr_decay": 0.01, "rounds": 40},
-         r"local learning rate of round 24 of 40 \(1e-47.*is 0 in float32"),
-        ({"update_kind": "model_delta", "local_lr": 1e-46}, r"round 1 of \d+ \(1e-46.* is 0 in float32"),
-        ({"update_kind": "model_delta", "local_weight_decay": 1e39}, r"local_weight_decay=1e\+39; allowed: .*3.40282e\+38\]"),
+         r"local learning rate of the last round, 40 \(1e-79.*is 0 in float32"),
+        ({"update_kind": "model_delta", "local_lr_schedule": "exponential", "local_lr_decay": 0.5, "rounds": 160},
+         r"last round, 160 \(1.37e-49.*is 0 in float32"),
+        ({"update_kind": "model_delta", "local_lr": 1e-46}, r"last round, \d+ \(1e-46.*is 0 in float32"),
+        ({"update_kind": "model_delta", "local_weight_decay": 1e39}, r"local_weight_decay=1e\+39 with .*at most 3.40282e\+38"),
         ({"update_kind": "model_delta", "local_optimizer": "adam", "local_lr": 1e39},
-         r"local_lr=1e\+39; allowed: finite numbers in \(0, 3.40282e\+38\]"),
+         r"local_lr=1e\+39 with update_kind='model_delta'; allowed: at most 3.40282e\+38 \(float32\)"),
+        # (review) a requirement is checked after the value's own type: the field's error, not a TypeError
+        ({"defender_menu": {"instahide_k": [0, "4"]}}, r"instahide_k.*allowed: integers >= 0"),
+        ({"defender_menu": {"ppp": ["off", "bogus"]}}, r"ppp.*allowed: 'off', 'ng', 'gc'"),
     ],
 )
 def test_bad_configurations_are_refused_when_built(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_scenario("digits", **overrides)
+
+
+def test_fedsgd_takes_no_local_rate_so_none_is_refused():
+    """(review) FedSGD shares a gradient: the float32 checks of FedAvg's local rate do not apply to it."""
+    assert load_scenario("digits", local_lr=1e-46).local_lr == 1e-46
+    assert load_scenario("digits", local_lr=1e39).local_lr == 1e39
 
 
 def test_a_default_of_a_menu_field_is_never_played_so_never_refused():

@@ -113,7 +113,7 @@ def _trap_block(num_neurons: int, scale_factor: float, seed: int, spec: DatasetS
 #: 110 / 119, 146 / 144, 146 / 147. Without it (``match_tol`` 1e-5) the LeNet recovered none at lr 0.1 (an
 #: audit: 0 of 80 against 72 from the gradient). A tolerance per candidate (each row's own bound) let the
 #: weak rows' wide bounds join mixtures.
-#: ... and at most this: vectors half their norm apart are not one example's
+#: ... widened to at most this: vectors half their norm apart are not one example's
 MATCH_TOL_MAX = 0.5
 
 
@@ -189,5 +189,5 @@ class TrapWeightsAttack(InputBlockAttack):
         match_tol = cfg.match_tol
         if rounding is not None and rows.numel():  # a model delta: agreement within its rounding
             bound = relative_rounding(rounding[0][rows], rounding[1][rows], weight_grad[rows], bias_grad[rows])
-            match_tol = min(max(match_tol, float(bound.median())), MATCH_TOL_MAX)
+            match_tol = max(match_tol, min(float(bound.median()), MATCH_TOL_MAX))
         return candidates, strength, {"match_tol": match_tol, "require_agreement": cfg.certified_only}

@@ -204,6 +204,9 @@ class Scenario:
         )
         need(self.audit_iterations >= 0, f"audit_iterations={self.audit_iterations}; must be >= 0")
         _validate_menus(self)
+        # after the menus' values and the counts are checked: these read them
+        _check_local_rates(self)
+        _check_requirements(self)
 
     # -- menus and spaces ------------------------------------------------------------------------
     @property
@@ -388,13 +391,13 @@ _INT_MIN = {"batch_size": 1, "num_clients": 0, "rounds": 1, "local_steps": 1, "e
             "audit_iterations": 0}
 _OPTIONAL_INT_MIN = {"image_size": 8, "model_width": 1}
 #: float field -> (lower bound, lower bound excluded, upper bound, upper bound excluded)
-#: The largest float32: the local optimiser's step takes its rate and weight decay as float32 scalars
-#: (torch's ``add(alpha=...)``), and a larger one overflows there (found in an audit: ``local_lr=1e39``
-#: with Adam, or weight decay 1e39, failed every round)
+#: The largest float32: FedAvg's local step takes its rate and weight decay as float32 scalars (torch's
+#: ``add(alpha=...)``), and a larger one overflows there (found in an audit: ``local_lr=1e39`` with Adam, or
+#: weight decay 1e39, failed every round)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-_FLOATS = {"local_lr": (0.0, True, FLOAT32_MAX, False), "server_lr": (0.0, True, math.inf, False),
+_FLOATS = {"local_lr": (0.0, True, math.inf, False), "server_lr": (0.0, True, math.inf, False),
            "public_fraction": (0.0, True, 1.0, True), "local_momentum": (0.0, False, 1.0, True),
-           "local_weight_decay": (0.0, False, FLOAT32_MAX, False), "local_lr_decay": (0.0, True, 1.0, False)}
+           "local_weight_decay": (0.0, False, math.inf, False), "local_lr_decay": (0.0, True, 1.0, False)}
 _OPTIONAL_FLOATS = {"dirichlet_alpha": (0.0, True, math.inf, False)}
 _BOOLS = ("precode", "known_labels", "allow_large")
 _STRINGS = ("name", "dataset", "model", "update_kind", "threat_model", "leakage_metric", "local_optimizer",
@@ -574,20 +577,26 @@ def _check_fl_protocol(sc: Scenario) -> None:
     if sc.local_lr_schedule != "exponential" and sc.local_lr_decay != 1.0:
         raise ValueError(f"scenario {sc.name!r}: local_lr_decay={sc.local_lr_decay!r} with local_lr_schedule="
                          f"{sc.local_lr_schedule!r}; allowed: 1.0 (the decay is the 'exponential' schedule's)")
-    # Every round's rate must stay a positive float32 (the clients' arithmetic): an exponential decay over many
-    # rounds, or a tiny local_lr, reached 0 there and failed every round from then on (found in an audit).
-    # (scheduled_lr's formulas over every round at once)
-    rnd = np.arange(sc.rounds, dtype=np.float64)
-    rates = {"constant": np.array([sc.local_lr]),
-             "exponential": sc.local_lr * np.power(sc.local_lr_decay, rnd),
-             "cosine": sc.local_lr * (1 + np.cos(np.pi * rnd / sc.rounds)) / 2}[sc.local_lr_schedule]
-    vanished = np.flatnonzero(rates.astype(np.float32) == 0)
-    if vanished.size:
-        rnd = int(vanished[0])
-        raise ValueError(f"scenario {sc.name!r}: the local learning rate of round {rnd + 1} of {sc.rounds} "
-                         f"({rates[rnd]:.3g}: local_lr={sc.local_lr!r}, local_lr_schedule={sc.local_lr_schedule!r}, "
-                         f"local_lr_decay={sc.local_lr_decay!r}) is 0 in float32; allowed: every round's rate "
-                         f">= {float(np.finfo(np.float32).smallest_subnormal):.3g}")
+
+
+def _check_local_rates(sc: Scenario) -> None:
+    """FedAvg's local rate and weight decay within float32 (:data:`FLOAT32_MAX`), and every round's scheduled
+    rate a positive float32: an exponential decay over many rounds, or a tiny ``local_lr``, reached 0 there
+    and failed every round from then on (found in an audit). Every schedule decreases over the rounds, so the
+    last round's rate (:func:`round_local_lr`) is the one to check. FedSGD (``update_kind="gradient"``)
+    shares a gradient and uses neither."""
+    if sc.update_kind != "model_delta":
+        return
+    for key in ("local_lr", "local_weight_decay"):
+        if getattr(sc, key) > FLOAT32_MAX:
+            raise ValueError(f"scenario {sc.name!r}: {key}={getattr(sc, key)!r} with update_kind='model_delta'; "
+                             f"allowed: at most {FLOAT32_MAX:.6g} (float32)")
+    last = round_local_lr(sc, sc.rounds - 1)
+    if np.float32(last) == 0:
+        raise ValueError(f"scenario {sc.name!r}: the local learning rate of the last round, {sc.rounds} ({last:.3g}: "
+                         f"local_lr={sc.local_lr!r}, local_lr_schedule={sc.local_lr_schedule!r}, local_lr_decay="
+                         f"{sc.local_lr_decay!r}), is 0 in float32; allowed: every round's rate >= "
+                         f"{float(np.finfo(np.float32).smallest_subnormal):.3g}")
 
 
 def local_optimizer(sc: Scenario):
@@ -692,15 +701,10 @@ def _check_limits(sc: Scenario) -> None:
 def _check_option_limits(sc: Scenario) -> None:
     """A defense field bounded by a scenario option (:attr:`~leakgym.defenses.registry.Field.limit_option`:
     Mixup's k by the batch size): its nonzero menu levels and default may not exceed that option's value;
-    and each level and default passes the field's own :attr:`~leakgym.defenses.registry.Field.scenario_check`."""
+    (:func:`_check_requirements` runs each field's own check)."""
     from leakgym.defenses import defense_fields
 
     for key, spec in defense_fields().items():
-        if spec.scenario_check is not None:
-            for value in dict.fromkeys(_defense_values(sc, key)):
-                why = spec.scenario_check(value, sc)
-                if why:
-                    raise ValueError(f"scenario {sc.name!r}: defender_menu {key}={value!r} {why}")
         if spec.limit_option is None:
             continue
         values = [v for v in _defense_values(sc, key) if v]
@@ -708,6 +712,25 @@ def _check_option_limits(sc: Scenario) -> None:
         if any(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > bound for v in values):
             raise ValueError(f"scenario {sc.name!r}: defender_menu {key}={values} {spec.limit_why} "
                              f"({spec.limit_option}={bound})")
+
+
+def _check_requirements(sc: Scenario) -> None:
+    """Each defense field's :attr:`~leakgym.defenses.registry.Field.scenario_check` on its menu levels and
+    default (PPP needs ``precode=True``; InstaHide's k the public images it mixes in); run after the levels'
+    types and ranges are checked, so a check sees only values its field accepts."""
+    from leakgym.defenses import defense_fields
+
+    for key, spec in defense_fields().items():
+        if spec.scenario_check is None:
+            continue
+        seen: list = []
+        for value in _defense_values(sc, key):
+            if value in seen:
+                continue
+            seen.append(value)
+            why = spec.scenario_check(value, sc)
+            if why:
+                raise ValueError(f"scenario {sc.name!r}: defender_menu {key}={value!r} {why}")
 
 
 def _default_defender_menu() -> dict[str, list[Any]]:
