@@ -45,9 +45,10 @@ forward pre-hook (:func:`insert_input_block`), so ``forward(x, return_kl=...)``,
 identity they return the same values.
 
 FedAvg. After one local step the model delta is ``lr`` times the gradient and the recovery is
-unchanged (the ratio cancels ``lr``) up to the delta's float32 rounding, which the empty-bin test adds to
-``rel_tol`` (:func:`~leakgym.attacks.analytic.delta_rounding`). After several steps the imprint layer's own weights move between
-steps (bins shift by ``lr * dL/db``), and bins become approximate.
+unchanged (the ratio cancels ``lr``) up to the delta's float32 rounding: a bin whose bias difference lies
+within that rounding counts as empty (:func:`~leakgym.attacks.analytic.delta_rounding`). After several
+steps the imprint layer's own weights move between steps (bins shift by ``lr * dL/db``), and bins become
+approximate.
 """
 
 from __future__ import annotations

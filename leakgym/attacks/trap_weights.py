@@ -36,8 +36,8 @@ papers' replacing layer) registered as ``trap``: its parameters are ``trap.linea
 ``trap.linear2.*``.
 
 FedAvg: after one local step the model delta is ``lr`` times the gradient and the recovery is exact up to
-the delta's float32 rounding, which the agreement test adds to ``match_tol``
-(:func:`~leakgym.attacks.analytic.delta_rounding`);
+the delta's float32 rounding, which the agreement test's tolerance allows for (:data:`MATCH_TOL_MAX`,
+:func:`~leakgym.attacks.analytic.delta_rounding`);
 after several, the trap layer's weights move between steps and the recovered vectors are approximate.
 """
 

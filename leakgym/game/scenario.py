@@ -390,11 +390,11 @@ ALLOW_LARGE_FROM_CALLER = ("the documented limits are lifted only by the caller:
 _INT_MIN = {"batch_size": 1, "num_clients": 0, "rounds": 1, "local_steps": 1, "eval_every": 1, "eval_size": 1,
             "audit_iterations": 0}
 _OPTIONAL_INT_MIN = {"image_size": 8, "model_width": 1}
-#: float field -> (lower bound, lower bound excluded, upper bound, upper bound excluded)
 #: The largest float32: FedAvg's local step takes its rate and weight decay as float32 scalars (torch's
 #: ``add(alpha=...)``), and a larger one overflows there (found in an audit: ``local_lr=1e39`` with Adam, or
 #: weight decay 1e39, failed every round)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: float field -> (lower bound, lower bound excluded, upper bound, upper bound excluded)
 _FLOATS = {"local_lr": (0.0, True, math.inf, False), "server_lr": (0.0, True, math.inf, False),
            "public_fraction": (0.0, True, 1.0, True), "local_momentum": (0.0, False, 1.0, True),
            "local_weight_decay": (0.0, False, math.inf, False), "local_lr_decay": (0.0, True, 1.0, False)}
