@@ -88,6 +88,12 @@ def test_preset_that_would_collapse_to_off_is_refused(digits):
     with pytest.raises(ValueError, match=r"noise-0.1.*noise_sigma=0.1 maps to the menu's off value 0.0"):
         preset_action("noise-0.1", coarse)
     assert preset_action("noise-0.1", coarse.replace(defender_menu={"noise_sigma": [0.0, 0.15]})).tolist()[0] == 1
+    # Found in an audit: "off" is the value played, wherever the menu lists it (the check read index 0):
+    # noise-0.1 played no noise on [0.5, 0.0], and prune-0.9 was refused for mapping to 0.99.
+    with pytest.raises(ValueError, match=r"noise-0.1.*noise_sigma=0.1 maps to the menu's off value 0.0"):
+        preset_action("noise-0.1", digits.replace(defender_menu={"noise_sigma": [0.5, 0.0]}))
+    reordered = digits.replace(defender_menu={"prune": [0.99, 0.0]})
+    assert reordered.decode_defender(preset_action("prune-0.9", reordered))["prune"] == 0.99
 
 
 def test_an_attacker_preset_whose_prior_would_collapse_to_off_is_refused(digits):

@@ -196,6 +196,8 @@ def test_policy_metadata_and_spaces_are_checked(saved, tmp_path, monkeypatch):
         ("policy.class", "builtins.eval", "'policy.class' must be 'ActorCriticPolicy'"),
         ("action_space.nvec", [0, 3], "'action_space.nvec' must be"),
         ("action_space", {"n": 0}, "'action_space.n' must be an integer in 1.."),
+        # found in an audit: accepted, then loading indexed the list as an object (a TypeError)
+        ("action_space", [4, 1, 2, 3], r"'action_space' must be an object with 'nvec'"),
         ("action_space", {"n": 6, "nvec": [2, 2]}, "'action_space.nvec' must be a menu whose product is action_space.n = 6"),
         ("observation_space.shape", [2**40], "'observation_space.shape'"),
         ("observation_space.low", [0.0], "'observation_space.low' must be a list of"),

@@ -238,8 +238,10 @@ def _check_metadata(meta: Any, where: Path) -> None:
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bound)):
             raise bad(f"'observation_space.{key}'", f"a list of {size} finite numbers", bound)
     act = meta.get("action_space")
-    flat = isinstance(act, dict) and "n" in act
-    nvec = act.get("nvec") if isinstance(act, dict) else act
+    if not isinstance(act, dict):  # (save_policy writes an object; every reader below takes one)
+        raise bad("'action_space'", "an object with 'nvec' (or 'n' and 'nvec')", act)
+    flat = "n" in act
+    nvec = act.get("nvec")
     if flat:
         n = act["n"]
         if not _int_list([n], low=1, high=MAX_FLAT_ACTIONS, max_len=1):

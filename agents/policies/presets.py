@@ -200,11 +200,20 @@ def _defender_action(preset: Preset, scenario, where: str) -> np.ndarray:
             raise ValueError(f"{where}: {key}={wanted!r} is not in the scenario's menu {key}={values}")
         settings[key] = wanted
     action = scenario.encode_defender(settings)
-    # A switched-on setting must not collapse onto the dimension's "off" value (index 0).
-    for i, key in enumerate(menu):  # the menu's value dimensions come first, in menu order
-        if key in settings and action[i] == 0 and settings[key] != menu[key][0]:
+    # A switched-on defense must not collapse onto its "off" value (its switch field's default): the value
+    # played, wherever the menu lists it (an audit: with noise_sigma=[0.5, 0.0], noise-0.1 played no noise,
+    # and prune-0.9 was refused for mapping to 0.99, "off" only by its index).
+    from leakgym.defenses import DEFENSES, defense_field
+
+    played = scenario.decode_defender(action)
+    for key in settings:
+        if key in scenario.defender_bits or key not in menu:
+            continue
+        spec = defense_field(key)
+        switch = DEFENSES[spec.defense].fields[0].name == key
+        if switch and played[key] == spec.default and preset.settings[key] != spec.default:
             raise ValueError(
-                f"{where}: {key}={settings[key]!r} maps to the menu's off value {menu[key][0]!r} "
+                f"{where}: {key}={preset.settings[key]!r} maps to the menu's off value {played[key]!r} "
                 f"(menu {key}={menu[key]}); the preset would play no defense there"
             )
     return action
