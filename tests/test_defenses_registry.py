@@ -107,12 +107,14 @@ def test_builtin_registry_matches_the_config_and_the_cost_model():
     assert set(DefenseConfig().to_dict()) == set(defenses.defense_fields())
     assert defense_field("censor_fallback").choices == ("zeros", "original", "skip")
     assert defense_field("loda_steps").type is int and defense_field("loda_steps").allowed == "integers >= 1"
-    # Every defense's switch turns it on, alone.
+    # Every shipped defense's switch turns it on, alone (by name: a new defense joins without editing this;
+    # an audit found the positional pairing broke for any defense added as docs/extending.md says).
     switches = {"oasis": 1, "loda_c": 7.0, "mixup_k": 2, "instahide_k": 2, "dcs2_lambda_g": 0.7,
                 "censor_trials": 20, "ppp": "ng", "soteria": 0.5, "prune": 0.5, "topk": 0.5, "clip": 1.0,
                 "clip_value": 0.1, "noise_sigma": 0.1}
-    for (name, defense), (switch, value) in zip(DEFENSES.items(), switches.items()):
-        assert defense.fields[0].name == switch and DefenseConfig(**{switch: value}).active() == [name]
+    for switch, value in switches.items():
+        name = defense_field(switch).defense
+        assert DEFENSES[name].fields[0].name == switch and DefenseConfig(**{switch: value}).active() == [name]
     # The cost model that leakgym/game/feedback.py computed before the registry, term by term.
     cfg = DefenseConfig(dcs2_lambda_g=0.7, dcs2_num_concealed=2, dcs2_steps=10, censor_trials=20, oasis=1 | 8,
                         loda_c=7.0, loda_steps=30, noise_sigma=0.1, soteria=0.5)

@@ -33,6 +33,13 @@ def test_a_toy_defense_is_listed_offered_in_a_menu_played_and_charged(cheap_over
     # unregistered again: the menu no longer validates
     with pytest.raises(ValueError, match="toy_scale"):
         parallel_env("digits", **dict(cheap_overrides, defender_menu={"toy_scale": [1.0, -1.0]}))
+    # and the env built while it was registered refuses the action it already played, as it refuses a new
+    # one (found in an audit: its cached plan reported toy_scale -1.0 and played without it), unchanged
+    state = env.state().copy()
+    for action in ([1], [0]):
+        with pytest.raises(ValueError, match=r"unknown DefenseConfig field\(s\) \['toy_scale'\]"):
+            env.step({"attacker": np.zeros(4, np.int64), "defender": np.array(action)})
+        assert np.array_equal(env.state(), state)
 
 
 

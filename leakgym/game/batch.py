@@ -203,6 +203,9 @@ class GameBatch:
         #: decoded plans by (defender action, attacker action): a plan depends on the actions and the
         #: (fixed) scenario only, so a batch decodes each pair once (plan phase; at most PLAN_CACHE pairs)
         self.plans: dict[tuple[bytes, bytes], RoundPlan] = {}
+        #: the defense registry's generation the plans were decoded under (a defense registered or
+        #: unregistered since: they are decoded again, so a cached plan never plays a defense that is gone)
+        self.plans_generation = -1
         self._signatures: list[tuple[nn.Module, tuple | None] | None] = [None] * size
         self._has_buffers = False
 

@@ -64,7 +64,7 @@ from leakgym.defenses import (
     defense_compute_units,
     reads_public_split,
 )
-from leakgym.defenses.registry import seeded_global_rng
+from leakgym.defenses.registry import registry_generation, seeded_global_rng
 from leakgym.devices import to_host
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.bank import ModelBank
@@ -215,6 +215,11 @@ def plan_one(batch: GameBatch, row: int, defender_action: Any, attacker_action: 
     config, about 0.2 ms a game and step, and a view validates a step's actions before the round plans
     them."""
     defender, attacker = batch.menus["defender"], batch.menus["attacker"]
+    generation = registry_generation()
+    if batch.plans_generation != generation:  # (found in an audit: after an unregister, a cached plan still
+        # reported the gone defense's settings and played without it, while a new action was refused)
+        batch.plans.clear()
+        batch.plans_generation = generation
     if _checked_form(defender_action, defender) and _checked_form(attacker_action, attacker):
         # An int64 array of the menu's shape whose bytes a decoded plan has: that action was checked then.
         out = batch.plans.get((defender_action.tobytes(), attacker_action.tobytes()))
