@@ -36,8 +36,8 @@ papers' replacing layer) registered as ``trap``: its parameters are ``trap.linea
 ``trap.linear2.*``.
 
 FedAvg: after one local step the model delta is ``lr`` times the gradient and the recovery is exact up to
-the delta's float32 rounding, which the agreement test's tolerance allows for (:data:`MATCH_TOL_MAX`,
-:func:`~leakgym.attacks.analytic.delta_rounding`);
+the delta's float32 rounding, which the agreement test's tolerance allows for
+(:func:`~leakgym.attacks.analytic.agreement_tolerance`);
 after several, the trap layer's weights move between steps and the recovered vectors are approximate.
 """
 
@@ -53,8 +53,8 @@ from torch import Tensor, nn
 
 from leakgym.attacks.analytic import (
     InputBlockAttack,
+    agreement_tolerance,
     recover_linear_input,
-    relative_rounding,
 )
 from leakgym.attacks.base import check_integer, check_option_types, check_seed, check_tolerance
 from leakgym.attacks.imprint import ImprintBlock, insert_input_block
@@ -104,17 +104,6 @@ def _trap_block(num_neurons: int, scale_factor: float, seed: int, spec: DatasetS
     std = (spec.denormalize(ones) - spec.denormalize(like)).flatten()
     out = torch.randn((d, num_neurons), generator=generator, dtype=torch.float64) / math.sqrt(d)
     return (weight * std).to(dtype), (weight @ mean).to(dtype), out.to(dtype)
-
-
-#: On a model delta the agreement tolerance is at least the candidates' median relative rounding bound
-#: (:func:`~leakgym.attacks.analytic.relative_rounding`). Recovered images (>= 60 dB) of 20 batches of 8
-#: digits (10 test, 10 train), one FedAvg step, by the share of that median taken: LeNet at lr 0.1 / 0.01
-#: 14 / 12 of 160 at 0.01, 104 / 101 at 0.1, 142 / 103 at 1 (taken), 144 / 88 at 2; ConvNet 103 / 22,
-#: 110 / 119, 146 / 144, 146 / 147. Without it (``match_tol`` 1e-5) the LeNet recovered none at lr 0.1 (an
-#: audit: 0 of 80 against 72 from the gradient). A tolerance per candidate (each row's own bound) let the
-#: weak rows' wide bounds join mixtures.
-#: ... widened to at most this: vectors half their norm apart are not one example's
-MATCH_TOL_MAX = 0.5
 
 
 @dataclass
@@ -186,8 +175,5 @@ class TrapWeightsAttack(InputBlockAttack):
         candidates, rows = recover_linear_input(weight_grad, bias_grad, rel_tol=cfg.rel_tol,
                                                 bias_rounding=None if rounding is None else rounding[1])
         strength = bias_grad.detach().to(torch.float64)[rows].abs()
-        match_tol = cfg.match_tol
-        if rounding is not None and rows.numel():  # a model delta: agreement within its rounding
-            bound = relative_rounding(rounding[0][rows], rounding[1][rows], weight_grad[rows], bias_grad[rows])
-            match_tol = max(match_tol, min(float(bound.median()), MATCH_TOL_MAX))
+        match_tol = agreement_tolerance(cfg.match_tol, rounding, weight_grad, bias_grad, rows)
         return candidates, strength, {"match_tol": match_tol, "require_agreement": cfg.certified_only}
