@@ -44,8 +44,9 @@ Limits, stated plainly:
   clients run BN in eval mode (:func:`leakgym.models.bn_eval_if_single`).
 * FedAvg. For a model delta after one local step, ``w_0 - w_1 = lr * grad``; the ratio is unchanged
   and the recovery stays exact up to the delta's float32 rounding, which the agreement test allows for
-  (:func:`agreement_tolerance`: at lr 0.01 and below it once left no two rows agreeing). After several steps the delta is a sum of gradients at different
-  weights, and the recovered vectors are approximations.
+  (:func:`agreement_tolerance`: at lr 0.01 and below it once left no two rows agreeing). After several
+  steps the delta is a sum of gradients at different weights, and the recovered vectors are
+  approximations.
 
 The attack is deterministic: one "iteration", one "restart".
 """
