@@ -235,7 +235,7 @@ def test_one_fedavg_step_recovers_what_fedsgd_does(attack, digits):
 def test_trap_weights_widens_its_agreement_tolerance_on_a_model_delta_only_upwards(digits):
     """(review) The rounding bound widens ``match_tol`` on a model delta; it never narrows a user's wider one
     (it was capped at 0.5 too), and a gradient keeps ``match_tol`` as it is."""
-    from leakgym.attacks.analytic import layer_gradients
+    from leakgym.attacks.analytic import layer_gradients, layer_rounding
 
     spec = digits.spec
     x, y = spec.normalize(digits.train_x[:8]), digits.train_y[:8]
@@ -246,7 +246,8 @@ def test_trap_weights_widens_its_agreement_tolerance_on_a_model_delta_only_upwar
         for kind in ("gradient", "model_delta"):
             update = compute_update(model, x, y, kind=kind, local_steps=1, local_lr=0.1)
             grads = layer_gradients(update, "trap.linear0.weight", "trap.linear0.bias")
-            _, _, options = a._candidates(update, knowledge, *grads, a._rounding(update, knowledge, *grads))
+            rounding = layer_rounding(update, model, "trap.linear0.weight", "trap.linear0.bias", *grads)
+            _, _, options = a._candidates(update, knowledge, *grads, rounding)
             if kind == "gradient" or tol == 0.8:
                 assert options["match_tol"] == tol
             else:

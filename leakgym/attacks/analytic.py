@@ -88,6 +88,7 @@ __all__ = [
     "find_linear_layer",
     "image_box",
     "layer_gradients",
+    "layer_rounding",
     "recover_linear_input",
     "relative_rounding",
     "select_candidates",
@@ -150,6 +151,20 @@ def delta_rounding(update: SharedUpdate, sent: Tensor, delta: Tensor) -> Tensor 
     eps = torch.finfo(delta.dtype).eps if delta.is_floating_point() else 0.0
     return 2 * eps * (sent.detach().to(device=delta.device, dtype=torch.float64).abs()
                       + delta.detach().to(torch.float64).abs())
+
+
+def layer_rounding(update: SharedUpdate, model: nn.Module, weight_name: str, bias_name: str,
+                   weight_grad: Tensor, bias_grad: Tensor) -> tuple[Tensor, Tensor] | None:
+    """:func:`delta_rounding` of a linear layer's weight and bias (``model``'s parameters as the server sent
+    them), or None for a gradient."""
+    if update.kind != "model_delta":
+        return None
+    params = dict(model.named_parameters())
+    if weight_name not in params or bias_name not in params:
+        raise ValueError(f"the attacker's model has no parameter {weight_name!r} or {bias_name!r}; pass the model "
+                         "returned by prepare_model")
+    return (delta_rounding(update, params[weight_name], weight_grad),
+            delta_rounding(update, params[bias_name], bias_grad))
 
 
 def relative_rounding(weight_rounding: Tensor, bias_rounding: Tensor, weight_grad: Tensor,
@@ -522,12 +537,10 @@ class AnalyticAttack(Attack):
         for update, knowledge, seed in zip(updates, knowledges, seeds):
             layer = find_linear_layer(knowledge.model, knowledge.spec, cfg.layer, seed=seed)
             weight_grad, bias_grad = layer_gradients(update, layer.weight_name, layer.bias_name)
-            rounding = None
-            if update.kind == "model_delta":  # its float32 rounding (delta_rounding; found in an audit: at lr
-                # 0.01 no two rows agreed within match_tol, and certified_only returned nothing)
-                params = dict(knowledge.model.named_parameters())
-                rounding = (delta_rounding(update, params[layer.weight_name], weight_grad),
-                            delta_rounding(update, params[layer.bias_name], bias_grad))
+            # a model delta's float32 rounding (found in an audit: at lr 0.01 no two rows agreed within
+            # match_tol, and certified_only returned nothing)
+            rounding = layer_rounding(update, knowledge.model, layer.weight_name, layer.bias_name, weight_grad,
+                                      bias_grad)
             candidates, rows = recover_linear_input(weight_grad, bias_grad, rel_tol=cfg.rel_tol,
                                                     bias_rounding=None if rounding is None else rounding[1])
             box = image_box(knowledge.spec, device=candidates.device) if layer.on_input else (None, None)
@@ -588,19 +601,7 @@ class InputBlockAttack(Attack):
     ) -> tuple[Tensor, Tensor, dict]:
         """``(candidates (R, d), strength (R,), extra select_candidates options)`` of one update;
         ``rounding``: bounds of the rounding in ``weight_grad`` and ``bias_grad`` entries where the update
-        is a model delta (:func:`delta_rounding`), else None."""
-
-    def _rounding(self, update: SharedUpdate, knowledge: AttackerKnowledge, weight_grad: Tensor,
-                  bias_grad: Tensor) -> tuple[Tensor, Tensor] | None:
-        if update.kind != "model_delta":
-            return None
-        params = dict(knowledge.model.named_parameters())
-        names = (f"{self.layer}.weight", f"{self.layer}.bias")
-        if any(n not in params for n in names):
-            raise ValueError(f"knowledge.model has no parameter {names[0]!r} or {names[1]!r}; pass the model "
-                             "returned by prepare_model")
-        return (delta_rounding(update, params[names[0]], weight_grad),
-                delta_rounding(update, params[names[1]], bias_grad))
+        is a model delta (:func:`layer_rounding`), else None."""
 
     def _reconstruct_batch(
         self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]
@@ -609,7 +610,8 @@ class InputBlockAttack(Attack):
         results = []
         for update, knowledge in zip(updates, knowledges):
             weight_grad, bias_grad = layer_gradients(update, f"{self.layer}.weight", f"{self.layer}.bias")
-            rounding = self._rounding(update, knowledge, weight_grad, bias_grad)
+            rounding = layer_rounding(update, knowledge.model, f"{self.layer}.weight", f"{self.layer}.bias",
+                                      weight_grad, bias_grad)
             candidates, strength, options = self._candidates(update, knowledge, weight_grad, bias_grad, rounding)
             lower, upper = image_box(knowledge.spec, device=candidates.device)
             selection = select_candidates(

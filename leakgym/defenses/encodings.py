@@ -239,10 +239,10 @@ def public_images_per_mix(k: int, batch_size: int) -> int:
 
 def _public_images_suffice(k: int, scenario) -> str | None:
     """A scenario's InstaHide k may mix no more public images than its split holds."""
-    needed = public_images_per_mix(k, scenario.batch_size) if k else 0
-    if needed > scenario.public_images:
+    needed, held = public_images_per_mix(k, scenario.batch_size), scenario.public_images
+    if needed > held:
         return (f"mixes {needed} public images into each example (k={k}, batch_size={scenario.batch_size}); "
-                f"the public split holds {scenario.public_images}")
+                f"the public split holds {held}")
     return None
 
 

@@ -700,7 +700,7 @@ def _check_limits(sc: Scenario) -> None:
 
 def _check_option_limits(sc: Scenario) -> None:
     """A defense field bounded by a scenario option (:attr:`~leakgym.defenses.registry.Field.limit_option`:
-    Mixup's k by the batch size): its nonzero menu levels and default may not exceed that option's value;
+    Mixup's k by the batch size): its nonzero menu levels and default may not exceed that option's value
     (:func:`_check_requirements` runs each field's own check)."""
     from leakgym.defenses import defense_fields
 
@@ -723,11 +723,7 @@ def _check_requirements(sc: Scenario) -> None:
     for key, spec in defense_fields().items():
         if spec.scenario_check is None:
             continue
-        seen: list = []
         for value in _defense_values(sc, key):
-            if value in seen:
-                continue
-            seen.append(value)
             why = spec.scenario_check(value, sc)
             if why:
                 raise ValueError(f"scenario {sc.name!r}: defender_menu {key}={value!r} {why}")
