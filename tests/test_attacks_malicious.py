@@ -232,6 +232,29 @@ def test_one_fedavg_step_recovers_what_fedsgd_does(attack, digits):
     assert counts["model_delta"] >= counts["gradient"] - 4, counts
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("attack", [TrapWeightsAttack, ImprintAttack], ids=["trap-weights", "imprint"])
+def test_one_fedavg_step_recovers_on_cuda_as_on_the_cpu(attack, digits, cuda_device):
+    """The model delta's rounding bound (analytic.layer_rounding) is computed on the update's device: the
+    same batches recover on a GPU as on the CPU (within 4 images of 80, the CPU test's margin)."""
+    spec = digits.spec
+    counts = {}
+    for device in ("cpu", cuda_device):
+        a = attack()
+        model = a.prepare_model(build_model("lenet", spec, seed=0), spec, public_x=digits.train_x[:256]).to(device)
+        knowledge = AttackerKnowledge(model=model, spec=spec, batch_size=8)
+        counts[str(device)] = 0
+        for start in range(0, 80, 8):
+            x, y = digits.train_x[start:start + 8], digits.train_y[start:start + 8]
+            update = compute_update(model, spec.normalize(x).to(device), y.to(device), kind="model_delta",
+                                    local_steps=1, local_lr=0.1)
+            result = a.reconstruct(update, knowledge)
+            assert result.images.device.type == torch.device(device).type
+            psnr = score_reconstruction(spec.denormalize(result.images.cpu()), x).per_image["psnr"]
+            counts[str(device)] += int((psnr >= 60.0).sum())
+    assert counts[str(cuda_device)] >= counts["cpu"] - 4, counts
+
+
 def test_trap_weights_widens_its_agreement_tolerance_on_a_model_delta_only_upwards(digits):
     """(review) The rounding bound widens ``match_tol`` on a model delta; it never narrows a user's wider one
     (it was capped at 0.5 too), and a gradient keeps ``match_tol`` as it is."""
