@@ -18,6 +18,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from leakgym.files import folder_argument
 from leakgym.suggest import did_you_mean
 
 # subcommand -> (module with add_arguments(parser) and main(args), one-line help)
@@ -104,13 +105,6 @@ def _describe(args: argparse.Namespace) -> int:
 
     print(format_description(describe(args.env, parse_overrides(args.overrides))))
     return 0
-
-
-def _folder(text: str) -> Path:
-    """``--out`` of ``demo``: :func:`leakgym.files.folder_argument` (imported when demo is parsed)."""
-    from leakgym.files import folder_argument
-
-    return folder_argument(text)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -219,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "shows its channels, classes and statistics; default: none)")
     desc.set_defaults(func=_describe)
     demo = sub.add_parser("demo", help="small tournament on LeakGym-Digits-v0 (writes payoff + gallery)")
-    demo.add_argument("--out", default="runs/demo", type=_folder, help="output folder")
+    demo.add_argument("--out", default="runs/demo", type=folder_argument, help="output folder")
     demo.add_argument("--episodes", type=int, default=2, help="episodes per pair")
     demo.add_argument("--rounds", type=int, default=4, help="FL rounds per episode")
     demo.add_argument("--resume", action="store_true",

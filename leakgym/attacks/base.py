@@ -271,7 +271,7 @@ def check_option_types(config: Any) -> None:
         # float field too)
         if kind == "bool" and not isinstance(value, (bool, np.bool_)):
             raise ValueError(f"{f.name}={value!r}; allowed: True or False")
-        if kind == "float" and (not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_))
+        if kind == "float" and (not isinstance(value, numbers.Real) or isinstance(value, bool)
                                 or (math.isfinite(value) and abs(value) > REAL_OPTION_MAX)):
             raise ValueError(f"{f.name}={value!r}; allowed: a number of magnitude at most {REAL_OPTION_MAX:g}")
         if isinstance(value, np.generic):

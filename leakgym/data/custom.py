@@ -248,7 +248,8 @@ def _read_folder(root: Path):
     test_name = "val" if "val" in names else "test" if "test" in names else None
     if "train" in names and test_name is not None and class_folders(root / "train"):
         # (loose images here were ignored, where the flat layout refuses them)
-        for folder in (root, root / "train", root / test_name):
+        _refuse_loose(root, loose)
+        for folder in (root / "train", root / test_name):
             _refuse_loose(folder, _loose_images(folder))
         classes = [p.name for p in class_folders(root / "train")]
         test_classes = [p.name for p in class_folders(root / test_name)]

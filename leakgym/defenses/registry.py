@@ -198,7 +198,7 @@ class Field:
             ok = ok and (self.high is None or value <= self.high)
         else:
             try:
-                ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+                ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
             except OverflowError:  # an int beyond float's range (10**400)
                 ok = False
             if ok and self.low is not None:

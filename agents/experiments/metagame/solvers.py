@@ -162,7 +162,7 @@ def _is_degenerate(a: np.ndarray, b: np.ndarray, equilibria: list[tuple[np.ndarr
     """Degenerate if a pure strategy (support 1) has several pure best responses, if some equilibrium
     strategy of support ``k`` has more than ``k`` best responses, or if the count of equilibria is even
     (a nondegenerate game has an odd number: Shapley's index theorem)."""
-    tol = 1e-9
+    tol = TIE_TOLERANCE
     if any(np.sum(b[i] >= b[i].max() - tol) > 1 for i in range(a.shape[0])):
         return True
     if any(np.sum(a[:, j] >= a[:, j].max() - tol) > 1 for j in range(a.shape[1])):
