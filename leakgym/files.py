@@ -187,5 +187,16 @@ def json_safe(v: Any) -> Any:
     return v
 
 
-__all__ = ["LOCK_FILE", "RunFolderBusy", "command_line", "file_digest", "folder_argument", "json_safe", "replacing",
-           "run_folder_lock", "write_atomically"]
+def npz_arrays(archive, keys) -> dict[str, np.ndarray]:
+    """Entries ``keys`` of an open ``np.load(..., allow_pickle=False)`` archive, each a numpy array; a
+    ``ValueError`` names those that are not: numpy hands back the raw bytes of an entry that is not a ``.npy``
+    file (a hand-made or damaged archive)."""
+    arrays = {k: archive[k] for k in keys}
+    raw = sorted(k for k, v in arrays.items() if not isinstance(v, np.ndarray))
+    if raw:
+        raise ValueError(f"entry/entries {raw} are not .npy arrays (np.savez writes them)")
+    return arrays
+
+
+__all__ = ["LOCK_FILE", "RunFolderBusy", "command_line", "file_digest", "folder_argument", "json_safe",
+           "npz_arrays", "replacing", "run_folder_lock", "write_atomically"]

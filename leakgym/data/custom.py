@@ -49,6 +49,7 @@ from leakgym.data.folders import (
     image_header,
     tree_fingerprint,
 )
+from leakgym.files import npz_arrays
 
 __all__ = ["USER_SPLIT_SEED", "USER_TEST_FRACTION", "UserData", "resolve_path", "user_data"]
 
@@ -301,18 +302,14 @@ def _read_npz(path: Path):
         if ("test_images" in keys) != ("test_labels" in keys):
             raise ValueError(f"{path}: 'test_images' and 'test_labels' go together; found {sorted(keys)}")
         try:
-            arrays = {k: archive[k] for k in ("images", "labels", "test_images", "test_labels", "classes") if k in keys}
+            arrays = npz_arrays(archive, [k for k in ("images", "labels", "test_images", "test_labels", "classes")
+                                          if k in keys])
         except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:  # object arrays need pickle: refused
             raise ValueError(f"{path}: an array cannot be read without un-pickling or is damaged "
                              f"({type(exc).__name__}: {exc}); store plain numeric arrays") from None
         except MemoryError:
             raise ValueError(f"{path}: an array's header declares more data than this machine's memory holds; "
                              "the file is damaged or not an .npz dataset") from None
-    # numpy hands back the raw bytes of an entry that is not a .npy file (no header): not an array
-    raw = sorted(k for k, v in arrays.items() if not isinstance(v, np.ndarray))
-    if raw:
-        raise ValueError(f"{path}: entry/entries {raw} are not .npy arrays (np.savez writes them); store plain numeric "
-                         "arrays")
     train_x = _npz_images(path, "images", arrays["images"])
     train_y = _npz_labels(path, "labels", arrays["labels"], len(train_x))
     test_x = test_y = None

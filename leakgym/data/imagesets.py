@@ -67,6 +67,7 @@ from leakgym.data.folders import (
     tree_fingerprint,
 )
 from leakgym.data.sources import DiskSource, RawSplits
+from leakgym.files import npz_arrays
 
 __all__ = ["DECODED_FOLDER", "IMAGE_SOURCES", "SizedSource", "SizedSplits", "read_cached"]
 
@@ -101,7 +102,7 @@ def read_cached(source: SizedSource, directory: Path, image_size: int, root: Pat
     if cache.is_file():
         try:
             with np.load(cache, allow_pickle=False) as stored:
-                train_x, train_y, test_x, test_y = (stored[k] for k in _SPLIT_KEYS)
+                train_x, train_y, test_x, test_y = npz_arrays(stored, _SPLIT_KEYS).values()
             return (torch.from_numpy(train_x).to(torch.float32).div_(255.0), torch.from_numpy(train_y),
                     torch.from_numpy(test_x).to(torch.float32).div_(255.0), torch.from_numpy(test_y))
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):

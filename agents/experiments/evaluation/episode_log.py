@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from leakgym.devices import device_name
-from leakgym.files import json_safe, write_atomically
+from leakgym.files import json_safe, npz_arrays, write_atomically
 
 from .payoff import METRIC_RANGES, METRICS, EpisodeStats, LastRound, PairResult
 from .reporting import OUTPUT_FILES
@@ -283,17 +283,12 @@ class EpisodeLog:
             with np.load(path, allow_pickle=False) as data:
                 if str(data["attacker"]) != attacker or str(data["defender"]) != defender:
                     return None
-                last = LastRound(originals=data["originals"], matched=data["matched"], ssim=data["ssim"],
-                                 psnr=data["psnr"], labels=data["labels"] if "labels" in data.files else None,
-                                 lpips=data["lpips"] if "lpips" in data.files else None)
-        except (OSError, EOFError, KeyError, ValueError, MemoryError, zipfile.BadZipFile):
+                arrays = npz_arrays(data, ("originals", "matched", "ssim", "psnr")
+                                    + (("labels",) if "labels" in data.files else ()))
+                lpips = data["lpips"] if "lpips" in data.files else None
+                last = LastRound(**{"labels": None, **arrays}, lpips=lpips if isinstance(lpips, np.ndarray) else None)
+        except (OSError, EOFError, KeyError, ValueError, MemoryError, zipfile.BadZipFile):  # (raw bytes: npz_arrays)
             return None
-        # (numpy hands back the raw bytes of an entry that is not a .npy file)
-        if not all(isinstance(a, np.ndarray) for a in (last.originals, last.matched, last.ssim, last.psnr)) \
-                or not isinstance(last.labels, (np.ndarray, type(None))):
-            return None
-        if not isinstance(last.lpips, (np.ndarray, type(None))):
-            last.lpips = None
         per_image = (len(last.originals),)
         ok = (all(a.dtype.kind == "f" for a in (last.originals, last.matched, last.ssim, last.psnr))
               and last.originals.ndim == 4 and last.matched.shape == last.originals.shape
