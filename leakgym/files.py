@@ -150,13 +150,20 @@ def run_folder_lock(folder: str | os.PathLike[str], command: str) -> Iterator[Pa
 
 
 def folder_argument(text: str) -> Path:
-    """``argparse`` type of ``--out``: a folder path, not empty. ``Path("")`` is the current directory, so an
+    """``argparse`` type of ``--out``: a folder path, not empty, with no file in its way (the path itself or a
+    parent). ``Path("")`` is the current directory, so an
     empty ``--out`` (an unset shell variable) wrote a run's files, and removed an earlier run's stale ones,
     in whatever directory the command ran from."""
     if not str(text).strip():
         raise argparse.ArgumentTypeError(f"{text!r} names no folder; allowed: a folder path (e.g. runs/eval, or . for "
                                          "the current directory)")
-    return Path(text)
+    folder = Path(text)
+    # a file in the way was an OSError later ("[Errno 17] File exists"), after the command's other checks
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(blocker)!r} is a file, not a folder; allowed: a folder path "
+                                         "(made if missing)")
+    return folder
 
 
 def command_line(argv: list[str] | None = None) -> str:

@@ -55,6 +55,21 @@ def test_an_empty_out_is_refused_by_the_parser(tmp_path, monkeypatch, capsys, co
     assert list(tmp_path.iterdir()) == []
 
 
+
+@pytest.mark.parametrize("command", [["eval"], ["train"], ["selfplay"], ["metagame"], ["reproduce", "dcs2"], ["demo"]])
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_out_with_a_file_in_its_way_is_refused_by_the_parser(tmp_path, capsys, command, inside):
+    """An --out that is a file, or lies under one, was an OSError ("[Errno 17] File exists") once the command
+    made its folder, after its other checks; reproduce alone refused it, in its own words."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    out = a_file / "run" if inside else a_file
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument --out: {str(out)!r}: {str(a_file)!r} is a file, not a folder" in err, err
+    assert a_file.read_text() == "x"
+
 def test_demo_takes_the_resume_its_interrupt_message_asks_for(tmp_path, monkeypatch):
     """Found in an audit: Ctrl-C in `leakgym demo` said "run the same command with --resume" (eval's words),
     which demo refused as an unknown argument; it passes --resume on to its evaluation now."""

@@ -108,8 +108,6 @@ def main(args: argparse.Namespace) -> int:
     if args.rerender and given:
         raise ValueError(f"--rerender rewrites the tables of the run recorded in <out>/reproduce_<paper>.json; "
                          f"{', '.join(dict.fromkeys(given))} cannot change it (run without --rerender to run with them)")
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out={str(args.out)!r} is a file; allowed: a folder (made if missing)")
     resume = getattr(args, "resume", False)
     failed = False
     for done, name in enumerate(names):
