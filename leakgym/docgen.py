@@ -124,7 +124,7 @@ def _short(sources: dict[str, tuple[str, str]], name: str) -> str:
 
 # ------------------------------------------------------------------ environments
 def _summary(gym_id: str) -> dict[str, str]:
-    from leakgym.data.sources import SOURCES
+    from leakgym.data.loading import disk_source
     from leakgym.envs.describe import describe
     from leakgym.game.scenario import load_scenario
 
@@ -145,7 +145,7 @@ def _summary(gym_id: str) -> dict[str, str]:
         "model": f"{sc.model}{' + PRECODE' if sc.precode else ''}",
         "server": sc.threat_model,
         "episode": f"{sc.rounds} rounds (truncation)",
-        "offline": "yes (bundled with scikit-learn)" if sc.dataset not in SOURCES else "no: needs the dataset files",
+        "offline": "yes (bundled with scikit-learn)" if disk_source(sc.dataset) is None else "no: needs the dataset files",
     }
 
 
@@ -196,7 +196,7 @@ def _starting_state(gym_id: str) -> list[str]:
 
 def _data_requirements(gym_id: str) -> list[str]:
     from leakgym.data.catalog import dataset_info
-    from leakgym.data.sources import SOURCES
+    from leakgym.data.loading import disk_source
     from leakgym.envs.describe import describe
     from leakgym.game.scenario import load_scenario
 
@@ -205,14 +205,20 @@ def _data_requirements(gym_id: str) -> list[str]:
     lines = ["## Data requirements", "", (f"Dataset `{sc.dataset}`: {info.source}; {info.num_classes} classes, "
              f"{info.train_size:,} training images of {info.native_size}×{info.native_size} px, "
              f"{info.channels} channel(s).")]
-    if sc.dataset not in SOURCES:
+    source = disk_source(sc.dataset)
+    if source is None:
         lines += ["", "Works offline: the images ship with scikit-learn, nothing is downloaded."]
-    else:
-        hint = SOURCES[sc.dataset].layout_hint(Path("$LEAKGYM_DATA"))
+    elif source.downloadable:
+        hint = source.layout_hint(Path("$LEAKGYM_DATA"))
         lines += ["", ("Not bundled. On first use the files are looked for under `root=` / `$LEAKGYM_DATA` / "
                        "`~/.cache/leakgym` and, when missing, downloaded and checked against their official "
                        "MD5 digests; without network access the environment raises `DatasetUnavailableError` "
                        f"saying where it looked. To provide them by hand: {hint}.")]
+    else:
+        hint = source.layout_hint(Path("$LEAKGYM_DATA"))
+        lines += ["", ("Not bundled, and not downloaded: the files are looked for under `root=` / `$LEAKGYM_DATA` / "
+                       "`~/.cache/leakgym`; when missing, the environment raises `DatasetUnavailableError` saying "
+                       f"where it looked. To provide them: {hint}.")]
     return [*lines, ""]
 
 
@@ -256,13 +262,11 @@ def render_frame(gym_id: str, path: Path) -> None:
 def offline(gym_id: str) -> bool:
     """Whether ``gym_id``'s dataset needs no files on disk (the bundled digits; not the downloadable or
     user-provided datasets of :data:`~leakgym.data.sources.SOURCES` and :data:`~leakgym.data.imagesets.IMAGE_SOURCES`)."""
-    from leakgym.data.imagesets import IMAGE_SOURCES
-    from leakgym.data.sources import SOURCES
+    from leakgym.data.loading import disk_source
     from leakgym.envs.describe import describe
     from leakgym.game.scenario import load_scenario
 
-    dataset = load_scenario(describe(gym_id)["scenario"]).dataset
-    return dataset not in SOURCES and dataset not in IMAGE_SOURCES
+    return disk_source(load_scenario(describe(gym_id)["scenario"]).dataset) is None
 
 
 def write_env_pages(folder: str | Path, frames: bool = True) -> list[Path]:

@@ -55,6 +55,21 @@ def test_offline_a_papers_scenario_says_where_it_looked_and_what_to_put_there(of
     assert "To provide it: " in message
 
 
+
+@pytest.mark.parametrize("gym_id", sorted(PAPER_SCENARIOS))
+def test_a_papers_env_page_says_it_needs_its_dataset_files(gym_id):
+    """Found in an audit: the generated pages of these five said "offline: yes (bundled with scikit-learn)" and
+    "Works offline", while each raises DatasetUnavailableError without its files (the page generator looked
+    up the downloadable sources only, not the image sources)."""
+    from leakgym.docgen import _data_requirements, _summary, offline
+
+    assert not offline(gym_id)
+    assert _summary(gym_id)["offline"] == "no: needs the dataset files"
+    text = "\n".join(_data_requirements(gym_id))
+    assert "Works offline" not in text and "DatasetUnavailableError" in text
+    downloads = "downloaded and checked against their official MD5 digests" in text
+    assert downloads == (PAPER_SCENARIOS[gym_id][0] in ("svhn", "imagenette")), text
+
 def test_offline_the_cli_reports_a_missing_dataset_as_a_user_error(offline, capsys, tmp_path):
     code = main(["eval", "--env", "LeakGym-SVHN-v0", "--attackers", "random", "--defenders", "none",
                  "--episodes", "1", "--out", str(tmp_path / "out"), "--overrides", "rounds=1"])

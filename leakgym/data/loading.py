@@ -28,7 +28,7 @@ from leakgym.data.imagesets import IMAGE_SOURCES, SizedSource, read_cached
 from leakgym.data.sources import SOURCES, DiskSource
 from leakgym.data.spec import DatasetSpec
 
-__all__ = ["DEFAULT_DATA_ROOT", "Dataset", "DatasetUnavailableError", "data_root", "load_dataset"]
+__all__ = ["DEFAULT_DATA_ROOT", "Dataset", "DatasetUnavailableError", "data_root", "disk_source", "load_dataset"]
 
 #: Data root used when neither ``root=`` nor ``$LEAKGYM_DATA`` is given.
 DEFAULT_DATA_ROOT = Path("~/.cache/leakgym")
@@ -103,6 +103,13 @@ def data_root(root: str | os.PathLike[str] | None = None) -> Path:
     return Path(root).expanduser()
 
 
+
+def disk_source(name: str) -> DiskSource | None:
+    """The on-disk source of a named dataset that is looked for under the data root and downloaded when
+    it can be (:data:`~leakgym.data.sources.SOURCES`, :data:`~leakgym.data.imagesets.IMAGE_SOURCES`);
+    None for the bundled digits and for a user's dataset path."""
+    return SOURCES.get(name) or IMAGE_SOURCES.get(name)
+
 def load_dataset(
     name: str,
     *,
@@ -130,10 +137,10 @@ def load_dataset(
     spec = dataset_spec(name, image_size)
     if name == "digits":
         return Dataset(spec, *load_digits_split(spec.image_size))
-    if name not in SOURCES and name not in IMAGE_SOURCES:  # a path (dataset_info resolved and read it)
+    source = disk_source(name)
+    if source is None:  # a path (dataset_info resolved and read it)
         return _user_dataset(spec, info.name)
 
-    source: DiskSource = SOURCES[name] if name in SOURCES else IMAGE_SOURCES[name]
     base = data_root(root)
     searched = [(d, source.missing_files(d)) for d in source.candidates(base)]
     directory = next((d for d, missing in searched if not missing), None)
