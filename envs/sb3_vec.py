@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from .checks import check_seed
 from .vector import LeakGymVectorEnv
 
 
@@ -78,6 +79,11 @@ class LeakGymSB3VecEnv(VecEnv):
         self._actions: np.ndarray | None = None
 
     # -- SB3 VecEnv API ------------------------------------------------------------------------------
+    def seed(self, seed: int | None = None) -> Sequence[int | None]:
+        """SB3's ``seed``: game ``i`` is seeded ``seed + i`` at the next reset. ``seed`` is checked here, as
+        every view checks it (SB3's own took ``True`` for 1 and failed on ``"0"`` with its own TypeError)."""
+        return super().seed(check_seed(seed))
+
     def reset(self) -> VecEnvObs:
         seeds = None if all(s is None for s in self._seeds) else list(self._seeds)
         obs, infos = self.venv.reset(seed=seeds)
@@ -146,6 +152,7 @@ def make_sb3_vec(env_id: str = "LeakGym-Digits-v0", num_envs: int = 1, *, seed: 
     """
     if not isinstance(env_id, str):
         raise ValueError(f"env_id={env_id!r}; expected a LeakGym Gymnasium id such as 'LeakGym-Digits-v0'")  # noqa: TRY004
+    check_seed(seed)  # (before the games are built)
     from .registration import registered_ids
 
     if env_id not in registered_ids():

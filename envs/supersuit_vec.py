@@ -6,8 +6,11 @@ agent of every game is one slot, so one shared policy plays both roles::
     from stable_baselines3 import PPO
     from leakgym.envs import supersuit_vec_env
 
-    venv = supersuit_vec_env("digits", num_envs=4, invalid_action="raise", **overrides)  # 8 slots
-    PPO("MlpPolicy", venv).learn(10_000)
+    # an attacker menu as large as the defender's 144 flat actions: one shared Discrete(144), no padding
+    menu = {"strategy": ["inverting-gradients", "dlg", "prior-init", "gradinversion"],
+            "iterations": [20, 60, 150], "restarts": [1, 2, 4, 8], "tv": [0.0, 1e-4, 1e-2]}
+    venv = supersuit_vec_env("digits", num_envs=4, attacker_menu=menu)  # 8 slots
+    PPO("MlpPolicy", venv, seed=0).learn(10_000)
 
 It needs four wrappers in order (flat ``Discrete`` actions, padded observations, an agent indicator,
 ``pettingzoo_env_to_vec_env_v1`` and ``concat_vec_envs_v1``), and every agent's action space must be
@@ -17,24 +20,56 @@ so a shared policy's attacker action 100 would silently play attacker action 0. 
 remaps: with ``invalid_action="refuse"`` (the default) it refuses unequal menus with a ``ValueError``
 naming both sizes; with ``invalid_action="raise"`` it pads the smaller menu (:class:`PaddedFlatActions`)
 and a padded action raises ``ValueError`` at ``step``, naming the agent, the action and its range (use
-it with a policy that masks or never samples those actions). Menus of equal size (``attacker_menu`` /
-``defender_menu`` overrides) need neither.
+it with a policy that masks or never samples those actions: an unmasked PPO samples the padding). Menus
+of equal size (``attacker_menu`` / ``defender_menu`` overrides, as above) need neither.
+
+A vector step checks every slot's action before any game plays (:class:`SlotActions`), so a refused step
+leaves every game as it was; SuperSuit steps the games one after another, and a bad action in game 1
+used to be refused after game 0 had played its round. With ``base_class="stable_baselines3"`` the env
+takes SB3's seeding (``PPO(..., seed=s)`` or ``venv.seed(s)``, then
+``reset()``; game ``i`` gets ``s + i``), which SuperSuit's own SB3 wrapper lacks (its ``seed`` calls a
+method ``ConcatVecEnv`` does not have).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import gymnasium
 import numpy as np
 from gymnasium import spaces
 from pettingzoo.utils.wrappers import BaseParallelWrapper
 
+from leakgym.checks import is_integer
+from leakgym.game.menus import FlatActions
 from leakgym.game.scenario import Scenario
 
+from .checks import check_seed
 from .leakgym_env import LeakGymParallelEnv, parallel_env
 
 #: what :func:`supersuit_vec_env` does when the roles' flat menus differ in size
 INVALID_ACTION_MODES = ("refuse", "raise")
+#: the vector env :func:`supersuit_vec_env` returns
+BASE_CLASSES = ("stable_baselines3", "gymnasium")
+
+
+def padding_refusal(menu_sizes: dict[str, int], agent: str, action: Any) -> str | None:
+    """Why ``agent``'s ``action`` is a padding action of the shared ``Discrete(max(menu_sizes))`` (in it, but
+    past the agent's own menu), or None. Anything else wrong with it is left to the env's own check."""
+    n = menu_sizes.get(agent)
+    if n is None:
+        return None
+    try:
+        arr = np.asarray(action)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if (arr.size == 1 and arr.dtype.kind in "iuf" and np.isfinite(arr).all()
+            and n <= int(arr.reshape(-1)[0]) < max(menu_sizes.values())):
+        others = ", ".join(f"{a} ({m})" for a, m in menu_sizes.items() if a != agent)
+        return (f"{agent} flat action {int(arr.reshape(-1)[0])} is a padding action: the {agent}'s menu has {n} "
+                f"actions (0..{n - 1}); the padded space Discrete({max(menu_sizes.values())}) is shared with {others}")
+    return None
 
 
 class PaddedFlatActions(BaseParallelWrapper):
@@ -60,19 +95,85 @@ class PaddedFlatActions(BaseParallelWrapper):
         # Only a known agent's action can be a padding action; anything else (not a dict, an unknown agent, an
         # action numpy cannot read) is left to the env's own check, which names what is allowed.
         for agent, action in (actions.items() if isinstance(actions, dict) else ()):
-            n = self.menu_sizes.get(agent)
-            if n is None:
-                continue
-            try:
-                arr = np.asarray(action)
-            except (TypeError, ValueError, RuntimeError):
-                continue
-            if arr.size == 1 and arr.dtype.kind in "iuf" and np.isfinite(arr).all() and int(arr.reshape(-1)[0]) >= n:
-                raise ValueError(
-                    f"{agent} flat action {int(arr.reshape(-1)[0])} is a padding action: the {agent}'s menu has "
-                    f"{n} actions (0..{n - 1}); the padded space Discrete({self._space.n}) is shared with "
-                    f"{', '.join(f'{a} ({m})' for a, m in self.menu_sizes.items() if a != agent)}")
+            refusal = padding_refusal(self.menu_sizes, agent, action)
+            if refusal is not None:
+                raise ValueError(refusal)
         return self.env.step(actions)
+
+
+class SlotActions:
+    """The check of one vector step's actions, slot ``k`` being agent ``agents[k % len(agents)]`` of game
+    ``k // len(agents)``: one action per slot, none a padding action, each one its agent's menu accepts.
+    ``ValueError`` naming the slot before any game plays (SuperSuit steps the games one after another)."""
+
+    def __init__(self, env: LeakGymParallelEnv, num_slots: int) -> None:
+        self.agents = list(env.possible_agents)
+        self.num_slots = num_slots
+        self.menus = {a: FlatActions(env.scenario.menu(a)) for a in self.agents}
+        self.menu_sizes = {a: m.n for a, m in self.menus.items()}
+
+    def check(self, actions: Any) -> None:
+        try:
+            slots = list(np.asarray(actions).reshape(-1)) if isinstance(actions, np.ndarray) else list(actions)
+        except TypeError:
+            raise ValueError(f"actions={actions!r}; allowed: one flat action per slot ({self.num_slots} "
+                             "slots)") from None
+        if len(slots) != self.num_slots:
+            raise ValueError(f"{len(slots)} actions for {self.num_slots} slots ({self.num_slots // len(self.agents)} "
+                             f"games x {self.agents}); allowed: one flat action per slot")
+        for k, action in enumerate(slots):
+            agent = self.agents[k % len(self.agents)]
+            try:
+                refusal = padding_refusal(self.menu_sizes, agent, action)
+                if refusal is not None:
+                    raise ValueError(refusal)
+                self.menus[agent].to_multi(action)
+            except ValueError as err:
+                raise ValueError(f"slot {k} (game {k // len(self.agents)}'s {agent}): {err}") from None
+
+
+class CheckedSlotsVecEnv(gymnasium.vector.VectorWrapper):
+    """SuperSuit's Gymnasium vector env whose ``step`` checks every slot's action first (:class:`SlotActions`)."""
+
+    def __init__(self, env: gymnasium.vector.VectorEnv, slots: SlotActions) -> None:
+        super().__init__(env)
+        self.slots = slots
+
+    def step(self, actions: Any):
+        self.slots.check(actions)
+        return self.env.step(actions)
+
+
+def _sb3_vec_env(venv: gymnasium.vector.VectorEnv, slots: SlotActions):
+    """SuperSuit's SB3 wrapper of ``venv`` with SB3's seeding and the slot check (:class:`SeededSB3VecEnv`)."""
+    from supersuit.vector.sb3_vector_wrapper import SB3VecEnvWrapper
+
+    class SeededSB3VecEnv(SB3VecEnvWrapper):
+        """SuperSuit's ``SB3VecEnvWrapper`` with SB3's seeding: ``seed(s)`` takes effect at the next ``reset()``
+        (game ``i`` gets ``s + i``), as SB3's own vector envs do; ``step_async`` checks every slot's action
+        before any game plays."""
+
+        def __init__(self, venv: gymnasium.vector.VectorEnv) -> None:
+            super().__init__(venv)
+            self.slots = slots
+            self._next_seed: int | None = None
+
+        def seed(self, seed: int | None = None) -> Sequence[int | None]:
+            self._next_seed = check_seed(seed)
+            return [None if seed is None else self._next_seed + k // len(slots.agents) for k in range(self.num_envs)]
+
+        def reset(self, seed: int | None = None, options: dict | None = None):
+            if seed is not None:
+                self.seed(seed)
+            seed, self._next_seed = self._next_seed, None
+            observations, self.reset_infos = self.venv.reset(seed=seed, options=options)
+            return observations
+
+        def step_async(self, actions: Any) -> None:
+            self.slots.check(actions)
+            self.venv.step_async(actions)
+
+    return SeededSB3VecEnv(venv)
 
 
 def supersuit_vec_env(scenario: str | Scenario = "digits", num_envs: int = 1, *, invalid_action: str = "refuse",
@@ -98,6 +199,12 @@ def supersuit_vec_env(scenario: str | Scenario = "digits", num_envs: int = 1, *,
         raise ImportError("supersuit_vec_env needs SuperSuit: pip install 'supersuit>=3.9'") from exc
     if invalid_action not in INVALID_ACTION_MODES:
         raise ValueError(f"invalid_action={invalid_action!r}; allowed: {INVALID_ACTION_MODES}")
+    if not is_integer(num_envs) or num_envs < 1:
+        raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
+    if not is_integer(num_cpus) or num_cpus < 0:
+        raise ValueError(f"num_cpus={num_cpus!r}; allowed: integers >= 0 (0: every game in this process)")
+    if base_class not in BASE_CLASSES:
+        raise ValueError(f"base_class={base_class!r}; allowed: {BASE_CLASSES}")
     if overrides.get("flat_actions", True) is not True:
         raise ValueError("supersuit_vec_env always uses flat actions (SuperSuit pads Discrete spaces only); "
                          "do not pass flat_actions=False")
@@ -114,11 +221,14 @@ def supersuit_vec_env(scenario: str | Scenario = "digits", num_envs: int = 1, *,
                 "raises at step), give the menus equal sizes (attacker_menu/defender_menu overrides), or train "
                 "one role on gym.make / make_sb3_vec")
         env = PaddedFlatActions(env)
+    slots = SlotActions(env.unwrapped, 2 * int(num_envs))
     env = ss.pad_observations_v0(env)
     if agent_indicator:
         env = ss.agent_indicator_v0(env)
     venv = ss.pettingzoo_env_to_vec_env_v1(env)
-    return ss.concat_vec_envs_v1(venv, num_envs, num_cpus=num_cpus, base_class=base_class)
+    venv = ss.concat_vec_envs_v1(venv, int(num_envs), num_cpus=int(num_cpus), base_class="gymnasium")
+    return _sb3_vec_env(venv, slots) if base_class == "stable_baselines3" else CheckedSlotsVecEnv(venv, slots)
 
 
-__all__ = ["INVALID_ACTION_MODES", "PaddedFlatActions", "supersuit_vec_env"]
+__all__ = ["BASE_CLASSES", "INVALID_ACTION_MODES", "CheckedSlotsVecEnv", "PaddedFlatActions", "SlotActions",
+           "padding_refusal", "supersuit_vec_env"]

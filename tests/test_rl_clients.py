@@ -134,6 +134,20 @@ def test_make_sb3_vec_feeds_ppo(cheap_overrides):
         make_sb3_vec(ID, 2, autoreset_mode="SameStep", **cheap_overrides)
 
 
+
+@pytest.mark.parametrize("seed", [True, "0", -1, 1.5])
+def test_make_sb3_vec_checks_its_seed_as_every_view(cheap_overrides, seed):
+    """Found in an audit: seed=True played as seed 1, "0" was SB3's own TypeError, and -1 was accepted when
+    built and refused only at the first reset."""
+    from leakgym.envs import make_sb3_vec
+
+    with pytest.raises(ValueError, match=rf"seed={seed!r}; allowed: None or an integer >= 0"):
+        make_sb3_vec(ID, 2, seed=seed, opponent="random", **cheap_overrides)
+    venv = make_sb3_vec(ID, 2, opponent="random", **cheap_overrides)
+    with pytest.raises(ValueError, match=rf"seed={seed!r}; allowed"):
+        venv.seed(seed)  # (what PPO(..., seed=...) calls)
+    venv.close()
+
 # -- SuperSuit ----------------------------------------------------------------------------------------
 #: a defender menu as large as the cheap attacker menu (2 x 2 x 1 x 2 = 8 flat actions)
 EQUAL_MENUS = {"defender_menu": {"noise_sigma": [0.0, 0.1], "prune": [0.0, 0.9], "censor_trials": [0, 5]},
@@ -192,10 +206,96 @@ def test_supersuit_recipe_feeds_sb3_ppo_with_equal_menus(cheap_overrides):
 
     venv = supersuit_vec_env("digits", 2, **_game(cheap_overrides), **EQUAL_MENUS)  # refuse: sizes are equal
     assert venv.num_envs == 4 and venv.action_space.n == 8
-    set_random_seed(0)  # SuperSuit's vector env has no seed() for SB3 to call
+    set_random_seed(0)
     model = PPO("MlpPolicy", venv, n_steps=4, batch_size=8, n_epochs=1, device="cpu")
     model.learn(16)
     assert model.num_timesteps == 16
+    venv.close()
+
+
+def test_supersuit_recipe_takes_sb3_seeding(cheap_overrides):
+    """Found in an audit: SuperSuit's SB3 wrapper seeds through ConcatVecEnv.seed, which does not exist, so
+    ``PPO(..., seed=0)`` and ``reset(seed=0)`` were AttributeErrors and every run drew fresh entropy."""
+    _needs("supersuit")
+    from stable_baselines3 import PPO
+
+    from leakgym.envs import supersuit_vec_env
+
+    def first_observations(seed):
+        venv = supersuit_vec_env("digits", 2, invalid_action="raise", **_game(cheap_overrides))
+        assert venv.seed(seed) == [seed, seed, seed + 1, seed + 1]  # game i gets seed + i, in both its slots
+        obs = venv.reset()
+        venv.close()
+        return obs
+
+    np.testing.assert_array_equal(first_observations(3), first_observations(3))
+    assert not np.array_equal(first_observations(3), first_observations(4))
+    venv = supersuit_vec_env("digits", 2, **_game(cheap_overrides), **EQUAL_MENUS)
+    PPO("MlpPolicy", venv, n_steps=4, batch_size=8, n_epochs=1, seed=0, device="cpu").learn(8)
+    for bad in (True, -1, "0"):
+        with pytest.raises(ValueError, match=rf"seed={bad!r}; allowed: None or an integer >= 0"):
+            venv.seed(bad)
+    venv.close()
+
+
+@pytest.mark.parametrize("base_class", ["stable_baselines3", "gymnasium"])
+def test_supersuit_recipe_refuses_a_bad_slot_before_any_game_plays(cheap_overrides, base_class):
+    """Found in an audit: SuperSuit steps the games one after another, so a padded (or any bad) action in
+    game 1 was refused after game 0 had played its round, and the games were out of step from then on."""
+    _needs("supersuit")
+    from leakgym.envs import supersuit_vec_env
+
+    venv = supersuit_vec_env("digits", 2, invalid_action="raise", base_class=base_class, **_game(cheap_overrides))
+    venv.reset() if base_class == "stable_baselines3" else venv.reset(seed=0)
+    games = (venv.venv if base_class == "stable_baselines3" else venv.env).vec_envs
+
+    def rounds():
+        return [g.par_env.unwrapped.round for g in games]
+
+    step = venv.step if base_class == "gymnasium" else (lambda a: (venv.step_async(a), venv.step_wait()))
+    for bad, message in (([0, 0, 100, 0], r"slot 2 \(game 1's attacker\): attacker flat action 100 is a padding"),
+                         ([0, 0, 0, 144], r"slot 3 \(game 1's defender\): .*defender flat action 144; allowed range"),
+                         ([0, 0, 0, -1], r"slot 3 .*flat action -1"),
+                         ([0, 0, 0], r"3 actions for 4 slots")):
+        with pytest.raises(ValueError, match=message):
+            step(np.array(bad))
+        assert rounds() == [0, 0]
+    step(np.array([7, 143, 0, 0]))
+    assert rounds() == [1, 1]
+    venv.close()
+
+
+@pytest.mark.parametrize(("keyword", "value", "allowed"), [("num_envs", 0, "integers >= 1"),
+                                                          ("num_envs", 1.5, "integers >= 1"),
+                                                          ("num_envs", True, "integers >= 1"),
+                                                          ("num_cpus", -1, "integers >= 0"),
+                                                          ("base_class", "stable_baselines", "'stable_baselines3'")])
+def test_supersuit_recipe_checks_its_arguments(cheap_overrides, keyword, value, allowed):
+    """num_envs=0 was an IndexError and 1.5 a TypeError, from inside SuperSuit after the env was built."""
+    _needs("supersuit")
+    from leakgym.envs import supersuit_vec_env
+
+    kwargs = {"num_envs": 2, keyword: value}
+    with pytest.raises(ValueError, match=rf"{keyword}={value!r}; allowed: .*{allowed}"):
+        supersuit_vec_env("digits", invalid_action="raise", **kwargs, **_game(cheap_overrides))
+
+
+def test_supersuit_docstring_example_trains(cheap_overrides):
+    """The module's example (equal menus, PPO seeded) runs; it used invalid_action='raise' with an unmasked PPO,
+    which samples the padding and failed in its first rollout."""
+    _needs("supersuit")
+    import ast
+    import re
+
+    from stable_baselines3 import PPO
+
+    import leakgym.envs.supersuit_vec as module
+    from leakgym.envs import supersuit_vec_env
+
+    menu = ast.literal_eval(re.search(r"menu = (\{.*?\})\n", module.__doc__, re.DOTALL).group(1))
+    venv = supersuit_vec_env("digits", num_envs=1, attacker_menu=menu, num_clients=1, eval_size=32, max_cycles=2)
+    assert venv.action_space.n == 144
+    PPO("MlpPolicy", venv, n_steps=4, batch_size=4, n_epochs=1, seed=0, device="cpu").learn(4)
     venv.close()
 
 
