@@ -161,8 +161,8 @@ def folder_argument(text: str) -> Path:
     # a file in the way was an OSError later ("[Errno 17] File exists"), after the command's other checks
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise argparse.ArgumentTypeError(f"{text!r}: {str(blocker)!r} is a file, not a folder; allowed: a folder path "
-                                         "(made if missing)")
+        where = f"{text!r} is" if blocker == folder else f"{text!r}: {str(blocker)!r} is"
+        raise argparse.ArgumentTypeError(f"{where} a file, not a folder; allowed: a folder path (made if missing)")
     return folder
 
 

@@ -67,7 +67,8 @@ def test_an_out_with_a_file_in_its_way_is_refused_by_the_parser(tmp_path, capsys
     with pytest.raises(SystemExit) as exc:
         main([*command, "--out", str(out)])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and f"argument --out: {str(out)!r}: {str(a_file)!r} is a file, not a folder" in err, err
+    where = f"{str(out)!r}: {str(a_file)!r}" if inside else repr(str(out))
+    assert exc.value.code == 2 and f"argument --out: {where} is a file, not a folder" in err, err
     assert a_file.read_text() == "x"
 
 def test_demo_takes_the_resume_its_interrupt_message_asks_for(tmp_path, monkeypatch):

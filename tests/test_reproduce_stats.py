@@ -15,10 +15,12 @@ from leakgym.reproduce.stats import (
     UNDECIDED,
     Estimate,
     against,
+    bound,
     combine,
     compare,
     difference,
     estimate,
+    exact,
     ranking,
 )
 
@@ -37,7 +39,7 @@ def test_estimate_is_mean_and_standard_error():
     (Estimate(1.0, 0.4, 8), Estimate(2.0, 0.4, 8), True, TIE),       # gap 1.0 < 2 * 0.566
     (Estimate(2.0, 0.1, 8), Estimate(1.0, 0.1, 8), True, FAILS),     # the other way, beyond noise
     (Estimate(2.0, 0.1, 8), Estimate(1.0, 0.1, 8), False, HOLDS),    # "higher" claim
-    (Estimate(1.0, 0.0, 1), Estimate(1.0, 0.0, 1), True, TIE),       # equal: never "holds"
+    (Estimate(1.0, 0.0, 8), Estimate(1.0, 0.0, 8), True, TIE),       # equal: never "holds"
 ])
 def test_compare(a, b, lower, want):
     assert compare(a, b, lower=lower) == want
@@ -55,6 +57,50 @@ def test_against_a_threshold_and_difference():
     assert against(Estimate(30.0, 1.0, 10), 25.0) == FAILS
     d = difference(Estimate(90.0, 0.3, 3), Estimate(88.0, 0.4, 3))
     assert d.mean == pytest.approx(2.0) and d.se == pytest.approx(0.5)
+
+
+
+@pytest.mark.parametrize(("a", "b"), [(estimate([0.39]), estimate([0.38])),     # one image of one seed
+                                      (estimate([0.39]), estimate([0.1, 0.2])),
+                                      (estimate([10.0]), exact(50.0))])            # one value, a wide gap
+def test_a_single_value_decides_nothing(a, b):
+    """Found in an audit: ``--seeds 0 --images 1`` gave standard errors of 0, so a 0.01 SSIM gap decided
+    "DCS² gives the lowest SSIM" and the table printed "± 0.00". One value has no standard error."""
+    assert compare(a, b) == compare(b, a) == compare(a, b, lower=False) == UNDECIDED
+    assert bound(difference(a, b), 0.0) == UNDECIDED
+    assert str(estimate([0.39])) == "0.39 (one value)"
+    assert difference(estimate([1.0, 2.0]), exact(1.0)).n == 2  # an exact operand adds no noise, nor a count
+    assert against(estimate([20.0, 21.0, 19.0]), 25.0) == HOLDS  # (a threshold is exact, not one value)
+
+
+def test_a_bound_neither_met_nor_broken_is_undecided():
+    """Found in an audit: OASIS's accuracy-drop bound and PPP's SSIM-gap bound used against(), so a 4 ± 3-point
+    drop against a 3-point bound was a "tie (within noise)"; a bound on a difference is undecided there."""
+    drop = Estimate(4.0, 3.0, 3)
+    assert against(drop, 3.0) == TIE and bound(drop, 3.0) == UNDECIDED
+    assert bound(Estimate(1.0, 0.5, 3), 3.0) == HOLDS and bound(Estimate(9.0, 0.5, 3), 3.0) == FAILS
+
+
+def test_oasis_accuracy_bound_says_undecided_on_committed_results():
+    """The OASIS claim "no transformation costs more than MAX_DROP points" on the committed run, with MR+SH made
+    a (MAX_DROP + 1) ± 3-point drop over three seeds and no drop elsewhere: undecided (it said "tie (within
+    noise)")."""
+    import json
+    from pathlib import Path
+
+    from leakgym.reproduce import paper_spec
+    from leakgym.reproduce.oasis import MAX_DROP
+
+    result = json.loads((Path(__file__).parents[1] / "docs/results/reproduce_oasis.json").read_text())
+    base, row = result["utility"]["WO"]["accuracy"], result["utility"]["MR+SH"]
+    drop, spread = (MAX_DROP + 1) / 100, 0.052
+    row["accuracy_per_seed"] = [base - drop - spread, base - drop, base - drop + spread]
+    row["accuracy"] = sum(row["accuracy_per_seed"]) / 3
+    row["accuracy_se"] = spread / math.sqrt(3)
+    for other in set(result["utility"]) - {"WO", "MR+SH"}:
+        result["utility"][other] = dict(result["utility"]["WO"])
+    (claim,) = [v for v in paper_spec("oasis").verdicts(result) if "costs more than" in v["claim"]]
+    assert claim["status"] == UNDECIDED, claim
 
 
 def test_combine():

@@ -42,6 +42,7 @@ from leakgym.reproduce.stats import (
     TIE,
     Estimate,
     against,
+    bound,
     combine,
     compare,
     difference,
@@ -187,7 +188,7 @@ def verdicts(result: dict) -> list[dict]:
     drops = {r: difference(acc["WO"], acc[r]) for r in ROWS[1:]}
     worst = max(drops, key=lambda r: drops[r].mean)
     out.append(verdict(f"No transformation costs more than {MAX_DROP:g} points of accuracy",
-                       combine([against(d, MAX_DROP) for d in drops.values()]),
+                       combine([bound(d, MAX_DROP) for d in drops.values()]),
                        ours=f"WO {acc['WO']}%; largest drop {worst} {drops[worst]} points",
                        paper=f"WO {quote(t1['WO'][0])} -> MR+SH {quote(t1['MR+SH'][0])} (ImageNet), "
                              f"{quote(t1['WO'][1])} -> {quote(t1['MR+SH'][1])} (CIFAR100)",

@@ -48,7 +48,7 @@ from leakgym.reproduce.stats import (
     UNCHECKED,
     UNDECIDED,
     Estimate,
-    against,
+    bound,
     combine,
     compare,
     difference,
@@ -614,9 +614,8 @@ def drop_verdict(claim: str, base: Estimate | None, other: Estimate | None, max_
     if base is None or other is None:
         return unmeasured(claim)
     drop = difference(base, other)
-    status = against(drop, max_drop, lower=True)
-    if status == TIE:  # a bound neither met nor broken: undecided, not a tie of two values (issue 36)
-        status = UNDECIDED
+    status = bound(drop, max_drop, lower=True)  # neither met nor broken: undecided, not a tie (issue 36)
+    if status == UNDECIDED:
         why = (f"the drop ({drop} points) cannot be told from the {max_drop:g}-point bound at two standard errors "
                "(more seeds would decide it).")
     return verdict(claim, status, ours=f"{labels[0]} {base}%, {labels[1]} {other}% (drop {drop})", paper=paper,

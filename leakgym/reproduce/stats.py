@@ -14,7 +14,11 @@ A claim compares estimates:
 * **undecided** — a bound on a difference (an accuracy drop "below 3 points") that the estimate can
   neither meet nor break at two standard errors: the data do not decide it, which is not a tie
   between two measured values (a 42 ± 21-point drop against a 3-point bound was reported as a "tie
-  (within noise)" before issue 36). :func:`leakgym.reproduce.runner.drop_verdict` gives it.
+  (within noise)" before issue 36). :func:`bound` gives it (:func:`leakgym.reproduce.runner.drop_verdict`
+  for accuracy drops). A
+  comparison of a single value (one seed of a utility cell, one image of a privacy cell: ``--seeds 0
+  --images 1``) is undecided too: one value has no standard error, so no difference can be told from
+  noise (it used to count as a standard error of 0, and any difference decided the claim).
 
 Standard errors over images treat the images as independent draws; images of one seed share the
 model initialisation, so the seed-to-seed spread is part of the spread of the pooled images.
@@ -37,21 +41,30 @@ Z = 2.0
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean, its standard error and the number of values behind it."""
+    """A mean, its standard error and the number of values behind it (``n = 0``: an exact number, such as
+    a paper's bound, :func:`exact`)."""
 
     mean: float
     se: float
     n: int
 
     def __str__(self) -> str:
-        return f"{self.mean:.2f} ± {self.se:.2f}"
+        return self.fmt()
 
     def fmt(self, digits: int = 2) -> str:
+        if self.n == 1:
+            return f"{self.mean:.{digits}f} (one value)"
         return f"{self.mean:.{digits}f} ± {self.se:.{digits}f}"
 
 
+def exact(value: float) -> Estimate:
+    """A number without noise (a threshold a claim is checked against)."""
+    return Estimate(float(value), 0.0, 0)
+
+
 def estimate(values: Iterable[float]) -> Estimate:
-    """Mean and standard error (``std(ddof=1) / sqrt(n)``; 0 for a single value) of ``values``."""
+    """Mean and standard error (``std(ddof=1) / sqrt(n)``) of ``values``. A single value has none: its
+    ``se`` is stored as 0 and :func:`compare` calls a claim on it undecided."""
     arr = np.asarray(list(values), dtype=float)
     if arr.size == 0:
         raise ValueError("estimate() of no values; need at least one")
@@ -60,12 +73,16 @@ def estimate(values: Iterable[float]) -> Estimate:
 
 
 def difference(a: Estimate, b: Estimate) -> Estimate:
-    """``a - b`` with the standard error of a difference of independent estimates."""
-    return Estimate(a.mean - b.mean, math.hypot(a.se, b.se), min(a.n, b.n))
+    """``a - b`` with the standard error of a difference of independent estimates (its ``n`` is the smaller
+    of the measured ones: an exact operand adds no noise)."""
+    return Estimate(a.mean - b.mean, math.hypot(a.se, b.se), min((e.n for e in (a, b) if e.n), default=0))
 
 
 def compare(a: Estimate, b: Estimate, *, lower: bool = True) -> str:
-    """Does ``a < b`` (``lower=True``) or ``a > b`` (``lower=False``) hold beyond two standard errors?"""
+    """Does ``a < b`` (``lower=True``) or ``a > b`` (``lower=False``) hold beyond two standard errors?
+    Undecided when either is a single value (it has no standard error)."""
+    if a.n == 1 or b.n == 1:
+        return UNDECIDED
     diff = (b.mean - a.mean) if lower else (a.mean - b.mean)
     noise = Z * math.hypot(a.se, b.se)
     if diff > noise:
@@ -77,7 +94,15 @@ def compare(a: Estimate, b: Estimate, *, lower: bool = True) -> str:
 
 def against(a: Estimate, threshold: float, *, lower: bool = True) -> str:
     """Is ``a`` below (``lower=True``) or above ``threshold`` beyond two standard errors?"""
-    return compare(a, Estimate(threshold, 0.0, 1), lower=lower)
+    return compare(a, exact(threshold), lower=lower)
+
+
+def bound(d: Estimate, threshold: float, *, lower: bool = True) -> str:
+    """Does a difference ``d`` (an accuracy drop, an SSIM gap) stay below (``lower=True``) or above
+    ``threshold`` beyond two standard errors? As :func:`against`, except that a bound the estimate neither
+    meets nor breaks is undecided (more seeds or images would decide it), not a tie of two values."""
+    status = against(d, threshold, lower=lower)
+    return UNDECIDED if status == TIE else status
 
 
 def combine(statuses: Sequence[str]) -> str:
@@ -125,9 +150,11 @@ __all__ = [
     "Estimate",
     "Z",
     "against",
+    "bound",
     "combine",
     "compare",
     "difference",
     "estimate",
+    "exact",
     "ranking",
 ]
