@@ -132,6 +132,76 @@ def test_cli_ctrl_c_says_what_it_kept_and_resume_finishes_it(tmp_path, monkeypat
     assert "already complete" in capsys.readouterr().err and grids == [1]
 
 
+def test_ctrl_c_during_the_extra_measurements_keeps_their_finished_parts(tmp_path, monkeypatch):
+    """Found in an audit: a paper's extra measurements (LODA's: about 800 s of its 1249 s run) were saved only
+    once all had finished, so Ctrl-C lost all of them and ``--resume`` began them again. Each part is now
+    saved when it finishes, and a resumed run computes only the missing ones."""
+    import dataclasses
+
+    computed: list[str] = []
+    stop_at: list[str] = ["second"]
+
+    def fake_extra(split, scale, seeds, *, size, progress, parts, keep):
+        def compute(name):
+            def run():
+                if name in stop_at:
+                    raise KeyboardInterrupt
+                computed.append(name)
+                return {"value": len(name), "seeds": list(seeds)}
+            return run
+        return {name: runner.extra_part(parts, keep, name, compute(name)) for name in ("first", "second")}
+
+    spec = dataclasses.replace(paper_spec("dcs2"), extra=fake_extra)
+    monkeypatch.setattr(runner, "measure_utility", lambda *a, **k: {"accuracy": None})  # (utility: not the point)
+    out = tmp_path / "cut"
+    with pytest.raises(Interrupted) as caught:
+        run_paper(spec, seeds=(0,), images=1, out=out, scale_overrides=TINY, progress=False)
+    assert caught.value.kept.endswith("the extra measurements' first") and computed == ["first"]
+    partial = json.loads((out / "reproduce_dcs2.json").read_text())
+    assert partial["progress"]["extra_parts"] == {"first": {"value": 5, "seeds": [0]}}
+
+    stop_at.clear()
+    monkeypatch.setattr(runner, "run_grid", lambda *a, **k: pytest.fail("a finished grid ran again"))
+    resumed = run_paper(spec, seeds=(0,), images=1, out=out, scale_overrides=TINY, progress=False, resume=True)
+    assert computed == ["first", "second"]  # the kept part was not computed again
+    assert resumed["extras"] == {"first": {"value": 5, "seeds": [0]}, "second": {"value": 6, "seeds": [0]}}
+    assert "progress" not in json.loads((out / "reproduce_dcs2.json").read_text())
+
+
+def test_lodas_extra_measurements_are_saved_part_by_part(monkeypatch):
+    """LODA's extras go through extra_part: every utility run of a once-obscured row, the LODA diagnosis and
+    the encoding diagnosis; with every part kept, nothing is computed (not even the obscured shards)."""
+    from leakgym.reproduce import encoding_diagnosis, loda, loda_diagnosis
+
+    kept: dict[str, object] = {}
+
+    def keep(name, value):
+        kept[name] = value
+        return value
+
+    monkeypatch.setattr(loda_diagnosis, "obscure_split", lambda split, config, seed: (f"shard {seed}", {}))
+    monkeypatch.setattr(loda, "measure_utility", lambda row, scale, *, split, seed, progress: {
+        "accuracy": None, "split": split})
+    monkeypatch.setattr(loda_diagnosis, "diagnose", lambda *a, **k: {"loda": sorted(k["shards"])})
+    monkeypatch.setattr(encoding_diagnosis, "diagnose", lambda *a, **k: {"encoding": k["seeds"]})
+    scale = loda.SCALES["small"]["B=6"]
+    split = type("Split", (), {"spec": None})()
+    monkeypatch.setattr(loda, "_subsets", lambda spec: {})
+    out = loda.extra(split, scale, [0, 1], size="small", progress=False, parts={}, keep=keep)
+    once = [r.name for r in loda.rows("small") if r.name in loda.ONCE]
+    assert once and list(kept) == [f"{r} utility seed {s}" for r in once for s in (0, 1)] + [
+        "loda_diagnosis", "encoding_diagnosis"]
+    assert kept[f"{once[0]} utility seed 1"]["split"] == "shard 1"
+    assert out["loda_diagnosis"] == {"loda": sorted(once)} and out["encoding_diagnosis"] == {"encoding": [0, 1]}
+
+    for name in ("obscure_split", "diagnose"):
+        monkeypatch.setattr(loda_diagnosis, name, lambda *a, **k: pytest.fail("a kept part ran again"))
+    monkeypatch.setattr(loda, "measure_utility", lambda *a, **k: pytest.fail("a kept part ran again"))
+    monkeypatch.setattr(encoding_diagnosis, "diagnose", lambda *a, **k: pytest.fail("a kept part ran again"))
+    again = loda.extra(split, scale, [0, 1], size="small", progress=False, parts=dict(kept),
+                       keep=lambda n, v: pytest.fail(f"{n} kept again"))
+    assert again["loda_diagnosis"] == out["loda_diagnosis"]
+
 def test_the_markdown_states_the_options_the_utility_and_the_machine_of_the_run(tmp_path, tiny_dcs2):
     """The command printed reproduces the run (every option that changes a number), the utility line says
     whether it ran, and the machine line is the measured one (no "2 CPU cores shared")."""

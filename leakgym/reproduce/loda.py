@@ -31,7 +31,10 @@ optimal assignment (:func:`leakgym.metrics.score_reconstruction`) -- close, but 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 from leakgym.defenses import DefenseConfig
 from leakgym.defenses.loda import CALIBRATED_C
@@ -43,6 +46,7 @@ from leakgym.reproduce.runner import (
     accuracy,
     drop_verdict,
     est,
+    extra_part,
     lpips_reported,
     merge_utility,
     quote,
@@ -179,30 +183,48 @@ def _subsets(spec) -> dict[str, DefenseConfig]:
     return out
 
 
-def extra(split, scale: Scale, seeds: list[int], *, size: str, progress: bool) -> dict:
+def extra(split, scale: Scale, seeds: list[int], *, size: str, progress: bool, parts: dict | None = None,
+          keep: Callable[[str, Any], Any] | None = None) -> dict:
     """LODA's utility as in the paper (obscure the training data once, then train), why it trains worse,
-    and the encoding diagnosis."""
+    and the encoding diagnosis.
+
+    Each finished part -- a row's utility run of one seed, the LODA diagnosis, the encoding diagnosis -- goes
+    to ``keep`` (the runner saves it: a Ctrl-C keeps it) and is taken from ``parts`` when a resumed run has it
+    (:func:`~leakgym.reproduce.runner.extra_part`). The obscured shards are made again on a resume that still
+    needs them (they are drawn from their seed: the same shards)."""
     from leakgym.reproduce.encoding_diagnosis import diagnose
     from leakgym.reproduce.loda_diagnosis import diagnose as diagnose_loda
     from leakgym.reproduce.loda_diagnosis import obscure_split
 
-    utility, shards = {}, {}
-    for row in rows(size):
-        if row.name not in ONCE:
-            continue
-        shards[row.name] = {s: obscure_split(split, row.config, s) for s in seeds}
-        runs = [measure_utility(DefenseRow(row.name), scale, split=shards[row.name][s][0], seed=s, progress=progress)
-                for s in seeds]
-        utility[row.name] = merge_utility(runs, seeds)
+    parts = {} if parts is None else parts
+    if keep is None:
+        def keep(name: str, value: Any) -> Any:
+            parts[name] = value
+            return value
+    once = [row for row in rows(size) if row.name in ONCE]
+    shards: dict[str, dict] = {}
+
+    def shards_of(row: DefenseRow) -> dict:
+        if row.name not in shards:
+            shards[row.name] = {s: obscure_split(split, row.config, s) for s in seeds}
+        return shards[row.name]
+
+    def utility_run(row: DefenseRow, seed: int) -> dict:
+        return measure_utility(DefenseRow(row.name), scale, split=shards_of(row)[seed][0], seed=seed, progress=progress)
+
+    utility = {row.name: merge_utility([extra_part(parts, keep, f"{row.name} utility seed {s}",
+                                                   functools.partial(utility_run, row, s)) for s in seeds], seeds)
+               for row in once}
     steps = LODA_STEPS[size]
-    loda = diagnose_loda(
+    loda = extra_part(parts, keep, "loda_diagnosis", lambda: diagnose_loda(
         split, settings={k: (_loda(c, 5, steps), n or len(seeds)) for k, (c, n) in DIAGNOSIS_SETS.items()},
-        shards=shards, short_rounds=scale.utility_rounds, long_rounds=LONG_ROUNDS[size],
-        clients=scale.utility_clients, batch=scale.utility_batch, lr=scale.utility_lr, seeds=seeds,
-        eval_every=scale.utility_eval_every, obscured_test=(LODA_C9,), model=scale.model, width=scale.model_width,
-        subset=_subsets(split.spec))
-    diagnosis = diagnose(split, rounds=scale.utility_rounds, clients=scale.utility_clients, batch=scale.utility_batch,
-                         lr=scale.utility_lr, seeds=seeds, eval_every=scale.utility_eval_every)
+        shards={row.name: shards_of(row) for row in once}, short_rounds=scale.utility_rounds,
+        long_rounds=LONG_ROUNDS[size], clients=scale.utility_clients, batch=scale.utility_batch, lr=scale.utility_lr,
+        seeds=seeds, eval_every=scale.utility_eval_every, obscured_test=(LODA_C9,), model=scale.model,
+        width=scale.model_width, subset=_subsets(split.spec)))
+    diagnosis = extra_part(parts, keep, "encoding_diagnosis", lambda: diagnose(
+        split, rounds=scale.utility_rounds, clients=scale.utility_clients, batch=scale.utility_batch,
+        lr=scale.utility_lr, seeds=seeds, eval_every=scale.utility_eval_every))
     return {"utility": utility, "loda_diagnosis": loda, "encoding_diagnosis": diagnosis}
 
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,8 +100,10 @@ class Paper:
     """A custom figure part instead of ``panels``: draws into the given axes (see ``draw_axes``)."""
     draw_axes: int = 0
     extra: Callable[..., dict] | None = None
-    """Further measurements ``(split, utility scale, seeds, size=, progress=) -> {"utility": {label: entry}, ...}``:
-    the utility entries join the utility table and curves, the rest is kept as ``result["extras"]``."""
+    """Further measurements ``(split, utility scale, seeds, size=, progress=, parts=, keep=) -> {"utility":
+    {label: entry}, ...}``: the utility entries join the utility table and curves, the rest is kept as
+    ``result["extras"]``. ``keep(name, value)`` saves a finished part (the JSON is written as the run goes) and
+    returns it as saved; ``parts`` holds the parts a resumed run already has, by name (:func:`extra_part`)."""
     printed: tuple[str, ...] = ()
     """Sections of ``paper_numbers`` whose every number the markdown tables print."""
     deviations: list[str] = field(default_factory=list)
@@ -232,7 +235,15 @@ def _done_line(progress: dict, settings: Sequence[str], seeds: Sequence[int], ut
         parts.append(f"{len(progress['utility_runs'])} of {utility_total} utility runs")
     if progress.get("extras") is not None:
         parts.append("the extra measurements")
+    elif progress.get("extra_parts"):
+        parts.append(f"the extra measurements' {', '.join(progress['extra_parts'])}")
     return "; ".join(parts)
+
+
+def extra_part(parts: dict, keep: Callable[[str, Any], Any], name: str, compute: Callable[[], Any]) -> Any:
+    """Part ``name`` of a paper's extra measurements (:attr:`Paper.extra`): from ``parts`` when a resumed run
+    has it, else computed and handed to ``keep`` (which saves it and returns it as saved)."""
+    return parts[name] if name in parts else keep(name, compute())
 
 
 def _recorded(paper: Paper, path: Path, run: dict) -> dict | None:
@@ -273,8 +284,8 @@ def run_paper(
 ) -> dict:
     """Run ``paper`` at ``size`` for every seed and (if ``out``) write ``reproduce_<key>.{json,md,png}``.
 
-    The JSON is written as the work goes: after each seed's attack grid, each utility run and the extra
-    measurements, ``reproduce_<key>.json`` is replaced (atomically) by one marked ``"complete": false``
+    The JSON is written as the work goes: after each seed's attack grid, each utility run and each part of
+    the extra measurements, ``reproduce_<key>.json`` is replaced (atomically) by one marked ``"complete": false``
     that holds every finished part under ``"progress"`` (the ``.md``/``.png`` of an earlier run beside it
     are removed then: they no longer describe it). A Ctrl-C raises :class:`Interrupted` (a
     ``KeyboardInterrupt``) saying what was kept; ``resume=True`` continues from that file. The complete
@@ -431,8 +442,16 @@ def run_paper(
         extras: dict = {}
         if paper.extra is not None and utility:
             if state["extras"] is None:
+                parts = state.setdefault("extra_parts", {})
+
+                def keep(name: str, value: Any) -> Any:
+                    parts[name] = _plain(value)
+                    save()
+                    return parts[name]
+
                 state["extras"] = _plain(dict(paper.extra(split_for(first), first, seeds, size=size,
-                                                          progress=progress)))
+                                                          progress=progress, parts=parts, keep=keep)))
+                del state["extra_parts"]  # (now inside state["extras"])
                 save()
             extras = _plain(state["extras"])
             utility_rows.update(extras.pop("utility", {}))
