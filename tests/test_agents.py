@@ -251,6 +251,23 @@ def test_cli_helpers():
         parse_overrides(["rounds"])
 
 
+
+def test_cli_overrides_read_exponent_numbers_as_numbers_everywhere(capsys):
+    """Found in an audit: PyYAML (YAML 1.1) read ``1e-4`` as a string, which a scalar field converted but a
+    menu level or a defaults table did not: ``--overrides 'tv=[0,1e-4]'`` was refused while
+    ``gym.make(..., tv=[0, 1e-4])`` and TOML take it."""
+    from leakgym.cli import main
+    from leakgym.game.scenario import load_scenario
+
+    parsed = parse_overrides(["tv=[0,1e-4]", "defender_menu={noise_sigma: [0, 1e-3]}", "attack_defaults={lr: 1e-2}",
+                              "local_lr=-2E+3", "name=1e", "label='1e-4'"])
+    assert parsed == {"tv": [0, 1e-4], "defender_menu": {"noise_sigma": [0, 1e-3]}, "attack_defaults": {"lr": 1e-2},
+                      "local_lr": -2000.0, "name": "1e", "label": "1e-4"}  # (not numbers: stay strings)
+    assert load_scenario("digits", tv=parsed["tv"]).attacker_menu["tv"] == [0, 1e-4]
+    for override in ("tv=[0,1e-4]", "defender_menu={noise_sigma: [0, 1e-3]}", "attack_defaults={lr: 1e-2}"):
+        assert main(["describe", "LeakGym-Digits-v0", "--overrides", override]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
 def test_the_docs_agents_table_lists_every_preset():
     """The agents table (README's, now docs/agents.md) had fallen behind the registry (loda-calibrated was
     missing)."""

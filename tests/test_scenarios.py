@@ -27,6 +27,30 @@ def test_overrides_apply_and_unknown_ones_are_named():
         load_scenario("digits", batch_size=0)
 
 
+
+def test_the_name_field_can_be_overridden_like_any_other(capsys):
+    """Found in an audit: ``name`` is a scenario field, but load_scenario's first parameter had that name, so
+    ``gym.make(id, name="mine")`` and ``--overrides name=mine`` were a TypeError traceback."""
+    import gymnasium as gym
+
+    from leakgym.cli import main
+    from leakgym.envs import parallel_env
+
+    assert load_scenario("digits", name="mine").name == "mine"
+    assert parallel_env("digits", name="mine").scenario.name == "mine"
+    env = gym.make("LeakGym-Digits-v0", name="mine", opponent="random")
+    assert env.unwrapped.scenario.name == "mine"
+    env.close()
+    assert main(["describe", "LeakGym-Digits-v0", "--overrides", "name=mine"]) == 0
+    capsys.readouterr()
+
+
+def test_a_bad_attack_default_is_named_as_a_default():
+    """A bad attack_defaults value was blamed on the first menu level built with it ("attacker_menu
+    iterations=[20, 60, 150] ...: lr=-1")."""
+    with pytest.raises(ValueError, match=r"attack_defaults \{'lr': -1\} for 'inverting-gradients': lr=-1"):
+        load_scenario("digits", attack_defaults={"lr": -1})
+
 def test_decode_encode_round_trip():
     sc = load_scenario("digits")
     action = np.array([2, 1, 1, 1, 1, 0])
@@ -118,8 +142,11 @@ def test_invalid_actions_name_the_value_and_range():
          r"last round, 160 \(1.37e-49.*is 0 in float32"),
         ({"update_kind": "model_delta", "local_lr": 1e-46}, r"last round, \d+ \(1e-46.*is 0 in float32"),
         ({"update_kind": "model_delta", "local_weight_decay": 1e39}, r"local_weight_decay=1e\+39 with .*at most 3.40282e\+38"),
-        ({"update_kind": "model_delta", "local_optimizer": "adam", "local_lr": 1e39},
+        ({"update_kind": "model_delta", "local_lr": 1e39},
          r"local_lr=1e\+39 with update_kind='model_delta'; allowed: at most 3.40282e\+38 \(float32\)"),
+        # (audit) Adam's first step is lr / (1 - 0.9): accepted up to 3.4e38, then every round failed
+        ({"update_kind": "model_delta", "local_optimizer": "adam", "local_lr": 3.5e37},
+         r"local_lr=3.5e\+37 .*at most 3.40282e\+37 \(float32 with local_optimizer='adam', whose first step"),
         # (review) a requirement is checked after the value's own type: the field's error, not a TypeError
         ({"defender_menu": {"instahide_k": [0, "4"]}}, r"instahide_k.*allowed: integers >= 0"),
         ({"defender_menu": {"ppp": ["off", "bogus"]}}, r"ppp.*allowed: 'off', 'ng', 'gc'"),
@@ -129,6 +156,19 @@ def test_bad_configurations_are_refused_when_built(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_scenario("digits", **overrides)
 
+
+def test_the_largest_adam_rate_accepted_plays_a_round():
+    """The bound is where PyTorch's Adam step stops overflowing float32: the largest rate accepted plays."""
+    from leakgym.envs import parallel_env
+    from leakgym.game.scenario import FLOAT32_MAX
+
+    largest = FLOAT32_MAX * 0.1 * (1 - 2e-6)
+    env = parallel_env("digits", update_kind="model_delta", local_optimizer="adam", local_lr=largest, rounds=2,
+                       iterations=[1], eval_size=16, num_clients=1)
+    env.reset(seed=0)
+    _, rewards, *_ = env.step({a: 0 for a in env.agents} if env.flat_actions else
+                              {a: np.zeros(len(env.action_space(a).nvec), dtype=np.int64) for a in env.agents})
+    assert all(np.isfinite(r) for r in rewards.values())
 
 def test_fedsgd_takes_no_local_rate_so_none_is_refused():
     """(review) FedSGD shares a gradient: the float32 checks of FedAvg's local rate do not apply to it."""

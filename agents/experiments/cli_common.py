@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -18,10 +19,26 @@ from leakgym.suggest import did_you_mean
 INTERRUPTED = 130
 
 
+class OverrideLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-4`` as a number as YAML 1.2 (and TOML, and Python) do.
+
+    PyYAML follows YAML 1.1, whose floats need a ``.`` in the mantissa: ``tv=[0,1e-4]`` gave the string
+    ``'1e-4'`` inside a menu, which no menu coerces (a scalar field's string is converted), so the CLI
+    refused what ``gym.make(..., tv=[0, 1e-4])`` takes."""
+
+
+OverrideLoader.add_implicit_resolver(  # YAML 1.2's float forms (the core schema), beside YAML 1.1's
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str, Any]:
     """``["rounds=2", "iterations=[1,2]"]`` -> ``{"rounds": 2, "iterations": [1, 2]}``.
 
-    Values are parsed as YAML scalars or flow sequences (numbers, booleans, lists, strings).
+    Values are parsed as YAML scalars or flow sequences (numbers, booleans, lists, strings), a number in
+    exponent form without a ``.`` (``1e-4``) as a number (:class:`OverrideLoader`).
     """
     out: dict[str, Any] = {}
     for pair in pairs or []:
@@ -33,7 +50,7 @@ def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str
 
             raise ValueError(f"{what} {pair!r}: {ALLOW_LARGE_FROM_CALLER}")
         try:
-            out[key.strip()] = yaml.safe_load(text)
+            out[key.strip()] = yaml.load(text, Loader=OverrideLoader)  # (a SafeLoader: nothing is constructed)
         except yaml.YAMLError as exc:
             raise ValueError(f"{what} {pair!r}: cannot parse the value as YAML ({yaml_problem(exc)}); quote "
                              "a list or string, e.g. 'iterations=[1,2]'") from None

@@ -580,17 +580,24 @@ def _check_fl_protocol(sc: Scenario) -> None:
 
 
 def _check_local_rates(sc: Scenario) -> None:
-    """FedAvg's local rate and weight decay within float32 (:data:`FLOAT32_MAX`), and every round's scheduled
+    """FedAvg's local rate and weight decay within float32 (:data:`FLOAT32_MAX`; the rate a tenth of it with
+    Adam, whose first step is ``lr / (1 - beta1)``: found in an audit), and every round's scheduled
     rate a positive float32: an exponential decay over many rounds, or a tiny ``local_lr``, reached 0 there
     and failed every round from then on (found in an audit). Every schedule decreases over the rounds, so the
     last round's rate (:func:`round_local_lr`) is the one to check. FedSGD (``update_kind="gradient"``)
     shares a gradient and uses neither."""
     if sc.update_kind != "model_delta":
         return
-    for key in ("local_lr", "local_weight_decay"):
-        if getattr(sc, key) > FLOAT32_MAX:
+    from leakgym.fl.optim import LocalOptimizer
+
+    # Adam's first step is lr / (1 - beta1) (PyTorch's bias correction), a float32 itself: 10x local_lr
+    adam = sc.local_optimizer == "adam"
+    lr_max = FLOAT32_MAX * (1 - LocalOptimizer("adam").betas[0]) * (1 - 1e-6) if adam else FLOAT32_MAX
+    for key, most in (("local_lr", lr_max), ("local_weight_decay", FLOAT32_MAX)):
+        if getattr(sc, key) > most:
+            why = " with local_optimizer='adam', whose first step is lr / (1 - beta1)" if most != FLOAT32_MAX else ""
             raise ValueError(f"scenario {sc.name!r}: {key}={getattr(sc, key)!r} with update_kind='model_delta'; "
-                             f"allowed: at most {FLOAT32_MAX:.6g} (float32)")
+                             f"allowed: at most {most:.6g} (float32{why})")
     last = round_local_lr(sc, sc.rounds - 1)
     if np.float32(last) == 0:
         raise ValueError(f"scenario {sc.name!r}: the local learning rate of the last round, {sc.rounds} ({last:.3g}: "
@@ -858,6 +865,16 @@ def _validate_menus(sc: Scenario) -> None:
         raise ValueError(f"{where}: attacker_menu strategy {malicious} modify the model the server sends, which "
                          f"threat_model={sc.threat_model!r} does not allow; set threat_model='malicious'")
     configs = {s: {f.name for f in dataclasses.fields(ATTACKS[s].Config)} for s in strategies}
+    for key in sc.attack_defaults:
+        if not any(key in fields for fields in configs.values()):
+            raise ValueError(f"{where}: attack_defaults {key!r} is a field of none of the strategies {strategies}")
+    for s in strategies:  # the defaults alone first, so that a bad default is named as one (it was
+        # blamed on the first menu level built with it); a strategy owning no menu key is built here only
+        fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
+        try:
+            ATTACKS[s].Config(**fixed)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: attack_defaults {fixed!r} for {s!r}: {exc}") from None
     for key, values in sc.attacker_menu.items():
         if key == "strategy":
             continue
@@ -873,15 +890,6 @@ def _validate_menus(sc: Scenario) -> None:
                     ATTACKS[s].Config(**{**fixed, key: value})
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"{where}: attacker_menu {key}={values!r} for {s!r}: {exc}") from None
-    for key in sc.attack_defaults:
-        if not any(key in fields for fields in configs.values()):
-            raise ValueError(f"{where}: attack_defaults {key!r} is a field of none of the strategies {strategies}")
-    for s in strategies:  # the defaults alone too (a strategy owning no menu key was never built here)
-        fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
-        try:
-            ATTACKS[s].Config(**fixed)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: attack_defaults {fixed!r} for {s!r}: {exc}") from None
 
 
 def scenario_names() -> list[str]:
@@ -915,7 +923,7 @@ def read_scenario_file(path: str | Path) -> Scenario:
         raise ValueError(f"scenario file {str(path)!r}: {exc}") from None
 
 
-def load_scenario(name: str | Path | Scenario = "digits", **overrides: Any) -> Scenario:
+def load_scenario(name: str | Path | Scenario = "digits", /, **overrides: Any) -> Scenario:
     """A scenario with overrides applied: a packaged name (``leakgym/game/scenarios/<name>.toml``), an
     explicit path to a ``.toml`` file, or a :class:`Scenario`.
 
