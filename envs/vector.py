@@ -52,7 +52,9 @@ class LeakGymVectorEnv(VectorEnv):
             and evaluation as one vmapped computation each (:mod:`leakgym.fl.batched`; BatchNorm
             included; PRECODE and dropout models run the loop), and runs the step defenses batched
             over the games (DCS²'s synthesis, :func:`leakgym.defenses.dcs2.dcs2_gradients`); equal to the game-by-game loop to
-            float32 rounding, so off by default. Meant for GPUs: on a CPU it pays off for the digits
+            float32 rounding per computation (a defense's choice on values that tie to rounding, such as
+            CENSOR's, can still go the other way, and FedAvg's Adam magnifies the rounding: ``docs/limits.md``),
+            so off by default. Meant for GPUs: on a CPU it pays off for the digits
             LeNet but slows the CIFAR ConvNet down (measured, ``docs/results/bench_env.md``).
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (or its value,
             ``"SameStep"``, ...): when a finished game resets (the module docstring).

@@ -249,3 +249,25 @@ def test_mixup_decoding_infers_labels_with_its_label_method():
     assert yin != infer_labels(update, knowledge).tolist()  # the case tells the methods apart
     out = MixupDecoding(iterations=1, decode_steps=1, label_method="yin").reconstruct(update, knowledge)
     assert sorted(out.labels.tolist()) == sorted(yin)
+
+
+@pytest.mark.parametrize("mixing", ["mixup_k", "instahide_k"])
+def test_mixup_decoding_inverts_an_oasis_enlarged_mix_as_unencoded(mixing, cheap_overrides):
+    """Found in an audit: Mixup or InstaHide after OASIS mixes the enlarged batch (the originals and their
+    copies: a (4, 4) matrix for 2 images and one flip), and every round against mixup-decoding failed with
+    "mixing_matrix has shape (4, 4); expected (2, 2)". The attack now inverts such an update as an unencoded
+    one, as Inverting Gradients does against OASIS."""
+    import numpy as np
+
+    from leakgym.envs import parallel_env
+
+    overrides = {k: v for k, v in cheap_overrides.items() if k not in ("strategies", "rounds")}
+    env = parallel_env("digits", defender_menu={mixing: [0, 2]}, oasis_bits=["hflip"], batch_size=2, rounds=2,
+                       strategies=["mixup-decoding"], attack_defaults={"decode_steps": 2}, **overrides)
+    env.reset(seed=0)
+    defender = np.ones(len(env.action_space("defender").nvec), dtype=np.int64)  # Mixup/InstaHide 2 and the flip
+    _, rewards, *_, infos = env.step({"defender": defender,
+                                      "attacker": np.zeros(len(env.action_space("attacker").nvec), dtype=np.int64)})
+    applied = env.round_details("defender")["defenses"]
+    assert len(applied) == 2 and "oasis" in applied, applied
+    assert all(np.isfinite(r) for r in rewards.values())

@@ -27,7 +27,9 @@ takes ``M`` from ``update.metadata["encoding"]`` (an upper bound on what such es
 as GradAttack says of its own evaluation). That entry holds ``scheme`` (``"mixup"`` or
 ``"instahide"``), ``mixing_matrix`` ``(B, B)``, optionally ``public_matrix`` ``(B, P)`` (with
 ``knowledge.public_x``) and optionally the soft ``labels`` ``(B, num_classes)`` (else computed
-from ``knowledge.labels``).
+from ``knowledge.labels``). A batch enlarged before it was mixed (Mixup or InstaHide after OASIS, whose
+copies make the mixing matrix ``(B', B')`` with ``B'`` a multiple of ``B``) is inverted as an unencoded
+one: the private images are not the mixtures' sources, so stage 2 has nothing to demix them from.
 """
 
 from __future__ import annotations
@@ -80,6 +82,15 @@ def _demixed_labels(encoding: tuple[str, Tensor, Tensor, Tensor]) -> Tensor:
     return torch.linalg.lstsq(mixing, soft * mixing.sum(dim=1, keepdim=True)).solution.argmax(dim=1)
 
 
+def _enlarged(enc: object, batch_size: int) -> bool:
+    """Does ``enc`` mix a batch an input-side defense enlarged first (``(B', B')``, ``B'`` a multiple > 1 of
+    ``batch_size``: OASIS's originals and their transformed copies)?"""
+    mixing = enc.get("mixing_matrix") if isinstance(enc, dict) else None
+    if not isinstance(mixing, Tensor) or mixing.ndim != 2 or mixing.shape[0] != mixing.shape[1]:
+        return False
+    return mixing.shape[0] > batch_size and mixing.shape[0] % batch_size == 0
+
+
 def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int,
               label_method: str = "auto") -> tuple[str, Tensor, Tensor, Tensor]:
     """``(scheme, M, soft labels, public offset O)`` of one problem, validated.
@@ -88,9 +99,12 @@ def _encoding(update: SharedUpdate, knowledge: AttackerKnowledge, index: int,
     :func:`demix` moves them to the device of the recovered encodings.
     """
     enc = update.metadata.get("encoding")
-    if enc is None:
+    if enc is None or _enlarged(enc, knowledge.batch_size):
         # An unencoded batch is the Mixup encoding with M = I: nothing to demix, the attack is its
         # inversion stage alone (plain gradient inversion), so it never fails against other defenses.
+        # So is a batch enlarged before it was mixed (OASIS's transformed copies: M is (B', B'), B' a
+        # multiple of B): the B private images are not the mixtures' sources, and the attack inverts the
+        # update as Inverting Gradients does against OASIS (it failed every such round, found in an audit).
         b = knowledge.batch_size
         if knowledge.labels is not None:
             labels = knowledge.labels.detach().cpu().long()
