@@ -297,7 +297,7 @@ def attacks_page() -> str:
              ("Every attack takes the shared update and the attacker's knowledge and returns reconstructions, "
               "inferred labels, its cost (iterations × restarts, plus a second stage's steps, wall time) and per-iteration "
               "statistics: "
-              "`leakgym.attacks.build_attack(name, **config)`. A scenario offers attacks in its "
+              "`leakgym.attacks.build_attack(name, **overrides)`. A scenario offers attacks in its "
               "`attacker_menu.strategy`, and any of their config fields as attacker dimensions."), ""]
     lines += _table(["name", "attack", "server", "source"],
                     [[f"[`{n}`](#{n})", _first_line(cls), "malicious" if cls.malicious else "honest",

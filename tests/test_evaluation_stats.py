@@ -70,6 +70,18 @@ def test_t_interval_by_hand_identical_values_clipping_and_non_finite():
         assert all(math.isnan(v) for v in ev.t_interval(values)), values
 
 
+
+def test_psnr_intervals_stay_below_the_psnr_cap():
+    """Found in an audit: PSNR's range was [0, inf), so an exact reconstruction beside a poor one gave an
+    upper end of 197 dB in payoff.csv; the game caps PSNR at DEFAULT_MAX_DB (100 dB)."""
+    from leakgym.agents.experiments.evaluation.payoff import METRIC_RANGES
+    from leakgym.metrics.functional import DEFAULT_MAX_DB
+
+    assert METRIC_RANGES["leakage_psnr"] == (0.0, DEFAULT_MAX_DB) == (0.0, 100.0)
+    mean, low, high = ev.t_interval([100.0, 20.0], bounds=METRIC_RANGES["leakage_psnr"])
+    assert (mean, low, high) == (60.0, 0.0, 100.0)
+
+
 # ------------------------------------------------------------------ best responses and equilibria
 def test_best_responses_orientation_on_a_non_square_table():
     """Rows are attackers, columns defenders; zero-sum, return = +-leakage. Leakage:

@@ -242,6 +242,9 @@ def test_leakgym_metagame_bad_input_is_one_line(tmp_path, capsys):
     assert "empty" in capsys.readouterr().err
     assert cli_main(["metagame", "--resume", "--out", str(out), *TINY]) == 2
     assert "nothing to resume" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # (found in an audit: a free string, refused late, no suggestion)
+        cli_main(["metagame", "--algo", "ppp", "--out", str(out), *TINY])
+    assert exc.value.code == 2 and "(did you mean 'ppo'?)" in capsys.readouterr().err
     assert not (out / STATE_FILE).exists()
 
 

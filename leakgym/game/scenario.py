@@ -521,7 +521,8 @@ def _coerce_fields(sc: Scenario) -> None:
                "local_optimizer": LOCAL_OPTIMIZERS, "local_lr_schedule": LR_SCHEDULES}
     for key, allowed in choices.items():
         if getattr(sc, key) not in allowed:
-            raise _bad(name, key, getattr(sc, key), ", ".join(map(str, allowed)))
+            raise _bad(name, key, getattr(sc, key), ", ".join(map(str, allowed))
+                       + did_you_mean(getattr(sc, key), map(str, allowed)))
 
 
 def _reward_weights(sc_name: Any, value: Any) -> RewardWeights:
@@ -859,7 +860,8 @@ def _validate_menus(sc: Scenario) -> None:
     strategies = sc.attacker_menu["strategy"]
     unknown = [s for s in strategies if s not in ATTACKS]
     if unknown:
-        raise ValueError(f"{where}: attacker_menu strategy {unknown} unknown; allowed: {sorted(ATTACKS)}")
+        hints = "".join(did_you_mean(u, ATTACKS) for u in unknown[:1])
+        raise ValueError(f"{where}: attacker_menu strategy {unknown} unknown{hints}; allowed: {sorted(ATTACKS)}")
     malicious = [s for s in strategies if ATTACKS[s].malicious]
     if malicious and sc.threat_model != "malicious":
         raise ValueError(f"{where}: attacker_menu strategy {malicious} modify the model the server sends, which "
@@ -867,7 +869,9 @@ def _validate_menus(sc: Scenario) -> None:
     configs = {s: {f.name for f in dataclasses.fields(ATTACKS[s].Config)} for s in strategies}
     for key in sc.attack_defaults:
         if not any(key in fields for fields in configs.values()):
-            raise ValueError(f"{where}: attack_defaults {key!r} is a field of none of the strategies {strategies}")
+            fields = sorted(set().union(*configs.values()))
+            raise ValueError(f"{where}: attack_defaults {key!r} is a field of none of the strategies {strategies}"
+                             f"{did_you_mean(key, fields)}")
     for s in strategies:  # the defaults alone first, so that a bad default is named as one (it was
         # blamed on the first menu level built with it); a strategy owning no menu key is built here only
         fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
@@ -880,9 +884,8 @@ def _validate_menus(sc: Scenario) -> None:
             continue
         owners = [s for s in strategies if key in configs[s]]
         if not owners:
-            raise ValueError(
-                f"{where}: attacker_menu {key!r} is a field of none of the strategies {strategies}"
-            )
+            raise ValueError(f"{where}: attacker_menu {key!r} is a field of none of the strategies {strategies}"
+                             f"{did_you_mean(key, set().union(*configs.values()))}")
         for s in owners:
             fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
             for value in values:

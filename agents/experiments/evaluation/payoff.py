@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from leakgym.metrics.functional import DEFAULT_MAX_DB
+
 #: metrics reported per pair (each as mean and 95% CI)
 METRICS = (
     "leakage_ssim",
@@ -28,10 +30,11 @@ METRICS = (
 )
 #: metrics averaged over the rounds of an episode (the others are per-episode totals / final values)
 ROUND_METRICS = ("leakage_ssim", "leakage_psnr", "leakage_lpips", "label_accuracy")
-#: the values each metric can take (PSNR of unit images is >= 0 dB); intervals are clipped to them
+#: the values each metric can take (PSNR of unit images is >= 0 dB, and capped at DEFAULT_MAX_DB: an interval
+#: reached 197 dB before, found in an audit); intervals are clipped to them
 METRIC_RANGES: dict[str, tuple[float, float]] = {
     "leakage_ssim": (-1.0, 1.0),
-    "leakage_psnr": (0.0, math.inf),
+    "leakage_psnr": (0.0, DEFAULT_MAX_DB),
     "leakage_lpips": (0.0, math.inf),
     "label_accuracy": (0.0, 1.0),
     "accuracy": (0.0, 1.0),

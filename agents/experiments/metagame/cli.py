@@ -18,6 +18,7 @@ import csv
 import sys
 from pathlib import Path
 
+from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.devices import device_argument
 from leakgym.files import folder_argument
 
@@ -49,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=16, help="evaluation episodes per payoff cell (default: 16)")
     parser.add_argument("--timesteps", type=int, default=20_000,
                         help="environment steps per best-response training (default: 20000)")
-    parser.add_argument("--algo", default="ppo", help="Stable-Baselines3 algorithm of the oracle (default: ppo)")
+    parser.add_argument("--algo", choices=ALGORITHMS, default="ppo",
+                        help="Stable-Baselines3 algorithm of the oracle (default: ppo)")
     add_hyperparams_argument(parser)
     parser.add_argument("--lockstep", type=int, default=16, help="games played together in a cell block (default: 16)")
     parser.add_argument("--device", default="cpu", type=device_argument, help="torch device (default: cpu)")

@@ -12,6 +12,7 @@ from leakgym.agents.policies.factory import make_agent
 from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.agents.policies.scripted import check_role
 from leakgym.devices import device_name
+from leakgym.suggest import did_you_mean
 
 from ..cli_common import resolve_env
 from .config import MAX_TRAIN_SEED, TrainConfig
@@ -93,7 +94,7 @@ def check_config(config: TrainConfig) -> CheckedConfig:
     from leakgym.game.scenario import load_scenario
 
     if config.algo not in ALGORITHMS:
-        raise ValueError(f"algo={config.algo!r}; allowed: {ALGORITHMS}")
+        raise ValueError(f"algo={config.algo!r}{did_you_mean(config.algo, ALGORITHMS)}; allowed: {ALGORITHMS}")
     if not _is_int(config.seed) or not 0 <= config.seed <= MAX_TRAIN_SEED:
         raise ValueError(f"seed={config.seed!r}; allowed: integers in [0, 2**32 - 1] (Stable-Baselines3 seeds "
                          "numpy's legacy generator with it)")
