@@ -189,7 +189,12 @@ def supersuit_vec_env(scenario: str | Scenario = "digits", num_envs: int = 1, *,
             ``"raise"``: pad the smaller menu, and a padded action raises ``ValueError`` at ``step``.
         agent_indicator: append a one-hot of the role to each observation (``agent_indicator_v0``), so a
             shared policy knows which role it plays.
-        num_cpus: SuperSuit's worker processes (0: all games in this process).
+        num_cpus: 0, every game in this process (the only value taken). SuperSuit's worker processes
+            (``num_cpus > 0``) seed game ``i`` of worker ``w`` with ``s + w + i``, so two games share a
+            seed whenever a worker holds several; they return their reset infos per worker, not per slot;
+            and forked after torch's OpenMP threads have run (building the env runs them), they hang at
+            their first computation (found in an audit). :func:`~leakgym.envs.make_sb3_vec` plays every
+            game in one batched computation instead.
         base_class: ``"stable_baselines3"`` (an SB3 ``VecEnv``) or ``"gymnasium"``.
         **overrides: :func:`~leakgym.envs.parallel_env` arguments (scenario fields, ``max_cycles``, ...).
     """
@@ -201,8 +206,10 @@ def supersuit_vec_env(scenario: str | Scenario = "digits", num_envs: int = 1, *,
         raise ValueError(f"invalid_action={invalid_action!r}; allowed: {INVALID_ACTION_MODES}")
     if not is_integer(num_envs) or num_envs < 1:
         raise ValueError(f"num_envs={num_envs!r}; allowed: integers >= 1")
-    if not is_integer(num_cpus) or num_cpus < 0:
-        raise ValueError(f"num_cpus={num_cpus!r}; allowed: integers >= 0 (0: every game in this process)")
+    if not is_integer(num_cpus) or num_cpus != 0:
+        raise ValueError(f"num_cpus={num_cpus!r}; allowed: 0 (every game in this process: SuperSuit's worker "
+                         "processes give two games one seed, return their reset infos per worker, and hang when "
+                         "forked after torch's threads have run; make_sb3_vec batches the games in one process)")
     if base_class not in BASE_CLASSES:
         raise ValueError(f"base_class={base_class!r}; allowed: {BASE_CLASSES}")
     if overrides.get("flat_actions", True) is not True:
@@ -226,7 +233,7 @@ def supersuit_vec_env(scenario: str | Scenario = "digits", num_envs: int = 1, *,
     if agent_indicator:
         env = ss.agent_indicator_v0(env)
     venv = ss.pettingzoo_env_to_vec_env_v1(env)
-    venv = ss.concat_vec_envs_v1(venv, int(num_envs), num_cpus=int(num_cpus), base_class="gymnasium")
+    venv = ss.concat_vec_envs_v1(venv, int(num_envs), num_cpus=0, base_class="gymnasium")
     return _sb3_vec_env(venv, slots) if base_class == "stable_baselines3" else CheckedSlotsVecEnv(venv, slots)
 
 

@@ -268,7 +268,8 @@ def test_supersuit_recipe_refuses_a_bad_slot_before_any_game_plays(cheap_overrid
 @pytest.mark.parametrize(("keyword", "value", "allowed"), [("num_envs", 0, "integers >= 1"),
                                                           ("num_envs", 1.5, "integers >= 1"),
                                                           ("num_envs", True, "integers >= 1"),
-                                                          ("num_cpus", -1, "integers >= 0"),
+                                                          ("num_cpus", -1, "0 "),
+                                                          ("num_cpus", 2, r"0 \(every game .* give two games one seed"),
                                                           ("base_class", "stable_baselines", "'stable_baselines3'")])
 def test_supersuit_recipe_checks_its_arguments(cheap_overrides, keyword, value, allowed):
     """num_envs=0 was an IndexError and 1.5 a TypeError, from inside SuperSuit after the env was built."""
