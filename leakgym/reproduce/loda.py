@@ -56,7 +56,7 @@ from leakgym.reproduce.runner import (
     utility_table,
     verdict,
 )
-from leakgym.reproduce.stats import FAILS, HOLDS, UNCHECKED, combine, compare, difference, estimate
+from leakgym.reproduce.stats import FAILS, HOLDS, UNCHECKED, UNDECIDED, combine, compare, difference, estimate
 
 IG, IG_ENC, DECODE, LODA_INV1, LODA_INV2 = (
     "IG", "IG on encodings", "Mixup decoding", "LODA inversion (5 layers)", "LODA inversion (all layers)")
@@ -409,8 +409,10 @@ def _loda_why(result: dict) -> str:
              + (": the obscured shards carry their labels only partly, like noisy labels."
                 if estimate(kept).mean < 0.9 * estimate(kept_plain).mean else ".")]
     a_short, a_long, p_short, p_long = _accs(c9, short), _accs(c9, long_), _accs(plain, short), _accs(plain, long_)
-    slower = _cmp(a_long, a_short, lower=False) == HOLDS
-    parts.append(f"(2) They train {'more slowly' if slower else 'no better with more rounds'}: {_pct(a_short)}% after "
+    rising = _cmp(a_long, a_short, lower=False)
+    trend = {HOLDS: "They train more slowly", UNDECIDED: "Whether they train more slowly or no better with more "
+             "rounds is undecided (one value each)"}.get(rising, "They train no better with more rounds")
+    parts.append(f"(2) {trend}: {_pct(a_short)}% after "
                  f"{short} rounds, {_pct(a_long)}% after {long_} (plain shards: {_pct(p_short)}% and {_pct(p_long)}%).")
     a_obs = _accs(c9, long_, "curves_obscured_test")
     if a_obs:
@@ -420,6 +422,7 @@ def _loda_why(result: dict) -> str:
                          HOLDS: "better, so part of the gap is a shift between obscured training and plain test "
                                 "images.",
                          FAILS: "worse, so it is not a shift between obscured training and plain test images.",
+                         UNDECIDED: "one value each, which does not tell a shift from noise.",
                      }.get(shift, "the same within noise, so it is not a shift between obscured training and plain "
                                   "test images."))
     small = rows_.get(LODA_SMALLER_C)

@@ -40,6 +40,7 @@ from leakgym.reproduce.stats import (
     FAILS,
     HOLDS,
     TIE,
+    UNDECIDED,
     Estimate,
     against,
     bound,
@@ -158,7 +159,7 @@ def verdicts(result: dict) -> list[dict]:
                        ours=f"{m[('MR', RTF, b8)]} dB", paper=f5["MR, B=8"], why="see the per-image values."))
     out.append(verdict(f"CAH: MR alone or SH alone still lets some images through at {b8} (>= {RECOVERED_DB:g} dB)",
                        combine([max((against(rec[(r, CAH, b8)], 0.0, lower=False) for r in ("MR", "SH")),
-                                    key=[FAILS, TIE, HOLDS].index)]),
+                                    key=[FAILS, TIE, UNDECIDED, HOLDS].index)]),
                        ours=f"share recovered: MR {rec[('MR', CAH, b8)]}, SH {rec[('SH', CAH, b8)]}",
                        paper=f6["MR/SH, B=8"],
                        why="our trap neurons (scale factor 0.85, ~18% active per digit) are rarely activated "

@@ -590,11 +590,20 @@ def still_rising(result: dict, name: str) -> str:
             f"to {p['to_round']} (not converged at the end of the run).")
 
 
-def verdict(claim: str, status: str, *, ours: str = "", paper: str = "", why: str = "") -> dict:
-    """A computed verdict; ``why`` is kept only when the claim does not hold or is a tie."""
+#: the reason an undecided verdict gives unless its caller knows a better one
+UNDECIDED_WHY = ("the data do not decide it at two standard errors (a single value, one seed or one image, has "
+                 "none): more seeds or images would.")
+
+
+def verdict(claim: str, status: str, *, ours: str = "", paper: str = "", why: str = "",
+            undecided_why: str = UNDECIDED_WHY) -> dict:
+    """A computed verdict; ``why`` (the likely reason a claim does not hold or ties) is kept only then: an
+    undecided verdict says ``undecided_why`` instead (a reason written for a failed claim would state what
+    the data do not show, found in review)."""
     if status not in STATUSES:
         raise ValueError(f"verdict status {status!r}; allowed: {STATUSES}")
-    return {"claim": claim, "status": status, "ours": ours, "paper": paper, "why": "" if status == HOLDS else why}
+    reason = "" if status == HOLDS else undecided_why if status == UNDECIDED else why
+    return {"claim": claim, "status": status, "ours": ours, "paper": paper, "why": reason}
 
 
 def unmeasured(claim: str) -> dict:
@@ -634,11 +643,10 @@ def drop_verdict(claim: str, base: Estimate | None, other: Estimate | None, max_
         return unmeasured(claim)
     drop = difference(base, other)
     status = bound(drop, max_drop, lower=True)  # neither met nor broken: undecided, not a tie (issue 36)
-    if status == UNDECIDED:
-        why = (f"the drop ({drop} points) cannot be told from the {max_drop:g}-point bound at two standard errors "
-               "(more seeds would decide it).")
+    undecided_why = (f"the drop ({drop} points) cannot be told from the {max_drop:g}-point bound at two standard "
+                     "errors (more seeds would decide it).")
     return verdict(claim, status, ours=f"{labels[0]} {base}%, {labels[1]} {other}% (drop {drop})", paper=paper,
-                   why=why)
+                   why=why, undecided_why=undecided_why)
 
 
 def listing(values: dict[str, Estimate | None], digits: int = 2) -> str:
@@ -713,7 +721,8 @@ def markdown(paper: Paper, result: dict) -> str:
         (f"* Statistics: seeds {seeds}; every privacy number is the mean ± standard error over the images of all "
          "seeds, every accuracy the mean ± standard error over the seeds. A verdict \"holds\" only when the "
          "difference exceeds two standard errors; \"tie (within noise)\" otherwise, and \"undecided\" for a bound "
-         "(an accuracy drop below a paper's gap) that the estimate neither meets nor breaks at two standard errors."),
+         "(an accuracy drop below a paper's gap) that the estimate neither meets nor breaks at two standard errors, "
+         "or for a comparison of a single value (one seed or one image: no standard error)."),
         utility_line,
         f"* {lpips_line(result)}",
         f"* {plateau_line(result)}",
