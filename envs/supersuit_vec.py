@@ -65,6 +65,7 @@ def padding_refusal(menu_sizes: dict[str, int], agent: str, action: Any) -> str 
     except (TypeError, ValueError, RuntimeError):
         return None
     if (arr.size == 1 and arr.dtype.kind in "iuf" and np.isfinite(arr).all()
+            and float(arr.reshape(-1)[0]).is_integer()  # (2.5 was "flat action 2 is a padding action")
             and n <= int(arr.reshape(-1)[0]) < max(menu_sizes.values())):
         others = ", ".join(f"{a} ({m})" for a, m in menu_sizes.items() if a != agent)
         return (f"{agent} flat action {int(arr.reshape(-1)[0])} is a padding action: the {agent}'s menu has {n} "
@@ -113,15 +114,19 @@ class SlotActions:
         self.menu_sizes = {a: m.n for a, m in self.menus.items()}
 
     def check(self, actions: Any) -> None:
+        # SuperSuit concatenates the slots' actions into an integer array: anything else (floats, a 2-d
+        # array) passed a looser check here and failed inside SuperSuit with numpy's own error (found in review)
+        allowed = f"allowed: a 1-d integer array of {self.num_slots} flat actions, one per slot"
         try:
-            slots = list(np.asarray(actions).reshape(-1)) if isinstance(actions, np.ndarray) else list(actions)
-        except TypeError:
-            raise ValueError(f"actions={actions!r}; allowed: one flat action per slot ({self.num_slots} "
-                             "slots)") from None
-        if len(slots) != self.num_slots:
-            raise ValueError(f"{len(slots)} actions for {self.num_slots} slots ({self.num_slots // len(self.agents)} "
-                             f"games x {self.agents}); allowed: one flat action per slot")
-        for k, action in enumerate(slots):
+            arr = np.asarray(actions)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"actions={actions!r}; {allowed}") from None
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"actions of shape {arr.shape} and dtype {arr.dtype}; {allowed}")
+        if len(arr) != self.num_slots:
+            raise ValueError(f"{len(arr)} actions for {self.num_slots} slots ({self.num_slots // len(self.agents)} "
+                             f"games x {self.agents}); {allowed}")
+        for k, action in enumerate(arr):
             agent = self.agents[k % len(self.agents)]
             try:
                 refusal = padding_refusal(self.menu_sizes, agent, action)
@@ -142,6 +147,12 @@ class CheckedSlotsVecEnv(gymnasium.vector.VectorWrapper):
     def step(self, actions: Any):
         self.slots.check(actions)
         return self.env.step(actions)
+
+    def __getattr__(self, name: str) -> Any:
+        """SuperSuit's own attributes (``vec_envs``, ``env_is_wrapped``, ...), as without this wrapper."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.env, name)
 
 
 def _sb3_vec_env(venv: gymnasium.vector.VectorEnv, slots: SlotActions):

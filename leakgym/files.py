@@ -158,11 +158,16 @@ def folder_argument(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text!r} names no folder; allowed: a folder path (e.g. runs/eval, or . for "
                                          "the current directory)")
     folder = Path(text)
-    # a file in the way was an OSError later ("[Errno 17] File exists"), after the command's other checks
-    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    # a file in the way was an OSError later ("[Errno 17] File exists"), after the command's other checks;
+    # so was a broken or looping link (it exists as a link, not as a folder)
+    try:
+        blocker = next((p for p in (folder, *folder.parents) if os.path.lexists(p) and not p.is_dir()), None)
+    except OSError as exc:  # e.g. a name longer than the file system takes
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}; allowed: a folder path") from None
     if blocker is not None:
         where = f"{text!r} is" if blocker == folder else f"{text!r}: {str(blocker)!r} is"
-        raise argparse.ArgumentTypeError(f"{where} a file, not a folder; allowed: a folder path (made if missing)")
+        what = "a broken link" if blocker.is_symlink() else "a file"
+        raise argparse.ArgumentTypeError(f"{where} {what}, not a folder; allowed: a folder path (made if missing)")
     return folder
 
 

@@ -71,6 +71,24 @@ def test_an_out_with_a_file_in_its_way_is_refused_by_the_parser(tmp_path, capsys
     assert exc.value.code == 2 and f"argument --out: {where} is a file, not a folder" in err, err
     assert a_file.read_text() == "x"
 
+
+@pytest.mark.parametrize("kind", ["dangling", "loop", "inside-dangling", "too-long"])
+def test_an_out_through_a_broken_link_or_too_long_is_one_line(tmp_path, capsys, kind):
+    """(review) A broken or looping link passed the file-in-the-way check (it does not exist as a folder or a
+    file) and failed later with "[Errno 17] File exists"; a name past the file system's limit made the check
+    itself raise, a traceback."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / ("link" if kind == "loop" else "nowhere"))
+    out = {"inside-dangling": link / "run", "too-long": tmp_path / ("x" * 300)}.get(kind, link)
+    try:
+        code = main(["eval", "--out", str(out)])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    if kind != "too-long":
+        assert "is a broken link, not a folder" in err, err
+
 def test_demo_takes_the_resume_its_interrupt_message_asks_for(tmp_path, monkeypatch):
     """Found in an audit: Ctrl-C in `leakgym demo` said "run the same command with --resume" (eval's words),
     which demo refused as an unknown argument; it passes --resume on to its evaluation now."""

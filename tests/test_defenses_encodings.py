@@ -266,7 +266,7 @@ def test_mixup_decoding_inverts_an_oasis_enlarged_mix_as_unencoded(mixing, cheap
                        strategies=["mixup-decoding"], attack_defaults={"decode_steps": 2}, **overrides)
     env.reset(seed=0)
     defender = np.ones(len(env.action_space("defender").nvec), dtype=np.int64)  # Mixup/InstaHide 2 and the flip
-    _, rewards, *_, infos = env.step({"defender": defender,
+    _, rewards, *_ = env.step({"defender": defender,
                                       "attacker": np.zeros(len(env.action_space("attacker").nvec), dtype=np.int64)})
     applied = env.round_details("defender")["defenses"]
     assert len(applied) == 2 and "oasis" in applied, applied

@@ -256,13 +256,29 @@ def test_supersuit_recipe_refuses_a_bad_slot_before_any_game_plays(cheap_overrid
     for bad, message in (([0, 0, 100, 0], r"slot 2 \(game 1's attacker\): attacker flat action 100 is a padding"),
                          ([0, 0, 0, 144], r"slot 3 \(game 1's defender\): .*defender flat action 144; allowed range"),
                          ([0, 0, 0, -1], r"slot 3 .*flat action -1"),
-                         ([0, 0, 0], r"3 actions for 4 slots")):
+                         ([0, 0, 0], r"3 actions for 4 slots"),
+                         # (review) accepted here, then numpy's own error inside SuperSuit
+                         ([0.0, 0.0, 1.0, 1.0], r"dtype float64; allowed: a 1-d integer array of 4"),
+                         ([[0], [0], [1], [1]], r"shape \(4, 1\) .*allowed: a 1-d integer array")):
         with pytest.raises(ValueError, match=message):
             step(np.array(bad))
         assert rounds() == [0, 0]
     step(np.array([7, 143, 0, 0]))
     assert rounds() == [1, 1]
+    if base_class == "gymnasium":  # (review) SuperSuit's own attributes through the checking wrapper
+        assert len(venv.vec_envs) == 2 and venv.env_is_wrapped(object) == [False] * 4
     venv.close()
+
+
+def test_a_fractional_action_is_not_called_a_padding_action():
+    """(review) 2.5 was reported as "flat action 2 is a padding action"; it is left to the menu's own check,
+    which refuses it as not an integer."""
+    from leakgym.envs.supersuit_vec import padding_refusal
+
+    sizes = {"attacker": 2, "defender": 8}
+    assert padding_refusal(sizes, "attacker", 2.5) is None
+    assert "flat action 3 is a padding action" in padding_refusal(sizes, "attacker", 3.0)
+    assert padding_refusal(sizes, "attacker", 8) is None  # past the shared space too: the menu's own check
 
 
 @pytest.mark.parametrize(("keyword", "value", "allowed"), [("num_envs", 0, "integers >= 1"),

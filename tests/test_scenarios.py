@@ -37,12 +37,22 @@ def test_the_name_field_can_be_overridden_like_any_other(capsys):
     from leakgym.envs import parallel_env
 
     assert load_scenario("digits", name="mine").name == "mine"
+    assert load_scenario().name == "digits" and load_scenario(None, rounds=2).name == "digits"
+    with pytest.raises(ValueError, match=r"load_scenario\(name='cifar10'\) names no scenario to load"):
+        load_scenario(name="cifar10")  # (review: it gave digits renamed 'cifar10' without a word)
+    with pytest.raises(ValueError, match="name=''; allowed: a non-empty string"):
+        load_scenario("digits", name="")
     assert parallel_env("digits", name="mine").scenario.name == "mine"
     env = gym.make("LeakGym-Digits-v0", name="mine", opponent="random")
     assert env.unwrapped.scenario.name == "mine"
     env.close()
     assert main(["describe", "LeakGym-Digits-v0", "--overrides", "name=mine"]) == 0
     capsys.readouterr()
+
+
+def test_a_strategy_that_is_not_a_name_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"attacker_menu strategy=\[\['dlg'\]\]; allowed: a list of attack names"):
+        load_scenario("digits", attacker_menu={"strategy": [["dlg"]]})
 
 
 def test_a_bad_attack_default_is_named_as_a_default():

@@ -27,10 +27,10 @@ class OverrideLoader(yaml.SafeLoader):
     refused what ``gym.make(..., tv=[0, 1e-4])`` takes."""
 
 
-OverrideLoader.add_implicit_resolver(  # YAML 1.2's float forms (the core schema), beside YAML 1.1's
+OverrideLoader.add_implicit_resolver(  # YAML 1.2's exponent forms (the core schema), beside YAML 1.1's floats
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
 )
 
 

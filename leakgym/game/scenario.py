@@ -474,6 +474,8 @@ def _coerce_fields(sc: Scenario) -> None:
     for key in _STRINGS:
         if not isinstance(getattr(sc, key), str):
             raise _bad(name, key, getattr(sc, key), "a string")
+    if not sc.name.strip():
+        raise _bad(name, "name", sc.name, "a non-empty string (the scenario's label in messages and results)")
     for key, low in _INT_MIN.items():
         setattr(sc, key, _as_int(name, key, getattr(sc, key), low))
     for key, low in _OPTIONAL_INT_MIN.items():
@@ -858,6 +860,9 @@ def _validate_menus(sc: Scenario) -> None:
         if bad_bits:
             raise ValueError(f"{where}: {menu.option} {bad_bits} unknown; allowed: {list(menu.bits)}")
     strategies = sc.attacker_menu["strategy"]
+    if not all(isinstance(s, str) for s in strategies):  # ([["dlg"]] was a TypeError: unhashable type 'list')
+        raise ValueError(f"{where}: attacker_menu strategy={strategies!r}; allowed: a list of attack names "
+                         f"{sorted(ATTACKS)}")
     unknown = [s for s in strategies if s not in ATTACKS]
     if unknown:
         hints = "".join(did_you_mean(u, ATTACKS) for u in unknown[:1])
@@ -926,12 +931,21 @@ def read_scenario_file(path: str | Path) -> Scenario:
         raise ValueError(f"scenario file {str(path)!r}: {exc}") from None
 
 
-def load_scenario(name: str | Path | Scenario = "digits", /, **overrides: Any) -> Scenario:
+def load_scenario(name: str | Path | Scenario | None = None, /, **overrides: Any) -> Scenario:
     """A scenario with overrides applied: a packaged name (``leakgym/game/scenarios/<name>.toml``), an
-    explicit path to a ``.toml`` file, or a :class:`Scenario`.
+    explicit path to a ``.toml`` file, or a :class:`Scenario` (``None``: ``"digits"``).
 
-    Only the packaged folder is searched by name; any other file must be named by its path.
+    Only the packaged folder is searched by name; any other file must be named by its path. The scenario is
+    the first argument, positional only, so that ``name=`` renames it like any other field override
+    (``load_scenario("digits", name="mine")``); ``load_scenario(name="cifar10")`` without a scenario is refused
+    as ambiguous (it loaded cifar10 before ``name`` could be overridden, found in review).
     """
+    if name is None:
+        if "name" in overrides:
+            raise ValueError(f"load_scenario(name={overrides['name']!r}) names no scenario to load: pass it first, "
+                             f"load_scenario({overrides['name']!r}), and name= only to rename one "
+                             f"(load_scenario('digits', name={overrides['name']!r}))")
+        name = "digits"
     if isinstance(name, Scenario):
         return name.replace(**overrides) if overrides else name
     if isinstance(name, Path) or (isinstance(name, str) and name.endswith(".toml")):
