@@ -150,7 +150,7 @@ class CheckedSlotsVecEnv(gymnasium.vector.VectorWrapper):
 
     def __getattr__(self, name: str) -> Any:
         """SuperSuit's own attributes (``vec_envs``, ``env_is_wrapped``, ...), as without this wrapper."""
-        if name.startswith("_"):
+        if name.startswith("_") or name in ("env", "slots"):  # (not set yet: while a copy is being built)
             raise AttributeError(name)
         return getattr(self.env, name)
 
