@@ -166,7 +166,7 @@ def folder_argument(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc.strerror or exc}; allowed: a folder path") from None
     if blocker is not None:
         where = f"{text!r} is" if blocker == folder else f"{text!r}: {str(blocker)!r} is"
-        what = "a broken link" if blocker.is_symlink() else "a file"
+        what = "a broken link" if blocker.is_symlink() and not blocker.exists() else "a file"
         raise argparse.ArgumentTypeError(f"{where} {what}, not a folder; allowed: a folder path (made if missing)")
     return folder
 

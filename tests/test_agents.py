@@ -260,10 +260,10 @@ def test_cli_overrides_read_exponent_numbers_as_numbers_everywhere(capsys):
     from leakgym.game.scenario import load_scenario
 
     parsed = parse_overrides(["tv=[0,1e-4]", "defender_menu={noise_sigma: [0, 1e-3]}", "attack_defaults={lr: 1e-2}",
-                              "local_lr=-2E+3", "name=1e", "label='1e-4'", "server_lr=.5e1", "tag=1.2.3"])
+                              "local_lr=-2E+3", "name=1e", "label='1e-4'", "server_lr=.5e1", "tag=1.2.3", "odd=._e3"])
     assert parsed == {"tv": [0, 1e-4], "defender_menu": {"noise_sigma": [0, 1e-3]}, "attack_defaults": {"lr": 1e-2},
                       "local_lr": -2000.0, "name": "1e", "label": "1e-4", "server_lr": 5.0,
-                      "tag": "1.2.3"}  # (1e, '1e-4' and 1.2.3 are not numbers: they stay strings)
+                      "tag": "1.2.3", "odd": "._e3"}  # (1e, '1e-4', 1.2.3, ._e3 are not numbers: strings)
     assert load_scenario("digits", tv=parsed["tv"]).attacker_menu["tv"] == [0, 1e-4]
     for override in ("tv=[0,1e-4]", "defender_menu={noise_sigma: [0, 1e-3]}", "attack_defaults={lr: 1e-2}"):
         assert main(["describe", "LeakGym-Digits-v0", "--overrides", override]) == 0, capsys.readouterr().err

@@ -72,13 +72,14 @@ def test_an_out_with_a_file_in_its_way_is_refused_by_the_parser(tmp_path, capsys
     assert a_file.read_text() == "x"
 
 
-@pytest.mark.parametrize("kind", ["dangling", "loop", "inside-dangling", "too-long"])
+@pytest.mark.parametrize("kind", ["dangling", "loop", "inside-dangling", "too-long", "link-to-file"])
 def test_an_out_through_a_broken_link_or_too_long_is_one_line(tmp_path, capsys, kind):
     """(review) A broken or looping link passed the file-in-the-way check (it does not exist as a folder or a
     file) and failed later with "[Errno 17] File exists"; a name past the file system's limit made the check
     itself raise, a traceback."""
     link = tmp_path / "link"
-    link.symlink_to(tmp_path / ("link" if kind == "loop" else "nowhere"))
+    (tmp_path / "afile").write_text("x")
+    link.symlink_to(tmp_path / {"loop": "link", "link-to-file": "afile"}.get(kind, "nowhere"))
     out = {"inside-dangling": link / "run", "too-long": tmp_path / ("x" * 300)}.get(kind, link)
     try:
         code = main(["eval", "--out", str(out)])
@@ -86,7 +87,9 @@ def test_an_out_through_a_broken_link_or_too_long_is_one_line(tmp_path, capsys, 
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
-    if kind != "too-long":
+    if kind == "link-to-file":  # (a working link to a file is a file in the way, not a broken link)
+        assert "/link' is a file, not a folder" in err, err
+    elif kind != "too-long":
         assert "is a broken link, not a folder" in err, err
 
 def test_demo_takes_the_resume_its_interrupt_message_asks_for(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ class OverrideLoader(yaml.SafeLoader):
 
 OverrideLoader.add_implicit_resolver(  # YAML 1.2's exponent forms (the core schema), beside YAML 1.1's floats
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
     list("-+0123456789."),
 )
 
