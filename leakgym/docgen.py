@@ -209,16 +209,14 @@ def _data_requirements(gym_id: str) -> list[str]:
     if source is None:
         lines += ["", "Works offline: the images ship with scikit-learn, nothing is downloaded."]
     elif source.downloadable:
-        hint = source.layout_hint(Path("$LEAKGYM_DATA"))
         lines += ["", ("Not bundled. On first use the files are looked for under `root=` / `$LEAKGYM_DATA` / "
                        "`~/.cache/leakgym` and, when missing, downloaded and checked against their official "
                        "MD5 digests; without network access the environment raises `DatasetUnavailableError` "
-                       f"saying where it looked. To provide them by hand: {hint}.")]
+                       f"saying where it looked. To provide them by hand: {source.layout_hint(Path('$LEAKGYM_DATA'))}.")]
     else:
-        hint = source.layout_hint(Path("$LEAKGYM_DATA"))
         lines += ["", ("Not bundled, and not downloaded: the files are looked for under `root=` / `$LEAKGYM_DATA` / "
                        "`~/.cache/leakgym`; when missing, the environment raises `DatasetUnavailableError` saying "
-                       f"where it looked. To provide them: {hint}.")]
+                       f"where it looked. To provide them: {source.layout_hint(Path('$LEAKGYM_DATA'))}.")]
     return [*lines, ""]
 
 

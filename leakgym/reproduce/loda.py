@@ -183,8 +183,8 @@ def _subsets(spec) -> dict[str, DefenseConfig]:
     return out
 
 
-def extra(split, scale: Scale, seeds: list[int], *, size: str, progress: bool, parts: dict | None = None,
-          keep: Callable[[str, Any], Any] | None = None) -> dict:
+def extra(split, scale: Scale, seeds: list[int], *, size: str, progress: bool, parts: dict,
+          keep: Callable[[str, Any], Any]) -> dict:
     """LODA's utility as in the paper (obscure the training data once, then train), why it trains worse,
     and the encoding diagnosis.
 
@@ -196,11 +196,6 @@ def extra(split, scale: Scale, seeds: list[int], *, size: str, progress: bool, p
     from leakgym.reproduce.loda_diagnosis import diagnose as diagnose_loda
     from leakgym.reproduce.loda_diagnosis import obscure_split
 
-    parts = {} if parts is None else parts
-    if keep is None:
-        def keep(name: str, value: Any) -> Any:
-            parts[name] = value
-            return value
     once = [row for row in rows(size) if row.name in ONCE]
     shards: dict[str, dict] = {}
 
