@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from leakgym.data.catalog import dataset_info
 from leakgym.data.download import RemoteFile, download_and_extract, download_file
 from leakgym.data.formats import check_label_range, read_cifar_batch, read_idx
 
@@ -134,7 +135,7 @@ class IdxSource(DiskSource):
                 raise ValueError(f"{directory}: {split} labels {y.shape} do not match {x.shape[0]} images")
             if not np.issubdtype(y.dtype, np.integer):  # float labels would be truncated (0.9 -> class 0)
                 raise ValueError(f"{y_path}: labels must be integers, got dtype {y.dtype}")
-            check_label_range(y_path, y, 10)  # (MNIST's and Fashion-MNIST's ten classes)
+            check_label_range(y_path, y, dataset_info(self.name).num_classes)
         return train_x, train_y.astype(np.int64), test_x, test_y.astype(np.int64)
 
     def download(self, root: Path) -> Path:
@@ -177,7 +178,7 @@ class CifarSource(DiskSource):
         return [f for f in self.train_files + self.test_files if not (directory / f).is_file()]
 
     def _read_all(self, directory: Path, files: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-        classes = 10 if self.label_key == "labels" else 100  # CIFAR-10's labels, CIFAR-100's fine labels
+        classes = dataset_info(self.name).num_classes  # (CIFAR-100's: the fine labels')
         batches = [read_cifar_batch(directory / f, self.label_key, classes) for f in files]
         return np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
 

@@ -45,39 +45,54 @@ def _progress_callback(total: int):
     return TqdmCallback()
 
 
-def _checkpoint_callback(save_freq: int, folder: Path, metadata: dict[str, Any], flat_nvec: Any):
+def _after_updates(freq: int):
+    """The base class of a callback that acts once the steps have passed a multiple of ``freq``: at the next
+    update's end (the next rollout's start, or the run's end), with ``num_timesteps`` the steps played then, so
+    that what is labelled with a step count is the policy trained on those steps (found in an audit: acting when
+    it came due, a checkpoint held the weights from before the update of the steps it was labelled with);
+    several multiples passed within one rollout give one action. Subclasses define ``act()`` and may extend
+    ``_init_callback``."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    class PolicyCheckpoints(BaseCallback):
-        """``folder/policy_<steps>_steps.zip`` and its JSON file once the steps have passed a multiple of
-        ``save_freq``: at the next update's end (the next rollout's start, or the run's end), labelled with the
-        steps played then. Saved when it came due, a checkpoint held the weights from before the update of the
-        steps it was labelled with (found in an audit: the last one, labelled with the run's steps, was not the
-        final policy); several multiples passed within one rollout give one checkpoint."""
-
+    class AfterUpdates(BaseCallback):
         def _init_callback(self) -> None:
-            folder.mkdir(parents=True, exist_ok=True)
-            self.next_save = (self.num_timesteps // save_freq + 1) * save_freq
+            self.next_due = (self.num_timesteps // freq + 1) * freq
             self.due = False
 
         def _on_step(self) -> bool:
-            if self.num_timesteps >= self.next_save:
+            if self.num_timesteps >= self.next_due:
                 self.due = True
-                self.next_save = (self.num_timesteps // save_freq + 1) * save_freq
+                self.next_due = (self.num_timesteps // freq + 1) * freq
             return True
 
-        def _save_if_due(self) -> None:
+        def _act_if_due(self) -> None:
             if self.due:
-                steps = int(self.model.num_timesteps)
-                save_policy(self.model, folder / f"policy_{steps}_steps.zip", {**metadata, "timesteps": steps},
-                            flat_nvec=flat_nvec)
+                self.num_timesteps = self.model.num_timesteps
+                self.act()
                 self.due = False
 
         def _on_rollout_start(self) -> None:
-            self._save_if_due()
+            self._act_if_due()
 
         def _on_training_end(self) -> None:
-            self._save_if_due()
+            self._act_if_due()
+
+    return AfterUpdates
+
+
+def _checkpoint_callback(save_freq: int, folder: Path, metadata: dict[str, Any], flat_nvec: Any):
+    class PolicyCheckpoints(_after_updates(save_freq)):
+        """``folder/policy_<steps>_steps.zip`` and its JSON file once the steps have passed a multiple of
+        ``save_freq``, labelled with the steps played at the next update's end (:func:`_after_updates`)."""
+
+        def _init_callback(self) -> None:
+            super()._init_callback()
+            folder.mkdir(parents=True, exist_ok=True)
+
+        def act(self) -> None:
+            steps = int(self.num_timesteps)
+            save_policy(self.model, folder / f"policy_{steps}_steps.zip", {**metadata, "timesteps": steps},
+                        flat_nvec=flat_nvec)
 
     return PolicyCheckpoints()
 
@@ -163,34 +178,16 @@ def eval_callback(make_env: Callable[[int], Any], freq: int, episodes: int, seed
     ``timesteps, wall_time_s, episodes`` and, for each metric in :data:`EVAL_METRICS`, the mean and its
     95% t-interval (clipped to :data:`EVAL_RANGES`).
     """
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class LeakGymEvalCallback(BaseCallback):
+    class LeakGymEvalCallback(_after_updates(freq)):
         def _init_callback(self) -> None:
+            super()._init_callback()
             self.t0 = time.perf_counter()
-            self.next_eval = (self.num_timesteps // freq + 1) * freq
-            self.due = False
             csv_path.parent.mkdir(parents=True, exist_ok=True)
             with open(csv_path, "w", newline="") as fh:
                 csv.writer(fh).writerow(EVAL_COLUMNS)
 
-        def _on_step(self) -> bool:  # (evaluated after the update, as the checkpoints are saved)
-            if self.num_timesteps >= self.next_eval:
-                self.due = True
-                self.next_eval = (self.num_timesteps // freq + 1) * freq
-            return True
-
-        def _evaluate_if_due(self) -> None:
-            if self.due:
-                self.num_timesteps = self.model.num_timesteps
-                self.evaluate()
-                self.due = False
-
-        def _on_rollout_start(self) -> None:
-            self._evaluate_if_due()
-
-        def _on_training_end(self) -> None:
-            self._evaluate_if_due()
+        def act(self) -> None:
+            self.evaluate()
 
         def evaluate(self) -> dict[str, Any]:
             rows = evaluate_policy(make_env, lambda obs: self.model.predict(obs, deterministic=True)[0],
