@@ -258,3 +258,15 @@ def test_the_table_shows_a_dash_for_fields_a_row_lacks():
     lines = bench_env.to_markdown([old, uncounted], "test machine").splitlines()
     assert lines[-2].endswith("| - | " + f"{old['share_overhead']:.0%}" + " | - | - |")
     assert lines[-1].endswith(" | - | - |") and f"| {row['share_reward']:.0%} |" in lines[-1]
+
+
+def test_interrupted_saves_the_finished_rows_once_more_and_nothing_without_rows(capsys):
+    """Every bench command's Ctrl-C path: the rows are written again (the interrupt may have come between a
+    row's arrival and its save), and an interrupt before any row writes nothing."""
+    from leakgym.bench import INTERRUPTED, interrupted
+
+    saved = []
+    assert interrupted(2, 3, "a.json", "a.md", save=lambda: saved.append("rows")) == INTERRUPTED
+    assert saved == ["rows"] and "interrupted: 2 of 3 rows finished; they are in a.json and a.md" in capsys.readouterr().err
+    assert interrupted(0, 3, "a.json", save=lambda: saved.append("none")) == INTERRUPTED
+    assert saved == ["rows"] and "none of 3 rows finished; nothing written" in capsys.readouterr().err

@@ -14,6 +14,7 @@ import os
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -127,9 +128,12 @@ def progress_bar(total: int, desc: str, enabled: bool = True):
     return tqdm(total=total, desc=desc, unit="row", file=sys.stderr, disable=not enabled, dynamic_ncols=True)
 
 
-def interrupted(done: int, total: int, *paths: str | Path) -> int:
-    """After Ctrl-C: say how many rows finished and where they are (already written); return 130."""
+def interrupted(done: int, total: int, *paths: str | Path, save: Callable[[], None] | None = None) -> int:
+    """After Ctrl-C: write the finished rows once more with ``save()`` (the interrupt may have come between a
+    row's arrival and its save), say how many rows finished and where they are; return 130."""
     if done:
+        if save is not None:
+            save()
         where = " and ".join(str(p) for p in paths)
         print(f"interrupted: {done} of {total} rows finished; they are in {where}", file=sys.stderr)
     else:

@@ -185,8 +185,7 @@ def main(args: argparse.Namespace) -> int:
                     write_results(out, machine, rows, to_markdown(rows, machine), echo=False)
                     bar.update()
     except KeyboardInterrupt:
-        if rows:  # (the interrupt may have come between a row's append and its save)
-            write_results(out, machine, rows, to_markdown(rows, machine), echo=False)
-        return interrupted(len(rows), total, out, out.with_suffix(".md"))
+        return interrupted(len(rows), total, out, out.with_suffix(".md"),
+                           save=lambda: write_results(out, machine, rows, to_markdown(rows, machine), echo=False))
     print(to_markdown(rows, machine))
     return 0

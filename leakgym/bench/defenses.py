@@ -745,9 +745,8 @@ def main(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         scores = attack_all(problems, args, split.spec, lpips=settings["lpips"] is not None)
     except KeyboardInterrupt:
-        if records:  # (the interrupt may have come between a row's append and its save)
-            write_results(records, settings, json_path, md_path, complete=False)
-        return interrupted(len(records), len(rows_plan), json_path, md_path)
+        return interrupted(len(records), len(rows_plan), json_path, md_path,
+                           save=lambda: write_results(records, settings, json_path, md_path, complete=False))
     print(f"attacks: {len(problems)} updates in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     per_row: dict[int, list[dict]] = {}
     for (row, *_), score in zip(problems, scores):

@@ -433,8 +433,6 @@ def main(args: argparse.Namespace) -> int:
             args.batch_clients == "on", args.defender, overrides, args.warmup_steps, rows=rows, on_row=save,
             progress=not getattr(args, "no_progress", False), synthetic_images=synthetic)
     except KeyboardInterrupt:
-        if rows:  # (the interrupt may have come between a row's arrival and its save)
-            save(rows)
-        return interrupted(len(rows), len(ids) * len(sizes), out, Path(out).with_suffix(".md"))
+        return interrupted(len(rows), len(ids) * len(sizes), out, Path(out).with_suffix(".md"), save=lambda: save(rows))
     save(rows, echo=True)
     return 0
