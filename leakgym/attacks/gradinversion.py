@@ -13,9 +13,10 @@ The objective (paper Eq. 3-9) adds image priors to gradient matching:
   order) -- the prior is used only when they are given and the model has BN layers. The dummy
   statistics are captured by forward pre-hooks on the BN layers of the engine's functional model.
 * ``R_group`` (Eq. 9): each restart is pulled towards the group consensus, the pixel-wise mean of the
-  restarts of the same victim (detached). Yin et al. first register the restarts to each other
-  (RANSAC-flow alignment); LeakGym's small, unaugmented images make alignment unnecessary, so it is
-  omitted. With a single restart the term is disabled.
+  restarts of the same victim (detached), by the pixel mean of the squared difference where Yin et al.
+  take its Euclidean norm (:func:`~leakgym.attacks.losses.group_consistency` says why). Yin et al. first
+  register the restarts to each other (RANSAC-flow alignment); LeakGym's small, unaugmented images make
+  alignment unnecessary, so it is omitted. With a single restart the term is disabled.
 * Labels from the head's update: Yin et al.'s Eq. 4 (``label_method="yin"``, distinct labels only) or
   LLG (default ``"auto"``), which also handles repeated labels.
 

@@ -406,12 +406,18 @@ def bn_statistics_loss(
 
 
 def group_consistency(x: Tensor, restarts: int) -> Tensor:
-    """GradInversion Eq. 9: ``||x_g - E(x)||^2`` (pixel mean) towards the restarts' consensus.
+    """GradInversion's group consistency (Eq. 9) towards the restarts' consensus, as the pixel mean of
+    ``(x_g - E(x))^2``.
 
     ``x`` is ``(P, ...)`` with ``P = N * restarts``; the consensus ``E(x)`` of victim ``n`` is the
     pixel-wise mean of its restarts, treated as a constant (detached), as the paper updates it
-    between optimisation steps. Yin et al. register (align) the restarts before averaging; LeakGym's
-    images are small and unaugmented, so the registration step is omitted.
+    between optimisation steps. Deviations: Yin et al. write the term as the Euclidean norm
+    ``||x_g - E(x)||_2`` (not squared, not divided by the pixel count); here it is its square over the
+    pixel count, so that the pull grows with the distance from the consensus (the norm's gradient has unit
+    length wherever the restart is) and the weight does not depend on the image size; the default weight
+    (:class:`~leakgym.attacks.gradinversion.GradInversionConfig` ``group``) was set for this form. Yin et
+    al. also register (align) the restarts before averaging; LeakGym's images are small and unaugmented, so
+    the registration step is omitted.
     """
     p = x.shape[0]
     if restarts < 1 or p % restarts:
