@@ -244,50 +244,37 @@ def test_cifar_reader_refuses_non_integer_labels(tmp_path: Path) -> None:
         read_cifar_batch(path, "labels")
 
 
-def test_a_label_out_of_range_is_named_with_its_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("num_classes", [10, 3])
+def test_a_label_out_of_range_is_named_with_its_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     num_classes: int) -> None:
     """Found in an audit: an MNIST label byte of 200, or a CIFAR-10 label of 10 or -1, failed only in the
-    dataset's own check, whose message names no file."""
-    _mnist_like(tmp_path / "mnist", gz=False)
-    labels = tmp_path / "mnist" / "train-labels-idx1-ubyte"
-    labels.write_bytes(_idx_bytes(np.array([0, 1, 200, 3, 4]), 0x08, "u1"))
-    with pytest.raises(ValueError, match=rf"{labels}: label 200 out of range; allowed \[0, 9\]"):
-        load_dataset("mnist", root=tmp_path, download=False)
-    folder = tmp_path / "cifar-10-batches-py"
-    folder.mkdir()
-    for i in range(1, 6):
-        _cifar_batch(folder / f"data_batch_{i}", 2, "labels", 10, seed=i)
-    _cifar_batch(folder / "test_batch", 3, "labels", 10, seed=9)
-    for bad in (10, -1):
-        data = np.zeros((2, 3072), dtype=np.uint8)
-        with open(folder / "data_batch_3", "wb") as f:
-            pickle.dump({"data": data, "labels": [0, bad]}, f, protocol=2)
-        with pytest.raises(ValueError, match=rf"data_batch_3: label {bad} out of range; allowed \[0, 9\]"):
-            load_dataset("cifar10", root=tmp_path, download=False)
-
-
-def test_the_readers_take_the_class_count_from_the_catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The IDX and CIFAR readers bound the labels by the dataset's catalog entry (they had restated 10 and 100
-    themselves): with the catalog's count lowered, a label past it is refused by the reader, naming the file."""
+    dataset's own check, whose message names no file. The readers bound the labels by the dataset's catalog
+    entry (they had restated 10 and 100 themselves): with the catalog's count lowered to 3, a label of 3 is
+    refused by the reader."""
     import dataclasses
 
     from leakgym.data import catalog
 
     for name in ("mnist", "cifar10"):
-        monkeypatch.setitem(catalog._INFOS, name, dataclasses.replace(catalog._INFOS[name], num_classes=3))
+        monkeypatch.setitem(catalog._INFOS, name, dataclasses.replace(catalog._INFOS[name], num_classes=num_classes))
+    top = num_classes - 1
     _mnist_like(tmp_path / "mnist", gz=False)
     labels = tmp_path / "mnist" / "train-labels-idx1-ubyte"
-    labels.write_bytes(_idx_bytes(np.array([0, 1, 2, 3, 2]), 0x08, "u1"))
-    with pytest.raises(ValueError, match=rf"{labels}: label 3 out of range; allowed \[0, 2\]"):
+    bad = 200 if num_classes == 10 else num_classes
+    labels.write_bytes(_idx_bytes(np.array([0, 1, bad, 2, 1]), 0x08, "u1"))
+    with pytest.raises(ValueError, match=rf"{labels}: label {bad} out of range; allowed \[0, {top}\]"):
         load_dataset("mnist", root=tmp_path, download=False)
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     for i in range(1, 6):
-        _cifar_batch(folder / f"data_batch_{i}", 2, "labels", 3, seed=i)
-    _cifar_batch(folder / "test_batch", 3, "labels", 3, seed=9)
-    with open(folder / "data_batch_2", "wb") as f:
-        pickle.dump({"data": np.zeros((2, 3072), dtype=np.uint8), "labels": [0, 4]}, f, protocol=2)
-    with pytest.raises(ValueError, match=r"data_batch_2: label 4 out of range; allowed \[0, 2\]"):
-        load_dataset("cifar10", root=tmp_path, download=False)
+        _cifar_batch(folder / f"data_batch_{i}", 2, "labels", num_classes, seed=i)
+    _cifar_batch(folder / "test_batch", 3, "labels", num_classes, seed=9)
+    for bad in (num_classes, -1):
+        data = np.zeros((2, 3072), dtype=np.uint8)
+        with open(folder / "data_batch_3", "wb") as f:
+            pickle.dump({"data": data, "labels": [0, bad]}, f, protocol=2)
+        with pytest.raises(ValueError, match=rf"data_batch_3: label {bad} out of range; allowed \[0, {top}\]"):
+            load_dataset("cifar10", root=tmp_path, download=False)
 
 
 def test_idx_reader_names_the_file_for_empty_truncated_and_damaged_files(tmp_path: Path) -> None:
