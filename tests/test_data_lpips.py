@@ -38,6 +38,7 @@ def clean(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "_hub_dir", None)
     monkeypatch.setattr(perceptual, "_WARNED", set())
     monkeypatch.setattr(perceptual, "_MODELS", {})
+    monkeypatch.setattr(perceptual, "_VERIFIED", set())
     return tmp_path
 
 
@@ -63,9 +64,9 @@ def test_the_environment_variable_names_a_file_and_that_file_is_loaded(clean, mo
     path = clean / "my-weights" / "alexnet-renamed.pth"
     features = _alexnet_checkpoint(path)
     monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(path))
+    _accept(monkeypatch, path)
     assert lpips_weights_path("alex") == path and lpips_available("alex")
     assert lpips_status() == f"LPIPS (alex) is reported, from {path}"
-    _accept(monkeypatch, path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", LPIPSWeightsMissingWarning)
         lpips(torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32))
@@ -156,6 +157,9 @@ def test_describe_says_whether_lpips_is_reported(clean, monkeypatch, capsys):
     path = clean / "w.pth"
     _alexnet_checkpoint(path)
     monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(path))
+    assert main(["describe", "LeakGym-Digits-v0"]) == 0  # an untrained AlexNet: refused, and describe says so
+    assert f"LPIPS (alex) is not reported: {path} is not torchvision's pretrained" in capsys.readouterr().out
+    _accept(monkeypatch, path)
     assert main(["describe", "LeakGym-Digits-v0"]) == 0
     assert f"metrics: SSIM, PSNR; LPIPS (alex) is reported, from {path}" in capsys.readouterr().out
 
@@ -171,3 +175,20 @@ def test_the_round_picture_labels_lpips_beside_ssim_and_psnr_when_it_was_scored(
     scores.per_image["lpips"] = np.array([0.25, float("nan")])  # as a game scores it (value not from a backbone)
     titles = [ax.get_title() for ax in round_figure(x, x, scores).axes if "SSIM" in ax.get_title()]
     assert "LPIPS 0.25" in titles[0] and "LPIPS" not in titles[1]
+
+
+def test_an_environment_refuses_a_wrong_weights_file_when_it_is_made(clean, monkeypatch):
+    """Found in an audit: with a file that is not torchvision's checkpoint under the weights' name, every
+    environment (SSIM's too, since LPIPS is reported wherever weights are found) was made and failed on its
+    first step. It is refused when the environment is made, and lpips_status says why LPIPS is not reported."""
+    from leakgym.envs import parallel_env
+
+    path = clean / "torch" / "hub" / "checkpoints" / LPIPS_BACKBONE_FILES["alex"]
+    _alexnet_checkpoint(path)  # an untrained AlexNet under torchvision's name
+    for metric in ("ssim", "lpips"):
+        with pytest.raises(ValueError, match=rf"{path} is not torchvision's pretrained alex checkpoint"):
+            parallel_env("digits", leakage_metric=metric)
+    assert lpips_status().startswith(f"LPIPS (alex) is not reported: {path} is not torchvision's pretrained")
+    _accept(monkeypatch, path)
+    assert lpips_status() == f"LPIPS (alex) is reported, from {path}"
+    parallel_env("digits", leakage_metric="lpips").close()

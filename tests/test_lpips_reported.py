@@ -108,6 +108,7 @@ def test_reproduce_resume_refuses_a_run_recorded_with_the_other_lpips_setting(cl
     w = clean / "w.pth"
     _alexnet_checkpoint(w)
     monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(w))
+    _accept(monkeypatch, w)
     with pytest.raises(ValueError, match=r"\(.*lpips.*differ\)"):
         run_paper(paper_spec("dcs2"), seeds=(0,), images=1, out=tmp_path, scale_overrides=TINY, utility=False,
                   progress=False, resume=True)

@@ -273,3 +273,13 @@ def test_ray_cells_equal_the_in_process_cells(tmp_path):
         cell = alone.play(members[0], [d], "t")
         key = ("dlg-paper", d.name)
         assert with_ray[key].values["attacker_return"] == pytest.approx(cell[key].values["attacker_return"], abs=1e-6)
+
+
+def test_leakgym_metagame_refuses_an_environment_it_cannot_build_before_writing(tmp_path, monkeypatch, capsys):
+    """Found in an audit: with CIFAR-10 not on disk (or LPIPS weights missing) metagame.json was written with
+    status "running" and no cells before the first cell failed, and the same command then asked for --resume."""
+    monkeypatch.setenv("LEAKGYM_DATA", str(tmp_path / "no-data"))
+    out = tmp_path / "cifar"
+    assert cli_main(["metagame", "--env", "LeakGym-CIFAR-v0", "--out", str(out), *TINY]) == 2
+    assert "cifar-10-python.tar.gz" in capsys.readouterr().err
+    assert not out.exists()

@@ -346,6 +346,7 @@ def torch_home(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "_hub_dir", None)
     monkeypatch.setattr(perceptual, "_WARNED", set())
     monkeypatch.setattr(perceptual, "_MODELS", {})
+    monkeypatch.setattr(perceptual, "_VERIFIED", set())
     return tmp_path
 
 
@@ -378,11 +379,14 @@ def _random_alexnet_checkpoint(torch_home) -> tuple[Path, torch.nn.Module]:
 
 def test_lpips_refuses_a_checkpoint_whose_digest_is_not_torchvisions(torch_home):
     """An untrained AlexNet saved under torchvision's file name used to give LPIPS numbers; the file's
-    SHA-256 must start with the digits in its name (torch.hub's convention)."""
+    SHA-256 must start with the digits in its name (torch.hub's convention): refused where LPIPS is asked
+    whether it is available, and where it is computed."""
     _random_alexnet_checkpoint(torch_home)
-    assert lpips_available("alex")
-    with pytest.raises(ValueError, match=r"alexnet-owt-7be5be79.pth is not torchvision's pretrained alex "
-                                         r"checkpoint: its SHA-256 is [0-9a-f]{16}\.\.\., expected 7be5be79"):
+    refused = (r"alexnet-owt-7be5be79.pth is not torchvision's pretrained alex checkpoint: its SHA-256 is "
+               r"[0-9a-f]{16}\.\.\., expected 7be5be79")
+    with pytest.raises(ValueError, match=refused):
+        lpips_available("alex")
+    with pytest.raises(ValueError, match=refused):
         lpips(unit_images(1), unit_images(1))
 
 

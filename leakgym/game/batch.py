@@ -170,7 +170,7 @@ class GameBatch:
         #: LPIPS is scored where the leakage metric needs it and, beside SSIM and PSNR, wherever the backbone
         #: weights are on disk when the batch is made (``$LEAKGYM_LPIPS_WEIGHTS`` or torch's hub cache,
         #: leakgym.metrics.perceptual): the step infos then carry ``leakage_lpips``; without them no LPIPS
-        #: number is reported
+        #: number is reported; a file there that is not torchvision's checkpoint is refused here
         self.reports_lpips = "lpips" in scenario.leakage_metric or lpips_available()
         #: the scenario's action menus, built once (the scenario is fixed for the batch's lifetime)
         self.menus = {role: scenario.menu(role) for role in AGENTS}

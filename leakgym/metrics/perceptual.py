@@ -19,7 +19,8 @@ never downloads: the user points at a copy they have. Before building the metric
 If a file is found, its SHA-256 must start with the digits in its name (torch.hub's naming convention, which
 torchvision's downloads check too; :data:`LPIPS_SHA256_PREFIXES`): any other file under that name --
 an untrained AlexNet saved there, a truncated download -- is refused with a ``ValueError`` naming both
-digests. The LPIPS module is then built with a *randomly initialised* backbone (so nothing is fetched)
+digests, as soon as anything asks whether LPIPS is available (:func:`lpips_available`: an environment
+being made), once per process and file version. The LPIPS module is then built with a *randomly initialised* backbone (so nothing is fetched)
 and the checkpoint's ``features.*`` tensors are loaded into it with a strict key check, so LPIPS is
 never computed on a random backbone. If it is absent, :func:`lpips` returns NaN for every image and
 emits one :class:`LPIPSWeightsMissingWarning` per backbone and process naming the file and where to
@@ -99,22 +100,42 @@ def lpips_weights_path(net: str = "alex") -> Path:
 
 
 def lpips_available(net: str = "alex") -> bool:
-    """True if a backbone checkpoint for ``net`` is on disk where LPIPS looks (it is verified when LPIPS is
-    first computed: a file that is not torchvision's checkpoint is refused then, never used)."""
-    return lpips_weights_path(net).is_file()
+    """True if torchvision's backbone checkpoint for ``net`` is on disk where LPIPS looks; a file there that is
+    not that checkpoint (its SHA-256, :func:`_check_digest`, once per process and file version) is a
+    ``ValueError`` naming it, here (found in an audit: an environment accepted such a file when it was made
+    and failed on its first step)."""
+    path = lpips_weights_path(net)
+    if not path.is_file():
+        return False
+    _check_digest(net, path)
+    return True
 
 
 def lpips_status(net: str = "alex") -> str:
-    """One line saying whether LPIPS is reported and from which file, or where to put the weights."""
+    """One line saying whether LPIPS is reported and from which file, or why not (no weights: where to put
+    them; a file that is not torchvision's checkpoint: why it is refused)."""
     path = lpips_weights_path(net)
     if path.is_file():
+        try:
+            _check_digest(net, path)
+        except ValueError as exc:
+            return f"LPIPS ({net}) is not reported: {exc}"
         return f"LPIPS ({net}) is reported, from {path}"
     return (f"LPIPS ({net}) is not reported: no backbone weights. Set {LPIPS_WEIGHTS_ENV} to torchvision's "
             f"{LPIPS_BACKBONE_FILES[net]} (or a folder holding it), or copy the file to {path.parent}/")
 
 
+#: files whose digest :func:`_check_digest` accepted: ``(net, path, size, mtime_ns, expected prefix)``
+_VERIFIED: set[tuple[str, str, int, int, str]] = set()
+
+
 def _check_digest(net: str, path: Path) -> None:
-    """``ValueError`` unless the file's SHA-256 starts with :data:`LPIPS_SHA256_PREFIXES` ``[net]``."""
+    """``ValueError`` unless the file's SHA-256 starts with :data:`LPIPS_SHA256_PREFIXES` ``[net]``; a file
+    accepted once is not hashed again while its size and modification time stay."""
+    stat = path.stat()
+    key = (net, str(path), stat.st_size, stat.st_mtime_ns, LPIPS_SHA256_PREFIXES[net])
+    if key in _VERIFIED:
+        return
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -129,6 +150,7 @@ def _check_digest(net: str, path: Path) -> None:
             f"{want}... (the digits in its name). LPIPS is never computed with other weights; replace the file "
             f"with torchvision's download{hint}"
         )
+    _VERIFIED.add(key)
 
 
 def _build_lpips(net: str, path: Path) -> nn.Module:

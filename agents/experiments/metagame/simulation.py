@@ -90,6 +90,7 @@ class LeakGymSimulator:
     def __init__(self, env_id: str, *, episodes: int, seed: int, overrides: dict[str, Any], out: Path,
                  device: str = "cpu", lockstep: int = 16, progress: bool = False, use_ray: bool = False,
                  threads: int = 1) -> None:
+        from leakgym.envs.leakgym_env import parallel_env
         from leakgym.game.scenario import load_scenario
 
         from ..cli_common import resolve_env
@@ -98,6 +99,10 @@ class LeakGymSimulator:
             raise ValueError(f"episodes={episodes!r}; allowed: integers >= 2 (a cell's 95% interval needs two)")
         self.env_id = env_id
         self.scenario = load_scenario(resolve_env(env_id)[1], **overrides)
+        # An environment built and closed: data not on disk, LPIPS weights missing, a bad device are refused
+        # here, before a run writes its state file (found in an audit: metagame.json was left "running" with
+        # no cells, and the same command then asked for --resume)
+        parallel_env(self.scenario, device=device).close()
         self.episodes, self.seed, self.overrides = episodes, seed, dict(overrides)
         self.root = Path(out) / "cells"
         self.device, self.lockstep, self.progress, self.threads = device, lockstep, progress, threads
