@@ -178,8 +178,8 @@ def test_leakgym_metagame_end_to_end_writes_every_file_and_resumes(tmp_path, mon
     from leakgym.agents.experiments.evaluation import play
     from leakgym.agents.experiments.metagame import simulation
 
-    out = tmp_path / "run"
-    base = ["metagame", "--env", "LeakGym-Digits-v0", "--iterations", "2", "--out", str(out),
+    monkeypatch.chdir(tmp_path)  # --out relative to the first run's working directory
+    base = ["metagame", "--env", "LeakGym-Digits-v0", "--iterations", "2", "--out", "run",
             "--attackers", "random,dlg-paper", "--defenders", "none,prune-0.9", *TINY]
     played: list[tuple[str, str]] = []
     real_evaluate = play.evaluate
@@ -199,12 +199,22 @@ def test_leakgym_metagame_end_to_end_writes_every_file_and_resumes(tmp_path, mon
 
     monkeypatch.setattr(simulation.SB3Oracle, "best_response", interrupting)
     assert cli_main(base) == 130
-    state = json.loads((out / STATE_FILE).read_text())
+    state = json.loads((tmp_path / "run" / STATE_FILE).read_text())
     assert state["status"] == "interrupted" and len(state["iterations"]) == 1
+    # policy files are named relative to the run folder (found in an audit: relative to the first run's
+    # working directory, a resume from another one failed, after it had rewritten the state file)
+    assert state["pending"]["attacker"]["spec"] == "policies/psro-attacker-2/policy.zip"
+    steps_before = state["pending"]["env_steps_before"]
+    assert state["env_steps"] > steps_before  # the pending attacker's training counted
     before = list(played)
     assert len(before) == 4 + 3 + 2  # the 2 x 2 table, then the new attacker's row of 3 and column of 2
     monkeypatch.setattr(simulation.SB3Oracle, "best_response", real_br)
     played.clear()
+    out = tmp_path / "moved" / "run"  # the folder moved, resumed from another working directory
+    out.parent.mkdir()
+    (tmp_path / "run").rename(out)
+    monkeypatch.chdir(out.parent)
+    base[6] = str(out)
     assert cli_main([*base, "--resume"]) == 0
     assert not set(before) & set(played)
     # iteration 2's new row of 4 and column of 3, then the report card's presets outside the population
@@ -224,6 +234,9 @@ def test_leakgym_metagame_end_to_end_writes_every_file_and_resumes(tmp_path, mon
         assert key in record
     assert set(record["exploitability"]) == {"mean", "ci95_low", "ci95_high"}
     assert record["env_steps"] > 0 and state["env_steps"] >= 2 * 2 * 32
+    # iteration 2 counts both best responses' training, the one trained before the interrupt too (found in an
+    # audit: only the steps trained after the resume were counted)
+    assert state["iterations"][1]["env_steps"] >= 2 * 32
     assert len(state["final"]["attacker_meta"]) == 4 and abs(sum(state["final"]["defender_meta"]) - 1) < 1e-9
     card = (out / "report_card.md").read_text()
     assert "psro-defender-2" in card and "prune-0.9" in card and "dcs2-paper | preset (outside the population)" in card

@@ -34,6 +34,7 @@ settings is refused naming the difference (``iterations`` may grow).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -156,36 +157,47 @@ class MetagameState:
     game: EmpiricalGame = field(default_factory=EmpiricalGame)
     iterations: list[dict[str, Any]] = field(default_factory=list)
     pending: dict[str, Any] = field(default_factory=dict)
-    """Best responses of the unfinished iteration: ``{"iteration": k, "attacker": Member, ...}``."""
+    """Best responses of the unfinished iteration: ``{"iteration": k, "env_steps_before": steps, "attacker": Member,
+    ...}`` (``env_steps_before``: :attr:`env_steps` when the iteration began)."""
     final: dict[str, Any] = field(default_factory=dict)
     """The meta-strategies of the final table (after the last iteration's best responses joined)."""
     status: str = "running"
     env_steps: int = 0
     wall_time_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, out: Path | None = None) -> dict[str, Any]:
+        """The state as written to ``out/metagame.json``: a policy file inside ``out`` is named relative to it
+        (:func:`_stored`), so that the folder can be resumed from another working directory, or moved."""
+        def stored(m: Member) -> dict[str, Any]:
+            return _stored(m, out)
+
         return json_safe({
             "settings": self.settings,
             "status": self.status,
             "env_steps": self.env_steps,
             "wall_time_s": round(self.wall_time_s, 3),
-            "populations": {r: [asdict(m) for m in ms] for r, ms in self.populations.items()},
+            "populations": {r: [stored(m) for m in ms] for r, ms in self.populations.items()},
             "iterations": self.iterations,
             "final": self.final,
-            "pending": {k: (asdict(v) if isinstance(v, Member) else v) for k, v in self.pending.items()},
+            "pending": {k: (stored(v) if isinstance(v, Member) else v) for k, v in self.pending.items()},
             "cells": [{"attacker": a, "defender": d, "rounds": c.rounds, **c.values}
                       for (a, d), c in self.game.cells.items()],
         })
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MetagameState:
+    def from_json(cls, data: dict[str, Any], out: Path | None = None) -> MetagameState:
+        """The state of ``data`` (read from ``out/metagame.json``): policy files named relative to ``out`` are
+        found there."""
+        def loaded(m: dict[str, Any]) -> Member:
+            return _loaded(Member(**m), out)
+
         try:
             cells = {(c["attacker"], c["defender"]): CellSamples({m: [float(v) for v in c[m]] for m in CELL_METRICS
                                                                   if m in c}, int(c.get("rounds", 0)))
                      for c in data["cells"]}
-            pending = {k: (Member(**v) if k in ROLES else v) for k, v in data.get("pending", {}).items()}
+            pending = {k: (loaded(v) if k in ROLES else v) for k, v in data.get("pending", {}).items()}
             return cls(settings=data["settings"],
-                       populations={r: [Member(**m) for m in data["populations"][r]] for r in ROLES},
+                       populations={r: [loaded(m) for m in data["populations"][r]] for r in ROLES},
                        game=EmpiricalGame(cells), iterations=list(data["iterations"]), pending=pending,
                        final=dict(data.get("final") or {}),
                        status=str(data.get("status", "running")), env_steps=int(data.get("env_steps", 0)),
@@ -197,9 +209,28 @@ class MetagameState:
         """Write ``out/metagame.json`` atomically (a new file renamed over the old one)."""
         path = Path(out) / STATE_FILE
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
+        tmp.write_text(json.dumps(self.to_json(out), indent=1, allow_nan=False))
         os.replace(tmp, path)
         return path
+
+
+def _stored(member: Member, out: Path | None) -> dict[str, Any]:
+    """``member`` as ``metagame.json`` holds it: a policy file (a member with a hash) inside the run folder
+    ``out`` by its path relative to ``out`` (found in an audit: paths relative to the working directory of the
+    first run made ``--resume`` from another one fail, and a moved folder pointed at the old one), one
+    outside it by its absolute path."""
+    data = asdict(member)
+    if member.sha256 is not None and out is not None:
+        path, root = Path(member.spec).resolve(), Path(out).resolve()
+        data["spec"] = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    return data
+
+
+def _loaded(member: Member, out: Path | None) -> Member:
+    """``member`` read from ``out/metagame.json``: a relative policy path is inside ``out`` (:func:`_stored`)."""
+    if member.sha256 is not None and out is not None and not Path(member.spec).is_absolute():
+        return dataclasses.replace(member, spec=str(Path(out) / member.spec))
+    return member
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -228,7 +259,12 @@ def open_state(out: Path, settings: dict[str, Any], initial: dict[str, list[Memb
             raise ValueError(f"--resume: cannot read {path}: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"--resume: {path} is not a metagame state file")
-        state = MetagameState.from_json(data)
+        state = MetagameState.from_json(data, out)
+        members = [m for ms in state.populations.values() for m in ms]
+        members += [v for v in state.pending.values() if isinstance(v, Member)]
+        gone = [m.spec for m in members if m.sha256 is not None and not Path(m.spec).is_file()]
+        if gone:  # (refused before the state file is written again)
+            raise ValueError(f"--resume: the run in {out} names policy files that are not there: {', '.join(gone)}")
         diff = _differences(state.settings, json.loads(json.dumps(settings, default=str)))
         if diff:
             raise ValueError(f"--resume: the run in {out} had other settings: " + "; ".join(diff))
@@ -318,6 +354,9 @@ def run_psro(
             new: dict[str, Member] = {}
             if state.pending.get("iteration") == k:
                 new = {r: state.pending[r] for r in ROLES if r in state.pending}
+                # (the env steps before the iteration: its pending responses' steps are in env_steps already;
+                # found in an audit, a resumed iteration counted only the steps trained after the interrupt)
+                steps_before = int(state.pending.get("env_steps_before", steps_before))
             for role, own_mix, other_mix in (("attacker", sigma_a, sigma_d), ("defender", sigma_d, sigma_a)):
                 if role in new:
                     continue  # trained before an interrupt
@@ -327,7 +366,7 @@ def run_psro(
                                                      name=f"psro-{role}-{k}")
                 new[role] = member
                 state.env_steps += steps
-                state.pending = {"iteration": k, **new}
+                state.pending = {"iteration": k, "env_steps_before": steps_before, **new}
                 state.save(out)
             stage = f"iteration {k}: simulating the best responses' cells"
             atts = state.populations["attacker"]
