@@ -227,9 +227,13 @@ def _stored(member: Member, out: Path | None) -> dict[str, Any]:
 
 
 def _loaded(member: Member, out: Path | None) -> Member:
-    """``member`` read from ``out/metagame.json``: a relative policy path is inside ``out`` (:func:`_stored`)."""
+    """``member`` read from ``out/metagame.json``: a relative policy path is inside ``out`` (:func:`_stored`;
+    a state file written before that rule named it relative to the working directory, which is kept where the
+    file is there and not in ``out``)."""
     if member.sha256 is not None and out is not None and not Path(member.spec).is_absolute():
-        return dataclasses.replace(member, spec=str(Path(out) / member.spec))
+        inside = Path(out) / member.spec
+        if inside.is_file() or not Path(member.spec).is_file():
+            return dataclasses.replace(member, spec=str(inside))
     return member
 
 
