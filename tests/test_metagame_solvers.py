@@ -92,6 +92,13 @@ def test_every_listed_pair_is_an_equilibrium_and_nash_conv_is_zero():
 def test_one_strategy_on_a_side():
     eqs = _quiet(np.array([[1.0, 2.0, 0.5]]), np.array([[0.0, 1.0, 0.5]]))
     assert len(eqs) == 1 and np.allclose(eqs[0][1], [0, 1, 0])
+    # Found in an audit: past MAX_ENUMERATION strategies the complete list of best responses was said to be
+    # possibly incomplete
+    n = MAX_ENUMERATION + 2
+    eqs = _quiet(np.zeros((1, n)), -np.arange(float(n))[None])
+    assert len(eqs) == 1 and np.allclose(eqs[0][1], np.eye(n)[0])
+    eqs = _quiet(-np.arange(float(n))[:, None], np.zeros((n, 1)))
+    assert len(eqs) == 1 and np.allclose(eqs[0][0], np.eye(n)[0])
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -135,6 +142,17 @@ def test_an_incomplete_list_is_said(monkeypatch):
 def test_bad_tables_are_refused(A, B, match):
     with pytest.raises(ValueError, match=match):
         nash_equilibria(A, B)
+
+
+def test_payoffs_near_float64s_largest_value_are_solved():
+    """Found in an audit: the scaling's difference of two finite payoffs overflowed, and nash failed with 'no
+    equilibrium found' (prd with an IndexError)."""
+    big = np.finfo(np.float64).max * 0.95
+    A = np.array([[big, -big], [-big, big]])
+    assert _contains(_quiet(A, -A), [0.5, 0.5], [0.5, 0.5])
+    for name in ("nash", "prd"):
+        x, y = meta_solver(name)(A, -A)
+        assert np.allclose(x, 0.5, atol=1e-3) and np.allclose(y, 0.5, atol=1e-3)
 
 
 def test_projected_replicator_dynamics():

@@ -71,8 +71,11 @@ def _check_tables(attacker_payoffs, defender_payoffs) -> tuple[np.ndarray, np.nd
 
 def _scaled(M: np.ndarray) -> np.ndarray:
     """``M`` shifted and scaled to [0, 1] (equilibria are invariant to a positive affine map of a player's payoffs)."""
-    span = float(M.max() - M.min())
-    return (M - M.min()) / span if span > 0 else np.zeros_like(M)
+    lo, hi = M.min(), M.max()
+    # halved first: the difference of two finite payoffs may pass float64's largest value (found in an audit:
+    # [[1.7e308, -1.7e308], ...] became inf and NaN, and the solvers failed with an unexplained error)
+    span = float(hi / 2 - lo / 2)
+    return (M / 2 - lo / 2) / span if span > 0 else np.zeros_like(M)
 
 
 def is_equilibrium(A: np.ndarray, B: np.ndarray, x: np.ndarray, y: np.ndarray,
@@ -243,6 +246,8 @@ def analyse_game(attacker_payoffs, defender_payoffs) -> GameAnalysis:
             else:
                 candidates = [(np.eye(m)[i], np.ones(1)) for i in np.flatnonzero(a[:, 0] >= a[:, 0].max() - 1e-12)]
             method = "best responses to the single strategy"
+            exhaustive = True  # (every extreme equilibrium, whatever the table's size: found in an audit, 1 x 20
+            # tables were said to be possibly incomplete)
         elif exhaustive:
             try:
                 candidates = list(game.vertex_enumeration())
