@@ -61,6 +61,26 @@ def test_bench_attacks_rejects_bad_inputs_before_measuring(tmp_path, monkeypatch
     assert not (tmp_path / "x.json").exists()
 
 
+def test_bench_attacks_image_size_below_a_models_minimum_is_refused_before_measuring(tmp_path, monkeypatch):
+    """Found in an audit: ``--models lenet,convnet --image-size 8`` passed the fixed ``>= 8`` check, measured
+    the LeNet row, then died on ConvNet ("needs images of at least 9x9"); the bound is now the largest
+    ``min_image_size`` of the chosen models (LeNet alone takes 4), checked before any row."""
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured"))
+    out = tmp_path / "x.json"
+    with pytest.raises(ValueError, match=r"--image-size=8; allowed: integers >= 9 \(smallest image side of "
+                       r"LeNet 4, ConvNet 9\)"):
+        bench.main(parse(["--json", str(out), "--models", "lenet,convnet", "--ns", "1", "--image-size", "8",
+                          "--no-progress"]))
+    assert not out.exists()
+    rows = []
+    monkeypatch.setattr(bench, "measure", lambda model, n, its, size, device: rows.append((model, size)) or
+                        {"model": model, "n": n, "iterations": its, "batched_ms_per_iter": 1.0,
+                         "sequential_ms_per_iter": 1.0, "speedup": 1.0, "device": "cpu"})
+    assert bench.main(parse(["--json", str(out), "--models", "lenet", "--ns", "1", "--image-size", "4",
+                             "--no-progress"])) == 0
+    assert rows == [("lenet", 4)]
+
+
 def test_bench_attacks_unwritable_json_is_refused_before_measuring(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "measure", lambda *a, **k: pytest.fail("measured"))
     (tmp_path / "file").write_text("x")

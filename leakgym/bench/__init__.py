@@ -88,6 +88,16 @@ def parse_counts(text: str, flag: str, example: str) -> list[int]:
     return counts
 
 
+def smallest_image_side(models: list[str], floor: int = 1) -> tuple[int, list[str]]:
+    """The smallest image side every model of ``models`` accepts (its class's ``min_image_size``; at least
+    ``floor``) and the ``"LeNet 4"`` parts that say why: one check of a run's ``--image-size`` before it
+    measures anything, not a failure at the first row of the model that cannot take it."""
+    from leakgym.models import MODEL_CLASSES
+
+    sizes = {MODEL_CLASSES[m].__name__: MODEL_CLASSES[m].min_image_size for m in models}
+    return max(floor, *sizes.values()), [f"{name} {n}" for name, n in sizes.items()]
+
+
 def check_output(path: str | Path, flag: str = "--json") -> Path:
     """Create the folder of ``path`` and check a file can be written in it, before anything is measured;
     ValueError naming ``flag`` and the path otherwise."""

@@ -34,6 +34,7 @@ from leakgym.bench import (
     markdown_table,
     parse_counts,
     progress_bar,
+    smallest_image_side,
     write_results,
 )
 from leakgym.devices import device_argument, synchronize
@@ -55,7 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attack iterations per timed run for ResNet-18 (default: 2)")
     parser.add_argument("--models", default=DEFAULT_MODELS, help=f"comma-separated models (default: {DEFAULT_MODELS})")
     parser.add_argument("--ns", default=DEFAULT_NS, help=f"comma-separated problem counts N (default: {DEFAULT_NS})")
-    parser.add_argument("--image-size", type=int, default=32, help="image side in pixels (default: 32)")
+    from leakgym.models import MODEL_CLASSES
+
+    smallest = ", ".join(f"{name} {cls.min_image_size}" for name, cls in MODEL_CLASSES.items())
+    parser.add_argument("--image-size", type=int, default=32,
+                        help=f"image side in pixels: at least the smallest image side of every model of --models "
+                        f"({smallest}) (default: 32)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test settings: N in {1, 2}, 2 iterations, 1 for ResNet-18")
@@ -159,8 +165,10 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}={value}; allowed: integers >= 1")
     if args.quick:
         ns, iterations, resnet_iterations = [1, 2], 2, 1
-    if args.image_size < 8:
-        raise ValueError(f"--image-size={args.image_size}; allowed: integers >= 8")
+    smallest, needs = smallest_image_side(models)  # (a model that cannot take it failed at its first row)
+    if args.image_size < smallest:
+        raise ValueError(f"--image-size={args.image_size}; allowed: integers >= {smallest} (smallest image side of "
+                         f"{', '.join(needs)})")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads={args.threads}; allowed: integers >= 1")
     out = check_output(args.json)

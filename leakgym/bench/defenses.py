@@ -95,7 +95,15 @@ from pathlib import Path
 
 import torch
 
-from leakgym.bench import check_output, device_label, dumps, interrupted, machine_label, progress_bar
+from leakgym.bench import (
+    check_output,
+    device_label,
+    dumps,
+    interrupted,
+    machine_label,
+    progress_bar,
+    smallest_image_side,
+)
 from leakgym.devices import canonical_device, check_device, device_argument
 from leakgym.files import write_atomically
 from leakgym.suggest import did_you_mean
@@ -240,7 +248,7 @@ def _check(args: argparse.Namespace) -> list[str]:
         if not isinstance(value, int) or value < (0 if name == "attack_rounds" else 1):
             raise ValueError(f"--{name.replace('_', '-')}={value!r}; allowed: integers >= "
                              f"{0 if name == 'attack_rounds' else 1}")
-    from leakgym.models import MODEL_CLASSES, MODEL_NAMES
+    from leakgym.models import MODEL_NAMES
 
     for flag in ("lr", "precode_lr"):
         value = getattr(args, flag)
@@ -283,10 +291,8 @@ def _check(args: argparse.Namespace) -> list[str]:
     names = [known[n.lower()] for n in names]
     # The smallest image every model of the run accepts (a PRECODE model only with a PRECODE row), the
     # dataset and, when leakage is measured, the SSIM window of the scores (else the run fails after training).
-    sizes = {MODEL_CLASSES[setup.model].__name__: MODEL_CLASSES[setup.model].min_image_size
-             for _, setup in plan(names, args)}
-    needs = [f"the digits dataset {DATASET_MIN_IMAGE_SIZE}"] + [f"{m} {n}" for m, n in sizes.items()]
-    smallest = max(DATASET_MIN_IMAGE_SIZE, *sizes.values())
+    smallest, models = smallest_image_side([setup.model for _, setup in plan(names, args)], DATASET_MIN_IMAGE_SIZE)
+    needs = [f"the digits dataset {DATASET_MIN_IMAGE_SIZE}", *models]
     if args.attack_rounds > 0:
         from leakgym.metrics import DEFAULT_SSIM_WINDOW
 
