@@ -296,3 +296,16 @@ def test_leakgym_metagame_refuses_an_environment_it_cannot_build_before_writing(
     assert cli_main(["metagame", "--env", "LeakGym-CIFAR-v0", "--out", str(out), *TINY]) == 2
     assert "cifar-10-python.tar.gz" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_report_cards_pareto_rule_is_weak_dominance_as_its_text_says():
+    """Found in an audit: the generated metagame.md called the front "no other defense has both lower leakage
+    and lower accuracy cost" (strict dominance) while it was computed with weak dominance: with every accuracy
+    cost 0.000 only the least leaking defense is on it."""
+    from leakgym.agents.experiments.metagame import MetagameState, report
+
+    assert report._pareto([(0.5, 0.0), (0.6, 0.0), (0.7, -0.1), (0.8, 0.2)]) == [True, False, True, False]
+    state = MetagameState(settings={}, populations={"attacker": [], "defender": []})
+    text = " ".join(report.summary_markdown(state, []).split())
+    assert "Pareto: no other defense is at least as good in both equilibrium leakage and accuracy cost and better " \
+           "in one." in text

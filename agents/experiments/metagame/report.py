@@ -13,7 +13,8 @@ population:
   (mean over every attacker's cells) and its drop from the undefended baseline (the ``none`` preset;
   NaN when the population has none);
 * ``defender_meta`` -- the defender's weight in the final meta-strategy; ``pareto`` -- whether no other
-  defender has both lower equilibrium leakage and lower accuracy cost.
+  defender is at least as good in both equilibrium leakage and accuracy cost and better in one (weak
+  dominance).
 
 **Figures**: ``exploitability.png`` (per iteration and per million env steps, with 95% intervals),
 ``meta_strategies.png`` (each side's meta-strategy weights per iteration), ``payoff.png`` (the final table's
@@ -147,8 +148,8 @@ def summary_markdown(state: MetagameState, rows: list[dict[str, Any]], *, device
     lines += ["", "## Defense report card", "",
               ("Against the final attacker population: leakage SSIM against the attackers' final meta-strategy "
               "(equilibrium) and against the worst attacker; accuracy at the end of the episodes (mean over every "
-              "attacker's cells) and its drop from `none`; Pareto: no other defense has both lower equilibrium "
-              "leakage and lower accuracy cost."), "", report_markdown(rows)]
+              "attacker's cells) and its drop from `none`; Pareto: no other defense is at least as good in both "
+              "equilibrium leakage and accuracy cost and better in one."), "", report_markdown(rows)]
     return "\n".join(lines) + "\n"
 
 
