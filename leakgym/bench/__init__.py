@@ -98,12 +98,18 @@ def smallest_image_side(models: list[str], floor: int = 1) -> tuple[int, list[st
     return max(floor, *sizes.values()), [f"{name} {n}" for name, n in sizes.items()]
 
 
-def check_output(path: str | Path, flag: str = "--json") -> Path:
+def check_output(path: str | Path, flag: str = "--json", *, table: bool = True) -> Path:
     """Create the folder of ``path`` and check a file can be written in it, before anything is measured;
-    ValueError naming ``flag`` and the path otherwise."""
+    ValueError naming ``flag`` and the path otherwise. ``table``: the markdown table goes beside it
+    (:func:`write_results`' ``<path>.md``), which must not be a folder either (found in an audit: a run
+    measured everything, then failed to write the table)."""
     out = Path(path)
     if out.is_dir():
         raise ValueError(f"{flag}={str(path)!r} is a folder; allowed: a file path, e.g. runs/bench/result.json")
+    if table and out.with_suffix(".md").is_dir():
+        raise ValueError(f"{flag}={str(path)!r}: its markdown table goes to {str(out.with_suffix('.md'))!r}, which is "
+                         "a folder; allowed: a path whose .md sibling is a file or missing, e.g. "
+                         "runs/bench/result.json")
     if flag == "--json" and out.suffix == ".md":  # the table is written beside it as <path>.md: the same file
         raise ValueError(f"--json={str(path)!r}: its markdown table goes to the same path ({out.with_suffix('.md')}); "
                          "allowed: a path not ending in .md, e.g. runs/bench/result.json")

@@ -694,9 +694,9 @@ def main(args: argparse.Namespace) -> int:
     from leakgym.metrics import lpips_available, lpips_status
 
     names = _check(args)
-    json_path = check_output(args.json, "--json")
+    json_path = check_output(args.json, "--json", table=False)  # (its table: --markdown, checked next)
     md_path = check_output(args.markdown if args.markdown is not None else args.json.with_suffix(".md"),
-                           "--markdown" if args.markdown is not None else "--json (its .md table)")
+                           "--markdown" if args.markdown is not None else "--json (its .md table)", table=False)
     if md_path.resolve() == json_path.resolve():
         raise ValueError(f"--markdown={str(md_path)!r} is the --json file; allowed: another path (the table would "
                          "replace the JSON)")
