@@ -241,10 +241,22 @@ def test_autoreset_steps_are_not_counted_as_played_rounds():
     counted as N env steps (a 1.9x 'speed-up' from nothing)."""
     row = bench_env._measure_row("LeakGym-Digits-v0", 2, 3, "fixed", 2, "cpu", True, "none",
                                  {"rounds": 1, "iterations": [1], "num_clients": 1, "eval_size": 16})
-    assert row["rounds_played"] == 4  # steps 1 and 3 play both games; step 2 resets them
+    assert row["rounds_played"] == 6  # steps 1, 3 and 5 play both games; steps 2 and 4 reset them
+    assert row["vector_steps"] == 5
     # the step after them only resets the games; the counted step is the one after that
     assert row["gflop_per_env_step"] > 0
-    assert row["env_steps_per_s"] == pytest.approx(4 / row["seconds"]["batched"])
+    assert row["env_steps_per_s"] == pytest.approx(6 / row["seconds"]["batched"])
+    assert row["baseline_env_steps_per_s"] == pytest.approx(5 * 2 / row["seconds"]["sequential"])
+
+
+def test_a_timed_step_that_only_resets_is_followed_by_one_that_plays():
+    """Found in an audit: ``--num-envs 2 --steps 1 --warmup-steps 1`` with ``rounds=1`` timed one step, the
+    autoreset step after the warm-up round, and wrote a row of zeros (0 rounds played, 0.0 env steps/s and
+    speed-up, 100% overhead); the timing now goes on until ``--steps`` steps have played a round."""
+    row = bench_env._measure_row("LeakGym-Digits-v0", 2, 1, "fixed", 2, "cpu", True, "none",
+                                 {"rounds": 1, "iterations": [1], "num_clients": 1, "eval_size": 16}, warmup=1)
+    assert (row["steps"], row["vector_steps"], row["rounds_played"]) == (1, 2, 2)
+    assert row["env_steps_per_s"] > 0 and row["speedup"] > 0 and row["share_overhead"] < 1
 
 
 def test_the_table_shows_a_dash_for_fields_a_row_lacks():

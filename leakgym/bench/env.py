@@ -10,7 +10,12 @@ process builds
 
 and steps them alternately (one baseline step of every baseline game, then one vector step), so both
 see the same machine load, after ``--warmup-steps`` untimed steps of both (on CUDA the first step pays
-lazy initialisation and kernel selection); every row carries the ratio of the two rates. The
+lazy initialisation and kernel selection); every row carries the ratio of the two rates. ``--steps`` counts
+timed vector steps that play a round: where the games' episodes end (``rounds`` fewer than the steps, e.g. the
+``rounds=1`` override) the vector env's next step only resets them (Gymnasium's ``NEXT_STEP`` autoreset) and
+plays none; such a step is timed too (the baseline's resets are, inside its steps) but not counted, and the
+timing goes on until ``--steps`` steps have played a round (``vector_steps`` in the row: all the timed steps;
+``rounds_played``: the rounds the rate counts). The baseline plays a round in every timed step. The
 attacker's actions are ``fixed`` (the first strategy at the first budget level) or ``random`` (uniform
 over the menu, drawn from a seeded generator, the same for both paths); the defender plays no defense, or
 (``--defender random``) a uniformly random menu action every round, drawn from each game's seeded
@@ -75,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output JSON path, a .md table is written beside it (default: %(default)s; the "
                         "committed docs/results/bench_env.json is rewritten only when named here)")
     parser.add_argument("--envs", default=DEFAULT_IDS, help=f"comma-separated Gymnasium ids (default: {DEFAULT_IDS})")
-    parser.add_argument("--steps", type=int, default=4, help="vector steps per configuration (default: 4)")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="timed vector steps that play a round, per configuration; a step that only resets "
+                        "finished games (rounds=1: every other one) is timed too and not counted (default: 4)")
     parser.add_argument("--num-envs", default=DEFAULT_NUM_ENVS,
                         help=f"comma-separated vector sizes N, e.g. 1,16,256,1024 (default: {DEFAULT_NUM_ENVS})")
     parser.add_argument("--actions", choices=("fixed", "random"), default="random",
@@ -207,9 +214,10 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
     singles = [gym.make(gym_id, **kwargs) for _ in range(m)]
     nvec = np.asarray(vec.single_action_space.nvec)
     rng = np.random.default_rng(0)
-    # (two more steps than timed: for the counted step after them, see below)
+    # At most 2 x steps timed steps (an autoreset step after each one that ends the episodes, rounds=1), and
+    # two more: for the counted step after them, see below.
     plan = [rng.integers(0, nvec, size=(num_envs, len(nvec))) if actions == "random"
-            else np.zeros((num_envs, len(nvec)), dtype=np.int64) for _ in range(warmup + steps + 2)]
+            else np.zeros((num_envs, len(nvec)), dtype=np.int64) for _ in range(warmup + 2 * steps + 2)]
 
     vec.reset(seed=0)  # game i: seed i, in the vector and in the baseline
     for i, env in enumerate(singles):
@@ -231,7 +239,11 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
             for k in PHASES:
                 cost[path][k] += g.timings.get(f"{k}_s", 0.0)
 
-    for t in range(warmup + steps):
+    # The timed steps: until `steps` of them have played a round. An autoreset step (every game's episode had
+    # ended: it resets them and plays none) is timed too, as the baseline's resets are, but does not count
+    # (found in an audit: with rounds=1 and one warm-up step the only timed step was one, a row of zeros).
+    t, timed, rounds_steps = 0, 0, 0
+    while t < warmup or (rounds_steps < steps and timed < 2 * steps):
         if t == warmup:  # the warm-up steps (same plan in both paths) are not timed
             cost, wall, device_peak, played = zeroed()
         if cuda:
@@ -258,11 +270,15 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         add_timings(stepped, "batched")
         if cuda:
             device_peak["batched"] = max(device_peak["batched"], torch.cuda.max_memory_allocated(device) / 2**20)
+        if t >= warmup:
+            timed += 1
+            rounds_steps += bool(stepped)
+        t += 1
     # The arithmetic floor: one more vector step, untimed, with its matrix products counted (every operator
     # goes through Python while it counts), over this device's GEMM rate; a second one where the first only
     # reset finished games.
     flop_per_env_step = None
-    for action in plan[-2:]:
+    for action in plan[t:t + 2]:
         before = [g.round for g in vec_games]
         with count_matrix_flops() as flops:
             vec.step(action)
@@ -282,7 +298,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         return {k: v / total for k, v in phases.items()}
 
     rate = played / wall["batched"]
-    baseline = steps * m / wall["sequential"]
+    baseline = timed * m / wall["sequential"]  # (the baseline plays a round every step, resetting in it)
     shares = split("batched")
     return {
         "env": gym_id,
@@ -293,7 +309,8 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
         "overrides": dict(overrides or {}),
         "steps": steps,
         "warmup_steps": warmup,
-        "rounds_played": played,  # the rate's numerator (steps x N less the autoreset steps)
+        "vector_steps": timed,  # the timed vector steps: steps, and the autoreset steps between them
+        "rounds_played": played,  # the rate's numerator (steps x N: the autoreset steps play none)
         "data": data,
         "env_steps_per_s": rate,
         "baseline_games": m,
