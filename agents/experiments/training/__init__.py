@@ -13,7 +13,12 @@ algorithm's constructor arguments (``lin_<x>`` schedules as in rl-zoo). ``--hype
 reads another file; ``--hyperparams KEY=VALUE`` overrides single values; ``--role``,
 ``--opponent``, ``--overrides`` and ``--timesteps`` override the file's ``env_kwargs`` and
 ``n_timesteps``. DQN needs a ``Discrete`` action space: ``--algo dqn`` always plays with
-``flat_actions=True``.
+``flat_actions=True``. Every value is checked before the games are built, nested ones too (the keys
+of ``optimizer_kwargs``, ``features_extractor_kwargs`` and the buffers' kwargs against what SB3 passes
+them to; ``lr`` is ``learning_rate``'s); what SB3 still refuses while it builds the model is one
+``ValueError`` naming the hyperparameters, and ``OUT`` is made only after that. A file, and the
+overrides, may hold at most ``MAX_HYPERPARAMS_VALUES`` values with their YAML aliases expanded, nested
+at most ``MAX_HYPERPARAMS_DEPTH`` deep (in :mod:`.hyperparams`).
 
 **Steps.** On-policy algorithms (PPO, A2C) collect whole rollouts of ``n_steps x n_envs`` steps. A
 budget smaller than one rollout shrinks ``n_steps`` (and PPO's ``batch_size``) to fit; a budget that

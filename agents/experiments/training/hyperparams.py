@@ -29,6 +29,13 @@ POLICIES = ("MlpPolicy",)
 SCHEDULE_KEYS = ("learning_rate", "clip_range", "clip_range_vf")
 #: the on-policy algorithms, which collect whole rollouts of n_steps x n_envs steps
 ON_POLICY = ("ppo", "a2c")
+#: most values (mappings, lists and scalars, each YAML alias expanded where it is used) a hyperparameter file,
+#: or the overrides of a run, may hold: every later reader (the checks, the scenario, policy.json) walks them
+#: as a tree, and a "billion laughs" file of nine aliases nine times over is 9**9 values in a few lines.
+#: LeakGym's own files hold about 200.
+MAX_HYPERPARAMS_VALUES = 100_000
+#: deepest nesting of mappings and lists in a hyperparameter file or override (a valid one nests 4 deep)
+MAX_HYPERPARAMS_DEPTH = 32
 
 
 def hyperparams_file(algo: str) -> Path:
@@ -52,7 +59,33 @@ def read_hyperparams_file(path: str | Path) -> dict[str, dict[str, Any]]:
         raise ValueError(f"hyperparameter file {str(path)!r}: nested deeper than the parser can read") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"hyperparameter file {str(path)!r} must map Gymnasium ids to mappings (rl-zoo layout)")
+    _check_size(data, f"hyperparameter file {str(path)!r}")
     return data
+
+
+def _check_size(value: Any, where: str) -> None:
+    """``ValueError`` naming ``where`` when ``value``, walked as a tree (a value reached twice through YAML
+    aliases counted twice, as every later reader walks it), holds more than :data:`MAX_HYPERPARAMS_VALUES`
+    values or nests deeper than :data:`MAX_HYPERPARAMS_DEPTH`. The walk stops at the limit, so it costs at
+    most that many steps whatever the file expands to."""
+    stack = [(value, 0)]
+    count = 0
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_HYPERPARAMS_VALUES:
+            raise ValueError(f"{where}: more than {MAX_HYPERPARAMS_VALUES} values with its YAML aliases expanded; "
+                             f"allowed: at most {MAX_HYPERPARAMS_VALUES} (MAX_HYPERPARAMS_VALUES)")
+        if isinstance(item, dict):
+            children = list(item.values())
+        elif isinstance(item, (list, tuple)):
+            children = list(item)
+        else:
+            continue
+        if depth >= MAX_HYPERPARAMS_DEPTH:
+            raise ValueError(f"{where}: mappings and lists nested more than {MAX_HYPERPARAMS_DEPTH} deep; "
+                             f"allowed: at most {MAX_HYPERPARAMS_DEPTH} (MAX_HYPERPARAMS_DEPTH)")
+        stack.extend((child, depth + 1) for child in children)
 
 
 def _linear(initial: float) -> Callable[[float], float]:
@@ -137,9 +170,22 @@ def _check_policy_kwargs(value: dict[str, Any], algo: str, policy: Any, bad: Cal
             raise bad(f"policy_kwargs={value!r}", f"keys of {policy_cls.__name__}: {sorted(allowed)} "
                       f"(not {unknown})")
     act = value.get("activation_fn")
-    if act is not None and not (act in ACTIVATIONS if isinstance(act, str) else
-                                inspect.isclass(act) and act.__name__ in ACTIVATIONS):
+    if "activation_fn" in value and not (act in ACTIVATIONS if isinstance(act, str) else
+                                         inspect.isclass(act) and act.__name__ in ACTIVATIONS):
         raise bad(f"policy_kwargs.activation_fn={act!r}", f"one of {list(ACTIVATIONS)} (torch.nn activations)")
+    optimizer = value.get("optimizer_kwargs")
+    if isinstance(optimizer, dict) and "lr" in optimizer:  # SB3 passes learning_rate as lr too
+        raise bad(f"policy_kwargs.optimizer_kwargs.lr={optimizer['lr']!r}",
+                  "no 'lr' key (learning_rate sets the optimiser's learning rate)")
+    defaults = ({name: p.default for name, p in inspect.signature(policy_cls.__init__).parameters.items()}
+                if inspect.isclass(policy_cls) else {})
+    # SB3 passes these mappings on as keyword arguments: an unknown key was a TypeError traceback from
+    # deep inside the model's construction
+    for key, cls_key, sets in (("optimizer_kwargs", "optimizer_class", ("params", "lr")),
+                               ("features_extractor_kwargs", "features_extractor_class", ("observation_space",))):
+        target = value.get(cls_key, defaults.get(cls_key))
+        if key in value and inspect.isclass(target):
+            _check_kwargs(f"policy_kwargs.{key}", value[key], target, sets, bad)
     for key in CLASS_KEYS:
         if isinstance(value.get(key), str):
             raise bad(f"policy_kwargs.{key}={value[key]!r}",
@@ -159,6 +205,34 @@ def _check_policy_kwargs(value: dict[str, Any], algo: str, policy: Any, bad: Cal
             raise bad(f"policy_kwargs.net_arch={arch!r}", shapes)
 
 
+def _check_kwargs(what: str, value: Any, cls: type, sets: tuple[str, ...], bad: Callable[..., ValueError]) -> None:
+    """``value`` must be null or a mapping of ``cls``'s keyword arguments other than ``sets`` (those SB3 passes
+    itself, named in the message)."""
+    allowed = sorted(set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs", *sets})
+    shape = (f"null or a mapping of {cls.__name__}'s arguments {allowed} (SB3 sets {list(sets)} itself)" if allowed
+             else f"null or {{}} (SB3 sets every argument of {cls.__name__} itself: {list(sets)})")
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise bad(f"{what}={value!r}", shape)
+    unknown = sorted(str(k) for k in set(value) - set(allowed))
+    if unknown:
+        raise bad(f"{what}={value!r}", f"{shape}, not {unknown}")
+
+
+def _buffer_kwargs(key: str, value: Any, algo: str, bad: Callable[..., ValueError]) -> None:
+    """``rollout_buffer_kwargs`` / ``replay_buffer_kwargs``: keys of the buffer SB3 builds (LeakGym refuses
+    a buffer class of one's own), less those SB3 passes itself."""
+    from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer
+
+    if key == "rollout_buffer_kwargs" and algo in ON_POLICY:
+        _check_kwargs(key, value, RolloutBuffer, ("buffer_size", "observation_space", "action_space", "device",
+                                                   "gamma", "gae_lambda", "n_envs"), bad)
+    elif key == "replay_buffer_kwargs" and algo not in ON_POLICY:
+        _check_kwargs(key, value, ReplayBuffer, ("buffer_size", "observation_space", "action_space", "device",
+                                                  "n_envs", "optimize_memory_usage"), bad)
+
+
 def _check_value(key: str, value: Any, source: str | Path, algo: str = "ppo", policy: Any = "MlpPolicy") -> None:
     """``ValueError`` naming ``source`` (the file or the command line), the key, the value and what is allowed."""
 
@@ -172,6 +246,8 @@ def _check_value(key: str, value: Any, source: str | Path, algo: str = "ppo", po
                 "(LeakGym does not evaluate rl-zoo's \"dict(...)\" strings)"
             )
         _check_policy_kwargs(value, algo, policy, bad)
+    if key in ("rollout_buffer_kwargs", "replay_buffer_kwargs"):
+        _buffer_kwargs(key, value, algo, bad)
     if key == "policy" and value not in POLICIES:
         raise bad(f"policy={value!r}", f"{list(POLICIES)} (the policies LeakGym saves and loads back)")
     if key in BOOL_KEYS and not isinstance(value, bool):
@@ -240,6 +316,7 @@ def load_hyperparams(
         params = copy.deepcopy(data["default"])
     else:
         raise ValueError(f"{path} has no entry for {env_id!r} (and no 'default'); it has {sorted(data)}")
+    _check_size(overrides or {}, "command line (--hyperparams)")  # before deepcopy and the checks walk them
     overrides = copy.deepcopy(overrides or {})
     params.update(overrides)
 

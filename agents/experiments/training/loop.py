@@ -36,6 +36,18 @@ def _clear_previous_run(out: Path) -> None:
         (out / "eval.csv").unlink()
 
 
+def _model_error(config: TrainConfig, exc: BaseException) -> ValueError:
+    """One line naming the hyperparameters for an error Stable-Baselines3 (or torch) raised while building the
+    model from them: a value the checks of :mod:`.hyperparams` cannot foresee (an optimiser argument of the
+    wrong type, say) ended in a traceback from deep inside SB3."""
+    where = f"hyperparameter file {str(config.hyperparams_file or hyperparams_file(config.algo))!r}"
+    if config.hyperparams:
+        where += f" with --hyperparams {config.hyperparams!r}"
+    why = " ".join(str(exc).split()) or "(no message)"
+    return ValueError(f"{where}: Stable-Baselines3 could not build {config.algo.upper()} from these hyperparameters: "
+                      f"{type(exc).__name__}: {why}")
+
+
 def train(config: TrainConfig) -> TrainResult:
     """Train one policy; see :mod:`leakgym.agents.experiments.training` for what is written to ``config.out``.
 
@@ -55,23 +67,26 @@ def train(config: TrainConfig) -> TrainResult:
         warnings.warn(note, TrainingBudgetWarning, stacklevel=2)
     freq = max(plan.actual // 4, 1) if config.checkpoint_freq is None else config.checkpoint_freq
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
 
     env = make_training_env(gym_id, env_kwargs, n_envs, config.seed, batch_clients)
     try:
         scenario = env.get_attr("scenario")[0]
         flat_nvec = np.asarray(scenario.menu(role).nvec).tolist() if env_kwargs.get("flat_actions") else None
-        model = algorithm_class(config.algo)(
-            policy, env, seed=config.seed, tensorboard_log=str(out / "tb"), device=config.device, verbose=0,
-            **plan.kwargs,
-        )
+        try:
+            model = algorithm_class(config.algo)(
+                policy, env, seed=config.seed, tensorboard_log=str(out / "tb"), device=config.device, verbose=0,
+                **plan.kwargs,
+            )
+        except (TypeError, ValueError, AssertionError) as exc:
+            raise _model_error(config, exc) from None
         # fails now, not after training, if the policy could not be saved and loaded back
         savable_payload(model, {"algo": config.algo, "role": role}, metadata_path(out / "policy.zip"),
                         flat_nvec=flat_nvec)
     except BaseException:
         env.close()
         raise
-    _clear_previous_run(out)  # only now: a run refused above leaves an earlier run's files as they were
+    out.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no folder behind
+    _clear_previous_run(out)  # ... and an earlier run's files as they were
     file_values = {k: v for k, v in params.items() if k not in ("env_kwargs", "n_timesteps")}
     metadata: dict[str, Any] = {
         "algo": config.algo,
