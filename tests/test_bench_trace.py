@@ -39,3 +39,45 @@ def test_the_command_writes_json_and_markdown(tmp_path):
 
     assert f"{torch.get_num_threads()} torch thread(s)" in json.loads(path.read_text())["machine"]
     assert main(["bench", "trace", "--json", str(tmp_path / "t2.json"), "--defender", "1,x"]) == 2
+
+
+def test_a_menu_of_one_strategy_is_traced_with_the_action_given(tmp_path):
+    """Found in an audit: a scenario whose attacker menu has one strategy failed with "attacker action[0]
+    (strategy) = 1; allowed range 0..0" though the traced action 0,0,0,0 is valid: the warm-up always changed
+    the strategy. It changes the first dimension that has a second value (here the restarts)."""
+    from pathlib import Path
+
+    import leakgym
+
+    text = (Path(leakgym.__file__).parent / "game" / "scenarios" / "digits.toml").read_text().splitlines()
+    lines = [line for line in text if not line.startswith("gym_id")]
+    lines = ['name = "onestrat"' if line.startswith("name =") else
+             'strategy = ["inverting-gradients"]' if line.startswith("strategy =") else
+             "iterations = [1]" if line.startswith("iterations =") else line for line in lines]
+    scenario = tmp_path / "onestrat.toml"
+    scenario.write_text("\n".join(lines) + "\n")
+    path = tmp_path / "trace.json"
+    assert main(["bench", "trace", "--scenario", str(scenario), "--json", str(path)]) == 0
+    row = json.loads(path.read_text())["rows"][0]
+    assert row["attacker_action"] == [0, 0, 0, 0] and row["warm_up_actions"]["attacker"] == [0, 0, 1, 0]
+    assert not row["warm_up_is_traced_pair"]
+
+
+def test_the_warm_up_pair_differs_from_the_traced_one_where_a_menu_allows():
+    """The attacker's action changes in its first dimension with a second value; with none, the defender's
+    changes where "no defense" is the traced one; with neither, the warm-up plays the traced pair."""
+    import numpy as np
+
+    from leakgym.bench.trace import warm_up_actions
+
+    def warm(defender, attacker, nvec_d, nvec_a):
+        out = warm_up_actions({"defender": np.array(defender), "attacker": np.array(attacker)},
+                              {"defender": nvec_d, "attacker": nvec_a})
+        return out["defender"].tolist(), out["attacker"].tolist()
+
+    assert warm([1, 0], [0, 0], [3, 2], [4, 2]) == ([0, 0], [1, 0])
+    assert warm([1, 0], [2, 1], [3, 2], [4, 2]) == ([0, 0], [0, 0])
+    assert warm([1, 0], [0, 0], [3, 2], [1, 2]) == ([0, 0], [0, 1])
+    assert warm([1, 0], [0, 0], [3, 2], [1, 1]) == ([0, 0], [0, 0])  # the defenders differ: another pair
+    assert warm([0, 0], [0, 0], [1, 2], [1, 1]) == ([0, 1], [0, 0])
+    assert warm([0, 0], [0, 0], [1, 1], [1, 1]) == ([0, 0], [0, 0])  # one pair in all: the traced one

@@ -4,8 +4,10 @@ Plays one round of the PettingZoo env (default: LeakGym-Digits-v0 with the defen
 DCS² λ_g = 0.5 against Inverting Gradients with 20 iterations, the configuration issue 35 traced) under
 :func:`sys.setprofile` and lists every file of the project (``leakgym/``, ``envs/``, ``agents/``) in which
 a Python function ran, in order of first entry, with the number of times the round came back to a file
-it had left. A warm-up round with other actions is played first, so one-time work (lazy imports) is not
-counted, while the traced round still decodes its own actions.
+it had left. A warm-up round with other actions is played first (no defense; the attacker's action changed
+in the first menu dimension that has a second value: :func:`warm_up_actions`), so one-time work (lazy
+imports) is not counted, while the traced round still decodes its own actions; where the menus have no other
+pair, the warm-up plays the traced one (the JSON's ``warm_up_is_traced_pair`` and the list say so).
 Functions generated at run time (dataclass ``__init__``, ``<string>``) belong to no file and are not
 counted. The result goes to ``--json`` and a markdown list beside it.
 """
@@ -43,6 +45,38 @@ def project_roots() -> dict[str, Path]:
             "agents": Path(leakgym.agents.__file__).parent.resolve()}
 
 
+def other_action(action, nvec):
+    """``action`` with the first menu dimension that has a second value changed (to 1, or to 0 where it is
+    already not 0), zeros elsewhere; None when every dimension has one value (a menu of one action)."""
+    import numpy as np
+
+    other = np.zeros_like(action)
+    for i, n in enumerate(nvec):
+        if n > 1:
+            other[i] = 1 if action[i] == 0 else 0
+            return other
+    return None
+
+
+def warm_up_actions(actions: dict, nvec: dict) -> dict:
+    """The warm-up round's actions (lazy imports and caches): no defense, and the attacker's action changed
+    in its first dimension with a second value (:func:`other_action`), so that the traced round still
+    decodes its own pair (a batch decodes each pair once). An attacker menu of one action keeps it, and the
+    defender's changes instead where "no defense" is the traced one; where neither can change, the warm-up
+    plays the traced pair itself (found in an audit: the attacker's strategy was always changed, to 1 of a
+    menu of one strategy, and the user's valid action was refused)."""
+    import numpy as np
+
+    defender = np.zeros_like(actions["defender"])
+    attacker = other_action(actions["attacker"], nvec["attacker"])
+    if attacker is None:
+        attacker = actions["attacker"].copy()
+        if np.array_equal(defender, actions["defender"]):
+            changed = other_action(actions["defender"], nvec["defender"])
+            defender = defender if changed is None else changed
+    return {"defender": defender, "attacker": attacker}
+
+
 def trace_round(scenario: str = "digits", defender: list[int] | None = None,
                 attacker: list[int] | None = None, **overrides) -> dict:
     """Play a warm-up round, then trace one round; returns the files entered, in order, and the counts.
@@ -55,11 +89,8 @@ def trace_round(scenario: str = "digits", defender: list[int] | None = None,
     env.reset(seed=0)
     actions = {"defender": np.array(defender if defender is not None else [1, 0, 1, 0, 0, 0]),
                "attacker": np.array(attacker if attacker is not None else [0, 0, 0, 0])}
-    # Warm-up: lazy imports and caches, with other actions (no defense; the attacker's first menu entry
-    # changed), so that the traced round still decodes its own actions (a batch decodes each pair once).
-    warm = np.zeros_like(actions["attacker"])
-    warm[0] = 1 if actions["attacker"][0] == 0 else 0
-    env.step({"defender": np.zeros_like(actions["defender"]), "attacker": warm})
+    warm = warm_up_actions(actions, {role: env.action_space(role).nvec for role in actions})
+    env.step(warm)
     roots = {str(path): name for name, path in project_roots().items()}
     names: dict[str, str | None] = {}
     order: list[str] = []
@@ -95,7 +126,9 @@ def trace_round(scenario: str = "digits", defender: list[int] | None = None,
         sys.setprofile(None)
     layer = [f for f in order if f.startswith(LAYER)]
     return {"scenario": scenario, "defender_action": actions["defender"].tolist(),
-            "attacker_action": actions["attacker"].tolist(), "files": order, "file_count": len(order),
+            "attacker_action": actions["attacker"].tolist(), "warm_up_actions": {role: a.tolist() for role, a in warm.items()},
+            "warm_up_is_traced_pair": all(np.array_equal(warm[role], actions[role]) for role in actions),
+            "files": order, "file_count": len(order),
             "layer_files": layer, "layer_count": len(layer), "returns_to_a_file_left": returns}
 
 
@@ -114,7 +147,9 @@ def main(args: argparse.Namespace) -> int:
              (f"Defender action {result['defender_action']}, attacker action {result['attacker_action']} "
               f"(`leakgym bench trace`); {result['file_count']} project files, {result['layer_count']} of them in "
               f"the game/env layer (`envs/`, `leakgym/game/`); the round came back "
-              f"{result['returns_to_a_file_left']} times to a file it had left."),
+              f"{result['returns_to_a_file_left']} times to a file it had left."
+              + (" The menus have no other pair of actions: the warm-up round played the traced one, whose "
+                 "decoding is then not counted." if result["warm_up_is_traced_pair"] else "")),
              ""]
     lines += [f"{i}. `{f}`" + (" (game/env layer)" if f in result["layer_files"] else "")
               for i, f in enumerate(result["files"], 1)]
