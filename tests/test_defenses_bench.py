@@ -486,3 +486,22 @@ def test_bench_trains_fedavg_with_the_local_optimiser(tmp_path, monkeypatch):
                            (("--seeds", "0"), "--seeds=0; allowed: integers >= 1")):
         with pytest.raises(ValueError, match=message):
             bench.main(_args(tmp_path / "out", *extra))
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    ("--batch-size", r"--batch-size=5000; allowed: integers in \[1, (\d+)\] \(the smallest honest client's shard"),
+    ("--victim-batch", r"--victim-batch=5000; allowed: integers in \[1, (\d+)\] \(the victim's shard, client 0"),
+])
+def test_bench_defenses_batch_larger_than_a_shard_is_refused_before_training(tmp_path, monkeypatch, flag, message):
+    """Found in an audit: ``--clients 2 --batch-size 5000 --victim-batch 5000`` drew every shard's ~650 images
+    while the title and settings said 5000; the largest allowed size, the shard's, is named before anything
+    is trained or written."""
+    monkeypatch.setattr(bench, "run_defense", lambda *a, **k: pytest.fail("trained before the check"))
+    with pytest.raises(ValueError, match=message) as err:
+        bench.main(_args(tmp_path, "--defenses", "none", *TINY, "--clients", "2", flag, "5000"))
+    assert not any(tmp_path.iterdir())
+    from leakgym.data import federated_split, load_dataset
+
+    split = federated_split(load_dataset("digits", image_size=16), num_clients=2, seed=0)
+    shard = len(split.clients[0 if flag == "--victim-batch" else 1][1])
+    assert f"[1, {shard}]" in str(err.value)

@@ -67,7 +67,9 @@ measured (``--attack-rounds`` > 0), the SSIM window of the scores
 (:data:`leakgym.metrics.DEFAULT_SSIM_WINDOW`, 7); and
 ``--seed`` must be in ``[0, 2**40]`` (:data:`MAX_SEED`), so that every seed derived from it (the
 victim's and clients' ``seed * 100_003 + round * 101 + client``, the attacks' ``seed + i``) fits in
-``[0, 2**63 - 1]``.
+``[0, 2**63 - 1]``; and, once the split is made (before the output paths are checked and anything is
+trained), ``--victim-batch`` and ``--batch-size`` must be at most the victim's shard and the smallest honest
+client's shard (:func:`check_batches`: a larger batch would be cut to the shard while the table names it).
 
 The defense settings are the named presets of
 :data:`leakgym.defenses.config.PRESETS`, except for DCS² and LODA whose per-update optimisation (1000
@@ -305,6 +307,20 @@ def _check(args: argparse.Namespace) -> list[str]:
     return names
 
 
+def check_batches(args: argparse.Namespace, split) -> None:
+    """``--victim-batch`` at most the victim's shard (client 0) and ``--batch-size`` at most the smallest honest
+    client's shard of ``split``: a larger batch was cut to the shard, while the table's title and the settings
+    reported the size asked for (found in an audit)."""
+    shards = [len(cy) for _, cy in split.clients]
+    where = f"the digits training images split over --clients {args.clients} with a public split"
+    if args.victim_batch > shards[0]:
+        raise ValueError(f"--victim-batch={args.victim_batch}; allowed: integers in [1, {shards[0]}] (the victim's "
+                         f"shard, client 0, of {where})")
+    if len(shards) > 1 and args.batch_size > min(shards[1:]):
+        raise ValueError(f"--batch-size={args.batch_size}; allowed: integers in [1, {min(shards[1:])}] (the smallest "
+                         f"honest client's shard of {where})")
+
+
 def _check_protocol(args: argparse.Namespace) -> None:
     """The FL protocol's options (FedAvg's local optimiser, :class:`leakgym.fl.optim.LocalOptimizer`)."""
     if args.update_kind not in ("gradient", "model_delta"):
@@ -449,7 +465,7 @@ def run_defense(name: str, args: argparse.Namespace, split, progress: bool,
         updates = []
         for k, (cx, cy) in enumerate(split.clients):
             size = args.victim_batch if k == 0 else args.batch_size
-            idx = torch.randperm(len(cx), generator=gen, device=device)[: min(size, len(cx))]
+            idx = torch.randperm(len(cx), generator=gen, device=device)[:size]  # (size <= shard: check_batches)
             x, y = spec.normalize(cx[idx]), cy[idx]
             seed = client_seed(run_seed, rnd, k)
             if k == 0 or all_clients:
@@ -694,19 +710,21 @@ def main(args: argparse.Namespace) -> int:
     from leakgym.metrics import lpips_available, lpips_status
 
     names = _check(args)
-    json_path = check_output(args.json, "--json", table=False)  # (its table: --markdown, checked next)
-    md_path = check_output(args.markdown if args.markdown is not None else args.json.with_suffix(".md"),
-                           "--markdown" if args.markdown is not None else "--json (its .md table)", table=False)
-    if md_path.resolve() == json_path.resolve():
-        raise ValueError(f"--markdown={str(md_path)!r} is the --json file; allowed: another path (the table would "
-                         "replace the JSON)")
     device = canonical_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # (every device's generator)
     progress = not args.no_progress
     dataset = load_dataset("digits", image_size=args.image_size)
-    split = split_on(federated_split(dataset, num_clients=args.clients, seed=args.seed), device)
+    split = federated_split(dataset, num_clients=args.clients, seed=args.seed)
+    check_batches(args, split)
+    json_path = check_output(args.json, "--json", table=False)  # (its table: --markdown, checked next)
+    md_path = check_output(args.markdown if args.markdown is not None else args.json.with_suffix(".md"),
+                           "--markdown" if args.markdown is not None else "--json (its .md table)", table=False)
+    if md_path.resolve() == json_path.resolve():
+        raise ValueError(f"--markdown={str(md_path)!r} is the --json file; allowed: another path (the table would "
+                         "replace the JSON)")
+    split = split_on(split, device)
     settings = {
         "dataset": "digits", "image_size": args.image_size, "model": args.model, "rounds": args.rounds,
         "clients": args.clients, "batch_size": args.batch_size, "victim_batch": args.victim_batch,
