@@ -41,6 +41,7 @@ import io
 import itertools
 import json
 import math
+import sys
 import warnings
 import zipfile
 from pathlib import Path
@@ -83,6 +84,8 @@ MAX_METADATA_BYTES = 16 * 2**20
 #: deepest nesting of lists and objects in a ``policy.json`` (a valid one nests 4 deep); deeper files are
 #: refused before they are parsed (Python's JSON parser ends a deep one with a RecursionError)
 MAX_JSON_DEPTH = 32
+#: largest magnitude of an observation bound (the observation space is float32)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def algorithm_class(algo: str):
@@ -234,9 +237,17 @@ def _check_metadata(meta: Any, where: Path) -> None:
     size = obs["shape"][0]
     for key in ("low", "high"):
         bound = obs.get(key)
+        # the bounds become float32 (a huge int made math.isfinite raise OverflowError; one past float32's
+        # range became an infinite bound)
         if not (isinstance(bound, list) and len(bound) == size
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bound)):
-            raise bad(f"'observation_space.{key}'", f"a list of {size} finite numbers", bound)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= FLOAT32_MAX
+                        for v in bound)):
+            raise bad(f"'observation_space.{key}'", f"a list of {size} finite numbers of float32's range "
+                      f"(at most {FLOAT32_MAX:.4g} in size)", bound)
+    crossed = next((i for i, (lo, hi) in enumerate(zip(obs["low"], obs["high"])) if lo > hi), None)
+    if crossed is not None:  # gymnasium's Box refused it without naming the file
+        raise bad("'observation_space.low'", "at most 'observation_space.high' at every index",
+                  f"low[{crossed}]={obs['low'][crossed]!r} > high[{crossed}]={obs['high'][crossed]!r}")
     act = meta.get("action_space")
     if not isinstance(act, dict):  # (save_policy writes an object; every reader below takes one)
         raise bad("'action_space'", "an object with 'nvec' (or 'n' and 'nvec')", act)
@@ -314,11 +325,48 @@ def read_metadata(policy_path: str | Path) -> dict[str, Any]:
         depth = json_depth(text)
         if depth > MAX_JSON_DEPTH:
             raise ValueError(f"{meta_file}: lists and objects nested {depth} deep; allowed: at most {MAX_JSON_DEPTH}")
-        meta = json.loads(text)
+        meta = json.loads(text, parse_int=_parse_int)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{meta_file}: cannot read the policy metadata ({exc})") from None
+    long_int = _find_long_int(meta)
+    if long_int is not None:
+        field, value = long_int
+        raise ValueError(f"{meta_file}: '{field}' must be an integer of at most {value.limit} digits; got one of "
+                         f"{value.digits} digits")
     _check_metadata(meta, meta_file)
     return meta
+
+
+class _LongInt:
+    """What :func:`read_metadata` parses an integer of more digits than Python converts into
+    (``sys.get_int_max_str_digits``): ``json.loads`` raised a ValueError naming neither the file nor the
+    field; this stands in for it until :func:`_find_long_int` names the field."""
+
+    def __init__(self, text: str, limit: int) -> None:
+        self.digits, self.limit = len(text.lstrip("-")), limit
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | _LongInt:
+    limit = sys.get_int_max_str_digits()
+    return _LongInt(text, limit) if limit and len(text.lstrip("-")) > limit else int(text)
+
+
+def _find_long_int(value: Any) -> tuple[str, _LongInt] | None:
+    """``(dotted field, stand-in)`` of the first :class:`_LongInt` in parsed JSON (nested at most
+    :data:`MAX_JSON_DEPTH` deep: read_metadata checked it), or None."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        field, item = stack.pop()
+        if isinstance(item, _LongInt):
+            return field, item
+        if isinstance(item, dict):
+            stack.extend((f"{field}.{k}" if field else str(k), v) for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{field}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
 
 
 def _read_weights(path: Path, device: str) -> dict[str, Any]:
