@@ -235,17 +235,50 @@ def run_folder(args: argparse.Namespace) -> Path | None:
     return None if out is None or args.command in ("list", "describe") else Path(out)
 
 
+def _folder_flag(args: argparse.Namespace) -> tuple[str, object]:
+    """The flag that names the run folder (:func:`run_folder`) and its value: ``("--json", path)`` for bench."""
+    return ("--json", args.json) if getattr(args, "command", None) == "bench" else ("--out", args.out)
+
+
+def check_run_folder(folder: Path, flag: str, value: object) -> bool:
+    """Whether the run-folder lock can be taken in ``folder``: False where a file is in its path (the command
+    then writes nothing and says so in its own words, e.g. bench's "--json=... is a file"); else make
+    ``folder`` (with its missing parents) and a file in it, remove what was made (the lock makes them again,
+    and removes them where the command writes nothing) and return True, or raise ValueError naming ``flag``.
+    The lock made the folder before the command's own checks, so a folder that cannot be made or written
+    was a bare ``[Errno 2] No such file or directory: '/proc/x'`` or a lock-file message naming no flag
+    (found in an audit)."""
+    import tempfile
+
+    missing: list[Path] = []
+    try:
+        at = folder
+        while not at.exists() and at.parent != at:
+            missing.append(at)
+            at = at.parent
+        if not at.is_dir():
+            return False
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".leakgym-write-check-").close()  # created, then removed
+    except OSError as exc:
+        what = "a path in a folder" if flag == "--json" else "a folder"
+        raise ValueError(f"{flag}={str(value)!r}: cannot write there ({exc.strerror or exc}); allowed: {what} you "
+                         "can create and write") from None
+    finally:
+        for made in missing:  # deepest first
+            try:
+                made.rmdir()
+            except OSError:
+                break
+    return True
+
+
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     """``args.func(args)``, holding its run folder (:func:`run_folder`) for the whole command."""
     from leakgym.files import command_line, run_folder_lock
 
     folder = run_folder(args)
-    existing = folder
-    while existing is not None and not existing.exists() and existing.parent != existing:
-        existing = existing.parent
-    if folder is None or not existing.is_dir():
-        # no run folder, or one that cannot be made (a file in its path): the command writes nothing and
-        # says so in its own words (e.g. bench's "--json=... is a file")
+    if folder is None or not check_run_folder(folder, *_folder_flag(args)):
         return int(args.func(args) or 0)
     with run_folder_lock(folder, command_line(argv)):
         return int(args.func(args) or 0)

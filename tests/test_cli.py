@@ -255,3 +255,29 @@ def test_a_bad_yaml_hyperparameter_file_is_one_line(tmp_path, capsys):
     assert main(["train", "--hyperparams", str(bad), "--timesteps", "8", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"hyperparameter file {str(bad)!r}: not valid YAML (" in err, err
+
+
+@pytest.mark.parametrize("where", ["too-long", "proc-missing", "proc"])
+@pytest.mark.parametrize("argv", [["bench", "trace", "--json", "{}/y.json"], ["bench", "attacks", "--json", "{}/y.json"],
+                                  ["eval", "--episodes", "1", "--out", "{}/y"]])
+def test_a_run_folder_that_cannot_be_made_is_refused_naming_the_flag(tmp_path, capsys, where, argv):
+    """Found in an audit: the run-folder lock made the folder before the command's own output check, so
+    ``--json /proc/x/y.json`` was "[Errno 2] No such file or directory: '/proc/x'", ``--json /proc/y.json`` a
+    message about the lock file, ``--out /proc/x/y`` the same: none named the flag."""
+    import os
+
+    if where.startswith("proc") and not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc on this platform")
+    parent = {"too-long": str(tmp_path / ("x" * 300)), "proc-missing": "/proc/x", "proc": "/proc"}[where]
+    argv = [a.format(parent) for a in argv]
+    flag = argv[-2]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"leakgym: error: {flag}={argv[-1]!r}: cannot write there (") and err.count("\n") == 1, err
+    assert "allowed: a " in err and not any(tmp_path.iterdir())
+
+
+def test_the_run_folder_check_leaves_no_folder_when_the_command_refuses(tmp_path, capsys):
+    """The check makes the missing folders and removes them; the command's own refusal then leaves none."""
+    assert main(["bench", "attacks", "--json", str(tmp_path / "a" / "b" / "x.json"), "--ns", "0"]) == 2
+    assert "--ns entry '0'" in capsys.readouterr().err and not any(tmp_path.iterdir())
