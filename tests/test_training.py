@@ -311,7 +311,7 @@ def test_budget_warning_real_steps_and_no_checkpoints(tmp_path, capsys):
     meta = json.loads((tmp_path / "policy.json").read_text())
     assert (meta["timesteps"], meta["requested_timesteps"], meta["role"]) == (6, 5, "defender")
     assert not (tmp_path / "checkpoints").exists()
-    with pytest.raises(ValueError, match="checkpoint_freq=-1; allowed: >= 1, 0"):
+    with pytest.raises(ValueError, match="checkpoint_freq=-1; allowed: integers >= 1, 0"):
         tr.train(tr.TrainConfig(timesteps=2, checkpoint_freq=-1, out=tmp_path, overrides=TINY, progress=False))
     # the file's 8 games per step: one step each is already 8 rounds
     with pytest.warns(tr.TrainingBudgetWarning, match=r"n_steps 8 -> 1: one rollout of 8 x 8 env\(s\)"):

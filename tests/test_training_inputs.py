@@ -102,3 +102,54 @@ def test_hyperparameters_sb3_refuses_while_building_the_model_are_one_line(tmp_p
                           "with --hyperparams {'policy_kwargs': ")
     assert "Stable-Baselines3 could not build PPO from these hyperparameters: TypeError: " in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"timesteps": 16.7}, r"timesteps=16.7; allowed: integers >= 1, or None"),
+    ({"timesteps": True}, r"timesteps=True; allowed: integers >= 1"),
+    ({"timesteps": "16"}, r"timesteps='16'; allowed: integers >= 1"),
+    ({"timesteps": 0}, r"timesteps=0; allowed: integers >= 1"),
+    ({"eval_freq": 8, "eval_episodes": 1.5}, r"eval_episodes=1.5; allowed: integers >= 0"),
+    ({"eval_freq": None}, r"eval_freq=None; allowed: integers >= 0 \(0: no evaluations\)"),
+    ({"eval_freq": 8.0}, r"eval_freq=8.0; allowed: integers >= 0"),
+    ({"checkpoint_freq": 2.5}, r"checkpoint_freq=2.5; allowed: integers >= 1, 0 \(no checkpoints\) or None"),
+    ({"checkpoint_freq": True}, r"checkpoint_freq=True; allowed: integers >= 1"),
+    ({"batch_clients": "no"}, r"batch_clients='no'; allowed: True, False or None"),
+])
+def test_train_settings_of_the_wrong_type_are_refused_before_anything_is_built(tmp_path, monkeypatch, config,
+                                                                               message):
+    """Found in an audit: eval_episodes=1.5 trained the whole run, then failed at the final evaluation with no
+    policy saved; timesteps=16.7 trained 16 steps silently, True one step and '16' sixteen; eval_freq=None
+    was a TypeError. Refused as seed=True already was (bools are not integers here)."""
+    monkeypatch.setattr(tr_loop, "make_training_env", lambda *a, **k: pytest.fail("built an environment"))
+    kwargs = {"timesteps": 16, "opponent": "none", "out": tmp_path / "run", "overrides": TINY, "progress": False,
+              **config}
+    with pytest.raises(ValueError, match=f"^{message}"):
+        tr.train(tr.TrainConfig(**kwargs))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"iterations": 2.5}, r"iterations=2.5; allowed: integers >= 1"),
+    ({"iterations": True}, r"iterations=True; allowed: integers >= 1"),
+    ({"eval_episodes": 1.5}, r"eval_episodes=1.5; allowed: integers >= 0"),
+    ({"seed": True}, r"seed=True; allowed: integers >= 0"),
+    ({"seed": -2}, r"seed=-2; allowed: integers >= 0"),
+    ({"timesteps": 16.7}, r"timesteps=16.7; allowed: integers >= 1"),
+])
+def test_selfplay_settings_of_the_wrong_type_leave_an_earlier_run_alone(tmp_path, bad, message):
+    """Found in an audit: selfplay(iterations=2.5) into an earlier run's folder deleted its iter_01/ and
+    iter_02/ and rewrote its summary.json, then failed with a TypeError (only iterations < 1 was checked)."""
+    from leakgym.agents.experiments.selfplay import selfplay
+
+    out = tmp_path / "sp"
+    for k in (1, 2):
+        (out / f"iter_0{k}" / "attacker").mkdir(parents=True)
+        (out / f"iter_0{k}" / "attacker" / "policy.zip").write_text("an earlier run's")
+    (out / "summary.json").write_text('{"previous": "run"}')
+    before = sorted(str(p) for p in out.rglob("*"))
+    kwargs = {"iterations": 2, "timesteps": 16, "overrides": TINY, **bad}
+    with pytest.raises(ValueError, match=f"^{message}"):
+        selfplay("LeakGym-Digits-v0", out=out, progress=False, **kwargs)
+    assert sorted(str(p) for p in out.rglob("*")) == before
+    assert (out / "summary.json").read_text() == '{"previous": "run"}'

@@ -107,12 +107,16 @@ def selfplay(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Run ``iterations`` rounds of alternating best responses; returns (and writes) the summary."""
-    if iterations < 1:
-        raise ValueError(f"iterations={iterations}; must be >= 1")
-    if eval_episodes < 0:
-        raise ValueError(f"eval_episodes={eval_episodes}; must be >= 0")
-    last = int(seed) + 2 * int(iterations) + 1 if is_integer(seed) and is_integer(iterations) else None
-    if last is not None and last > MAX_TRAIN_SEED:
+    # integers before anything else (bools are not): iterations=2.5 passed this check, cleared the folder of an
+    # earlier run and then failed; seed=True trained with seeds 3, 4, ...
+    if not (is_integer(iterations) and iterations >= 1):
+        raise ValueError(f"iterations={iterations!r}; allowed: integers >= 1")
+    if not (is_integer(eval_episodes) and eval_episodes >= 0):
+        raise ValueError(f"eval_episodes={eval_episodes!r}; allowed: integers >= 0 (0: no evaluations)")
+    if not (is_integer(seed) and seed >= 0):
+        raise ValueError(f"seed={seed!r}; allowed: integers >= 0 (iteration k trains with seed + 2k and seed + 2k + 1)")
+    last = int(seed) + 2 * int(iterations) + 1
+    if last > MAX_TRAIN_SEED:
         raise ValueError(f"seed={seed} with iterations={iterations}: iteration k trains with seed + 2k + 1, up to {last}; "
                          f"allowed: seed <= {MAX_TRAIN_SEED - 2 * iterations - 1} (training seeds are at most 2**32 - 1)")
     gym_id, _ = resolve_env(env_id)

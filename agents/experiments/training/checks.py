@@ -98,11 +98,19 @@ def check_config(config: TrainConfig) -> CheckedConfig:
     if not _is_int(config.seed) or not 0 <= config.seed <= MAX_TRAIN_SEED:
         raise ValueError(f"seed={config.seed!r}; allowed: integers in [0, 2**32 - 1] (Stable-Baselines3 seeds "
                          "numpy's legacy generator with it)")
-    for name in ("eval_freq", "eval_episodes"):
-        if getattr(config, name) < 0:
-            raise ValueError(f"{name}={getattr(config, name)}; must be >= 0")
-    if config.checkpoint_freq is not None and config.checkpoint_freq < 0:
-        raise ValueError(f"checkpoint_freq={config.checkpoint_freq}; allowed: >= 1, 0 (no checkpoints) or None")
+    # integers, as the seed (bools are not): timesteps=16.7 trained 16 steps and True one, eval_episodes=1.5
+    # failed at the final evaluation after the whole run, with no policy saved
+    if config.timesteps is not None and not (_is_int(config.timesteps) and config.timesteps >= 1):
+        raise ValueError(f"timesteps={config.timesteps!r}; allowed: integers >= 1, or None (the hyperparameter "
+                         "file's n_timesteps)")
+    for name, what in (("eval_freq", " (0: no evaluations)"), ("eval_episodes", "")):
+        if not (_is_int(getattr(config, name)) and getattr(config, name) >= 0):
+            raise ValueError(f"{name}={getattr(config, name)!r}; allowed: integers >= 0{what}")
+    if config.checkpoint_freq is not None and not (_is_int(config.checkpoint_freq) and config.checkpoint_freq >= 0):
+        raise ValueError(f"checkpoint_freq={config.checkpoint_freq!r}; allowed: integers >= 1, 0 (no checkpoints) or "
+                         "None (a quarter of the run)")
+    if config.batch_clients is not None and not isinstance(config.batch_clients, bool):
+        raise ValueError(f"batch_clients={config.batch_clients!r}; allowed: True, False or None (on whenever n_envs > 1)")
     if config.eval_freq and config.eval_episodes < 1:
         raise ValueError(f"eval_episodes={config.eval_episodes}; must be >= 1 when eval_freq is set")
     gym_id, scenario_name = resolve_env(config.env_id)
