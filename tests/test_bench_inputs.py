@@ -60,9 +60,73 @@ def test_bench_defenses_checks_its_markdown_path_not_the_json_sibling(tmp_path, 
     def start(*a, **k):
         raise Started
 
-    monkeypatch.setattr("leakgym.data.load_dataset", start)
+    monkeypatch.setattr(defenses, "split_on", start)  # (after every check: the split goes to the device)
     (tmp_path / "bench.md").mkdir()
     with pytest.raises(ValueError, match=r"--json \(its \.md table\)=.*bench\.md' is a folder"):
         defenses.main(_defenses_args(tmp_path, "--defenses", "none"))
     with pytest.raises(Started):
         defenses.main(_defenses_args(tmp_path, "--defenses", "none", "--markdown", str(tmp_path / "table.md")))
+
+
+@pytest.mark.parametrize(("bench", "extra", "message"), [
+    ("env", ["--num-envs", "1,1"], "--num-envs='1,1' names 1 more than once"),
+    ("env", ["--envs", "digits,LeakGym-Digits-v0"],
+     "--envs='digits,LeakGym-Digits-v0' names 'digits' = 'LeakGym-Digits-v0' more than once"),
+    ("operators", ["--num-envs", "4,2,4"], "--num-envs='4,2,4' names 4 more than once"),
+    ("attacks", ["--ns", "1,1"], "--ns='1,1' names 1 more than once"),
+    ("attacks", ["--models", "lenet,lenet"], "--models='lenet,lenet' names lenet more than once"),
+    ("env", ["--overrides", "rounds=1", "rounds=2"], "override 'rounds=2': rounds is already given ('rounds=1')"),
+    ("eval", ["--overrides", "rounds=1", "rounds=2"], "override 'rounds=2': rounds is already given ('rounds=1')"),
+])
+def test_an_entry_given_twice_is_refused_before_measuring(tmp_path, monkeypatch, capsys, bench, extra, message):
+    """Found in an audit: ``--num-envs 1,1``, ``--envs digits,LeakGym-Digits-v0`` (one environment, two names) and
+    ``--ns 1,1`` measured the same row twice, and ``--overrides rounds=1 rounds=2`` ran with the last value."""
+    _no_work(monkeypatch, bench)
+    out = tmp_path / "x.json"
+    assert cli.main(["bench", bench, "--json", str(out), *BENCHES[bench][1], *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"leakgym: error: {message}") and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_scenario_override_given_twice_is_refused(capsys):
+    """The same rule for every command that takes ``--overrides`` (:func:`parse_overrides`)."""
+    assert cli.main(["describe", "LeakGym-Digits-v0", "--overrides", "rounds=1", "eval_size=16", "rounds=2"]) == 2
+    assert "override 'rounds=2': rounds is already given ('rounds=1'); allowed: each key once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--defenses", "none,gaussian,None"], r"--defenses='none,gaussian,None' names none more than once"),
+    (["--defenses", ""], r"--defenses='' names no defense; allowed: comma-separated names of \["),
+    (["--defenses", " , "], r"--defenses=' , ' names no defense"),
+    (["--defenses", "none", "--all-clients", "--utility", "victim"],
+     r"--all-clients \(= --utility all\) with --utility victim: they disagree"),
+    (["--defenses", "none", "--all-clients", "--utility", "both"],
+     r"--all-clients \(= --utility all\) with --utility both: they disagree"),
+])
+def test_bench_defenses_refuses_duplicates_empty_lists_and_contradictions(tmp_path, monkeypatch, extra, message):
+    """Found in an audit: ``--defenses none,none`` trained the row twice, ``--all-clients --utility victim`` ran
+    as ``--utility all`` without a word, and ``--defenses ''`` said "unknown name(s) []"."""
+    from leakgym.bench import defenses
+
+    monkeypatch.setattr(defenses, "run_defense", lambda *a, **k: pytest.fail("trained before the check"))
+    with pytest.raises(ValueError, match=message):
+        defenses.main(_defenses_args(tmp_path, *extra))
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("extra", "modes"), [
+    ([], [False, True]), (["--all-clients"], [True]), (["--all-clients", "--utility", "all"], [True]),
+    (["--utility", "victim"], [False]),
+])
+def test_bench_defenses_utility_modes_agree_with_all_clients(tmp_path, monkeypatch, extra, modes):
+    from leakgym.bench import defenses
+
+    def start(*a, **k):
+        raise Started
+
+    monkeypatch.setattr(defenses, "split_on", start)  # (after every check: the split goes to the device)
+    args = _defenses_args(tmp_path, "--defenses", "none", *extra)
+    with pytest.raises(Started):  # every check passed
+        defenses.main(args)
+    assert defenses.utility_modes(args) == modes

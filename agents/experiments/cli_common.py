@@ -38,13 +38,19 @@ def parse_overrides(pairs: list[str] | None, what: str = "override") -> dict[str
     """``["rounds=2", "iterations=[1,2]"]`` -> ``{"rounds": 2, "iterations": [1, 2]}``.
 
     Values are parsed as YAML scalars or flow sequences (numbers, booleans, lists, strings), a number in
-    exponent form without a ``.`` (``1e-4``) as a number (:class:`OverrideLoader`).
+    exponent form without a ``.`` (``1e-4``) as a number (:class:`OverrideLoader`). A key given twice is
+    refused (found in an audit: ``rounds=1 rounds=2`` ran with the last one, silently).
     """
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, text = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{what} {pair!r} must look like key=value (e.g. rounds=2 or iterations=[1,2])")
+        if key.strip() in given:
+            raise ValueError(f"{what} {pair!r}: {key.strip()} is already given ({given[key.strip()]!r}); allowed: "
+                             "each key once")
+        given[key.strip()] = pair
         if what == "override" and key.strip() == "allow_large":
             from leakgym.game.scenario import ALLOW_LARGE_FROM_CALLER
 

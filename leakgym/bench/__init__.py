@@ -78,14 +78,26 @@ def markdown_table(title: str, columns: list[tuple[str, object]], rows: list[dic
 
 def parse_counts(text: str, flag: str, example: str) -> list[int]:
     """``"1,16,256"`` -> ``[1, 16, 256]``: a comma-separated list of integers >= 1 given as ``flag``;
-    ValueError naming the flag and the bad entry (an empty list too)."""
+    ValueError naming the flag and the bad entry (an empty list too), or the entries given twice (each
+    is a row: the same row measured twice, found in an audit)."""
     counts = []
     for part in (p.strip() for p in str(text).split(",")):
         if not part.isdigit() or int(part) < 1:
             raise ValueError(f"{flag} entry {part!r} (in {text!r}); allowed: integers >= 1, comma-separated "
                              f"(e.g. {example})")
         counts.append(int(part))
+    check_distinct(counts, flag, text)
     return counts
+
+
+def check_distinct(entries: list, flag: str, text: str, same: Callable[[object], str] = str) -> None:
+    """ValueError naming ``flag`` and every entry of ``entries`` given more than once (``same(entry)``: how
+    the message names it, e.g. which of the user's names it came from)."""
+    repeated = [e for i, e in enumerate(entries) if e in entries[:i]]
+    if repeated:
+        names = ", ".join(dict.fromkeys(same(e) for e in repeated))
+        raise ValueError(f"{flag}={str(text)!r} names {names} more than once (each entry is a row); allowed: "
+                         "distinct entries, comma-separated")
 
 
 def smallest_image_side(models: list[str], floor: int = 1) -> tuple[int, list[str]]:

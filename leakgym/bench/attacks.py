@@ -27,6 +27,7 @@ import time
 import torch
 
 from leakgym.bench import (
+    check_distinct,
     check_output,
     device_label,
     interrupted,
@@ -78,6 +79,7 @@ def parse_models(text: str) -> list[str]:
         what = (f"unknown model(s) {unknown}{did_you_mean(unknown[0], MODEL_NAMES)}" if unknown
                 else "names no model")  # fmt: skip
         raise ValueError(f"--models={text!r}: {what}; allowed: {', '.join(MODEL_NAMES)} (comma-separated)")
+    check_distinct(models, "--models", text)
     return models
 
 

@@ -16,7 +16,8 @@ defense's full cost in accuracy: a defense that only the victim applies is dilut
 clients, e.g. CENSOR's "zeros" fallback costs 0.6 points as the victim's alone and stops training when
 every client uses it). ``both`` trains each row in both modes and the table shows both accuracy
 columns; a row whose defense is not a client-side change (``none``, ``precode``: the model is the
-defense) is trained once, its two modes being the same run. ``--all-clients`` is ``--utility all``.
+defense) is trained once, its two modes being the same run. ``--all-clients`` is ``--utility all`` (with
+another ``--utility`` it is refused).
 Leakage, fidelity and overhead are measured on the victim of the first mode's run.
 
 ``--seeds N`` trains every row with seeds ``--seed`` .. ``--seed + N - 1`` (model initialisation,
@@ -98,6 +99,7 @@ from pathlib import Path
 import torch
 
 from leakgym.bench import (
+    check_distinct,
     check_output,
     device_label,
     dumps,
@@ -216,9 +218,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=10, help="rounds between accuracy evaluations")
     parser.add_argument("--eval-size", type=int, default=None, help="test images used (default: all)")
     parser.add_argument("--all-clients", action="store_true", help="every client applies the defense (= --utility all)")
-    parser.add_argument("--utility", choices=UTILITY_MODES, default="both",
+    parser.add_argument("--utility", choices=UTILITY_MODES, default=None,
                         help="who defends in the accuracy runs: the victim only, every client, or both runs side by "
-                        "side (default: %(default)s)")
+                        "side (default: both; all with --all-clients, which refuses another)")
     parser.add_argument("--seeds", type=int, default=1,
                         help="train every row with this many seeds (--seed, --seed + 1, ...) and report mean accuracy "
                         "+- standard error (default: %(default)s)")
@@ -267,8 +269,12 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"--precode-width={args.precode_width!r}; allowed: integers >= 0 (0: class default)")
     if not isinstance(args.seeds, int) or isinstance(args.seeds, bool) or args.seeds < 1:
         raise ValueError(f"--seeds={args.seeds!r}; allowed: integers >= 1")
-    if getattr(args, "utility", "both") not in UTILITY_MODES:
+    utility = getattr(args, "utility", None)
+    if utility is not None and utility not in UTILITY_MODES:
         raise ValueError(f"--utility={args.utility!r}; allowed: {', '.join(UTILITY_MODES)}")
+    if args.all_clients and utility not in (None, "all"):  # (--all-clients won: the run was --utility all)
+        raise ValueError(f"--all-clients (= --utility all) with --utility {utility}: they disagree; allowed: one of "
+                         f"them (--all-clients, or --utility {utility} alone)")
     _check_protocol(args)
     if args.threads is not None and (not isinstance(args.threads, int) or args.threads < 1):
         raise ValueError(f"--threads={args.threads!r}; allowed: integers >= 1 (default: torch's choice)")
@@ -286,11 +292,15 @@ def _check(args: argparse.Namespace) -> list[str]:
                          "--clients - 1 <= 2**63 - 1")
     names = [n.strip() for n in args.defenses.split(",") if n.strip()]
     known = {k.lower(): k for k in PRESETS} | {"precode": "precode"}
+    if not names:  # (it said "unknown name(s) []")
+        raise ValueError(f"--defenses={args.defenses!r} names no defense; allowed: comma-separated names of "
+                         f"{sorted(known.values())}")
     unknown = [n for n in names if n.lower() not in known]
-    if unknown or not names:
-        hint = did_you_mean(unknown[0], known.values()) if unknown else ""
+    if unknown:
+        hint = did_you_mean(unknown[0], known.values())
         raise ValueError(f"--defenses: unknown name(s) {unknown}{hint}; allowed: {sorted(known.values())}")
     names = [known[n.lower()] for n in names]
+    check_distinct(names, "--defenses", args.defenses)  # (the same row trained twice)
     # The smallest image every model of the run accepts (a PRECODE model only with a PRECODE row), the
     # dataset and, when leakage is measured, the SSIM window of the scores (else the run fails after training).
     smallest, models = smallest_image_side([setup.model for _, setup in plan(names, args)], DATASET_MIN_IMAGE_SIZE)
@@ -517,7 +527,7 @@ def _plain_sgd():
 
 def utility_modes(args: argparse.Namespace) -> list[bool]:
     """The accuracy runs of a row, as ``all_clients`` values, the first one's run measuring leakage."""
-    mode = "all" if args.all_clients else getattr(args, "utility", "both")
+    mode = "all" if args.all_clients else getattr(args, "utility", None) or "both"
     return {"victim": [False], "all": [True], "both": [False, True]}[mode]
 
 
@@ -730,7 +740,7 @@ def main(args: argparse.Namespace) -> int:
         "clients": args.clients, "batch_size": args.batch_size, "victim_batch": args.victim_batch,
         "lr": args.lr, "precode_model": args.precode_model, "precode_width": args.precode_width or None,
         "precode_lr": args.precode_lr, "all_clients": bool(args.all_clients), "seed": args.seed,
-        "utility": "all" if args.all_clients else args.utility, "seeds": args.seeds,
+        "utility": "all" if args.all_clients else args.utility or "both", "seeds": args.seeds,
         "seed_list": [args.seed + i for i in range(args.seeds)], "update_kind": args.update_kind,
         "local_steps": args.local_steps, "local_lr": args.local_lr, "local_optimizer": args.local_optimizer,
         "local_momentum": args.local_momentum, "local_weight_decay": args.local_weight_decay,

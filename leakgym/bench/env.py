@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 
 from leakgym.bench import (
+    check_distinct,
     check_output,
     device_label,
     interrupted,
@@ -400,8 +401,8 @@ def to_markdown(rows: list[dict], machine: str) -> str:
 
 
 def parse_ids(text: str) -> list[str]:
-    """``"LeakGym-Digits-v0,digits"`` -> Gymnasium ids (ids or scenario names, as ``leakgym eval --env``);
-    ValueError naming ``--envs`` and the bad entry, or an empty list."""
+    """``"LeakGym-Digits-v0,cifar"`` -> Gymnasium ids (ids or scenario names, as ``leakgym eval --env``);
+    ValueError naming ``--envs`` and the bad entry, an empty list, or an environment named twice."""
     from leakgym.agents.experiments.cli_common import resolve_env
 
     names = [s.strip() for s in str(text).split(",") if s.strip()]
@@ -414,6 +415,8 @@ def parse_ids(text: str) -> list[str]:
             ids.append(resolve_env(name)[0])
         except ValueError as exc:
             raise ValueError(f"--envs entry {name!r}: {exc}") from None
+    # (an id and its scenario name are the same environment: "digits,LeakGym-Digits-v0" measured it twice)
+    check_distinct(ids, "--envs", text, lambda gym_id: " = ".join(repr(n) for n, i in zip(names, ids) if i == gym_id))
     return ids
 
 
