@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leakgym.attacks.base import AttackerKnowledge, check_integer
+from leakgym.attacks.base import AttackerKnowledge, check_integer, limited
 from leakgym.attacks.engine import DefenseSimulator, MatchingObjective
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.attacks.public_split import derived
@@ -64,6 +64,13 @@ class LayerSkippingConfig(InvertingGradientsConfig):
             raise ValueError(f"zero_fraction={self.zero_fraction}; allowed range (0, 1]")
 
 
+def _check_matched(layers: tuple[str, ...], names: list[str], what: str) -> None:
+    """``ValueError`` naming the entries of ``layers`` (names or prefixes) that match none of ``names``."""
+    unmatched = [s for s in layers if not any(n == s or n.startswith(s.rstrip(".") + ".") for n in names)]
+    if unmatched:
+        raise ValueError(f"layers {unmatched} match no parameter of {what}; parameters: {names}")
+
+
 def select_layers(
     update: SharedUpdate, model: torch.nn.Module, layers: str | tuple[str, ...] = "auto", *,
     skip_zeros: bool = False, zero_fraction: float = 0.5,
@@ -81,9 +88,7 @@ def select_layers(
             return any(n == s or n.startswith(s if s.endswith(".") else s + ".") for s in layers)
 
         chosen = [n for n in names if selected(n)]
-        unmatched = [s for s in layers if not any(n == s or n.startswith(s.rstrip(".") + ".") for n in names)]
-        if unmatched:
-            raise ValueError(f"layers {unmatched} match no parameter of the update; parameters: {names}")
+        _check_matched(layers, names, "the update")
     if skip_zeros and chosen:
         zeros = {n: float((update.tensors[n] == 0).float().mean()) for n in chosen}
         kept = [n for n in chosen if zeros[n] < zero_fraction]
@@ -106,6 +111,14 @@ class LayerSkipping(InvertingGradients):
     name = "layer-skipping"
     public_split = False
     Config = LayerSkippingConfig
+
+    @classmethod
+    def check_scenario(cls, config: LayerSkippingConfig, model, spec) -> None:
+        super().check_scenario(config, model, spec)
+        if config.layers == "before_bottleneck":
+            precode_layer_split(model())  # raises ValueError without a bottleneck
+        elif not isinstance(config.layers, str):
+            _check_matched(config.layers, [n for n, _ in model().named_parameters()], "the model")
 
     def matched_names(self, update: SharedUpdate, knowledge: AttackerKnowledge) -> list[str]:
         c = self.config
@@ -175,7 +188,7 @@ SIMULATORS = ("gaussian", "orthogonal")
 class EOTConfig(InvertingGradientsConfig):
     """Inverting Gradients matched against the average of E simulated defense transformations."""
 
-    eot_samples: int = 8
+    eot_samples: int = limited(8, 64)
     """E: simulated transformations per objective evaluation (E = 1: one sample, no averaging)."""
     simulator: str = "gaussian"
     """Built-in defense simulation: ``"gaussian"`` (additive noise) or ``"orthogonal"`` (CENSOR)."""

@@ -355,17 +355,9 @@ class LinearLayerInfo:
         return f"{self.name}.bias"
 
 
-def find_linear_layer(
-    model: nn.Module, spec: DatasetSpec, prefix: str | None = None, *, seed: int = 0
-) -> LinearLayerInfo:
-    """The first ``nn.Linear`` with bias executed in ``model``'s forward pass whose name matches.
-
-    ``prefix=None`` matches every linear layer; otherwise a module matches when its name equals
-    ``prefix`` or starts with ``prefix + "."``. The execution order and the input each layer sees come
-    from one forward pass of a random probe image drawn with ``seed`` on the model's device (eval mode,
-    no gradients, the global RNG untouched); ``on_input`` tells whether that input equals the flattened
-    probe.
-    """
+def matching_linears(model: nn.Module, prefix: str | None) -> dict[str, nn.Linear]:
+    """``model``'s ``nn.Linear`` layers with bias whose name is ``prefix`` or starts with ``prefix + "."``
+    (``None``: every one); ``ValueError`` naming the linear layers where none matches."""
     linears = {
         name: m
         for name, m in model.named_modules()
@@ -378,6 +370,21 @@ def find_linear_layer(
             f"layer={prefix!r} matches no nn.Linear with bias in {type(model).__name__}; "
             f"linear layers: {available}"
         )
+    return linears
+
+
+def find_linear_layer(
+    model: nn.Module, spec: DatasetSpec, prefix: str | None = None, *, seed: int = 0
+) -> LinearLayerInfo:
+    """The first ``nn.Linear`` with bias executed in ``model``'s forward pass whose name matches.
+
+    ``prefix=None`` matches every linear layer; otherwise a module matches when its name equals
+    ``prefix`` or starts with ``prefix + "."``. The execution order and the input each layer sees come
+    from one forward pass of a random probe image drawn with ``seed`` on the model's device (eval mode,
+    no gradients, the global RNG untouched); ``on_input`` tells whether that input equals the flattened
+    probe.
+    """
+    linears = matching_linears(model, prefix)
     ref = next(iter(linears.values())).weight
     probe = torch.randn((1, *spec.shape), generator=seeded_generator(seed, ref.device), device=ref.device,
                         dtype=ref.dtype)
@@ -528,6 +535,11 @@ class AnalyticAttack(Attack):
     name: ClassVar[str] = "analytic"
     public_split = False
     Config: ClassVar[type] = AnalyticConfig
+
+    @classmethod
+    def check_scenario(cls, config: AnalyticConfig, model, spec: DatasetSpec) -> None:
+        if config.layer is not None:  # the layer it names must be one of the model's
+            matching_linears(model(), config.layer)
 
     def _reconstruct_batch(
         self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]

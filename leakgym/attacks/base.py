@@ -13,7 +13,7 @@ import math
 import numbers
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -135,6 +135,13 @@ class Attack(ABC):
                 )
             config = dataclasses.replace(config, **overrides)
         self.config = config
+
+    @classmethod
+    def check_scenario(cls, config: Any, model: Callable[[], nn.Module], spec: DatasetSpec) -> None:
+        """``ValueError`` where ``config`` cannot run in a scenario whose games hold ``model()`` (a model of the
+        scenario's architecture, built when first called) on images of ``spec``: a layer it names that the
+        model lacks, say. A scenario calls it for every attacker setting when it is built, so that such a
+        setting is refused then, not in the first round (found in an audit). Default: nothing to check."""
 
     # -- malicious servers -------------------------------------------------------------------
     def prepare_model(self, model: nn.Module, spec: DatasetSpec, *, public_x: Tensor | None = None) -> nn.Module:
@@ -276,6 +283,20 @@ def check_option_types(config: Any) -> None:
             raise ValueError(f"{f.name}={value!r}; allowed: a number of magnitude at most {REAL_OPTION_MAX:g}")
         if isinstance(value, np.generic):
             object.__setattr__(config, f.name, value.item())
+
+
+def limited(default: Any, limit: int) -> Any:
+    """A ``Config`` field whose values a scenario bounds by ``limit``, its documented limit (an inner loop's steps
+    or samples, a layer's width: what one round's time and memory grow with), as a defense field's ``limit``:
+    listed in :data:`leakgym.game.scenario.LIMITS`, checked on the scenario's ``attacker_menu`` levels and
+    ``attack_defaults`` when it is built, lifted by ``allow_large=True``. Found in an audit: a default of 10**9
+    such steps built, then hung the first round."""
+    return field(default=default, metadata={"limit": limit})
+
+
+def config_limits(config: type) -> dict[str, int]:
+    """``field name -> limit`` of the :func:`limited` fields of an attack's ``Config`` class."""
+    return {f.name: f.metadata["limit"] for f in dataclasses.fields(config) if "limit" in f.metadata}
 
 
 def check_integer(value: Any, name: str, low: int = 0) -> int:

@@ -69,7 +69,7 @@ from leakgym.attacks.analytic import (
     image_box,
     recover_linear_input,
 )
-from leakgym.attacks.base import check_integer, check_option_types, check_seed, check_tolerance
+from leakgym.attacks.base import check_integer, check_option_types, check_seed, check_tolerance, limited
 from leakgym.attacks.public_split import derived
 from leakgym.data import DatasetSpec
 from leakgym.optim.randomness import seeded_generator
@@ -258,7 +258,7 @@ def recover_imprint_bins(
 class ImprintConfig:
     """Options of :class:`ImprintAttack`."""
 
-    num_bins: int = 256
+    num_bins: int = limited(256, 4096)
     """Number n of attacked neurons (bins); OASIS uses 500-900 on CIFAR-100/ImageNet."""
     measurement: str = "brightness"
     """What the bins measure: "brightness" (mean normalised pixel) or "random" (a random direction)."""

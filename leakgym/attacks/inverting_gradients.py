@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from leakgym.attacks.engine import MatchingObjective, OptimizationAttack, OptimizationConfig, Schedule
-from leakgym.attacks.losses import LAYER_WEIGHT_SCHEMES, check_weight_mapping
+from leakgym.attacks.losses import LAYER_WEIGHT_SCHEMES, check_weight_mapping, layer_weights
 
 
 @dataclass
@@ -63,7 +63,7 @@ class InvertingGradientsConfig(OptimizationConfig):
             if self.layer_weights not in LAYER_WEIGHT_SCHEMES:
                 raise ValueError(f"layer_weights={self.layer_weights!r}; allowed: {LAYER_WEIGHT_SCHEMES} or a mapping")
         elif isinstance(self.layer_weights, Mapping):
-            check_weight_mapping(self.layer_weights)  # the names are checked against the model when it attacks
+            check_weight_mapping(self.layer_weights)  # the names: against the model (check_scenario, and when it attacks)
         else:
             raise ValueError(  # noqa: TRY004 - the library reports all bad input as ValueError
                 f"layer_weights={self.layer_weights!r}; allowed: {LAYER_WEIGHT_SCHEMES} or a mapping")
@@ -75,6 +75,11 @@ class InvertingGradients(OptimizationAttack):
     name = "inverting-gradients"
     public_split = False
     Config = InvertingGradientsConfig
+
+    @classmethod
+    def check_scenario(cls, config: InvertingGradientsConfig, model, spec) -> None:
+        if isinstance(config.layer_weights, Mapping):  # keyed by the model's parameter names
+            layer_weights([n for n, _ in model().named_parameters()], config.layer_weights)
 
     def objective(self) -> MatchingObjective:
         c = self.config

@@ -34,17 +34,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leakgym.attacks.base import AttackerKnowledge, AttackResult, check_integer, check_seed
+from leakgym.attacks.base import AttackerKnowledge, AttackResult, check_integer, check_seed, limited
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.defenses.loda import (
     DEFAULT_ARCH,
     DEFAULT_EPOCHS,
     DEFAULT_WIDTH,
     LayerFeatures,
+    extractor_layers,
     feature_extractor,
 )
 from leakgym.fl.update import SharedUpdate
-from leakgym.models import MODEL_NAMES
+from leakgym.models import MODEL_NAMES, build_model
 
 STARTS = ("public", "random")
 
@@ -55,7 +56,7 @@ class LodaInversionConfig(InvertingGradientsConfig):
 
     c: float = 1.0
     """Pixel weight ``c`` of Eq. 6 (paper: 1, searched over {0, 1, 5, 10, 20})."""
-    inversion_steps: int = 100
+    inversion_steps: int = limited(100, 30_000)
     """Gradient-descent steps on Eq. 6 (paper: 100), >= 1 (they start from a public image or noise: no
     step would return that start)."""
     inversion_lr: float = 0.05
@@ -66,9 +67,9 @@ class LodaInversionConfig(InvertingGradientsConfig):
     """The defense's ``g``: first k conv layers, ``"all"``, or module names (LODA1: 5)."""
     extractor_seed: int = 0
     """Seed of the defense's extractor (the attacker knows the defense)."""
-    extractor_epochs: int = DEFAULT_EPOCHS
+    extractor_epochs: int = limited(DEFAULT_EPOCHS, 1_000)
     extractor_arch: str = DEFAULT_ARCH
-    extractor_width: int | None = DEFAULT_WIDTH
+    extractor_width: int | None = limited(DEFAULT_WIDTH, 512)
     cache_dir: str | None = None
     """Extractor cache (None: :func:`leakgym.defenses.loda.default_cache_dir`)."""
 
@@ -130,6 +131,15 @@ class LodaInversion(InvertingGradients):
     name = "loda-inversion"
     public_split = True
     Config = LodaInversionConfig
+
+    @classmethod
+    def check_scenario(cls, config: LodaInversionConfig, model, spec) -> None:
+        super().check_scenario(config, model, spec)
+        # the layers it reads must be the extractor's: one of its architecture has them (built on the meta
+        # device: nothing is allocated, whatever its width)
+        with torch.device("meta"):
+            extractor = build_model(config.extractor_arch, spec, width=config.extractor_width, seed=config.extractor_seed)
+        extractor_layers(extractor, config.layers)
 
     def _reconstruct_batch(
         self, updates: list[SharedUpdate], knowledges: list[AttackerKnowledge], *, seeds: list[int]

@@ -43,7 +43,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult, check_integer
+from leakgym.attacks.base import AttackCost, AttackerKnowledge, AttackResult, check_integer, limited
 from leakgym.attacks.engine import ProblemSet, run_gradient_matching
 from leakgym.attacks.inverting_gradients import InvertingGradients, InvertingGradientsConfig
 from leakgym.attacks.labels import infer_labels
@@ -57,7 +57,7 @@ SCHEMES = ("mixup", "instahide")
 class MixupDecodingConfig(InvertingGradientsConfig):
     """Inverting Gradients on the encodings, then least-squares demixing."""
 
-    decode_steps: int = 1000
+    decode_steps: int = limited(1000, 30_000)
     """Adam steps of the demixing regression (GradAttack: 1000), >= 1 (it starts from noise: no step would
     return the noise)."""
     decode_lr: float = 0.01

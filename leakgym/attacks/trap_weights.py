@@ -56,7 +56,7 @@ from leakgym.attacks.analytic import (
     agreement_tolerance,
     recover_linear_input,
 )
-from leakgym.attacks.base import check_integer, check_option_types, check_seed, check_tolerance
+from leakgym.attacks.base import check_integer, check_option_types, check_seed, check_tolerance, limited
 from leakgym.attacks.imprint import ImprintBlock, insert_input_block
 from leakgym.data import DatasetSpec
 from leakgym.optim.randomness import seeded_generator
@@ -110,7 +110,7 @@ def _trap_block(num_neurons: int, scale_factor: float, seed: int, spec: DatasetS
 class TrapWeightsConfig:
     """Options of :class:`TrapWeightsAttack`."""
 
-    num_neurons: int = 500
+    num_neurons: int = limited(500, 4096)
     """Number n of neurons of the trap layer (OASIS uses 100-700)."""
     scale_factor: float = 0.85
     """Factor on each row's positive half, in (0, 1]; smaller: fewer inputs activate a neuron.

@@ -198,10 +198,14 @@ def feature_extractor(
                 opt.zero_grad(set_to_none=True)
                 loss_fn(model(public_x[idx]), public_y[idx]).backward()
                 opt.step()
-        cache.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save(model.state_dict(), tmp)
-        tmp.replace(path)  # atomic: concurrent readers never see a partial file
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            torch.save(model.state_dict(), tmp)
+            tmp.replace(path)  # atomic: concurrent readers never see a partial file
+        except OSError as exc:  # (found in an audit: a bare FileNotFoundError naming no path)
+            raise ValueError(f"LODA extractor cache {str(cache)!r}: cannot write there ({exc.strerror or exc}); "
+                             "allowed: a folder you can create and write (cache_dir, or $LEAKGYM_DATA)") from None
         model.loaded_from_cache = False
     model.eval()
     for p in model.parameters():
@@ -226,7 +230,9 @@ def _load_cached(model: nn.Module, path: Path, device) -> None:
         raise ValueError(f"LODA extractor cache {path} holds non-finite weights ({bad[0]}); {fix}")
 
 
-def _select_layers(extractor: nn.Module, layers: LayerSpec) -> list[nn.Module]:
+def extractor_layers(extractor: nn.Module, layers: LayerSpec) -> list[nn.Module]:
+    """The modules of ``extractor`` that ``layers`` selects (:class:`LayerFeatures`); ``ValueError`` naming
+    what is allowed otherwise."""
     convs = [(n, m) for n, m in extractor.named_modules() if isinstance(m, nn.Conv2d)]
     if isinstance(layers, bool):
         raise ValueError(f"layers={layers!r}; allowed: int >= 1, 'all', or a list of module names")  # noqa: TRY004
@@ -251,7 +257,7 @@ class LayerFeatures(nn.Module):
     def __init__(self, extractor: nn.Module, layers: LayerSpec) -> None:
         super().__init__()
         self.extractor = extractor
-        self.layers = _select_layers(extractor, layers)  # a plain list: already submodules of extractor
+        self.layers = extractor_layers(extractor, layers)  # a plain list: already submodules of extractor
 
     def forward(self, x: Tensor) -> Tensor:
         outs: list[Tensor] = []

@@ -207,6 +207,7 @@ class Scenario:
         # after the menus' values and the counts are checked: these read them
         _check_local_rates(self)
         _check_requirements(self)
+        _check_attacks_on_model(self)
 
     # -- menus and spaces ------------------------------------------------------------------------
     @property
@@ -357,11 +358,24 @@ def _defense_limits() -> dict[str, float]:
     return {key: f.limit for key, f in defense_fields().items() if f.limit is not None}
 
 
+def _attack_limits() -> dict[str, float]:
+    """Each registered attack's :func:`~leakgym.attacks.base.limited` config fields' limits (the smallest where
+    two attacks limit a field of one name)."""
+    from leakgym.attacks import ATTACKS
+    from leakgym.attacks.base import config_limits
+
+    out: dict[str, float] = {}
+    for attack in ATTACKS.values():
+        for key, cap in config_limits(attack.Config).items():
+            out[key] = min(cap, out.get(key, cap))
+    return out
+
+
 class _Limits(Mapping[str, float]):
-    """:data:`LIMITS`: a read-only, live view (a defense registered later brings its own limits)."""
+    """:data:`LIMITS`: a read-only, live view (a defense or attack registered later brings its own limits)."""
 
     def _all(self) -> dict[str, float]:
-        return {**_SCENARIO_LIMITS, **_defense_limits()}
+        return {**_SCENARIO_LIMITS, **_attack_limits(), **_defense_limits()}
 
     def __getitem__(self, key: str) -> float:
         return self._all()[key]
@@ -377,8 +391,10 @@ class _Limits(Mapping[str, float]):
 
 
 #: Documented upper bounds: one step must finish and fit in memory. ``allow_large=True`` lifts them. The
-#: scenario's own, then the defenses' inner loops (each field's declared ``limit``, on its menu levels and
-#: ``defense_defaults`` entry); a read-only mapping that follows the defense registry.
+#: scenario's own, the attacks' inner loops and sizes (each :func:`~leakgym.attacks.base.limited` config field's,
+#: on its ``attacker_menu`` levels and ``attack_defaults`` entry), then the defenses' inner loops (each field's
+#: declared ``limit``, on its menu levels and ``defense_defaults`` entry); a read-only mapping that follows the
+#: registries.
 LIMITS: Mapping[str, float] = _Limits()
 #: Upper bound on the estimated working memory of one round (bytes); see :func:`estimated_round_bytes`.
 MEMORY_LIMIT_BYTES = 8 * 2**30
@@ -689,11 +705,11 @@ def _check_limits(sc: Scenario) -> None:
     if sc.allow_large:
         return
     hint = "; pass allow_large=True (on the command line: --allow-large) to lift the documented limits"
-    defense = _defense_limits()
+    defense, attack = _defense_limits(), _attack_limits()
     for key, cap in LIMITS.items():
         if key in defense:
             values = _defense_values(sc, key)
-        elif key in _ATTACK_LIMITS:
+        elif key in _ATTACK_LIMITS or key in attack:
             values = _attack_values(sc, key)
         else:
             values = [getattr(sc, key)] if getattr(sc, key) is not None else []
@@ -898,6 +914,42 @@ def _validate_menus(sc: Scenario) -> None:
                     ATTACKS[s].Config(**{**fixed, key: value})
                 except (TypeError, ValueError) as exc:
                     raise ValueError(f"{where}: attacker_menu {key}={values!r} for {s!r}: {exc}") from None
+
+
+def _check_attacks_on_model(sc: Scenario) -> None:
+    """Every attacker setting (each strategy's ``attack_defaults``, with each of its menu levels in turn, as
+    :func:`_validate_menus` builds them) through its attack's :meth:`~leakgym.attacks.base.Attack.check_scenario`
+    on a model of the scenario's architecture, built (once, on the meta device: no memory) only if a check
+    reads it. Found in an
+    audit: a layer a setting named that the model lacks (``analytic``'s ``layer``, ``layer-skipping``'s
+    ``layers``, a ``layer_weights`` key, LODA inversion's extractor ``layers``) built, then failed the first
+    round."""
+    from leakgym.attacks import ATTACKS
+    from leakgym.data import dataset_spec
+    from leakgym.models import build_model
+
+    spec = dataset_spec(sc.dataset, sc.image_size)
+    built: list[Any] = []
+
+    def model() -> Any:
+        if not built:
+            import torch
+
+            with torch.device("meta"):  # the checks read layers' names and shapes only: nothing is allocated
+                built.append(build_model(sc.model, spec, precode=sc.precode, width=sc.model_width, seed=0))
+        return built[0]
+
+    for s in sc.attacker_menu["strategy"]:
+        attack = ATTACKS[s]
+        fields = {f.name for f in dataclasses.fields(attack.Config)}
+        fixed = {k: v for k, v in sc.attack_defaults.items() if k in fields}
+        settings = [fixed] + [{**fixed, key: value} for key, values in sc.attacker_menu.items()
+                              if key != "strategy" and key in fields for value in values]
+        for setting in settings:
+            try:
+                attack.check_scenario(attack.Config(**setting), model, spec)
+            except ValueError as exc:
+                raise ValueError(f"scenario {sc.name!r}: attacker setting {setting!r} for {s!r}: {exc}") from None
 
 
 def scenario_names() -> list[str]:
