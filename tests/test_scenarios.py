@@ -264,3 +264,23 @@ def test_attack_budgets_must_be_integers_when_the_scenario_is_built(values):
         load_scenario("digits", iterations=values)
     with pytest.raises(ValueError, match=r"restarts=.*must be an integer >= 1"):
         load_scenario("digits", restarts=values)
+
+
+def test_scenario_inputs_found_in_the_user_file_audit(tmp_path):
+    """Found in an audit of the scenario files users hand in: an OASIS bit named twice built and was refused by
+    the env as a dimension named twice; a shorthand and the attacker_menu table setting one key kept one of the
+    two silently; a file that is not UTF-8 was the decoder's message without the file."""
+    with pytest.raises(ValueError, match=r"oasis_bits=\['hflip', 'hflip'\] names \['hflip'\] twice"):
+        load_scenario("digits", oasis_bits=["hflip", "hflip"])
+    with pytest.raises(ValueError, match=r"iterations=\[5\] and attacker_menu iterations=\[1\] both set"):
+        load_scenario("digits", iterations=[5], attacker_menu={"strategy": ["inverting-gradients"], "iterations": [1]})
+    both = tmp_path / "both.toml"
+    both.write_text('name = "both"\ndataset = "digits"\nstrategies = ["dlg"]\n[attacker_menu]\n'
+                    'strategy = ["inverting-gradients"]\n')
+    with pytest.raises(ValueError, match=r"strategies=\['dlg'\] and attacker_menu strategy=\['inverting-gradients'\]"):
+        load_scenario(str(both))
+    assert load_scenario("digits", iterations=[5]).attacker_menu["iterations"] == [5]  # one way alone: as before
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfe rounds = 2")
+    with pytest.raises(ValueError, match=rf"scenario file '{bad}': not UTF-8 text \(byte 0xff at offset 0\)"):
+        load_scenario(str(bad))

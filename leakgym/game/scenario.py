@@ -110,7 +110,8 @@ class Scenario:
     local_lr_decay: float = 1.0
     #: server learning rate applied to the aggregated update
     server_lr: float = 0.1
-    #: test accuracy is measured every eval_every rounds on eval_size held-out images
+    #: test accuracy is measured every eval_every rounds on eval_size held-out images: the first eval_size of the
+    #: dataset's test split, all of them where it holds fewer (digits: 359; found in an audit, unsaid before)
     eval_every: int = 1
     eval_size: int = 256
     #: federated split
@@ -818,6 +819,13 @@ def _fold_shorthands(options: dict[str, Any], base_menu: dict[str, list[Any]] | 
     if not given:
         return options
     out = {k: v for k, v in options.items() if k not in SHORTHANDS}
+    table = out.get("attacker_menu")
+    if isinstance(table, dict):  # both ways at once: one would have been dropped (found in an audit)
+        both = [short for short, key in SHORTHANDS.items() if short in given and key in table]
+        if both:
+            raise ValueError(f"{both[0]}={given[both[0]]!r} and attacker_menu {SHORTHANDS[both[0]]}="
+                             f"{table[SHORTHANDS[both[0]]]!r} both set the attacker's {SHORTHANDS[both[0]]} levels; "
+                             "allowed: one of the two")
     if base_menu is None:
         base_menu = dict(out.get("attacker_menu", {}))
     elif "attacker_menu" in out:
@@ -875,6 +883,10 @@ def _validate_menus(sc: Scenario) -> None:
         bad_bits = [b for b in names if b not in menu.bits]
         if bad_bits:
             raise ValueError(f"{where}: {menu.option} {bad_bits} unknown; allowed: {list(menu.bits)}")
+        twice = [b for i, b in enumerate(names) if b in names[:i]]
+        if twice:  # (found in an audit: built, then the env refused a dimension named twice, not the option)
+            raise ValueError(f"{where}: {menu.option}={list(names)!r} names {sorted(set(twice))} twice; allowed: "
+                             f"distinct names of {list(menu.bits)}")
     strategies = sc.attacker_menu["strategy"]
     if not all(isinstance(s, str) for s in strategies):  # ([["dlg"]] was a TypeError: unhashable type 'list')
         raise ValueError(f"{where}: attacker_menu strategy={strategies!r}; allowed: a list of attack names "
@@ -977,6 +989,9 @@ def read_scenario_file(path: str | Path) -> Scenario:
     except RecursionError:  # tomllib parses nested arrays and inline tables recursively
         raise ValueError(f"scenario file {str(path)!r}: arrays or tables nested deeper than the parser can read "
                          "(a scenario nests at most 3 deep)") from None
+    except UnicodeDecodeError as exc:  # (found in an audit: the decoder's message, naming no file)
+        raise ValueError(f"scenario file {str(path)!r}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                         f"offset {exc.start}); allowed: a TOML file, which is UTF-8") from None
     try:
         return Scenario.from_dict(data)
     except (TypeError, ValueError) as exc:
