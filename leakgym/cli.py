@@ -254,12 +254,23 @@ def check_run_folder(folder: Path, flag: str, value: object) -> bool:
     try:
         at = folder
         while not at.exists() and at.parent != at:
+            if at.is_symlink():  # (found in a review: "cannot write there (File exists)")
+                raise ValueError(f"{flag}={str(value)!r}: {str(at)!r} is a broken link; allowed: a folder you can "
+                                 "create and write")
             missing.append(at)
             at = at.parent
         if not at.is_dir():
             return False
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=folder, prefix=".leakgym-write-check-").close()  # created, then removed
+        for attempt in range(3):
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                tempfile.NamedTemporaryFile(dir=folder, prefix=".leakgym-write-check-").close()  # made, then removed
+                break
+            except FileNotFoundError:
+                # another command's check removed the folder it had made between our two calls (found in a
+                # review: two commands started at once on one new folder): once more
+                if attempt == 2:
+                    raise
     except OSError as exc:
         what = "a path in a folder" if flag == "--json" else "a folder"
         raise ValueError(f"{flag}={str(value)!r}: cannot write there ({exc.strerror or exc}); allowed: {what} you "

@@ -281,3 +281,33 @@ def test_the_run_folder_check_leaves_no_folder_when_the_command_refuses(tmp_path
     """The check makes the missing folders and removes them; the command's own refusal then leaves none."""
     assert main(["bench", "attacks", "--json", str(tmp_path / "a" / "b" / "x.json"), "--ns", "0"]) == 2
     assert "--ns entry '0'" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+def test_a_run_folder_through_a_broken_link_is_named_as_one(tmp_path, capsys):
+    """Found in a review: a --json under a broken link was "cannot write there (File exists)"."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    json_path = str(tmp_path / "dangling" / "r.json")
+    assert main(["bench", "trace", "--json", json_path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"leakgym: error: --json={json_path!r}: {str(tmp_path / 'dangling')!r} is a broken link")
+
+
+def test_two_run_folder_checks_at_once_do_not_refuse_each_other(tmp_path, monkeypatch):
+    """Found in a review: one command's check removed the new folder it had made while another's check was
+    writing in it, and the other was refused ("cannot write there (No such file or directory)"). Here the
+    other command's removal happens between this check's two calls, every time but the last."""
+    import tempfile
+
+    from leakgym import cli
+
+    real = tempfile.NamedTemporaryFile
+    calls = []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) < 3:
+            (tmp_path / "new").rmdir()  # the other command's clean-up
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", racing)
+    assert cli.check_run_folder(tmp_path / "new", "--out", str(tmp_path / "new")) and len(calls) == 3

@@ -153,6 +153,11 @@ def test_payoffs_near_float64s_largest_value_are_solved():
     for name in ("nash", "prd"):
         x, y = meta_solver(name)(A, -A)
         assert np.allclose(x, 0.5, atol=1e-3) and np.allclose(y, 0.5, atol=1e-3)
+    # and near its smallest (found in a review: the halving made subnormal payoffs all zero)
+    tiny = np.array([[5e-324, 0.0], [0.0, 5e-324]])
+    eqs = nash_equilibria(tiny, tiny)
+    assert _contains(eqs, [1, 0], [1, 0]) and _contains(eqs, [0, 1], [0, 1])
+    assert all(is_equilibrium(tiny, tiny, x, y) for x, y in eqs) and not _contains(eqs, [1, 0], [0, 1])
 
 
 def test_projected_replicator_dynamics():

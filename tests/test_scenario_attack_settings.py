@@ -34,6 +34,8 @@ def test_an_attacks_inner_loops_and_sizes_are_held_to_their_documented_limits(sc
 @pytest.mark.parametrize("strategy, setting, match", [
     ("analytic", {"layer": "bogus"}, r"layer='bogus' matches no nn.Linear with bias in LeNet; linear layers: \['head'\]"),
     ("layer-skipping", {"layers": ["nonexistent"]}, r"layers \['nonexistent'\] match no parameter of the model"),
+    # (found in a review: the check stripped the dots its selection kept, and this entry built)
+    ("layer-skipping", {"layers": ["body.conv1.."]}, r"layers \['body.conv1..'\] match no parameter of the model"),
     ("layer-skipping", {"layers": "before_bottleneck"}, "precode_layer_split needs a model with a PRECODE bottleneck"),
     ("inverting-gradients", {"layer_weights": {"nonexistent.weight": 1.0}},
      r"layer weights name unknown layers \['nonexistent.weight'\]"),

@@ -69,6 +69,9 @@ def test_a_hyperparameter_file_of_nested_aliases_is_refused_at_once(tmp_path, ca
      (r"policy_kwargs.features_extractor_kwargs={'foo': 1}; allowed: null or {} \(SB3 sets every argument of "
      r"FlattenExtractor itself")),
     ("a2c", "policy_kwargs={activation_fn: null}", r"policy_kwargs.activation_fn=None; allowed: one of \['Tanh'"),
+    # (found in a review: checked against Adam's arguments, while SB3's A2C replaces them with RMSprop's)
+    ("a2c", "policy_kwargs={net_arch: [8], optimizer_kwargs: {alpha: 0.9}}",
+     r"policy_kwargs.optimizer_kwargs={'alpha': 0.9} with A2C's use_rms_prop \(true by default\), which replaces"),
     ("ppo", "rollout_buffer_kwargs={foo: 1}",
      r"rollout_buffer_kwargs={'foo': 1}; allowed: null or {} \(SB3 sets every argument of RolloutBuffer itself"),
     ("ppo", "rollout_buffer_kwargs=[1]", r"rollout_buffer_kwargs=\[1\]; allowed: null or {}"),
@@ -153,3 +156,24 @@ def test_selfplay_settings_of_the_wrong_type_leave_an_earlier_run_alone(tmp_path
         selfplay("LeakGym-Digits-v0", out=out, progress=False, **kwargs)
     assert sorted(str(p) for p in out.rglob("*")) == before
     assert (out / "summary.json").read_text() == '{"previous": "run"}'
+
+
+def test_a2c_takes_optimizer_kwargs_with_adam_only():
+    """A2C with use_rms_prop: false trains with Adam, and its optimizer_kwargs are Adam's (found in a review)."""
+    params = tr_hyperparams.load_hyperparams("LeakGym-Digits-v0", "a2c", {
+        "use_rms_prop": False, "policy_kwargs": {"net_arch": [8], "optimizer_kwargs": {"betas": [0.5, 0.6]}}})
+    assert params["policy_kwargs"]["optimizer_kwargs"] == {"betas": [0.5, 0.6]}
+    with pytest.raises(ValueError, match=r"not \['alpha'\]"):
+        tr_hyperparams.load_hyperparams("LeakGym-Digits-v0", "a2c", {
+            "use_rms_prop": False, "policy_kwargs": {"optimizer_kwargs": {"alpha": 0.9}}})
+
+
+def test_policy_json_is_read_where_python_has_no_integer_digit_limit(monkeypatch):
+    """Found in a review: Python before 3.10.7 (allowed by requires-python) has no sys.get_int_max_str_digits,
+    and reading any integer of a policy.json called it."""
+    import sys
+
+    from leakgym.agents.policies import learned
+
+    monkeypatch.delattr(sys, "get_int_max_str_digits", raising=False)
+    assert learned._parse_int("12") == 12 and learned._parse_int("-" + "9" * 100) == -int("9" * 100)

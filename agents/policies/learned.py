@@ -350,7 +350,8 @@ class _LongInt:
 
 
 def _parse_int(text: str) -> int | _LongInt:
-    limit = sys.get_int_max_str_digits()
+    # (the limit came with Python 3.10.7 and 3.11; earlier versions convert any length: found in a review)
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
     return _LongInt(text, limit) if limit and len(text.lstrip("-")) > limit else int(text)
 
 

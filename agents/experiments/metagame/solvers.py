@@ -72,10 +72,14 @@ def _check_tables(attacker_payoffs, defender_payoffs) -> tuple[np.ndarray, np.nd
 def _scaled(M: np.ndarray) -> np.ndarray:
     """``M`` shifted and scaled to [0, 1] (equilibria are invariant to a positive affine map of a player's payoffs)."""
     lo, hi = M.min(), M.max()
-    # halved first: the difference of two finite payoffs may pass float64's largest value (found in an audit:
-    # [[1.7e308, -1.7e308], ...] became inf and NaN, and the solvers failed with an unexplained error)
-    span = float(hi / 2 - lo / 2)
-    return (M / 2 - lo / 2) / span if span > 0 else np.zeros_like(M)
+    with np.errstate(over="ignore"):
+        span = float(hi - lo)
+    if np.isinf(span):
+        # the difference of two finite payoffs passed float64's largest value: halved first (found in an audit:
+        # [[1.7e308, -1.7e308], ...] became inf and NaN, and the solvers failed with an unexplained error). Only
+        # then: halving loses subnormal payoffs (5e-324 / 2 is 0; found in a review)
+        return (M / 2 - lo / 2) / float(hi / 2 - lo / 2)
+    return (M - lo) / span if span > 0 else np.zeros_like(M)
 
 
 def is_equilibrium(A: np.ndarray, B: np.ndarray, x: np.ndarray, y: np.ndarray,

@@ -15,7 +15,8 @@ reads another file; ``--hyperparams KEY=VALUE`` overrides single values; ``--rol
 ``n_timesteps``. DQN needs a ``Discrete`` action space: ``--algo dqn`` always plays with
 ``flat_actions=True``. Every value is checked before the games are built, nested ones too (the keys
 of ``optimizer_kwargs``, ``features_extractor_kwargs`` and the buffers' kwargs against what SB3 passes
-them to; ``lr`` is ``learning_rate``'s); what SB3 still refuses while it builds the model is one
+them to; ``lr`` is ``learning_rate``'s; A2C takes ``optimizer_kwargs`` only with ``use_rms_prop: false``, since
+its RMSprop default replaces them); what SB3 still refuses while it builds the model is one
 ``ValueError`` naming the hyperparameters, and ``OUT`` is made only after that. A file, and the
 overrides, may hold at most ``MAX_HYPERPARAMS_VALUES`` values with their YAML aliases expanded, nested
 at most ``MAX_HYPERPARAMS_DEPTH`` deep (in :mod:`.hyperparams`).

@@ -336,6 +336,15 @@ def load_hyperparams(
                 f"{where}: hyperparameter(s) {unknown} are not {cls.__name__} arguments or run settings"
                 f"{did_you_mean(unknown[0], allowed)}; allowed: {sorted(allowed)}"
             )
+    policy_kwargs = params.get("policy_kwargs") or {}
+    if (algo == "a2c" and params.get("use_rms_prop", True) and isinstance(policy_kwargs, dict)
+            and "optimizer_kwargs" in policy_kwargs and "optimizer_class" not in policy_kwargs):
+        # SB3's A2C then sets RMSprop and its own optimizer_kwargs: the given ones were dropped without a word,
+        # and checked against Adam's arguments (found in a review)
+        raise ValueError(f"{source('policy_kwargs')}: policy_kwargs.optimizer_kwargs="
+                         f"{policy_kwargs['optimizer_kwargs']!r} with A2C's use_rms_prop (true by default), which "
+                         "replaces them with RMSprop's (alpha=0.99, eps=rms_prop_eps, weight_decay=0); allowed: "
+                         "use_rms_prop: false (Adam, with these arguments), or rms_prop_eps without optimizer_kwargs")
     for key, value in params.items():
         _check_value(key, value, source(key), algo, params.get("policy", "MlpPolicy"))
         bad = _non_finite(value, key)
