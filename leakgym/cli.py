@@ -243,44 +243,28 @@ def _folder_flag(args: argparse.Namespace) -> tuple[str, object]:
 def check_run_folder(folder: Path, flag: str, value: object) -> bool:
     """Whether the run-folder lock can be taken in ``folder``: False where a file is in its path (the command
     then writes nothing and says so in its own words, e.g. bench's "--json=... is a file"); else make
-    ``folder`` (with its missing parents) and a file in it, remove what was made (the lock makes them again,
-    and removes them where the command writes nothing) and return True, or raise ValueError naming ``flag``.
+    ``folder`` and a file in it (:func:`leakgym.files.writable_folder`), remove what was made (the lock makes
+    it again, and removes it where the command writes nothing) and return True, or raise ValueError naming
+    ``flag``.
     The lock made the folder before the command's own checks, so a folder that cannot be made or written
     was a bare ``[Errno 2] No such file or directory: '/proc/x'`` or a lock-file message naming no flag
     (found in an audit)."""
-    import tempfile
+    from leakgym.files import remove_made, writable_folder
 
-    missing: list[Path] = []
     try:
         at = folder
-        while not at.exists() and at.parent != at:
+        while not at.exists() and at.parent != at:  # (exists() raises for a name too long)
             if at.is_symlink():  # (found in a review: "cannot write there (File exists)")
                 raise ValueError(f"{flag}={str(value)!r}: {str(at)!r} is a broken link; allowed: a folder you can "
                                  "create and write")
-            missing.append(at)
             at = at.parent
         if not at.is_dir():
             return False
-        for attempt in range(3):
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-                tempfile.NamedTemporaryFile(dir=folder, prefix=".leakgym-write-check-").close()  # made, then removed
-                break
-            except FileNotFoundError:
-                # another command's check removed the folder it had made between our two calls (found in a
-                # review: two commands started at once on one new folder): once more
-                if attempt == 2:
-                    raise
+        remove_made(writable_folder(folder))
     except OSError as exc:
         what = "a path in a folder" if flag == "--json" else "a folder"
         raise ValueError(f"{flag}={str(value)!r}: cannot write there ({exc.strerror or exc}); allowed: {what} you "
                          "can create and write") from None
-    finally:
-        for made in missing:  # deepest first
-            try:
-                made.rmdir()
-            except OSError:
-                break
     return True
 
 

@@ -80,6 +80,40 @@ def _made_folders(folder: Path) -> list[Path]:
     return missing
 
 
+def remove_made(made: list[Path]) -> None:
+    """Remove the folders ``made`` (deepest first, as :func:`_made_folders` lists them); stops at the first one
+    that holds anything."""
+    for created in made:
+        try:
+            created.rmdir()
+        except OSError:
+            break
+
+
+def writable_folder(folder: Path) -> list[Path]:
+    """Make ``folder`` (with its missing parents) and a file in it, then remove the file; returns the folders
+    made, deepest first (:func:`remove_made` undoes them), or raises ``OSError`` where it cannot, having removed
+    what it made. Where another process removes the new folder between the two (its own check of the same new
+    folder), once more."""
+    import tempfile
+
+    made: list[Path] = []
+    for attempt in range(3):
+        try:
+            made += _made_folders(folder)
+            tempfile.NamedTemporaryFile(dir=folder, prefix=".leakgym-write-check-").close()
+            return made
+        except FileNotFoundError:
+            if attempt < 2:
+                continue
+            remove_made(made)
+            raise
+        except OSError:
+            remove_made(made)
+            raise
+    return made  # (not reached: the last attempt returns or raises)
+
+
 def _acquire(path: Path, folder: Path, made: list[Path]):
     """An open lock file at ``path`` holding the exclusive lock, or :class:`RunFolderBusy`. A holder removes
     the file when it lets go, so a lock taken on a file that is no longer the one at ``path`` is retried."""
@@ -142,11 +176,7 @@ def run_folder_lock(folder: str | os.PathLike[str], command: str) -> Iterator[Pa
     finally:
         path.unlink(missing_ok=True)  # still locked: a writer that opened it meanwhile retries on a new file
         fh.close()  # releases the lock
-        for created in made:  # deepest first; stops at the first one that holds anything
-            try:
-                created.rmdir()
-            except OSError:
-                break
+        remove_made(made)
 
 
 def folder_argument(text: str) -> Path:

@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +21,11 @@ import torch
 from leakgym.agents.experiments.cli_common import (
     INTERRUPTED,  # exit status after Ctrl-C, as leakgym eval / train
 )
-from leakgym.files import json_safe, write_atomically  # json_safe: NaN / inf -> None, numpy scalars -> Python
+from leakgym.files import (  # json_safe: NaN / inf -> None, numpy scalars -> Python
+    json_safe,
+    writable_folder,
+    write_atomically,
+)
 
 
 def device_label(device: str | torch.device) -> str:
@@ -130,8 +133,7 @@ def check_output(path: str | Path, flag: str = "--json", *, table: bool = True) 
         raise ValueError(f"{flag}={str(path)!r}: {str(blocker)!r} is a file, not a folder; "
                          "allowed: a path in a folder you can create and write")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.NamedTemporaryFile(dir=out.parent, prefix=".leakgym-write-check-").close()  # created, then removed
+        writable_folder(out.parent)
     except OSError as exc:
         raise ValueError(f"{flag}={str(path)!r}: cannot write there ({exc.strerror or exc}); "
                          "allowed: a path in a folder you can create and write") from None
