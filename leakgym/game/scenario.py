@@ -208,7 +208,6 @@ class Scenario:
         # after the menus' values and the counts are checked: these read them
         _check_local_rates(self)
         _check_requirements(self)
-        _check_attacks_on_model(self)
 
     # -- menus and spaces ------------------------------------------------------------------------
     @property
@@ -849,7 +848,8 @@ def _used_by(key: str, strategies: list[str] | None) -> bool:
 
 
 def _validate_menus(sc: Scenario) -> None:
-    """Every menu value through the real config classes; attack names against the registry."""
+    """Every menu value through the real config classes, each attacker setting also through its attack's
+    ``check_scenario`` on the scenario's model; attack names against the registry."""
     from leakgym.attacks import ATTACKS
     from leakgym.defenses import DefenseConfig
 
@@ -905,13 +905,37 @@ def _validate_menus(sc: Scenario) -> None:
             fields = sorted(set().union(*configs.values()))
             raise ValueError(f"{where}: attack_defaults {key!r} is a field of none of the strategies {strategies}"
                              f"{did_you_mean(key, fields)}")
+    def model() -> Any:  # one of the scenario's architecture for the attacks' checks, built if one reads it
+        if not built:
+            import torch
+
+            from leakgym.models import build_model
+
+            with torch.device("meta"):  # the checks read layers' names and shapes only: nothing is allocated
+                built.append(build_model(sc.model, spec, precode=sc.precode, width=sc.model_width, seed=0))
+        return built[0]
+
+    def check(s: str, setting: dict[str, Any], refused: str) -> None:
+        """``setting`` through ``s``'s config (``refused``: what a config error blames) and then its
+        :meth:`~leakgym.attacks.base.Attack.check_scenario` on the scenario's model (found in an audit: a layer
+        the model lacks -- ``analytic``'s ``layer``, ``layer-skipping``'s ``layers``, a ``layer_weights`` key,
+        LODA inversion's extractor ``layers`` -- built, then failed the first round)."""
+        try:
+            config = ATTACKS[s].Config(**setting)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {refused} for {s!r}: {exc}") from None
+        try:
+            ATTACKS[s].check_scenario(config, model, spec)
+        except ValueError as exc:
+            raise ValueError(f"{where}: attacker setting {setting!r} for {s!r}: {exc}") from None
+
+    from leakgym.data import dataset_spec
+
+    spec, built = dataset_spec(sc.dataset, sc.image_size), []
     for s in strategies:  # the defaults alone first, so that a bad default is named as one (it was
         # blamed on the first menu level built with it); a strategy owning no menu key is built here only
         fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
-        try:
-            ATTACKS[s].Config(**fixed)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: attack_defaults {fixed!r} for {s!r}: {exc}") from None
+        check(s, fixed, f"attack_defaults {fixed!r}")
     for key, values in sc.attacker_menu.items():
         if key == "strategy":
             continue
@@ -922,46 +946,7 @@ def _validate_menus(sc: Scenario) -> None:
         for s in owners:
             fixed = {k: v for k, v in sc.attack_defaults.items() if k in configs[s]}
             for value in values:
-                try:
-                    ATTACKS[s].Config(**{**fixed, key: value})
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{where}: attacker_menu {key}={values!r} for {s!r}: {exc}") from None
-
-
-def _check_attacks_on_model(sc: Scenario) -> None:
-    """Every attacker setting (each strategy's ``attack_defaults``, with each of its menu levels in turn, as
-    :func:`_validate_menus` builds them) through its attack's :meth:`~leakgym.attacks.base.Attack.check_scenario`
-    on a model of the scenario's architecture, built (once, on the meta device: no memory) only if a check
-    reads it. Found in an
-    audit: a layer a setting named that the model lacks (``analytic``'s ``layer``, ``layer-skipping``'s
-    ``layers``, a ``layer_weights`` key, LODA inversion's extractor ``layers``) built, then failed the first
-    round."""
-    from leakgym.attacks import ATTACKS
-    from leakgym.data import dataset_spec
-    from leakgym.models import build_model
-
-    spec = dataset_spec(sc.dataset, sc.image_size)
-    built: list[Any] = []
-
-    def model() -> Any:
-        if not built:
-            import torch
-
-            with torch.device("meta"):  # the checks read layers' names and shapes only: nothing is allocated
-                built.append(build_model(sc.model, spec, precode=sc.precode, width=sc.model_width, seed=0))
-        return built[0]
-
-    for s in sc.attacker_menu["strategy"]:
-        attack = ATTACKS[s]
-        fields = {f.name for f in dataclasses.fields(attack.Config)}
-        fixed = {k: v for k, v in sc.attack_defaults.items() if k in fields}
-        settings = [fixed] + [{**fixed, key: value} for key, values in sc.attacker_menu.items()
-                              if key != "strategy" and key in fields for value in values]
-        for setting in settings:
-            try:
-                attack.check_scenario(attack.Config(**setting), model, spec)
-            except ValueError as exc:
-                raise ValueError(f"scenario {sc.name!r}: attacker setting {setting!r} for {s!r}: {exc}") from None
+                check(s, {**fixed, key: value}, f"attacker_menu {key}={values!r}")
 
 
 def scenario_names() -> list[str]:
