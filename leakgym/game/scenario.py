@@ -706,7 +706,8 @@ def _check_limits(sc: Scenario) -> None:
         return
     hint = "; pass allow_large=True (on the command line: --allow-large) to lift the documented limits"
     defense, attack = _defense_limits(), _attack_limits()
-    for key, cap in LIMITS.items():
+    for key, cap in {**_SCENARIO_LIMITS, **attack, **defense}.items():  # (LIMITS, read once: its view is rebuilt
+        # on every lookup)
         if key in defense:
             values = _defense_values(sc, key)
         elif key in _ATTACK_LIMITS or key in attack:
