@@ -1,15 +1,41 @@
-"""Torch devices named by users: checked when a game, a command or a benchmark is configured.
+"""The torch state a caller owns: the devices it names, and the modes it computes in.
+
+Devices named by users are checked when a game, a command or a benchmark is configured.
 
 ``torch.device("cuda")`` is accepted on a machine without CUDA and fails only at the first tensor
 placed there -- mid-reset, mid-run, after output files were opened. :func:`check_device` fails at
 once, naming the device and what this machine offers. :func:`to_host` brings many games' tensors to
 the CPU in one transfer.
+
+**Modes.** A round differentiates through the model (the clients' updates, DCS²'s and CENSOR's searches, an
+attack's gradient of a gradient), and every tensor of the library is float32 (``docs/architecture.md``,
+Conventions). Both rest on torch state that belongs to the caller and that callers change: an RL
+evaluation loop steps an environment under ``torch.no_grad()`` or ``torch.inference_mode()``, scientific
+code sets ``torch.set_default_dtype(torch.float64)`` or a default device. Under the first a round failed (``element 0 of
+tensors does not require grad``); under the second a game could not be built (``Input type (float) and
+bias type (double) should be the same``), and under a default device other than the CPU the dataset was
+split on that device.
+
+The library's entry points -- building, resetting and playing games (:class:`leakgym.game.batch.GameBatch`,
+:func:`leakgym.game.round.play_round`), building a model, computing a client's update, applying a
+defense, running an attack -- run under :func:`library_modes` (through :func:`in_library_modes`): autograd
+on, inference mode off and float32 as torch's default dtype for the call, the caller's modes back on every
+way out. A default device the caller set (``torch.set_default_device``, ``with torch.device(...)``) is
+the CPU for the call: the library places its tensors on the device a game or a call names, and builds
+on the CPU what it moves there (the dataset, index sets). Whatever the caller's modes, a game plays the
+trajectory it plays under torch's defaults (``tests/test_torch_modes.py``).
+
+Not covered: torch's default dtype is process-wide, so another thread that creates tensors without a
+dtype while a LeakGym call runs gets float32 for that time.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import torch
 
@@ -119,5 +145,50 @@ def synchronize(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-__all__ = ["DEVICE_TYPES", "available_devices", "canonical_device", "check_device", "device_argument", "device_name",
-           "seed_generators", "synchronize", "to_host"]
+# --------------------------------------------------------------------------------------------------
+# The modes a computation runs in
+# --------------------------------------------------------------------------------------------------
+F = TypeVar("F", bound=Callable)
+
+#: the default dtype LeakGym's tensors have
+LIBRARY_DTYPE = torch.float32
+
+
+@contextlib.contextmanager
+def library_modes() -> Iterator[None]:
+    """Autograd on, inference mode off, :data:`LIBRARY_DTYPE` as torch's default dtype and no default device
+    other than the CPU inside; the caller's modes back after, on every way out (an exception, Ctrl-C)."""
+    caller_dtype = torch.get_default_dtype()
+    caller_device = _default_device()
+    with (torch.inference_mode(False), torch.enable_grad(),
+          torch.device("cpu") if caller_device.type != "cpu" else contextlib.nullcontext()):
+        if caller_dtype is LIBRARY_DTYPE:
+            yield
+            return
+        torch.set_default_dtype(LIBRARY_DTYPE)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(caller_dtype)
+
+
+def _default_device() -> torch.device:
+    """Where torch's factory functions put a tensor given no device (``torch.get_default_device``, torch >=
+    2.3; before it, the CPU)."""
+    get = getattr(torch, "get_default_device", None)
+    return get() if get is not None else torch.device("cpu")
+
+
+def in_library_modes(fn: F) -> F:
+    """``fn`` run under :func:`library_modes` (a decorator for the library's entry points)."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with library_modes():
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+__all__ = ["DEVICE_TYPES", "LIBRARY_DTYPE", "available_devices", "canonical_device", "check_device", "device_argument",
+           "device_name", "in_library_modes", "library_modes", "seed_generators", "synchronize", "to_host"]

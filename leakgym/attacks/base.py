@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from leakgym.checks import is_integer
 from leakgym.data import DatasetSpec
+from leakgym.devices import in_library_modes
 from leakgym.fl.update import SharedUpdate
 
 
@@ -153,6 +154,7 @@ class Attack(ABC):
         return model
 
     # -- reconstruction ----------------------------------------------------------------------
+    @in_library_modes
     def reconstruct(self, update: SharedUpdate, knowledge: AttackerKnowledge, *, seed: int = 0) -> AttackResult:
         """One reconstruction: ``reconstruct_batch([update], [knowledge], seeds=[seed])[0]``."""
         return self.reconstruct_batch([update], [knowledge], seeds=[seed])[0]
@@ -164,6 +166,7 @@ class Attack(ABC):
         return (type(self), tuple((f.name, repr(getattr(self.config, f.name)))
                                   for f in fields if f.name not in self.per_problem_fields))
 
+    @in_library_modes
     def reconstruct_batch(
         self,
         updates: Sequence[SharedUpdate],

@@ -72,6 +72,7 @@ from leakgym.defenses.registry import (
     reads_public_split,
     seeded_global_rng,
 )
+from leakgym.devices import in_library_modes
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.client import LocalTraining, compute_update, compute_updates
 from leakgym.fl.optim import LocalOptimizer
@@ -101,6 +102,7 @@ class DefenseReport:
     details: dict = field(default_factory=dict)
 
 
+@in_library_modes
 def apply_defense(
     model: nn.Module,
     x: Tensor,
@@ -187,6 +189,7 @@ class _Client:
     seconds: float = 0.0
 
 
+@in_library_modes
 def apply_defense_many(calls: list[DefenseCall], *,
                        batch_defenses: bool = True) -> list[tuple[SharedUpdate, DefenseReport]]:
     """:func:`apply_defense` of every call (e.g. the victims of all games of a vector step), each stage

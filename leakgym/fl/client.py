@@ -39,6 +39,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from leakgym.devices import in_library_modes
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.optim import PLAIN_SGD, LocalOptimizer
 from leakgym.fl.update import SharedUpdate, UpdateKind
@@ -133,6 +134,7 @@ def _check_labels(jobs: list[LocalTraining]) -> None:
             raise ValueError(f"client {i}: labels span {low}..{high}; allowed: {allowed}")
 
 
+@in_library_modes
 def compute_update(
     model: nn.Module,
     x: Tensor,
@@ -174,6 +176,7 @@ def compute_update(
     return compute_updates([job], many)[0]
 
 
+@in_library_modes
 def compute_updates(jobs: list[LocalTraining], gradient_transform: BatchedGradientTransform | None = None, *,
                     batched: bool = False) -> list[SharedUpdate]:
     """:func:`compute_update` of several clients in lock-step, so that a per-step defense can transform

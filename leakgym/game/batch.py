@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from leakgym.attacks.public_split import gathered_from
 from leakgym.data import Dataset, load_dataset, split_indices
-from leakgym.devices import check_device
+from leakgym.devices import check_device, in_library_modes
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.server import Server
@@ -147,6 +147,7 @@ class GameBatch:
 
     agents = AGENTS
 
+    @in_library_modes
     def __init__(self, scenario, size: int = 1, *, device: str | torch.device = "cpu") -> None:
         from .scenario import local_optimizer, round_local_lr
 
@@ -310,6 +311,7 @@ class GameBatch:
         return sum(x.nbytes + y.nbytes for x, y in self._public.values())
 
     # ------------------------------------------------------------------ reset
+    @in_library_modes
     def reset(self, row: int, seed: int) -> None:
         """Start a new episode of game ``row`` from ``seed``: its generator, client split, global model
         (bound to the bank's row) and first evaluation."""

@@ -65,7 +65,7 @@ from leakgym.defenses import (
     reads_public_split,
 )
 from leakgym.defenses.registry import registry_generation, seeded_global_rng
-from leakgym.devices import to_host
+from leakgym.devices import in_library_modes, to_host
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.client import compute_update
@@ -103,6 +103,7 @@ class RoundError(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 # The round
 # --------------------------------------------------------------------------------------------------
+@in_library_modes
 def play_round(batch: GameBatch, rows: Sequence[int], actions: Sequence[tuple[Any, Any]], *,
                batch_attacks: bool = True, batch_clients: bool = False) -> list[RoundOutcome]:
     """One round of the games ``rows`` of ``batch``, ``actions[i]`` = ``(defender_action, attacker_action)``

@@ -6,7 +6,7 @@ import torch
 
 from leakgym.checks import is_integer
 from leakgym.data.spec import DatasetSpec
-from leakgym.devices import seed_generators
+from leakgym.devices import in_library_modes, seed_generators
 from leakgym.models.base import LeakGymModel
 from leakgym.models.convnet import ConvNet
 from leakgym.models.lenet import LeNet
@@ -34,6 +34,7 @@ def _positive_integer(value, name: str) -> int | None:
     return int(value)
 
 
+@in_library_modes
 def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
                 precode_beta: float = DEFAULT_PRECODE_BETA, precode_dim: int | None = None,
                 width: int | None = None, seed: int | None = None,

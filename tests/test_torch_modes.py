@@ -1,0 +1,109 @@
+"""The caller's torch modes (no_grad, inference_mode, a float64 default dtype, a default device) change nothing a game or
+the library computes, and are the caller's again afterwards (leakgym.devices)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from leakgym.attacks import AttackerKnowledge, InvertingGradients
+from leakgym.data import dataset_spec
+from leakgym.defenses import DefenseConfig, apply_defense
+from leakgym.devices import library_modes
+from leakgym.envs import parallel_env
+from leakgym.fl.client import compute_update
+from leakgym.models import build_model
+
+SPEC = dataset_spec("digits", image_size=16)
+ACTIONS = [{"defender": np.array([1, 2, 1, 0, 1, 0]), "attacker": np.array([0, 1, 0, 1])},
+           {"defender": np.array([0, 0, 0, 0, 0, 0]), "attacker": np.array([1, 0, 0, 0])}]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+CALLER_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+                "float64": lambda: default_dtype(torch.float64), "default_device": lambda: torch.device("meta")}
+
+
+def _play(overrides, mode=contextlib.nullcontext) -> list:
+    """Build, reset and play two rounds under ``mode``; what the env returned."""
+    out = []
+    with mode():
+        env = parallel_env("digits", **overrides)
+        out.append(env.reset(seed=3))
+        for actions in ACTIONS:
+            out.append(env.step(actions))
+    return out
+
+
+def _numbers(value):
+    """The numbers in an env's return value, flattened (dicts by key, arrays and scalars as they are)."""
+    if isinstance(value, dict):
+        return [x for k in sorted(value, key=str) for x in [k, *_numbers(value[k])]]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _numbers(v)]
+    if isinstance(value, np.ndarray):
+        return [value.dtype.str, *value.ravel().tolist()]
+    return [value]
+
+
+@pytest.mark.parametrize("mode", sorted(CALLER_MODES))
+def test_a_game_plays_the_same_trajectory_whatever_the_callers_torch_modes(mode, cheap_overrides):
+    """Under no_grad and inference_mode a round failed ('element 0 of tensors does not require grad'); under a
+    float64 default dtype the env could not be built (float input against double bias)."""
+    reference = _play(cheap_overrides)
+    grad, dtype = torch.is_grad_enabled(), torch.get_default_dtype()
+    with CALLER_MODES[mode]():
+        inside = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype())
+        got = _play(cheap_overrides)
+        assert (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype()) == inside
+    assert (torch.is_grad_enabled(), torch.get_default_dtype()) == (grad, dtype)
+    assert _numbers(got) == _numbers(reference)
+
+
+def test_the_library_entry_points_compute_the_same_under_the_callers_modes():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1, 1, 16, 16, generator=g), torch.tensor([3])
+    public_x, public_y = torch.rand(4, 1, 16, 16, generator=g), torch.tensor([0, 1, 2, 3])
+    model = build_model("lenet", SPEC, seed=0)
+    attack = InvertingGradients(InvertingGradients.Config(iterations=3, restarts=1))
+
+    def run():
+        update = compute_update(model, x, y)
+        defended, _ = apply_defense(model, x, y, DefenseConfig(noise_sigma=0.01, dcs2_lambda_g=0.5, dcs2_steps=2),
+                                    seed=1, public_x=public_x, public_y=public_y)
+        result = attack.reconstruct(defended, AttackerKnowledge(model=model, spec=SPEC, batch_size=1), seed=2)
+        return [update.tensors, defended.tensors, result.images]
+
+    reference = run()
+    for mode in CALLER_MODES.values():
+        with mode():
+            got = run()
+            assert all(p.dtype == torch.float32 and p.device.type == "cpu"
+                       for p in build_model("lenet", SPEC, seed=0).parameters())
+        for want, have in zip(reference, got):
+            if isinstance(want, dict):
+                assert all(torch.equal(want[k], have[k]) for k in want)
+            else:
+                assert torch.equal(want, have)
+
+
+def test_library_modes_give_the_callers_modes_back_on_an_exception():
+    with torch.no_grad(), default_dtype(torch.float64), torch.device("meta"):
+        with pytest.raises(KeyError), library_modes():
+            assert torch.is_grad_enabled() and torch.get_default_dtype() == torch.float32
+            assert torch.empty(0).device.type == "cpu"
+            raise KeyError("x")
+        assert not torch.is_grad_enabled() and torch.get_default_dtype() == torch.float64
+        assert torch.empty(0).device.type == "meta"
