@@ -17,12 +17,15 @@ bias type (double) should be the same``), and under a default device other than 
 split on that device.
 
 The library's entry points -- building, resetting and playing games (:class:`leakgym.game.batch.GameBatch`,
-:func:`leakgym.game.round.play_round`), building a model, computing a client's update, applying a
-defense, running an attack -- run under :func:`library_modes` (through :func:`in_library_modes`): autograd
-on, inference mode off and float32 as torch's default dtype for the call, the caller's modes back on every
-way out. A default device the caller set (``torch.set_default_device``, ``with torch.device(...)``) is
-the CPU for the call: the library places its tensors on the device a game or a call names, and builds
-on the CPU what it moves there (the dataset, index sets). Whatever the caller's modes, a game plays the
+:func:`leakgym.game.round.play_round`), computing clients' updates (one game's or N games' in
+:mod:`leakgym.fl`), applying a defense, running an attack -- run under :func:`library_modes` (through
+:func:`in_library_modes`): autograd on, inference mode off and float32 as torch's default dtype for the
+call, the caller's modes back on every way out. A default device the caller set
+(``torch.set_default_device``, ``with torch.device(...)``) is the CPU for the call: the library places its
+tensors on the device a game or a call names, and builds on the CPU what it moves there (the dataset,
+index sets). :func:`leakgym.models.build_model` builds float32 parameters (:func:`library_dtype`) outside
+inference mode, and, given no ``device``, on the caller's default device, as torch's modules do (``with
+torch.device("meta")`` builds a model's shapes without allocating them). Whatever the caller's modes, a game plays the
 trajectory it plays under torch's defaults (``tests/test_torch_modes.py``).
 
 Not covered: torch's default dtype is process-wide, so another thread that creates tensors without a
@@ -158,18 +161,24 @@ LIBRARY_DTYPE = torch.float32
 def library_modes() -> Iterator[None]:
     """Autograd on, inference mode off, :data:`LIBRARY_DTYPE` as torch's default dtype and no default device
     other than the CPU inside; the caller's modes back after, on every way out (an exception, Ctrl-C)."""
-    caller_dtype = torch.get_default_dtype()
     caller_device = _default_device()
     with (torch.inference_mode(False), torch.enable_grad(),
-          torch.device("cpu") if caller_device.type != "cpu" else contextlib.nullcontext()):
-        if caller_dtype is LIBRARY_DTYPE:
-            yield
-            return
-        torch.set_default_dtype(LIBRARY_DTYPE)
-        try:
-            yield
-        finally:
-            torch.set_default_dtype(caller_dtype)
+          torch.device("cpu") if caller_device.type != "cpu" else contextlib.nullcontext(), library_dtype()):
+        yield
+
+
+@contextlib.contextmanager
+def library_dtype() -> Iterator[None]:
+    """:data:`LIBRARY_DTYPE` as torch's default dtype inside; the caller's back after, on every way out."""
+    caller_dtype = torch.get_default_dtype()
+    if caller_dtype is LIBRARY_DTYPE:
+        yield
+        return
+    torch.set_default_dtype(LIBRARY_DTYPE)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(caller_dtype)
 
 
 def _default_device() -> torch.device:
@@ -202,4 +211,4 @@ def in_library_modes(fn: F) -> F:
 
 
 __all__ = ["DEVICE_TYPES", "LIBRARY_DTYPE", "available_devices", "canonical_device", "check_device", "device_argument",
-           "device_name", "in_library_modes", "library_modes", "seed_generators", "synchronize", "to_host"]
+           "device_name", "in_library_modes", "library_dtype", "library_modes", "seed_generators", "synchronize", "to_host"]

@@ -14,7 +14,9 @@ from leakgym.data import dataset_spec
 from leakgym.defenses import DefenseConfig, apply_defense
 from leakgym.devices import library_modes
 from leakgym.envs import parallel_env
+from leakgym.fl import batched as fl_batched
 from leakgym.fl.client import compute_update
+from leakgym.fl.rounds import aggregate_round
 from leakgym.models import build_model
 
 SPEC = dataset_spec("digits", image_size=16)
@@ -79,24 +81,34 @@ def test_the_library_entry_points_compute_the_same_under_the_callers_modes():
     model = build_model("lenet", SPEC, seed=0)
     attack = InvertingGradients(InvertingGradients.Config(iterations=3, restarts=1))
 
+    models = [model, build_model("lenet", SPEC, seed=1)]
+    params, xs, ys = fl_batched.stack_parameters(models), torch.randn(2, 1, 3, 1, 16, 16, generator=g), torch.tensor([[[1, 2, 3]]] * 2)
+
     def run():
         update = compute_update(model, x, y)
+        benign = fl_batched.benign_updates(model, params, xs, ys)
+        clients = fl_batched.client_updates(models, [x, x], [y, y])
+        victims = [compute_update(m, x, y) for m in models]
+        kept = aggregate_round(model, params, None, victims, xs, ys, kind="gradient", local_steps=1, local_lr=0.1,
+                               server_lr=0.1).kept
         defended, _ = apply_defense(model, x, y, DefenseConfig(noise_sigma=0.01, dcs2_lambda_g=0.5, dcs2_steps=2),
                                     seed=1, public_x=public_x, public_y=public_y)
         result = attack.reconstruct(defended, AttackerKnowledge(model=model, spec=SPEC, batch_size=1), seed=2)
-        return [update.tensors, defended.tensors, result.images]
+        return [update.tensors, defended.tensors, result.images, benign.tensors, clients[0].tensors, params, kept]
 
     reference = run()
-    for mode in CALLER_MODES.values():
+    for name, mode in CALLER_MODES.items():
         with mode():
             got = run()
-            assert all(p.dtype == torch.float32 and p.device.type == "cpu"
-                       for p in build_model("lenet", SPEC, seed=0).parameters())
+            built = build_model("lenet", SPEC, seed=0)
+        # float32 parameters that train; on the caller's default device, as torch's modules are built
+        assert all(p.dtype == torch.float32 and not p.is_inference() for p in built.parameters())
+        assert {p.device.type for p in built.parameters()} == {"meta" if name == "default_device" else "cpu"}
         for want, have in zip(reference, got):
             if isinstance(want, dict):
                 assert all(torch.equal(want[k], have[k]) for k in want)
             else:
-                assert torch.equal(want, have)
+                assert want == have if isinstance(want, list) else torch.equal(want, have)
 
 
 def test_library_modes_give_the_callers_modes_back_on_an_exception():

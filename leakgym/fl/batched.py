@@ -76,6 +76,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from leakgym.devices import in_library_modes
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.optim import PLAIN_SGD, LocalOptimizer
 from leakgym.fl.server import check_weights, correct_predictions
@@ -171,6 +172,7 @@ def _stateless_copy(model: nn.Module) -> tuple[nn.Module, BatchNormInputStatisti
     return _STATELESS[key]
 
 
+@in_library_modes
 def benign_updates(
     model: nn.Module,
     params: dict[str, Tensor],
@@ -374,6 +376,7 @@ def _local_training(start: dict[str, Tensor], loss: Callable[[dict[str, Tensor]]
     return {n: start[n] - current[n] for n in start}
 
 
+@in_library_modes
 def client_updates(
     models: Sequence[nn.Module],
     x: Sequence[Tensor],

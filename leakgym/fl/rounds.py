@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from leakgym.devices import in_library_modes
 from leakgym.fl import batched as fl_batched
 from leakgym.fl.update import SharedUpdate
 
@@ -35,6 +36,7 @@ class RoundResult:
     alone: dict[int, list[SharedUpdate]]
 
 
+@in_library_modes
 def aggregate_round(
     model: nn.Module,
     params: dict[str, Tensor],

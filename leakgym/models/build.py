@@ -6,7 +6,7 @@ import torch
 
 from leakgym.checks import is_integer
 from leakgym.data.spec import DatasetSpec
-from leakgym.devices import in_library_modes, seed_generators
+from leakgym.devices import library_dtype, seed_generators
 from leakgym.models.base import LeakGymModel
 from leakgym.models.convnet import ConvNet
 from leakgym.models.lenet import LeNet
@@ -34,7 +34,6 @@ def _positive_integer(value, name: str) -> int | None:
     return int(value)
 
 
-@in_library_modes
 def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
                 precode_beta: float = DEFAULT_PRECODE_BETA, precode_dim: int | None = None,
                 width: int | None = None, seed: int | None = None,
@@ -52,7 +51,10 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
         seed: if given, parameters are initialised on the CPU generator seeded as ``torch.manual_seed(seed)``
             seeds it, inside ``torch.random.fork_rng`` (every global RNG state is left untouched,
             :func:`~leakgym.devices.seed_generators`); ``None`` draws from the global RNG.
-        device, dtype: where and in which floating dtype to place the parameters.
+        device, dtype: where and in which floating dtype to place the parameters; ``None``: on torch's default
+            device (``with torch.device("meta")`` builds the shapes only) in float32, whatever torch's default
+            dtype (:func:`~leakgym.devices.library_dtype`), outside inference mode (parameters made in it get no
+            gradients after it).
     """
     if name not in MODEL_CLASSES:
         raise ValueError(
@@ -64,10 +66,11 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
     kwargs = {"precode": precode, "precode_dim": precode_dim, "precode_beta": precode_beta}
     if width is not None:
         kwargs["width"] = width
-    if seed is None:
-        model = cls(spec, **kwargs)
-    else:
-        with torch.random.fork_rng(devices=[]):  # built on the CPU, moved below
-            seed_generators(seed)
+    with torch.inference_mode(False), library_dtype():
+        if seed is None:
             model = cls(spec, **kwargs)
+        else:
+            with torch.random.fork_rng(devices=[]):  # built on the default device (the CPU's generator), moved below
+                seed_generators(seed)
+                model = cls(spec, **kwargs)
     return model.to(device=device, dtype=dtype)
