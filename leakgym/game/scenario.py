@@ -105,7 +105,8 @@ class Scenario:
     local_momentum: float = 0.0
     local_weight_decay: float = 0.0
     #: the local learning rate over the rounds: "constant", "exponential" (local_lr * local_lr_decay**round,
-    #: local_lr_decay in (0, 1]) or "cosine" (to 0 at the last round, leakgym.fl.optim.scheduled_lr)
+    #: local_lr_decay in (0, 1]) or "cosine" (toward 0 over the episode, never 0 inside it: lr * (1 + cos(pi *
+    #: round / rounds)) / 2, leakgym.fl.optim.scheduled_lr)
     local_lr_schedule: str = "constant"
     local_lr_decay: float = 1.0
     #: server learning rate applied to the aggregated update
