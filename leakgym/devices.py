@@ -9,24 +9,27 @@ the CPU in one transfer.
 
 **Modes.** A round differentiates through the model (the clients' updates, DCS²'s and CENSOR's searches, an
 attack's gradient of a gradient), and every tensor of the library is float32 (``docs/architecture.md``,
-Conventions). Both rest on torch state that belongs to the caller and that callers change: an RL
-evaluation loop steps an environment under ``torch.no_grad()`` or ``torch.inference_mode()``, scientific
-code sets ``torch.set_default_dtype(torch.float64)`` or a default device. Under the first a round failed (``element 0 of
-tensors does not require grad``); under the second a game could not be built (``Input type (float) and
-bias type (double) should be the same``), and under a default device other than the CPU the dataset was
-split on that device.
+Conventions). Both rest on torch state that belongs to the caller and that callers change: an RL evaluation
+loop steps an environment under ``torch.no_grad()`` or ``torch.inference_mode()``; scientific code sets
+``torch.set_default_dtype(torch.float64)`` or a default device. Under no_grad or inference mode a round
+failed (``element 0 of tensors does not require grad``); under a float64 default a game could not be built
+(``Input type (float) and bias type (double) should be the same``) and the joint attack engine drew float64
+starting images; under a default device the dataset was shuffled there.
 
-The library's entry points -- building, resetting and playing games (:class:`leakgym.game.batch.GameBatch`,
-:func:`leakgym.game.round.play_round`), computing clients' updates (one game's or N games' in
-:mod:`leakgym.fl`), applying a defense, running an attack -- run under :func:`library_modes` (through
-:func:`in_library_modes`): autograd on, inference mode off and float32 as torch's default dtype for the
-call, the caller's modes back on every way out. A default device the caller set
-(``torch.set_default_device``, ``with torch.device(...)``) is the CPU for the call: the library places its
-tensors on the device a game or a call names, and builds on the CPU what it moves there (the dataset,
-index sets). :func:`leakgym.models.build_model` builds float32 parameters (:func:`library_dtype`) outside
-inference mode, and, given no ``device``, on the caller's default device, as torch's modules do (``with
-torch.device("meta")`` builds a model's shapes without allocating them). Whatever the caller's modes, a game plays the
-trajectory it plays under torch's defaults (``tests/test_torch_modes.py``).
+The library's entry points -- loading a dataset, building, resetting and playing games
+(:class:`leakgym.game.batch.GameBatch`, :func:`leakgym.game.round.play_round`), computing clients' updates
+(one game's or N games' in :mod:`leakgym.fl`), applying a defense, preparing a malicious server's model and
+running an attack (``reconstruct_all`` too), the reproduction harness, loading a saved policy and training
+one -- run under :func:`library_modes` (through :func:`in_library_modes`): autograd on, inference mode off
+and float32 as torch's default dtype for the call, the caller's modes back on every way out. A tensor
+argument made under ``torch.inference_mode()`` is passed on as a normal copy (torch refuses to save an
+inference tensor for backward). A default device the caller set (``torch.set_default_device``, ``with
+torch.device(...)``) is the CPU for the call: the library places its tensors on the device a game or a call
+names, and builds on the CPU what it moves there (the dataset, index sets).
+:func:`leakgym.models.build_model` builds float32 parameters (:func:`library_dtype`) outside inference mode,
+and, given no ``device``, on the caller's default device, as torch's modules do (``with
+torch.device("meta")`` builds a model's shapes without allocating them). Whatever the caller's modes, a game
+plays the trajectory it plays under torch's defaults (``tests/test_torch_modes.py``).
 
 Not covered: torch's default dtype is process-wide, so another thread that creates tensors without a
 dtype while a LeakGym call runs gets float32 for that time.
@@ -197,11 +200,25 @@ def _in_library_modes() -> bool:
     return (modes is not None and modes() == 0) or _default_device().type == "cpu"
 
 
+def _normal(value):
+    """``value``, or a copy made outside inference mode of an inference tensor (or of those in a tuple): one a
+    computation tracked by autograd may use (torch refuses to save an inference tensor for backward)."""
+    if isinstance(value, tuple):
+        return tuple(_normal(v) for v in value)
+    if isinstance(value, torch.Tensor) and value.is_inference():
+        with torch.inference_mode(False):
+            return value.clone()
+    return value
+
+
 def in_library_modes(fn: F) -> F:
-    """``fn`` run under :func:`library_modes` (a decorator for the library's entry points)."""
+    """``fn`` run under :func:`library_modes` (a decorator for the library's entry points); a tensor argument
+    made under ``torch.inference_mode()`` is passed as a normal copy."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
+        if any(isinstance(a, torch.Tensor) and a.is_inference() for a in (*args, *kwargs.values())):
+            args, kwargs = _normal(args), {k: _normal(v) for k, v in kwargs.items()}  # (rare: no copy otherwise)
         if _in_library_modes():
             return fn(*args, **kwargs)
         with library_modes():

@@ -445,3 +445,23 @@ def test_oversized_policy_json_is_refused_before_it_is_read(saved, tmp_path, mon
     monkeypatch.setattr(learned, "MAX_METADATA_BYTES", 100)
     with pytest.raises(ValueError, match=r"policy.json: \d+ bytes; allowed: at most 100 \(MAX_METADATA_BYTES\)"):
         LearnedAgent(copy)
+
+
+def test_loading_a_policy_leaves_the_callers_random_stream_and_dtype_alone(saved):
+    """The SB3 policy's initial weights (replaced by the file's) were drawn from the caller's torch generator,
+    and under a float64 default dtype the policy was built in float64 and failed its first action."""
+    path, model, _ = saved
+    sc = load_scenario("digits", **TINY)
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        agent = make_agent(str(path), role="attacker", scenario=sc)
+        obs = np.random.default_rng(0).random(model.observation_space.shape, dtype=np.float32)
+        action = agent.act(obs, gym.spaces.MultiDiscrete(sc.attacker_nvec), np.random.default_rng(0))
+    finally:
+        torch.set_default_dtype(before)
+    assert torch.equal(torch.rand(3), want)
+    np.testing.assert_array_equal(action, model.predict(obs, deterministic=True)[0])

@@ -119,3 +119,83 @@ def test_library_modes_give_the_callers_modes_back_on_an_exception():
             raise KeyError("x")
         assert not torch.is_grad_enabled() and torch.get_default_dtype() == torch.float64
         assert torch.empty(0).device.type == "meta"
+
+
+def test_inputs_made_under_inference_mode_are_taken_as_normal_tensors():
+    """torch refuses to save an inference tensor for backward: a client's batch made under inference_mode
+    failed compute_update and apply_defense, inside the mode or after it."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, 1, 16, 16, generator=g), torch.tensor([3, 1])
+    model = build_model("lenet", SPEC, seed=0)
+    with torch.inference_mode():
+        xi, yi = x.clone(), y.clone()
+    assert xi.is_inference()
+    for mode in (contextlib.nullcontext, torch.inference_mode):
+        with mode():
+            update = compute_update(model, xi, yi)
+            defended, _ = apply_defense(model, xi, y=yi, config=DefenseConfig(noise_sigma=0.01), seed=1)
+        assert all(torch.equal(update.tensors[k], v) for k, v in compute_update(model, x, y).tensors.items())
+        want, _ = apply_defense(model, x, y, DefenseConfig(noise_sigma=0.01), seed=1)
+        assert all(torch.equal(defended.tensors[k], v) for k, v in want.tensors.items())
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "float64", "default_device"])
+def test_the_reproduction_harness_computes_the_same_under_the_callers_modes(mode):
+    """Under a float64 default dtype the joint attack engine (reconstruct_all) drew float64 starting images and
+    the grid's numbers changed silently; under no_grad it failed; under a default device the victims' indices
+    were drawn there."""
+    from leakgym.data import federated_split, load_dataset
+    from leakgym.reproduce.harness import AttackColumn, DefenseRow, Scale, measure_utility, run_grid
+
+    scale = Scale(images=1, iterations=3, utility_rounds=2, utility_eval_every=1)
+    split = federated_split(load_dataset("digits", image_size=16), num_clients=4, seed=0)
+
+    def run():
+        cells = run_grid([DefenseRow("none")], [AttackColumn("ig", "inverting-gradients")], scale, split=split,
+                         progress=False, lpips=False)
+        utility = measure_utility(DefenseRow("none"), scale, split=split, progress=False)
+        return cells[("none", "ig")].per_image, {k: v for k, v in utility.items() if k != "wall_s"}
+
+    reference = run()
+    with CALLER_MODES[mode]():
+        got = run()
+    assert got == reference
+
+
+def test_datasets_load_the_same_under_a_default_device():
+    """load_digits_split drew its shuffles on the default device (meta: indices out of bounds)."""
+    from leakgym.data import load_dataset
+
+    want = load_dataset("digits", image_size=16)
+    with torch.device("meta"):
+        got = load_dataset("digits", image_size=16)
+    assert torch.equal(got.train_x, want.train_x) and torch.equal(got.test_y, want.test_y)
+
+
+def test_a_malicious_servers_model_is_prepared_the_same_under_the_callers_modes():
+    """Subclasses' prepare_model run in the library's modes too (imprint's under a default device failed)."""
+    from leakgym.attacks import build_attack
+
+    model = build_model("lenet", SPEC, seed=0)
+    public = torch.rand(16, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    attack = build_attack("imprint")
+    want = attack.prepare_model(model, SPEC, public_x=public).state_dict()
+    for mode in CALLER_MODES.values():
+        with mode():
+            got = attack.prepare_model(model, SPEC, public_x=public).state_dict()
+        assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_paper_reproduction_gives_the_callers_thread_count_back(tmp_path):
+    """run_paper computes on one torch thread (its results say so) and used to leave the caller on one."""
+    from leakgym.reproduce import paper_spec
+    from leakgym.reproduce.runner import run_paper
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        run_paper(paper_spec("dcs2"), seeds=(0,), images=1, out=None, utility=False, progress=False,
+                  scale_overrides={"iterations": 2, "eval_size": 50})
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)

@@ -604,3 +604,26 @@ def test_ctrl_c_outside_learning_is_one_line_and_exit_130(tmp_path, monkeypatch,
 def test_a_file_device_that_names_the_runs_device_otherwise_is_accepted():
     kwargs, _ = tr_checks._env_kwargs(tr.TrainConfig(device="cpu"), {"device": "cpu:0"})  # one device, two spellings
     assert kwargs["device"] == "cpu"
+
+
+def test_training_leaves_the_callers_random_streams_and_threads_as_they_were(tmp_path):
+    """SB3 seeds Python's, NumPy's and torch's global streams from the run's seed: a caller's own streams were
+    reset to the same values by every train(); and each run left its TensorBoard writer's thread behind. The
+    budget warning names the caller's line."""
+    import random
+    import threading
+
+    def draws():
+        return torch.rand(2).tolist(), np.random.rand(2).tolist(), [random.random(), random.random()]
+
+    threads = threading.active_count()
+    for k in range(2):
+        torch.manual_seed(k), np.random.seed(k), random.seed(k)
+        want = draws()
+        torch.manual_seed(k), np.random.seed(k), random.seed(k)
+        with pytest.warns(tr.TrainingBudgetWarning) as caught:
+            tr.train(tr.TrainConfig(timesteps=4, opponent="none", out=tmp_path / str(k), overrides=TINY,
+                                    progress=False, checkpoint_freq=0))
+        assert draws() == want
+        assert {w.filename for w in caught} == {__file__}
+    assert threading.active_count() == threads

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from leakgym.devices import check_device
+from leakgym.devices import check_device, in_library_modes
 from leakgym.files import replacing
 
 from .base import Agent
@@ -483,6 +483,7 @@ def _action_space(meta: dict[str, Any]):
     return spaces.MultiDiscrete(np.asarray(act["nvec"], np.int64))
 
 
+@in_library_modes
 def load_policy(path: str | Path, device: str = "cpu"):
     """``(policy, metadata)``: the SB3 policy saved at ``path``, rebuilt from its JSON file.
 
@@ -523,8 +524,10 @@ def load_policy(path: str | Path, device: str = "cpu"):
             f"{path}: the weights do not fit the architecture in {metadata_path(path).name} (it needs at least "
             f"{needed} parameters, {WEIGHTS_ENTRY} holds {held})"
         )
-    # no optimiser steps: the policy only acts
-    policy = policy_class(observation_space, _action_space(meta), lr_schedule=lambda _: 0.0, **kwargs)
+    # no optimiser steps: the policy only acts; its initial weights (replaced by the file's next) are drawn from
+    # a fork of the CPU generator, so loading a policy leaves the caller's random stream where it was
+    with torch.random.fork_rng(devices=[]):
+        policy = policy_class(observation_space, _action_space(meta), lr_schedule=lambda _: 0.0, **kwargs)
     try:
         policy.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -114,6 +114,8 @@ class Attack(ABC):
         super().__init_subclass__(**kwargs)
         if "public_split" not in cls.__dict__:
             cls.public_split = True
+        if "prepare_model" in cls.__dict__:  # a malicious server's model runs in the library's modes too
+            cls.prepare_model = in_library_modes(cls.__dict__["prepare_model"])
 
     def reads_public_split(self) -> bool:
         """Whether this attack reads the public split (:attr:`public_split`; an attack whose reading depends
@@ -145,6 +147,7 @@ class Attack(ABC):
         setting is refused then, not in the first round (found in an audit). Default: nothing to check."""
 
     # -- malicious servers -------------------------------------------------------------------
+    @in_library_modes
     def prepare_model(self, model: nn.Module, spec: DatasetSpec, *, public_x: Tensor | None = None) -> nn.Module:
         """Return the model the server sends to clients. Honest attacks send it unchanged.
 

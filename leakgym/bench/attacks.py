@@ -38,7 +38,7 @@ from leakgym.bench import (
     smallest_image_side,
     write_results,
 )
-from leakgym.devices import device_argument, synchronize
+from leakgym.devices import device_argument, in_library_modes, synchronize
 from leakgym.files import json_safe
 from leakgym.suggest import did_you_mean
 
@@ -111,6 +111,7 @@ def _problems(model_name: str, n: int, image_size: int, device: str, seed: int =
     return updates, knowledges
 
 
+@in_library_modes
 def measure(model_name: str, n: int, iterations: int, image_size: int, device: str) -> dict:
     """Time the batched engine and the sequential loop on the same N problems."""
     from leakgym.attacks.inverting_gradients import InvertingGradients

@@ -27,6 +27,7 @@ from leakgym.data.images import resize_images, uint8_to_unit
 from leakgym.data.imagesets import IMAGE_SOURCES, SizedSource, read_cached
 from leakgym.data.sources import SOURCES, DiskSource
 from leakgym.data.spec import DatasetSpec
+from leakgym.devices import in_library_modes
 
 __all__ = ["DEFAULT_DATA_ROOT", "Dataset", "DatasetUnavailableError", "data_root", "disk_source", "load_dataset"]
 
@@ -110,6 +111,7 @@ def disk_source(name: str) -> DiskSource | None:
     None for the bundled digits and for a user's dataset path."""
     return SOURCES.get(name) or IMAGE_SOURCES.get(name)
 
+@in_library_modes
 def load_dataset(
     name: str,
     *,

@@ -405,6 +405,7 @@ def _self_audits(batch: GameBatch, defended: list[Defended], sent: list[int], *,
         defended[i].audit = float(np.clip(s.mean["ssim"], 0.0, 1.0))
 
 
+@in_library_modes
 def reconstruct_all(jobs: Sequence[AttackJob], *, batched: bool = True) -> tuple[list[AttackResult], list[float]]:
     """Run every job in as few engine calls as the problems allow.
 

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from leakgym.defenses import DefenseConfig
+from leakgym.devices import in_library_modes
 
 #: The metrics each cell keeps per image (all from :func:`leakgym.metrics.score_reconstruction`); ``"lpips"``
 #: joins them where the LPIPS backbone weights are present (:func:`run_grid`'s ``lpips``).
@@ -238,6 +239,7 @@ def build_models(scale: Scale, spec, seed: int, precode_flags: set[bool], split=
     return models
 
 
+@in_library_modes
 def run_grid(
     rows: list[DefenseRow],
     columns: list[AttackColumn],
@@ -327,6 +329,7 @@ def run_grid(
     return cells
 
 
+@in_library_modes
 def measure_utility(row: DefenseRow, scale: Scale, *, split, seed: int = 0, progress: bool = True) -> dict:
     """Test accuracy over ``scale.utility_rounds`` FedSGD rounds under the defense of ``row``.
 

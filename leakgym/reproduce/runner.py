@@ -19,6 +19,7 @@ edited by hand: each is ``{"claim", "status", "ours", "paper", "why"}`` with ``s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from leakgym.devices import in_library_modes
 from leakgym.files import replacing, write_atomically
 from leakgym.reproduce.harness import (
     AttackColumn,
@@ -270,6 +272,23 @@ def _recorded(paper: Paper, path: Path, run: dict) -> dict | None:
     return recorded
 
 
+def _on_one_torch_thread(fn):
+    """``fn`` run on one torch intra-op thread (the results files say so), the caller's count back after."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+@_on_one_torch_thread
+@in_library_modes
 def run_paper(
     paper: Paper,
     *,
@@ -310,6 +329,9 @@ def run_paper(
             ``scale_overrides``, rows, columns, utility), else ``ValueError``; a complete one is returned
             as it is, with nothing run or written; without a file the run starts afresh.
 
+    It runs on one torch thread (the caller's thread count is back afterwards) in the library's torch modes
+    (:func:`leakgym.devices.library_modes`).
+
     Returns:
         The results dict (also the JSON file's content).
     """
@@ -331,7 +353,6 @@ def run_paper(
             raise ValueError(f"out={str(out)!r} is not a writable folder")
     from leakgym.metrics import lpips_available, lpips_status
 
-    torch.set_num_threads(1)
     # LPIPS beside SSIM/PSNR where the user's backbone weights are on disk; decided once per run (a resumed run
     # must decide alike, RUN_FIELDS). Without them: null, with the reason once (``lpips_note``).
     with_lpips = lpips_available()

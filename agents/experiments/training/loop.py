@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import random
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from leakgym.agents.policies.base import Agent
 from leakgym.agents.policies.factory import make_agent
 from leakgym.agents.policies.learned import algorithm_class, metadata_path, savable_payload, save_policy
+from leakgym.devices import in_library_modes
 
 from .callbacks import _checkpoint_callback, _progress_callback, eval_callback, leakgym_metrics_callback
 from .checks import check_config
@@ -48,13 +52,37 @@ def _model_error(config: TrainConfig, exc: BaseException) -> ValueError:
                       f"{type(exc).__name__}: {why}")
 
 
+@contextlib.contextmanager
+def _callers_random_streams_kept():
+    """The global random streams (Python's, NumPy's, torch's CPU and CUDA ones) as they were, afterwards:
+    Stable-Baselines3 seeds all of them from the run's seed (``set_random_seed``), so a caller's own
+    streams were reset to the same values by every ``train()`` (found in an audit)."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+@in_library_modes
 def train(config: TrainConfig) -> TrainResult:
     """Train one policy; see :mod:`leakgym.agents.experiments.training` for what is written to ``config.out``.
+
+    It runs in the library's torch modes (:func:`leakgym.devices.library_modes`) and leaves the caller's
+    global random streams as they were (the run draws from its own seed).
 
     Emits :class:`TrainingBudgetWarning` when the steps played differ from those requested. Raises
     :class:`TrainingInterrupted` (a ``KeyboardInterrupt``) after saving the current policy when
     learning is interrupted.
     """
+    with _callers_random_streams_kept():
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> TrainResult:
     import gymnasium as gym
     import stable_baselines3
     from stable_baselines3.common.callbacks import CallbackList
@@ -64,7 +92,7 @@ def train(config: TrainConfig) -> TrainResult:
     env_kwargs, overrides, role = checked.env_kwargs, checked.overrides, checked.role
     n_envs, batch_clients, policy, plan = checked.n_envs, checked.batch_clients, checked.policy, checked.plan
     for note in plan.notes:
-        warnings.warn(note, TrainingBudgetWarning, stacklevel=2)
+        warnings.warn(note, TrainingBudgetWarning, stacklevel=4)  # (the caller of train())
     freq = max(plan.actual // 4, 1) if config.checkpoint_freq is None else config.checkpoint_freq
     out = Path(config.out)
 
@@ -142,6 +170,8 @@ def train(config: TrainConfig) -> TrainResult:
         if getattr(evaluator, "env", None) is not None:
             evaluator.env.close()
         env.close()
+        if getattr(model, "_logger", None) is not None:  # its TensorBoard writer's thread (one per run before)
+            model.logger.close()
     metadata.update(timesteps=int(model.num_timesteps), wall_time_s=round(time.perf_counter() - t0, 3),
                     interrupted=interrupted)
     policy_path = out / "policy.zip"
