@@ -57,6 +57,10 @@ becomes a grouped convolution, or a batched matrix product), so they equal the p
 rounding: measured for LeNet on digits, at most 2e-7 absolute in a gradient entry and 1e-6 relative in
 the test loss (``tests/test_batched_fl.py``). The clients trained one after another (a CPU's form for
 BatchNorm models) run ``compute_update``'s kernels and are its updates and running statistics bit for bit.
+Where the rounding meets a discrete choice the difference is larger: a max-pooling window or a ReLU input tied
+to rounding (the vmapped CIFAR ConvNet's gradients up to 5% of a layer's largest entry), and Adam, whose step
+is about ``local_lr`` in the sign of the gradient however small, on entries whose true gradient is 0 (a bias
+just before BatchNorm: up to ``2 * local_lr * local_steps``); measured in ``docs/limits.md``.
 
 Scope: models whose forward is a deterministic function of parameters, BN statistics and input --
 no PRECODE bottleneck (it samples from torch's global RNG), no dropout, no state other than BN
@@ -172,6 +176,56 @@ def _stateless_copy(model: nn.Module) -> tuple[nn.Module, BatchNormInputStatisti
     return _STATELESS[key]
 
 
+def check_protocol(kind: str, local_steps: int, local_lr: float, optimizer: LocalOptimizer | None) -> None:
+    """The update protocol's arguments, with :func:`leakgym.fl.client.compute_update`'s rules and messages: a
+    ``ValueError`` naming the bad value and what is allowed (a bool is not a step count or a learning rate:
+    ``local_steps=True`` and ``local_lr=True`` trained as 1 step at rate 1 here, and were refused by the client)."""
+    if kind not in ("gradient", "model_delta"):
+        raise ValueError(f"kind={kind!r}; allowed: 'gradient', 'model_delta'")
+    if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+        raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
+    if kind == "gradient" and local_steps != 1:
+        raise ValueError(f"local_steps={local_steps} with kind='gradient'; FedSGD takes exactly 1 step")
+    if isinstance(local_lr, bool) or not isinstance(local_lr, (int, float)) or not 0 < local_lr < math.inf:  # NaN too
+        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
+    if optimizer is not None and not isinstance(optimizer, LocalOptimizer):
+        raise ValueError(f"optimizer={optimizer!r}; allowed: a leakgym.fl.optim.LocalOptimizer or None (plain SGD)")
+    if kind == "gradient" and optimizer is not None and not optimizer.plain:
+        raise ValueError(f"optimizer={optimizer.describe()!r} with kind='gradient'; FedSGD shares one gradient and "
+                         "takes no local step: allowed only with kind='model_delta'")
+
+
+def check_labels(labelled: Sequence[tuple[nn.Module, Tensor]], where: Callable[[int], str]) -> None:
+    """Class-index labels must lie in ``0..classes-1`` (``classes``: the model's ``spec.num_classes`` where it has
+    one, else only ``>= 0``): out of range, cross-entropy raised an IndexError on a CPU and a device-side assert,
+    which ends the process's CUDA context, on a GPU, and ``-100`` (its ignore index) left the example out of one
+    form of the batched clients and not of another. ``labelled``: ``(model, labels)`` pairs (labels of any shape;
+    soft labels and empty ones pass); ``ValueError`` ``"{where(i)}: labels span low..high; allowed: ..."`` for the
+    first pair ``i`` out of range. One min/max reduction per pair and one host read for all of them."""
+    hard = [(i, y) for i, (_, y) in enumerate(labelled) if not y.is_floating_point() and y.numel()]
+    if not hard:
+        return
+    pairs = [torch.stack([y.min(), y.max()]).to(torch.int64) for _, y in hard]
+    bounds = torch.stack(pairs).tolist() if len({t.device for t in pairs}) == 1 else [t.tolist() for t in pairs]
+    for (i, _), (low, high) in zip(hard, bounds):
+        classes = getattr(getattr(labelled[i][0], "spec", None), "num_classes", None)
+        if low < 0 or (classes is not None and high >= classes):
+            allowed = f"0..{classes - 1}" if classes is not None else "integers >= 0"
+            raise ValueError(f"{where(i)}: labels span {low}..{high}; allowed: {allowed}")
+
+
+def _check_stacked_labels(model: nn.Module, y: Tensor) -> None:
+    """:func:`check_labels` of the ``(N, K, b)`` labels of N games' K clients: one check over all of them (one host
+    read per call, not one per game); when it fails, the first game and client out of range are named."""
+    try:
+        check_labels([(model, y)], lambda _: "labels")
+    except ValueError:
+        k_clients = y.shape[1]
+        check_labels([(model, y[n, k]) for n in range(y.shape[0]) for k in range(k_clients)],
+                     lambda i: f"game {i // k_clients}, client {i % k_clients}")
+        raise
+
+
 @in_library_modes
 def benign_updates(
     model: nn.Module,
@@ -206,25 +260,15 @@ def benign_updates(
             measurements). True: always vmapped; False: always one client after another.
 
     Client ``(n, k)``'s update is ``compute_update(model_n, x[n, k], y[n, k], ...)`` computed in one
-    vectorised call (equal to rounding, see the module docstring), its BN statistics included.
+    vectorised call (equal to rounding, see the module docstring), its BN statistics included. The arguments are
+    checked as ``compute_update`` checks them (:func:`check_protocol`; the labels by :func:`check_labels`, all
+    games' at once) before any work.
     """
-    if kind not in ("gradient", "model_delta"):
-        raise ValueError(f"kind={kind!r}; allowed: 'gradient', 'model_delta'")
-    if kind == "gradient" and local_steps != 1:
-        raise ValueError(f"local_steps={local_steps} with kind='gradient'; FedSGD takes exactly 1 step")
-    if not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
-    if not (local_lr > 0 and math.isfinite(local_lr)):  # as compute_update checks it
-        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
-    opt = PLAIN_SGD if optimizer is None else optimizer
-    if not isinstance(opt, LocalOptimizer):
-        raise ValueError(  # noqa: TRY004 - the library's one error type for bad arguments (compute_update's)
-            f"optimizer={optimizer!r}; allowed: a leakgym.fl.optim.LocalOptimizer or None (plain SGD)")
-    if kind == "gradient" and not opt.plain:
-        raise ValueError(f"optimizer={opt.describe()!r} with kind='gradient'; allowed only with kind='model_delta'")
+    check_protocol(kind, local_steps, local_lr, optimizer)
     if x.dim() != 6 or y.shape[:3] != x.shape[:3] or y.dim() not in (3, 4):
         raise ValueError(f"x must be (N, K, b, C, H, W) and y (N, K, b), or (N, K, b, classes) soft labels; got "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
+    _check_stacked_labels(model, y)
     if not supports(model):
         raise ValueError(f"{type(model).__name__} has dropout, a PRECODE bottleneck or state other than BatchNorm "
                          "running statistics; compute its clients with leakgym.fl.client.compute_update")
@@ -232,6 +276,17 @@ def benign_updates(
     if bns and buffers is None:
         raise ValueError(f"{type(model).__name__} has BatchNorm: pass each game's running statistics as buffers= "
                          "(stack_buffers)")
+    return _benign_updates(model, params, x, y, kind=kind, local_steps=local_steps, local_lr=local_lr,
+                           buffers=buffers, optimizer=PLAIN_SGD if optimizer is None else optimizer,
+                           vectorise=vectorise)
+
+
+def _benign_updates(model: nn.Module, params: dict[str, Tensor], x: Tensor, y: Tensor, *, kind: str,
+                    local_steps: int, local_lr: float, buffers: dict[str, Tensor] | None, optimizer: LocalOptimizer,
+                    vectorise: bool | None) -> ClientUpdates:
+    """:func:`benign_updates` of arguments it checked (its passes of games come back here, unchecked)."""
+    opt = optimizer
+    bns = _bn_layers(model)
     n_games, k_clients, b = x.shape[:3]
     single = b == 1  # a batch of one normalises with the running statistics (bn_eval_if_single)
     frozen = {n: t.detach() for n, t in model.named_parameters() if n not in params}
@@ -255,9 +310,9 @@ def benign_updates(
         def rows(stacks: dict[str, Tensor] | None, lo: int) -> dict[str, Tensor] | None:
             return None if stacks is None else {n: t[lo:lo + games] for n, t in stacks.items()}
 
-        parts = [benign_updates(model, rows(params, lo), x[lo:lo + games], y[lo:lo + games], kind=kind,
-                                local_steps=local_steps, local_lr=local_lr, buffers=rows(buffers, lo),
-                                optimizer=optimizer, vectorise=True) for lo in range(0, n_games, games)]
+        parts = [_benign_updates(model, rows(params, lo), x[lo:lo + games], y[lo:lo + games], kind=kind,
+                                 local_steps=local_steps, local_lr=local_lr, buffers=rows(buffers, lo),
+                                 optimizer=opt, vectorise=True) for lo in range(0, n_games, games)]
         return ClientUpdates(
             tensors={n: torch.cat([part.tensors[n] for part in parts]) for n in parts[0].tensors},
             buffers=None if parts[0].buffers is None else {n: torch.cat([part.buffers[n] for part in parts])
@@ -681,6 +736,6 @@ def evaluate_many(
 
 __all__ = [
     "CLIENT_POSITIONS_PER_PASS", "EVAL_IMAGES_PER_PASS", "GROUPED_MAX_POSITIONS", "ClientUpdates", "aggregate_many",
-    "average_buffers_many", "benign_updates", "client_updates", "evaluate_many", "signature", "stack_buffers",
-    "stack_parameters", "supports", "unpack",
+    "average_buffers_many", "benign_updates", "check_labels", "check_protocol", "client_updates", "evaluate_many",
+    "signature", "stack_buffers", "stack_parameters", "supports", "unpack",
 ]

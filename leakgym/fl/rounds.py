@@ -85,17 +85,26 @@ def aggregate_round(
             return {n: t[index.to(t.device)] for n, t in stacks.items()}
     new = fl_batched.aggregate_many(rows(params), [rows(slot) for slot in slots], weights[index], step=step)
     if buffers is not None:
-        # BN statistics: Server.aggregate averages those of the updates that carry them.
-        carried = [victims[i].buffers for i in kept]
-        victim_buffers = {name: torch.stack([c[name] if c else buffers[name][i] for c, i in zip(carried, kept)])
+        # BN statistics: Server.aggregate averages, name by name, those of the updates that carry the name (a
+        # victim may carry some layers' statistics only): the victim's weight for a name is 0 in a game whose
+        # victim lacks it. Names with the same victim weights in every game are averaged together.
+        carried = [victims[i].buffers or {} for i in kept]
+        sent_weights = weights[index, 0].tolist()
+        if all(c.keys() >= buffers.keys() or not c for c in carried):  # every victim all statistics, or none
+            columns = {tuple(w if c else 0.0 for w, c in zip(sent_weights, carried)): list(buffers)}
+        else:
+            columns = {}
+            for name in buffers:
+                columns.setdefault(tuple(w if name in c else 0.0 for w, c in zip(sent_weights, carried)), []).append(name)
+        victim_buffers = {name: torch.stack([c[name] if name in c else buffers[name][i] for c, i in zip(carried, kept)])
                           for name in buffers}
-        buffer_weights = weights[index].clone()
-        buffer_weights[:, 0] = torch.tensor([w if c else 0.0 for w, c in zip(weights[index, 0].tolist(), carried)],
-                                            dtype=torch.float64)
-        new.update(fl_batched.average_buffers_many(
-            rows(buffers),
-            [victim_buffers] + [rows({n: t[:, j] for n, t in benign.buffers.items()}) for j in range(k)],
-            buffer_weights))
+        current = rows(buffers)
+        benign_buffers = [rows({n: t[:, j] for n, t in benign.buffers.items()}) for j in range(k)]
+        for column, names in columns.items():
+            buffer_weights = weights[index].clone()
+            buffer_weights[:, 0] = torch.tensor(column, dtype=torch.float64)
+            new.update(fl_batched.average_buffers_many({n: current[n] for n in names}, [victim_buffers] + benign_buffers,
+                                                       buffer_weights))
     return RoundResult(state=new, kept=kept, alone=alone)
 
 
