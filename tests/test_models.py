@@ -330,6 +330,56 @@ def test_device_and_dtype():
     assert task_loss(model, x.double(), y).dtype == torch.float64
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"precode_beta": math.inf}, r"precode_beta=inf; allowed: a finite number >= 0"),  # task_loss was inf
+    ({"precode_beta": math.nan}, r"precode_beta=nan; allowed: a finite number >= 0"),
+    ({"precode_beta": "x"}, r"precode_beta='x'; allowed: a finite number >= 0"),  # TypeErrors
+    ({"precode_beta": None}, r"precode_beta=None; allowed"),
+    ({"precode_beta": True}, r"precode_beta=True; allowed"),
+    ({"precode": "no"}, r"precode='no'; allowed: True or False"),  # a bottleneck
+    ({"precode": None}, r"precode=None; allowed: True or False"),
+    ({"seed": 1.5}, r"seed=1.5; allowed: an integer in \[-2\*\*63, 2\*\*64 - 1\]"),  # the seed 1
+    ({"seed": True}, r"seed=True; allowed: an integer"),
+    ({"seed": 2**70}, r"seed=1180591620717411303424; allowed: an integer in \[-2\*\*63, 2\*\*64 - 1\]"),  # Overflow
+    ({"seed": "a"}, r"seed='a'; allowed"),
+    ({"dtype": torch.int64}, r"dtype=torch.int64; allowed: a floating torch dtype"),  # TypeError
+    ({"dtype": "float32"}, r"dtype='float32'; allowed: a floating torch dtype"),
+    ({"device": "nope"}, r"device='nope' is not a torch device name; available here: \['cpu'"),  # RuntimeError
+])
+def test_build_model_refuses_bad_arguments_before_building(kwargs, match):
+    """Each was accepted (``precode_beta=inf``, ``seed=1.5`` or ``True`` as 1, ``precode="no"`` as True) or raised
+    a TypeError, RuntimeError or AttributeError from deep inside; now a ValueError naming the value and what is
+    allowed, before the global RNG moves."""
+    state = torch.random.get_rng_state()
+    with pytest.raises(ValueError, match=match):
+        build_model("lenet", DIGITS16, **kwargs)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_build_model_checks_spec_and_device_and_keeps_meta():
+    with pytest.raises(ValueError, match=r"spec='digits'; allowed: a leakgym.data.spec.DatasetSpec"):
+        build_model("lenet", "digits")  # an AttributeError
+    if not torch.cuda.is_available():  # torch's 'Found no NVIDIA driver' at the first tensor
+        with pytest.raises(ValueError, match=r"device='cuda' is not available on this machine; available here"):
+            build_model("lenet", DIGITS16, device="cuda")
+    # the scenario checks build shapes on the meta device, explicitly or through torch's default device
+    assert all(p.is_meta for p in build_model("convnet", DIGITS16, width=4, device="meta").parameters())
+    with torch.device("meta"):
+        assert all(p.is_meta for p in build_model("lenet", DIGITS16, seed=0).parameters())
+    # valid arguments of every accepted kind build what they built before
+    a = build_model("lenet", DIGITS16, seed=3, precode=True, precode_beta=0, device=torch.device("cpu"))
+    b = build_model("lenet", DIGITS16, seed=torch.tensor(3).numpy()[()], precode=torch.tensor(True).numpy()[()],
+                    precode_beta=torch.tensor(0.0).numpy()[()], device="cpu", dtype=torch.float32)
+    assert a.precode_beta == b.precode_beta == 0.0 and type(b.precode_beta) is float and b.bottleneck is not None
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert build_model("lenet", DIGITS16, seed=-1, dtype=torch.float16).head.weight.dtype == torch.float16
+    assert build_model("lenet", DIGITS16, seed=2**64 - 1) is not None
+    model = build_model("lenet", DIGITS16, width=4)
+    with pytest.raises(ValueError, match=r"precode_beta=inf; allowed: a finite number >= 0"):
+        model.insert_bottleneck(precode_beta=math.inf)
+    assert model.bottleneck is None
+
+
 def test_validation_errors():
     with pytest.raises(ValueError, match="lenet, convnet, mlp, resnet18"):
         build_model("vgg", DIGITS16)

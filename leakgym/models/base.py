@@ -38,7 +38,12 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from leakgym.data.spec import DatasetSpec
-from leakgym.models.precode import DEFAULT_PRECODE_BETA, DEFAULT_PRECODE_DIM, VariationalBottleneck
+from leakgym.models.precode import (
+    DEFAULT_PRECODE_BETA,
+    DEFAULT_PRECODE_DIM,
+    VariationalBottleneck,
+    check_precode_beta,
+)
 
 
 class LeakGymModel(nn.Module):
@@ -63,8 +68,7 @@ class LeakGymModel(nn.Module):
                  precode_beta: float = DEFAULT_PRECODE_BETA) -> None:
         super().__init__()
         check_spec_for(type(self), spec)
-        if not precode_beta >= 0:  # also rejects NaN
-            raise ValueError(f"precode_beta={precode_beta} must be a number >= 0")
+        check_precode_beta(precode_beta)
         self.spec = spec
         self.body = body
         self.register_module("bottleneck", None)
@@ -82,8 +86,7 @@ class LeakGymModel(nn.Module):
         """Insert a freshly initialised PRECODE bottleneck before the head (in place)."""
         if self.bottleneck is not None:
             raise ValueError(f"{type(self).__name__} already has a PRECODE bottleneck")
-        if not precode_beta >= 0:  # also rejects NaN
-            raise ValueError(f"precode_beta={precode_beta} must be a number >= 0")
+        precode_beta = check_precode_beta(precode_beta)
         dim = DEFAULT_PRECODE_DIM if precode_dim is None else int(precode_dim)
         ref = self.head.weight
         # ``bottleneck`` was registered (as None) before ``head``, so parameter order stays

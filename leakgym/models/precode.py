@@ -33,7 +33,9 @@ Deviations, and why:
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,6 +45,14 @@ DEFAULT_PRECODE_DIM = 256
 
 DEFAULT_PRECODE_BETA = 1e-3
 """KL weight ``beta`` of PPP Eq. 3 (official default)."""
+
+
+def check_precode_beta(beta: object) -> float:
+    """``beta`` as a float when it is a finite real number >= 0 (numpy floats too, not a bool); a ``ValueError``
+    naming it otherwise (``inf`` made every task loss ``inf``; a string or None raised a ``TypeError``)."""
+    if isinstance(beta, (bool, np.bool_)) or not isinstance(beta, numbers.Real) or not 0 <= beta < math.inf:  # NaN too
+        raise ValueError(f"precode_beta={beta!r}; allowed: a finite number >= 0")
+    return float(beta)
 
 _LOG_FLOOR = 1e-12
 
