@@ -92,6 +92,56 @@ def test_bad_rows_and_architectures_are_refused():
         ModelBank(0)
 
 
+def test_a_refused_first_bind_leaves_the_bank_unset():
+    """A first bind refused because the model was bound elsewhere had already fixed the bank's layout (and
+    allocated its stacks): the next model, of another architecture, was refused though none was ever bound."""
+    bank, models, _ = _bank()
+    fresh = ModelBank(2)
+    with pytest.raises(ValueError, match="bound to another bank or row"):
+        fresh.bind(0, models[0])
+    assert fresh.stacks == {} and fresh._layout is None
+    other = nn.Sequential(nn.Linear(5, 2))
+    fresh.bind(0, other)  # the first model actually bound gives the layout
+    assert ModelBank.of([other]) == (fresh, [0]) and set(fresh.stacks) == {"0.weight", "0.bias"}
+    assert ModelBank.of([models[0]]) == (bank, [0])  # still where it was
+
+
+def test_rows_are_checked_and_numpy_integers_are_rows():
+    """release(-1) released the last row; gather/scatter out of range were torch's IndexError and an unknown
+    name a KeyError; bind(np.int64(1), ...) was refused with a message saying integers are allowed."""
+    bank, models, _ = _bank()
+    for bad in (-1, 3, True, 1.0):
+        with pytest.raises(ValueError, match=rf"row={bad!r}; allowed: integers in \[0, 2\]"):
+            bank.release(bad)
+    assert ModelBank.of(models) == (bank, [0, 1, 2])  # nothing was released
+    for rows in ([3], [-1], [0, 5]):
+        with pytest.raises(ValueError, match=r"rows span -?\d\.\.-?\d; allowed: integers in \[0, 2\]"):
+            bank.gather(rows)
+        with pytest.raises(ValueError, match=r"rows span -?\d\.\.-?\d; allowed: integers in \[0, 2\]"):
+            bank.scatter(rows, {"2.bias": torch.zeros(len(rows), 2)})
+    with pytest.raises(ValueError, match=r"rows=\[0.5\]; allowed: integers in \[0, 2\]"):
+        bank.gather([0.5])
+    with pytest.raises(ValueError, match=r"parameter names \['nope'\] are not the bank's; allowed: \['0.weight'"):
+        bank.gather([0], ["nope"])
+    before = {n: t.clone() for n, t in bank.stacks.items()}
+    with pytest.raises(ValueError, match=r"parameter names \['nope'\] are not the bank's"):
+        bank.scatter([0], {"2.bias": torch.ones(1, 2), "nope": torch.zeros(1, 3)})
+    with pytest.raises(ValueError, match=r"values\['2.weight'\] has shape \(1, 3\); allowed: \(1, 2, 4\)"):
+        bank.scatter([0], {"2.bias": torch.ones(1, 2), "2.weight": torch.zeros(1, 3)})
+    assert all(torch.equal(before[n], t) for n, t in bank.stacks.items())  # nothing written before the check
+    with pytest.raises(ValueError, match="the bank holds no model yet"):
+        ModelBank(2).gather([0])
+
+    bank2 = ModelBank(np.int64(2))
+    assert bank2.size == 2 and type(bank2.size) is int
+    model = _net(5)
+    bank2.bind(np.int64(1), model)
+    assert ModelBank.of([model]) == (bank2, [1])
+    assert torch.equal(bank2.gather(np.array([1]))["0.weight"][0], model[0].weight)
+    bank2.release(np.int64(1))
+    assert ModelBank.of([model]) is None
+
+
 @pytest.mark.parametrize("batch_clients", [False, True])
 def test_a_vectors_games_live_in_its_bank_across_rounds_and_resets(cheap_overrides, batch_clients):
     vec = gym.make_vec("LeakGym-Digits-v0", num_envs=3, batch_clients=batch_clients, **cheap_overrides)

@@ -44,6 +44,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from leakgym.checks import is_integer
+
 # model -> (its bank, its row); weak on both sides, so a bank and its models die with their games
 _BOUND: weakref.WeakKeyDictionary[nn.Module, tuple[weakref.ReferenceType, int]] = weakref.WeakKeyDictionary()
 _data_ptr = Tensor.data_ptr  # (mapped over a row's parameters: no generator frame per parameter)
@@ -58,9 +60,9 @@ class ModelBank:
     """
 
     def __init__(self, size: int) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if not is_integer(size) or size < 1:
             raise ValueError(f"size={size!r}; allowed: integers >= 1")
-        self.size = size
+        self.size = int(size)
         self.stacks: dict[str, Tensor] = {}
         """``name -> (size, *shape)``: every bound model's parameters."""
         self._layout: tuple | None = None  # (name, shape, dtype, device) of each parameter
@@ -77,22 +79,22 @@ class ModelBank:
         """Make ``model``'s parameters views of row ``row``, holding their current values (and
         ``requires_grad``). The model bound there before is released: its parameters become copies of
         their last values, so it no longer changes with the row."""
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.size:
-            raise ValueError(f"row={row!r}; allowed: integers in [0, {self.size - 1}]")
+        row = self._row(row)
         layout = self._layout_of(model)
         if not layout:
             raise ValueError(f"{type(model).__name__} has no parameters to bank")
-        if self._layout is None:
-            self._layout = layout
-            self._names = tuple(n for n, *_ in layout)
-            self.stacks = {n: torch.zeros((self.size, *shape), dtype=dtype, device=device)
-                           for n, shape, dtype, device in layout}
-        elif layout != self._layout:
+        if self._layout is not None and layout != self._layout:
             raise ValueError(f"{type(model).__name__} does not have the bank's parameters (name, shape, dtype, "
                              f"device): {layout} vs {self._layout}")
         found = ModelBank.of([model])
         if found is not None and (found[0] is not self or found[1] != [row]):
             raise ValueError("the model is bound to another bank or row; bind a model to one row only")
+        # Checked: from here on the bank changes (a refused first bind fixed the layout for the next model).
+        if self._layout is None:
+            self._layout = layout
+            self._names = tuple(n for n, *_ in layout)
+            self.stacks = {n: torch.zeros((self.size, *shape), dtype=dtype, device=device)
+                           for n, shape, dtype, device in layout}
         self.release(row)
 
         def view(name: str, p: Tensor) -> nn.Parameter:
@@ -109,6 +111,7 @@ class ModelBank:
     def release(self, row: int) -> None:
         """Unbind the model bound at ``row`` (if any, and still bound there): its parameters become copies
         of their values."""
+        row = self._row(row)
         ref = self._models[row]
         model = None if ref is None else ref()
         self._models[row], self._params[row], self._addresses[row] = None, (), ()
@@ -168,19 +171,50 @@ class ModelBank:
         bank, (row,) = found
         return tuple(zip(bank._names, bank._params[row]))
 
+    def _row(self, row: int) -> int:
+        """``row`` as an int when it is an integer (numpy's too, not a bool) in ``[0, size)``; ``ValueError``
+        naming it and the range otherwise (``release(-1)`` released the last row)."""
+        if not is_integer(row) or not 0 <= row < self.size:
+            raise ValueError(f"row={row!r}; allowed: integers in [0, {self.size - 1}]")
+        return int(row)
+
     def _index(self, rows: Sequence[int]) -> Tensor:
-        return torch.tensor(list(rows), dtype=torch.int64, device=next(iter(self.stacks.values())).device)
+        """The rows as an index tensor on the bank's device, checked: integers in ``[0, size)`` (an index out of
+        range was torch's IndexError), read on the host before the transfer (no device synchronisation)."""
+        if not self.stacks:
+            raise ValueError("the bank holds no model yet: bind one before gathering or scattering rows")
+        rows = list(rows)
+        index = torch.tensor(rows, dtype=torch.int64) if not rows else torch.tensor(rows)
+        if index.dtype != torch.int64 or index.dim() != 1:  # (floats and bools make other dtypes)
+            raise ValueError(f"rows={rows[:8]!r}{'...' if len(rows) > 8 else ''}; allowed: integers in "
+                             f"[0, {self.size - 1}]")
+        if rows and not (0 <= min(rows) and max(rows) < self.size):
+            raise ValueError(f"rows span {min(rows)}..{max(rows)}; allowed: integers in [0, {self.size - 1}]")
+        return index.to(next(iter(self.stacks.values())).device)
+
+    def _names_known(self, names) -> None:
+        unknown = [n for n in names if n not in self.stacks]
+        if unknown:
+            raise ValueError(f"parameter names {unknown} are not the bank's; allowed: {list(self.stacks)}")
 
     def gather(self, rows: Sequence[int], names: Sequence[str] | None = None) -> dict[str, Tensor]:
         """``name -> (len(rows), *shape)``: a copy of the rows' parameters (all names, or ``names``)."""
         index = self._index(rows)
+        if names is not None:
+            self._names_known(names)
         return {n: self.stacks[n].index_select(0, index) for n in (self.stacks if names is None else names)}
 
     @torch.no_grad()
     def scatter(self, rows: Sequence[int], values: dict[str, Tensor]) -> None:
         """Write ``values`` (``name -> (len(rows), *shape)``) into the rows: every bound model of those
-        rows now holds them (in place, one copy per name)."""
+        rows now holds them (in place, one copy per name). Every name and shape is checked before the first
+        write."""
         index = self._index(rows)
+        self._names_known(values)
+        for n, v in values.items():
+            if tuple(v.shape) != (len(index), *self.stacks[n].shape[1:]):
+                raise ValueError(f"values[{n!r}] has shape {tuple(v.shape)}; allowed: "
+                                 f"{(len(index), *self.stacks[n].shape[1:])} (one row per row written)")
         for n, v in values.items():
             self.stacks[n].index_copy_(0, index, v.to(self.stacks[n]))
 
