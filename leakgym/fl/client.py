@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -94,44 +93,20 @@ class BatchedGradientTransform(Protocol):
 
 
 def _check(job: LocalTraining) -> None:
-    kind, local_steps, local_lr, x, y = job.kind, job.local_steps, job.local_lr, job.x, job.y
-    if kind not in ("gradient", "model_delta"):
-        raise ValueError(f"kind={kind!r}; allowed: 'gradient', 'model_delta'")
-    if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
-    if kind == "gradient" and local_steps != 1:
-        raise ValueError(f"local_steps={local_steps} with kind='gradient'; FedSGD takes exactly 1 step")
-    if isinstance(local_lr, bool) or not isinstance(local_lr, (int, float)) or not 0 < local_lr < math.inf:  # NaN too
-        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
+    fl_batched.check_protocol(job.kind, job.local_steps, job.local_lr, job.optimizer)
+    x, y = job.x, job.y
     if x.dim() != 4 or x.shape[0] < 1:
         raise ValueError(f"x must be a non-empty (N, C, H, W) batch, got shape {tuple(x.shape)}")
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"y has {y.shape[0]} entries but x has {x.shape[0]} images")
-    opt = job.optimizer
-    if opt is not None and not isinstance(opt, LocalOptimizer):
-        raise ValueError(f"optimizer={opt!r}; allowed: a leakgym.fl.optim.LocalOptimizer or None (plain SGD)")
-    if kind == "gradient" and opt is not None and not opt.plain:
-        raise ValueError(f"optimizer={opt.describe()!r} with kind='gradient'; FedSGD shares one gradient and takes "
-                         "no local step: allowed only with kind='model_delta'")
     size = job.batch_size
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ValueError(f"batch_size={size!r}; allowed: integers >= 1, or None (the batch's size)")
 
 
 def _check_labels(jobs: list[LocalTraining]) -> None:
-    """Class-index labels must lie in ``[0, classes)`` (the model's ``spec.num_classes`` where it has one):
-    out of range, cross-entropy raised an IndexError on a CPU and a device-side assert, which ends the
-    process's CUDA context, on a GPU. One host copy for all jobs."""
-    hard = [(i, job.y) for i, job in enumerate(jobs) if not job.y.is_floating_point() and job.y.numel()]
-    if not hard:
-        return
-    pairs = [torch.stack([y.min(), y.max()]).to(torch.int64) for _, y in hard]
-    bounds = torch.stack(pairs).tolist() if len({t.device for t in pairs}) == 1 else [t.tolist() for t in pairs]
-    for (i, _), (low, high) in zip(hard, bounds):
-        classes = getattr(getattr(jobs[i].model, "spec", None), "num_classes", None)
-        if low < 0 or (classes is not None and high >= classes):
-            allowed = f"0..{classes - 1}" if classes is not None else "integers >= 0"
-            raise ValueError(f"client {i}: labels span {low}..{high}; allowed: {allowed}")
+    """Class-index labels in ``[0, classes)`` (:func:`leakgym.fl.batched.check_labels`), one host copy for all jobs."""
+    fl_batched.check_labels([(job.model, job.y) for job in jobs], lambda i: f"client {i}")
 
 
 @in_library_modes
