@@ -14,7 +14,7 @@ envs share for :func:`step_together`)::
 
 Spaces, observations and rewards are documented in :mod:`leakgym.game.scenario`,
 :mod:`leakgym.game.feedback` and :mod:`leakgym.game.feedback`. An episode lasts
-``scenario.rounds`` rounds and ends by truncation (nobody "wins" a round early). An invalid action
+``scenario.rounds`` rounds and ends by termination after the last one (docs/game.md, "Episodes"). An invalid action
 raises ``ValueError`` naming the entry and its allowed range before any state changes; any other
 failure inside a round is raised as :class:`RoundError` (the env's one documented error type for
 failed rounds) naming the round and the actions; the game is left exactly as it was before the
@@ -231,9 +231,9 @@ class LeakGymParallelEnv(ParallelEnv, EzPickle):
                 **{f"{a}_{k}": v for a in outcome.details for k, v in outcome.details[a].items()},
             }
         )
-        terminations = {a: False for a in agents}
-        truncations = {a: outcome.truncated for a in agents}
-        if outcome.truncated:
+        terminations = {a: outcome.terminated for a in agents}
+        truncations = {a: False for a in agents}
+        if outcome.terminated:
             self.agents = []
         obs = {a: outcome.observations[a].copy() for a in agents}
         if self.render_mode in ("png", "human"):

@@ -21,8 +21,8 @@ def register_envs() -> None:
             entry_point="leakgym.agents.policies.gym_entry_points:make_single_agent_env",
             vector_entry_point="leakgym.agents.policies.gym_entry_points:make_vector_env",
             kwargs={"scenario": name},
-            # No max_episode_steps: the horizon is the scenario's ``rounds`` alone -- the game truncates
-            # itself after its last round, so gym.make(id, rounds=12) plays 12 rounds (a registered
+            # No max_episode_steps: the horizon is the scenario's ``rounds`` alone -- the game ends
+            # (terminates) after its last round, so gym.make(id, rounds=12) plays 12 rounds (a registered
             # TimeLimit would cut an overridden horizon short). An explicit max_episode_steps=K still
             # truncates after K steps: Gymnasium's TimeLimit for gym.make, the vector env's own count
             # for gym.make_vec, with the same observations (tests/test_env_gym.py).

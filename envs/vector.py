@@ -47,7 +47,7 @@ class LeakGymVectorEnv(VectorEnv):
         max_episode_steps: truncate a game after this many steps of its episode, as Gymnasium's
             ``TimeLimit`` does for ``gym.make(id, max_episode_steps=K)`` (the scenario's ``rounds`` is
             untouched, so observations equal the single-agent view's); None or -1: no limit, the game
-            truncates itself after its last round.
+            ends (terminates) after its last round.
         batch_clients: True computes all games' victims' clean updates, benign clients, aggregation
             and evaluation as one vmapped computation each (:mod:`leakgym.fl.batched`; BatchNorm
             included; PRECODE and dropout models run the loop), and runs the step defenses batched

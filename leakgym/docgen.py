@@ -144,7 +144,7 @@ def _summary(gym_id: str) -> dict[str, str]:
         "data": f"{sc.dataset}, {sc.image_size or 'native'} px, batch {sc.batch_size}",
         "model": f"{sc.model}{' + PRECODE' if sc.precode else ''}",
         "server": sc.threat_model,
-        "episode": f"{sc.rounds} rounds (truncation)",
+        "episode": f"{sc.rounds} rounds (termination)",
         "offline": "yes (bundled with scikit-learn)" if disk_source(sc.dataset) is None else "no: needs the dataset files",
     }
 

@@ -36,7 +36,7 @@ def test_steps_like_dummy_vec_env_across_episode_ends(cheap_overrides):
             if done:
                 dones_seen += 1
                 np.testing.assert_array_equal(a["terminal_observation"], b["terminal_observation"])
-                assert a["TimeLimit.truncated"] == b["TimeLimit.truncated"]
+                assert a["TimeLimit.truncated"] == b["TimeLimit.truncated"] is False  # terminal: no bootstrap
     assert dones_seen == 6
     assert ours.get_attr("role") == ["attacker"] * 3 and ours.env_is_wrapped(gym.Wrapper) == [False] * 3
     ours.close()
@@ -64,3 +64,17 @@ def test_rejects_other_environments_and_gymnasium_wrappers_it_would_bypass():
     wrapped = TransformReward(gym.make_vec("LeakGym-Digits-v0", num_envs=2, opponent="none"), lambda r: r * 1000)
     with pytest.raises(ValueError, match=r"venv is wrapped \(TransformReward\).*wrap the SB3 VecEnv instead"):
         LeakGymSB3VecEnv(wrapped)
+
+
+def test_only_a_step_limit_asks_sb3_to_bootstrap(cheap_overrides):
+    """The last round is terminal (``TimeLimit.truncated`` False: no value is added after it; the game's end
+    was reported as a truncation, so SB3 added gamma * V(final observation) of a round fraction no policy acts
+    in); a ``max_episode_steps`` cut before it is a truncation SB3 bootstraps from."""
+    for limit, truncated in ((None, False), (2, True)):
+        kwargs = dict(cheap_overrides, rounds=3, **({} if limit is None else {"max_episode_steps": limit}))
+        venv = LeakGymSB3VecEnv(gym.make_vec("LeakGym-Digits-v0", num_envs=2, **kwargs))
+        venv.reset()
+        for _ in range(limit or 3):
+            _, _, dones, infos = venv.step(np.zeros((2, 4), dtype=np.int64))
+        assert dones.all() and [i["TimeLimit.truncated"] for i in infos] == [truncated] * 2
+        venv.close()

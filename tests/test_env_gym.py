@@ -78,8 +78,8 @@ def test_make_vec_runs_lockstep_and_batches_attacks(cheap_overrides, monkeypatch
     assert rewards.shape == (3,) and np.all(np.isfinite(rewards))
     # episodes end together and auto-reset on the next step
     for _ in range(cheap_overrides["rounds"] - 1):
-        obs, rewards, _, truncs, _ = venv.step(actions)
-    assert truncs.all()
+        obs, rewards, terms, truncs, _ = venv.step(actions)
+    assert terms.all() and not truncs.any()  # the last round is terminal (docs/game.md, "Episodes end")
     obs, *_ = venv.step(actions)
     assert np.all(obs[:, 0] == 0.0)  # round fraction restarted
     venv.close()
@@ -111,10 +111,10 @@ def test_overriding_rounds_sets_the_horizon_in_both_views(cheap_overrides, recwa
     single = _episode(gym.make("LeakGym-Digits-v0", **cheap_overrides), 0, actions)
     vector = _episode(gym.make_vec("LeakGym-Digits-v0", num_envs=1, batch_attacks=False, **cheap_overrides), 0,
                       actions)
-    assert len(single) == len(vector) == 10  # reset + 9 rounds, the last one truncated
+    assert len(single) == len(vector) == 10  # reset + 9 rounds, the last one terminal
     for a, b in zip(single, vector):
         np.testing.assert_array_equal(a, b)
-    assert single[-1][-1] == 1 and not any(row[-1] for row in single[1:-1])
+    assert single[-1][-2:].tolist() == [1, 0] and not any(row[-2] or row[-1] for row in single[1:-1])
     assert not [w for w in recwarn if "horizon" in str(w.message)]
 
 
@@ -131,7 +131,8 @@ def test_max_episode_steps_truncates_the_vector_env_as_time_limit_does(cheap_ove
     assert len(single) == len(vector) == 3
     for a, b in zip(single, vector):
         np.testing.assert_array_equal(a, b)
-    assert vector[-1][0] == 0.5  # round 2 of 4, cut by the limit
+    assert vector[-1][0] == 0.5  # round 2 of 4, cut by the limit: truncated, not terminated
+    assert single[-1][-2:].tolist() == vector[-1][-2:].tolist() == [0, 1]
     obs, *_ = venv.step(np.zeros((2, 4), dtype=np.int64))  # autoreset
     obs, _, _, truncs, _ = venv.step(np.zeros((2, 4), dtype=np.int64))
     assert not truncs.any() and np.all(obs[:, 0] == 0.25)  # the count restarted with the episode

@@ -43,7 +43,7 @@ def test_parallel_seed(cheap_overrides):
     parallel_seed_test(lambda: parallel_env("digits", **cheap_overrides), num_cycles=3)
 
 
-def test_episode_runs_to_truncation_with_documented_infos(cheap_overrides):
+def test_episode_runs_to_termination_with_documented_infos(cheap_overrides):
     e = parallel_env("digits", **cheap_overrides)
     obs, infos = e.reset(seed=1)
     assert set(obs) == {"attacker", "defender"}
@@ -64,7 +64,7 @@ def test_episode_runs_to_truncation_with_documented_infos(cheap_overrides):
         )
         assert 0.0 <= ia["leakage"] <= 1.0
     assert steps == cheap_overrides["rounds"]
-    assert all(truncs.values()) and not any(terms.values())
+    assert all(terms.values()) and not any(truncs.values())  # the last round is a terminal state
     assert len(e.history) == steps
 
 

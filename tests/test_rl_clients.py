@@ -56,7 +56,7 @@ def test_torchrl_gym_wrapper_on_the_single_agent_env(cheap_overrides):
     env = GymWrapper(gym.make(ID, role="defender", opponent="random", **cheap_overrides))
     check_env_specs(env, seed=0)
     td = env.rollout(cheap_overrides["rounds"])
-    assert td.batch_size == (cheap_overrides["rounds"],) and bool(td["next", "truncated"][-1])
+    assert td.batch_size == (cheap_overrides["rounds"],) and bool(td["next", "terminated"][-1])
     env.close()
 
 
@@ -92,7 +92,7 @@ def test_torchrl_pettingzoo_wrapper_on_the_parallel_env(cheap_overrides):
     for role in ("attacker", "defender"):
         assert set(td["next", role, "info"].keys()) == set(info_template(role))
         assert td["next", role, "info", "round"].squeeze(-1).tolist() == list(range(1, rounds + 1))
-    assert bool(td["next", "attacker", "truncated"][-1].all())
+    assert bool(td["next", "attacker", "terminated"][-1].all())
     env.close()
 
 
@@ -374,8 +374,8 @@ def test_a_mid_episode_copy_plays_on_the_same_trajectory(cheap_overrides, how):
     assert twin.games.model(0) is not e.games.model(0)
     while e.agents:
         actions = {a: rng.integers(e.action_space(a).nvec) for a in e.agents}
-        o1, r1, _, t1, i1 = e.step(actions)
-        o2, r2, _, t2, i2 = twin.step(actions)
+        o1, r1, t1, _, i1 = e.step(actions)
+        o2, r2, t2, _, i2 = twin.step(actions)
         for a in actions:
             np.testing.assert_array_equal(o1[a], o2[a])
             assert i1[a]["leakage"] == i2[a]["leakage"]
@@ -389,8 +389,8 @@ def test_a_mid_episode_copy_plays_on_the_same_trajectory(cheap_overrides, how):
     twin = dup(single)
     for _ in range(2):
         action = rng.integers(single.action_space.nvec)
-        o1, r1, _, t1, _ = single.step(action)
-        o2, r2, _, t2, _ = twin.step(action)
+        o1, r1, t1, _, _ = single.step(action)
+        o2, r2, t2, _, _ = twin.step(action)
         np.testing.assert_array_equal(o1, o2)
         assert (r1, t1) == (r2, t2)
     assert t1
@@ -403,8 +403,8 @@ def test_a_mid_episode_copy_plays_on_the_same_trajectory(cheap_overrides, how):
     assert twin.games is not venv.games and all(env.parallel.games is twin.games for env in twin.envs)
     for _ in range(3):  # to the end of the episode and into the autoreset
         actions = rng.integers(venv.single_action_space.nvec, size=(2, len(venv.single_action_space.nvec)))
-        o1, r1, _, t1, _ = venv.step(actions)
-        o2, r2, _, t2, _ = twin.step(actions)
+        o1, r1, t1, _, _ = venv.step(actions)
+        o2, r2, t2, _, _ = twin.step(actions)
         np.testing.assert_array_equal(o1, o2)
         np.testing.assert_array_equal(r1, r2)
         np.testing.assert_array_equal(t1, t2)
@@ -426,9 +426,9 @@ def test_vector_autoreset_modes_play_the_same_games(cheap_overrides):
     nvec = nxt.single_action_space.nvec
     for t in range(rounds):
         actions = rng.integers(nvec, size=(2, len(nvec)))
-        o1, r1, _, d1, _ = nxt.step(actions)
-        o2, r2, _, d2, i2 = same.step(actions)
-        o3, r3, _, d3, _ = off.step(actions)
+        o1, r1, d1, _, _ = nxt.step(actions)
+        o2, r2, d2, _, i2 = same.step(actions)
+        o3, r3, d3, _, _ = off.step(actions)
         if t < rounds - 1:
             np.testing.assert_array_equal(o1, o2)
         np.testing.assert_array_equal(r1, r2)

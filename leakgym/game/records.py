@@ -103,7 +103,9 @@ class RoundOutcome:
     rewards: dict[str, float]
     #: per agent: numbers only, one fixed key set (:func:`leakgym.game.feedback.numeric_info`)
     infos: dict[str, dict[str, Any]]
-    truncated: bool
+    #: the episode's last round was played: a terminal state of the game, whose horizon every observation
+    #: carries (its round fraction; docs/game.md, "Episodes")
+    terminated: bool
     record: RoundRecord
     #: per agent: the round's full record, the infos' numbers and what is not a number (strategy name,
     #: decoded settings, defenses applied): what ``round_details()`` returns

@@ -764,7 +764,7 @@ def _conclude(batch: GameBatch, row: int, plan: RoundPlan, defended: Defended, r
     }
     infos = {role: numeric_info(d, role, batch.strategies, lpips=batch.reports_lpips) for role, d in details.items()}
     return RoundOutcome(observations={}, rewards={"attacker": r["attacker"], "defender": r["defender"]},
-                        infos=infos, truncated=rnd >= sc.rounds, record=record, details=details)
+                        infos=infos, terminated=rnd >= sc.rounds, record=record, details=details)
 
 
 __all__ = [
