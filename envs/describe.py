@@ -152,7 +152,8 @@ def env_page(gym_id: str) -> str:
         "",
         "## Episode end",
         "",
-        (f"Truncation after `rounds = {sc.rounds}` rounds; never terminated early. The id registers no "
+        (f"Terminated after `rounds = {sc.rounds}` rounds, never earlier (docs/game.md: the last round is a "
+         "terminal state). The id registers no "
          "`max_episode_steps`: the horizon is `rounds`, so `gym.make(id, rounds=R)` plays R rounds, and "
          "`max_episode_steps=K` (gym.make or gym.make_vec) truncates after K."),
         "",

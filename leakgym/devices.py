@@ -22,14 +22,18 @@ The library's entry points -- loading a dataset, building, resetting and playing
 running an attack (``reconstruct_all`` too), the reproduction harness, loading a saved policy and training
 one -- run under :func:`library_modes` (through :func:`in_library_modes`): autograd on, inference mode off
 and float32 as torch's default dtype for the call, the caller's modes back on every way out. A tensor
-argument made under ``torch.inference_mode()`` is passed on as a normal copy (torch refuses to save an
-inference tensor for backward). A default device the caller set (``torch.set_default_device``, ``with
+argument made under ``torch.inference_mode()``, or one in a dict, list, tuple or dataclass argument (N games'
+stacked parameters, a client's job), is passed on as a normal copy (torch refuses to save an inference
+tensor for backward). A default device the caller set (``torch.set_default_device``, ``with
 torch.device(...)``) is the CPU for the call: the library places its tensors on the device a game or a call
 names, and builds on the CPU what it moves there (the dataset, index sets).
 :func:`leakgym.models.build_model` builds float32 parameters (:func:`library_dtype`) outside inference mode,
 and, given no ``device``, on the caller's default device, as torch's modules do (``with
 torch.device("meta")`` builds a model's shapes without allocating them). Whatever the caller's modes, a game
 plays the trajectory it plays under torch's defaults (``tests/test_torch_modes.py``).
+
+A game copied under inference mode (``copy.deepcopy``) is a normal copy; one unpickled under it is refused
+(its tensors are made by the unpickler before LeakGym sees them, and no round could train them).
 
 Not covered: torch's default dtype is process-wide, so another thread that creates tensors without a
 dtype while a LeakGym call runs gets float32 for that time.
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
@@ -164,7 +169,7 @@ LIBRARY_DTYPE = torch.float32
 def library_modes() -> Iterator[None]:
     """Autograd on, inference mode off, :data:`LIBRARY_DTYPE` as torch's default dtype and no default device
     other than the CPU inside; the caller's modes back after, on every way out (an exception, Ctrl-C)."""
-    caller_device = _default_device()
+    caller_device = default_device()
     with (torch.inference_mode(False), torch.enable_grad(),
           torch.device("cpu") if caller_device.type != "cpu" else contextlib.nullcontext(), library_dtype()):
         yield
@@ -184,7 +189,7 @@ def library_dtype() -> Iterator[None]:
         torch.set_default_dtype(caller_dtype)
 
 
-def _default_device() -> torch.device:
+def default_device() -> torch.device:
     """Where torch's factory functions put a tensor given no device (``torch.get_default_device``, torch >=
     2.3; before it, the CPU)."""
     get = getattr(torch, "get_default_device", None)
@@ -197,28 +202,62 @@ def _in_library_modes() -> bool:
         return False
     # a default device is a torch function mode: with none on the stack, asking for it (4 us) is not needed
     modes = getattr(torch._C, "_len_torch_function_stack", None)
-    return (modes is not None and modes() == 0) or _default_device().type == "cpu"
+    return (modes is not None and modes() == 0) or default_device().type == "cpu"
 
 
-def _normal(value):
-    """``value``, or a copy made outside inference mode of an inference tensor (or of those in a tuple): one a
-    computation tracked by autograd may use (torch refuses to save an inference tensor for backward)."""
-    if isinstance(value, tuple):
-        return tuple(_normal(v) for v in value)
-    if isinstance(value, torch.Tensor) and value.is_inference():
+#: how deep :func:`in_library_modes` looks for inference tensors in an argument: a tensor, or one in a dict, list,
+#: tuple or dataclass argument (N games' stacked parameters, a LocalTraining job), or one level below that (the
+#: tensors of a SharedUpdate, the jobs of a list)
+INFERENCE_DEPTH = 2
+
+
+def _inference(value, depth: int = INFERENCE_DEPTH) -> bool:
+    """Whether ``value`` is or holds (to ``depth`` containers deep) a tensor made under inference mode."""
+    if isinstance(value, torch.Tensor):
+        return value.is_inference()
+    if depth == 0 or isinstance(value, (str, bytes, int, float)):
+        return False
+    if isinstance(value, dict):
+        return any(_inference(v, depth - 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_inference(v, depth - 1) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_inference(getattr(value, f.name), depth - 1) for f in dataclasses.fields(value))
+    return False
+
+
+def _normal(value, depth: int = INFERENCE_DEPTH):
+    """``value`` with each inference tensor in it (:func:`_inference`) replaced by a copy made outside inference
+    mode: one a computation tracked by autograd may use (torch refuses to save an inference tensor for backward,
+    or to make it require grad). Containers holding one are copied (a dict, list, tuple or dataclass); the
+    rest is passed as it is."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_inference():
+            return value
         with torch.inference_mode(False):
             return value.clone()
-    return value
+    if depth == 0 or not _inference(value, depth):
+        return value
+    if isinstance(value, dict):
+        return {k: _normal(v, depth - 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normal(v, depth - 1) for v in value]
+    if isinstance(value, tuple):
+        items = [_normal(v, depth - 1) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return dataclasses.replace(value, **{f.name: _normal(getattr(value, f.name), depth - 1)
+                                         for f in dataclasses.fields(value) if f.init})
 
 
 def in_library_modes(fn: F) -> F:
-    """``fn`` run under :func:`library_modes` (a decorator for the library's entry points); a tensor argument
-    made under ``torch.inference_mode()`` is passed as a normal copy."""
+    """``fn`` run under :func:`library_modes` (a decorator for the library's entry points); a tensor made under
+    ``torch.inference_mode()`` in an argument (to :data:`INFERENCE_DEPTH` containers deep) is passed as a
+    normal copy."""
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        if any(isinstance(a, torch.Tensor) and a.is_inference() for a in (*args, *kwargs.values())):
-            args, kwargs = _normal(args), {k: _normal(v) for k, v in kwargs.items()}  # (rare: no copy otherwise)
+        if any(_inference(a) for a in (*args, *kwargs.values())):  # (rare: nothing is copied otherwise)
+            args, kwargs = tuple(_normal(a) for a in args), {k: _normal(v) for k, v in kwargs.items()}
         if _in_library_modes():
             return fn(*args, **kwargs)
         with library_modes():
@@ -227,5 +266,6 @@ def in_library_modes(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-__all__ = ["DEVICE_TYPES", "LIBRARY_DTYPE", "available_devices", "canonical_device", "check_device", "device_argument",
-           "device_name", "in_library_modes", "library_dtype", "library_modes", "seed_generators", "synchronize", "to_host"]
+__all__ = ["DEVICE_TYPES", "LIBRARY_DTYPE", "available_devices", "canonical_device", "check_device", "default_device",
+           "device_argument", "device_name", "in_library_modes", "library_dtype", "library_modes", "seed_generators",
+           "synchronize", "to_host"]

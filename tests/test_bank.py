@@ -138,6 +138,8 @@ def test_rows_are_checked_and_numpy_integers_are_rows():
     bank2.bind(np.int64(1), model)
     assert ModelBank.of([model]) == (bank2, [1])
     assert torch.equal(bank2.gather(np.array([1]))["0.weight"][0], model[0].weight)
+    for rows in (np.array([1], dtype=np.int32), [np.int32(1)], torch.tensor([1], dtype=torch.int32)):  # (refused)
+        assert torch.equal(bank2.gather(rows)["0.weight"][0], model[0].weight)
     bank2.release(np.int64(1))
     assert ModelBank.of([model]) is None
 

@@ -136,3 +136,17 @@ def test_a_victim_with_some_batchnorm_statistics_is_aggregated_as_server_aggrega
         assert set(result.state) == set(state)
         for name, t in state.items():
             assert torch.equal(result.state[name][i], t), (i, name)  # bit for bit (the CPU's looped clients)
+
+
+def test_numpy_numbers_are_protocol_numbers():
+    """local_lr=np.float32(0.1) and local_steps=np.int64(2) were refused with a message saying numbers are allowed
+    (benign_updates took the float before its check was shared)."""
+    import numpy as np
+
+    models = [build_model("lenet", SPEC, width=4, seed=s) for s in range(2)]
+    x, y = _batches(2, 1, 3)
+    kwargs = {"kind": "model_delta", "local_steps": np.int64(2), "local_lr": np.float32(0.1)}
+    want = compute_update(models[0], x[0, 0], y[0, 0], kind="model_delta", local_steps=2, local_lr=float(np.float32(0.1)))
+    got = compute_update(models[0], x[0, 0], y[0, 0], **kwargs)
+    assert all(torch.equal(got.tensors[k], want.tensors[k]) for k in want.tensors)
+    batched.benign_updates(models[0], batched.stack_parameters(models), x, y, **kwargs)

@@ -199,3 +199,63 @@ def test_a_paper_reproduction_gives_the_callers_thread_count_back(tmp_path):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_game_copied_under_inference_mode_plays_like_the_original_and_unpickling_there_is_refused(cheap_overrides):
+    """The copy's bank held inference tensors: its first round failed, and the restore after it too."""
+    import copy
+    import pickle
+
+    env = parallel_env("digits", **cheap_overrides)
+    env.reset(seed=3)
+    blob = pickle.dumps(env)
+    with torch.inference_mode():
+        twin = copy.deepcopy(env)
+        with pytest.raises(ValueError, match="unpickled under torch.inference_mode"):
+            pickle.loads(blob)
+    assert _numbers(twin.step(ACTIONS[0])) == _numbers(env.step(ACTIONS[0]))
+
+
+def test_n_games_updates_take_stacks_and_jobs_made_under_inference_mode():
+    """Inference tensors inside a dict (the stacked parameters) or a dataclass (a LocalTraining job) were passed
+    as they were: 'Setting requires_grad=True on inference tensor', 'cannot be saved for backward'."""
+    from leakgym.fl.client import LocalTraining, compute_updates
+
+    models = [build_model("lenet", SPEC, seed=s) for s in range(2)]
+    g = torch.Generator().manual_seed(0)
+    xs, ys = torch.randn(2, 1, 3, 1, 16, 16, generator=g), torch.tensor([[[1, 2, 3]]] * 2)
+
+    def run():
+        params = fl_batched.stack_parameters(models)
+        benign = fl_batched.benign_updates(models[0], params, xs, ys)
+        kept = aggregate_round(models[0], params, None, [compute_update(m, xs[i, 0], ys[i, 0]) for i, m in
+                                                         enumerate(models)], xs, ys, kind="gradient", local_steps=1,
+                               local_lr=0.1, server_lr=0.1).state
+        jobs = compute_updates([LocalTraining(models[0], xs[0, 0].clone(), ys[0, 0].clone())])
+        return [benign.tensors, kept, jobs[0].tensors]
+
+    want = run()
+    with torch.inference_mode():
+        got = run()
+    for a, b in zip(want, got):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_model_is_built_on_the_cpu_from_its_seed_and_moved_whatever_the_default_device():
+    """Under a meta default device an explicit device='cpu' failed ('Cannot copy out of meta tensor')."""
+    want = build_model("lenet", SPEC, seed=0).state_dict()
+    with torch.device("meta"):
+        got = build_model("lenet", SPEC, seed=0, device="cpu").state_dict()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.cuda
+def test_a_seeded_model_is_the_same_under_a_cuda_default_device():
+    """Built on the default CUDA device, the seed (which seeds the CPU generator) had no effect, and the
+    caller's CUDA generator moved."""
+    want = build_model("lenet", SPEC, seed=0).state_dict()
+    state = torch.cuda.get_rng_state()
+    with torch.device("cuda"):
+        got = build_model("lenet", SPEC, seed=0).state_dict()
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    assert all(got[k].device.type == "cuda" and torch.equal(got[k].cpu(), want[k]) for k in want)

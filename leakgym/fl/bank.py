@@ -41,6 +41,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -183,11 +184,12 @@ class ModelBank:
         range was torch's IndexError), read on the host before the transfer (no device synchronisation)."""
         if not self.stacks:
             raise ValueError("the bank holds no model yet: bind one before gathering or scattering rows")
-        rows = list(rows)
-        index = torch.tensor(rows, dtype=torch.int64) if not rows else torch.tensor(rows)
-        if index.dtype != torch.int64 or index.dim() != 1:  # (floats and bools make other dtypes)
+        rows = rows.tolist() if isinstance(rows, (Tensor, np.ndarray)) else list(rows)
+        if not all(is_integer(r) for r in rows):  # (a float or a bool is not a row; numpy and torch integers are)
             raise ValueError(f"rows={rows[:8]!r}{'...' if len(rows) > 8 else ''}; allowed: integers in "
                              f"[0, {self.size - 1}]")
+        rows = [int(r) for r in rows]
+        index = torch.tensor(rows, dtype=torch.int64)
         if rows and not (0 <= min(rows) and max(rows) < self.size):
             raise ValueError(f"rows span {min(rows)}..{max(rows)}; allowed: integers in [0, {self.size - 1}]")
         return index.to(next(iter(self.stacks.values())).device)

@@ -72,14 +72,17 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from leakgym.checks import is_integer
 from leakgym.devices import in_library_modes
 from leakgym.fl.bank import ModelBank
 from leakgym.fl.optim import PLAIN_SGD, LocalOptimizer
@@ -182,12 +185,12 @@ def check_protocol(kind: str, local_steps: int, local_lr: float, optimizer: Loca
     ``local_steps=True`` and ``local_lr=True`` trained as 1 step at rate 1 here, and were refused by the client)."""
     if kind not in ("gradient", "model_delta"):
         raise ValueError(f"kind={kind!r}; allowed: 'gradient', 'model_delta'")
-    if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+    if not is_integer(local_steps) or local_steps < 1:  # (numpy integers too; not a bool)
         raise ValueError(f"local_steps={local_steps!r}; allowed: integers >= 1")
     if kind == "gradient" and local_steps != 1:
         raise ValueError(f"local_steps={local_steps} with kind='gradient'; FedSGD takes exactly 1 step")
-    if isinstance(local_lr, bool) or not isinstance(local_lr, (int, float)) or not 0 < local_lr < math.inf:  # NaN too
-        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")
+    if isinstance(local_lr, (bool, np.bool_)) or not isinstance(local_lr, numbers.Real) or not 0 < local_lr < math.inf:
+        raise ValueError(f"local_lr={local_lr!r}; allowed range (0, inf)")  # (NaN too; numpy floats are reals)
     if optimizer is not None and not isinstance(optimizer, LocalOptimizer):
         raise ValueError(f"optimizer={optimizer!r}; allowed: a leakgym.fl.optim.LocalOptimizer or None (plain SGD)")
     if kind == "gradient" and optimizer is not None and not optimizer.plain:

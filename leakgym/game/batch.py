@@ -394,6 +394,7 @@ class GameBatch:
         state["_public"] = {}  # (gathered again on demand)
         return state
 
+    @in_library_modes
     def __deepcopy__(self, memo: dict) -> GameBatch:
         """A copy in this process shares the read-only dataset and its normalised images (what every batch
         of the process reads; a CIFAR copy would be 600 MB) and copies everything else."""
@@ -401,10 +402,13 @@ class GameBatch:
         memo[id(self.images)] = self.images
         copied = type(self).__new__(type(self))
         memo[id(self)] = copied
-        copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        copied.__setstate__(copy.deepcopy(self.__getstate__(), memo))  # (in the library's modes: normal tensors)
         return copied
 
     def __setstate__(self, state: dict) -> None:
+        if torch.is_inference_mode_enabled():  # (a deepcopy runs in the library's modes: not under it)
+            raise ValueError("a LeakGym game unpickled under torch.inference_mode() would hold inference tensors, "
+                             "which no later round can train: unpickle it outside the mode")
         self.__dict__.update(state)
         self.bank = ModelBank(self.size)
         for r in range(self.size):

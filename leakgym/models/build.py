@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
 from leakgym.checks import is_integer
 from leakgym.data.spec import DatasetSpec
-from leakgym.devices import check_device, library_dtype, seed_generators
+from leakgym.devices import check_device, default_device, library_dtype, seed_generators
 from leakgym.models.base import LeakGymModel
 from leakgym.models.convnet import ConvNet
 from leakgym.models.lenet import LeNet
@@ -77,7 +79,8 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
             device (``with torch.device("meta")`` builds the shapes only) in float32, whatever torch's default
             dtype (:func:`~leakgym.devices.library_dtype`), outside inference mode (parameters made in it get no
             gradients after it). A device is one this machine has (:func:`~leakgym.devices.check_device`), or
-            ``"meta"``.
+            ``"meta"``. The parameters are initialised on the CPU and moved there (on the meta device where it
+            is the target), so a seed gives the same model on every device.
 
     Every argument is checked before anything is built (a ``ValueError`` naming the value and what is allowed).
     """
@@ -104,11 +107,16 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
     kwargs = {"precode": bool(precode), "precode_dim": precode_dim, "precode_beta": precode_beta}
     if width is not None:
         kwargs["width"] = width
-    with torch.inference_mode(False), library_dtype():
+    # Built on the CPU from its seeded generator and moved, so a seed gives one model on every device; on the
+    # meta device (shapes only, nothing allocated) where that is where it goes.
+    target = device if device is not None else default_device()
+    build_on = torch.device("meta") if target.type == "meta" else torch.device("cpu")
+    on_build_device = contextlib.nullcontext() if default_device() == build_on else torch.device(build_on)
+    with torch.inference_mode(False), library_dtype(), on_build_device:
         if seed is None:
             model = cls(spec, **kwargs)
         else:
-            with torch.random.fork_rng(devices=[]):  # built on the default device (the CPU's generator), moved below
+            with torch.random.fork_rng(devices=[]):
                 seed_generators(int(seed))
                 model = cls(spec, **kwargs)
-    return model.to(device=device, dtype=dtype)
+    return model.to(device=target, dtype=dtype)
