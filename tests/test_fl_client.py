@@ -210,3 +210,18 @@ def test_a_cohort_trains_on_cuda(cuda_device):
         for name, t in b.tensors.items():
             assert a.tensors[name].device.type == "cuda"
             torch.testing.assert_close(a.tensors[name], t, rtol=1e-3, atol=1e-5)
+
+
+def test_stacked_clients_read_their_labels_once_not_at_every_local_step(monkeypatch):
+    """compute_updates checks its jobs once; each local step of a stacked cohort went through benign_updates'
+    checks again (a host read of the labels per step: a device synchronisation each on a GPU)."""
+    from leakgym.fl import batched as fl_batched
+    from leakgym.fl.client import LocalTraining, compute_updates
+
+    reads = []
+    real = fl_batched.check_labels
+    monkeypatch.setattr(fl_batched, "check_labels", lambda *a: reads.append(1) or real(*a))
+    jobs = [LocalTraining(job.model, job.x, job.y, kind="model_delta", local_steps=3, local_lr=0.1)
+            for job in _clients("lenet", 2, 3)]
+    compute_updates(jobs, batched=True)
+    assert len(reads) == 1

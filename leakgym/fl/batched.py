@@ -279,15 +279,17 @@ def benign_updates(
     if bns and buffers is None:
         raise ValueError(f"{type(model).__name__} has BatchNorm: pass each game's running statistics as buffers= "
                          "(stack_buffers)")
-    return _benign_updates(model, params, x, y, kind=kind, local_steps=local_steps, local_lr=local_lr,
+    return benign_updates_unchecked(model, params, x, y, kind=kind, local_steps=local_steps, local_lr=local_lr,
                            buffers=buffers, optimizer=PLAIN_SGD if optimizer is None else optimizer,
                            vectorise=vectorise)
 
 
-def _benign_updates(model: nn.Module, params: dict[str, Tensor], x: Tensor, y: Tensor, *, kind: str,
+def benign_updates_unchecked(model: nn.Module, params: dict[str, Tensor], x: Tensor, y: Tensor, *, kind: str,
                     local_steps: int, local_lr: float, buffers: dict[str, Tensor] | None, optimizer: LocalOptimizer,
                     vectorise: bool | None) -> ClientUpdates:
-    """:func:`benign_updates` of arguments it checked (its passes of games come back here, unchecked)."""
+    """:func:`benign_updates` of arguments a caller has checked: its own passes of games, and
+    :func:`leakgym.fl.client.compute_updates`' stacked clients, whose jobs it checked once (their labels read
+    on the host once, not at every local step)."""
     opt = optimizer
     bns = _bn_layers(model)
     n_games, k_clients, b = x.shape[:3]
@@ -313,7 +315,7 @@ def _benign_updates(model: nn.Module, params: dict[str, Tensor], x: Tensor, y: T
         def rows(stacks: dict[str, Tensor] | None, lo: int) -> dict[str, Tensor] | None:
             return None if stacks is None else {n: t[lo:lo + games] for n, t in stacks.items()}
 
-        parts = [_benign_updates(model, rows(params, lo), x[lo:lo + games], y[lo:lo + games], kind=kind,
+        parts = [benign_updates_unchecked(model, rows(params, lo), x[lo:lo + games], y[lo:lo + games], kind=kind,
                                  local_steps=local_steps, local_lr=local_lr, buffers=rows(buffers, lo),
                                  optimizer=opt, vectorise=True) for lo in range(0, n_games, games)]
         return ClientUpdates(
@@ -739,6 +741,7 @@ def evaluate_many(
 
 __all__ = [
     "CLIENT_POSITIONS_PER_PASS", "EVAL_IMAGES_PER_PASS", "GROUPED_MAX_POSITIONS", "ClientUpdates", "aggregate_many",
-    "average_buffers_many", "benign_updates", "check_labels", "check_protocol", "client_updates", "evaluate_many",
+    "average_buffers_many", "benign_updates", "benign_updates_unchecked", "check_labels", "check_protocol",
+    "client_updates", "evaluate_many",
     "signature", "stack_buffers", "stack_parameters", "supports", "unpack",
 ]
