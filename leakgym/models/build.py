@@ -109,9 +109,10 @@ def build_model(name: str, spec: DatasetSpec, *, precode: bool = False,
         kwargs["width"] = width
     # Built on the CPU from its seeded generator and moved, so a seed gives one model on every device; on the
     # meta device (shapes only, nothing allocated) where that is where it goes.
-    target = device if device is not None else default_device()
+    current = default_device()
+    target = device if device is not None else current
     build_on = torch.device("meta") if target.type == "meta" else torch.device("cpu")
-    on_build_device = contextlib.nullcontext() if default_device() == build_on else torch.device(build_on)
+    on_build_device = contextlib.nullcontext() if current == build_on else torch.device(build_on)
     with torch.inference_mode(False), library_dtype(), on_build_device:
         if seed is None:
             model = cls(spec, **kwargs)
