@@ -34,6 +34,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -48,6 +49,7 @@ from leakgym.attacks.engine.objective import (
     objective_terms,
 )
 from leakgym.attacks.engine.problems import ProblemSet, UpdateSimulator
+from leakgym.attacks.engine.replay import IterationGraphs
 from leakgym.attacks.losses import (
     FLAT_MAX_ENTRIES,
     FlatWeights,
@@ -550,6 +552,47 @@ def _split_rows(tensors: dict[str, Tensor], sizes: list[int]) -> list[dict[str, 
     return [{k: p[i] for k, p in parts.items()} for i in range(len(sizes))]
 
 
+def _evaluate(alive: list[_Run], steps: tuple[bool, ...], sim: UpdateSimulator, soft: bool, dtype: torch.dtype,
+              vectorize: bool) -> tuple[list[tuple[Tensor, Tensor]], tuple[Tensor, ...]]:
+    """One iteration's evaluation of the working rows of the runs ``alive``: each run's ``(matching, total)``
+    and the gradients of the objective to the variables of the runs that step (``steps``), in their order.
+    Its tensors are those of the runs and the simulator's selection, so a CUDA graph of it replays the same
+    evaluation of the updated variables (:class:`~leakgym.attacks.engine.replay.IterationGraphs`)."""
+    if len(alive) == 1:
+        r = alive[0]
+        x, y = r.x, r.labels(soft)
+        eps = r.gen.randn((sim.noise_numel,), dtype=dtype) if sim.noise_numel else x.new_zeros(x.shape[0], 0)
+    else:
+        x = torch.cat([r.x for r in alive])
+        y = torch.cat([r.labels(soft) for r in alive])
+        eps = torch.cat([r.gen.randn((sim.noise_numel,), dtype=dtype) for r in alive]) if sim.noise_numel \
+            else x.new_zeros(x.shape[0], 0)
+    dummy, stats = sim.updates(x, y, eps, vectorize=vectorize)
+    # Runs that match the same layers as one matrix share one flattening of the dummy updates.
+    shared = len(alive) > 1 and all(r.flat is not None and r.names == alive[0].names for r in alive)
+    flat = flat_layers(dummy, alive[0].names) if shared else None
+    if len(alive) == 1:
+        terms = [alive[0].objective_of(dummy, stats)]
+    else:
+        # Each run's rows as one split per tensor, not a narrow per run: the backward of a split
+        # is one concatenation, that of a narrow a zero-filled tensor of all rows per run (the
+        # fills were 8% of a profiled digits vector step with random attacker actions, one thread).
+        sizes = [r.x.shape[0] for r in alive]
+        mine = flat.split(sizes) if shared else _split_rows(dummy, sizes)
+        st = list(zip(*[list(zip(m.split(sizes), v.split(sizes))) for m, v in stats])) if stats \
+            else [()] * len(alive)
+        terms = [r.objective_of(m, tuple(s)) for r, m, s in zip(alive, mine, st)]
+    # The terms go back detached: nothing after the evaluation differentiates them, and a reference to this
+    # iteration's autograd graph kept into the next evaluation kept the variables' gradient accumulators of
+    # the stream they were made on (PyTorch warns when a graph's warm-up stream differs).
+    detached = [(m.detach(), t.detach()) for m, t in terms]
+    if not any(steps):
+        return detached, ()
+    total = terms[0][1].sum() if len(alive) == 1 else torch.stack([t.sum() for _, t in terms]).sum()
+    variables = [v for r, s in zip(alive, steps) if s for v in r.variables]
+    return detached, tuple(torch.autograd.grad(total, variables))
+
+
 def run_joint_matching(
     problems: ProblemSet,
     parts: Sequence[Part],
@@ -593,6 +636,9 @@ def run_joint_matching(
     soft = any(r.logits is not None for r in runs) and len(runs) > 1
     sim = UpdateSimulator(problems, [c for r in runs for c in r.counts],
                           record_bn=any(r.priors_all.bn is not None for r in runs))  # closed below: it patches the model copy
+    # The evaluation of each iteration, captured as a CUDA graph and replayed where it can be (replay.py).
+    random = sim.noise_numel > 0 or any(r.objective.simulate_defense is not None for r in runs)
+    graphs = IterationGraphs.for_device(device, random=random) if vectorize else IterationGraphs(None)
     selected = None
     try:
         for it in range(max(r.last for r in runs) + 1):
@@ -602,43 +648,20 @@ def run_joint_matching(
                 sim.select(alive[0].active_owner if len(alive) == 1 else torch.cat([r.active_owner for r in alive]))
                 selected = key
             going = [r.going(it) for r in alive]
-            if len(alive) == 1:
-                r = alive[0]
-                x, y = r.x, r.labels(soft)
-                eps = r.gen.randn((sim.noise_numel,), dtype=dtype) if sim.noise_numel else x.new_zeros(x.shape[0], 0)
-            else:
-                x = torch.cat([r.x for r in alive])
-                y = torch.cat([r.labels(soft) for r in alive])
-                eps = torch.cat([r.gen.randn((sim.noise_numel,), dtype=dtype) for r in alive]) if sim.noise_numel \
-                    else x.new_zeros(x.shape[0], 0)
-            dummy, stats = sim.updates(x, y, eps, vectorize=vectorize)
-            # Runs that match the same layers as one matrix share one flattening of the dummy updates.
-            shared = len(alive) > 1 and all(r.flat is not None and r.names == alive[0].names for r in alive)
-            flat = flat_layers(dummy, alive[0].names) if shared else None
-            if len(alive) == 1:
-                terms = [alive[0].objective_of(dummy, stats)]
-            else:
-                # Each run's rows as one split per tensor, not a narrow per run: the backward of a split
-                # is one concatenation, that of a narrow a zero-filled tensor of all rows per run (the
-                # fills were 8% of a profiled digits vector step with random attacker actions, one thread).
-                sizes = [r.x.shape[0] for r in alive]
-                mine = flat.split(sizes) if shared else _split_rows(dummy, sizes)
-                st = list(zip(*[list(zip(m.split(sizes), v.split(sizes))) for m, v in stats])) if stats \
-                    else [()] * len(alive)
-                terms = [r.objective_of(m, tuple(s)) for r, m, s in zip(alive, mine, st)]
+            steps = tuple(bool(g) for g in going)
+            remaining = min(r.exit for r in alive) - it + 1  # the rows stay until a problem leaves
+            terms, grads = graphs.run((tuple(key), steps),
+                                      partial(_evaluate, alive, steps, sim, soft, dtype, vectorize), remaining)
+            grads = list(grads)
             stepping = [(r, g, t) for r, g, t in zip(alive, going, terms) if g]
-            grads = []
-            if stepping:
-                total = terms[0][1].sum() if len(alive) == 1 else torch.stack([t.sum() for _, t in terms]).sum()
-                variables = [v for r, _, _ in stepping for v in r.variables]
-                grads = list(torch.autograd.grad(total, variables))
             for r, (matching, total_r) in zip(alive, terms):
-                r.keep_best(matching.detach(), total_r.detach())  # for problems at their budget: the final iterate
+                r.keep_best(matching, total_r)  # for problems at their budget: the final iterate
             for r, g, (matching, _) in stepping:
                 k = len(r.variables)
                 mine, grads = grads[:k], grads[k:]
-                r.step(it, g, matching.detach(), mine)
+                r.step(it, g, matching, mine)
     finally:
+        graphs.close()
         sim.close()
     results: list[MatchingOutput | None] = [None] * len(parts)
     for run, members in zip(runs, merged.values()):
