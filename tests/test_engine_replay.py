@@ -217,3 +217,15 @@ def test_cuda_graphs_compute_what_the_eager_engine_computes(victims, cuda_device
         # the engine's other GPU comparisons. A stale or misplaced replay differs by far more.
         torch.testing.assert_close(a.images, b.images, rtol=1e-2, atol=1e-2, msg=f"problem {i} ({SETTINGS[i][0]})")
         assert torch.equal(a.labels.cpu(), b.labels.cpu()) and len(a.history) == len(b.history)
+
+
+def test_a_count_of_the_arithmetic_sees_every_operator():
+    """A replay dispatches no operator: the bench's arithmetic floor counts an eager step (graphs back after)."""
+    from leakgym.bench.arithmetic import count_matrix_flops
+
+    assert replay.CUDA_GRAPHS
+    with pytest.raises(KeyError):
+        with count_matrix_flops():
+            assert replay.CUDA_GRAPHS is False
+            raise KeyError("out")
+    assert replay.CUDA_GRAPHS is True

@@ -86,11 +86,14 @@ def count_matrix_flops() -> Iterator[MatrixFlops]:
     """``with count_matrix_flops() as flops: ...``: the matrix-product and convolution operations of the
     block, its backward passes included (read ``flops.total`` after the block). Every operator call goes
     through Python while it counts, so never time a counted block. No per-module split is kept
-    (:class:`_NoModules`)."""
+    (:class:`_NoModules`). The attack engine evaluates eagerly in the block: a CUDA graph's replay
+    (:mod:`leakgym.attacks.engine.replay`) runs its kernels without dispatching them, unseen by the count."""
+    from leakgym.attacks.engine.replay import eager_evaluations
+
     mode = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward:
                                                           _convolution_backward_flops})
     mode.mod_tracker = _NoModules()  # (FlopCounterMode's attribute; its __enter__/__exit__ and counts use it)
-    with mode:
+    with eager_evaluations(), mode:
         yield MatrixFlops(mode)
 
 

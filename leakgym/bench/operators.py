@@ -11,6 +11,9 @@ timing, the count is the same on every machine of one device type. On a CPU it i
 with ``--device cuda``. On CUDA each row also counts the host's waits for the device, by phase
 (``torch.cuda.set_sync_debug_mode("warn")``: a result read to the host, a data-dependent shape, ...):
 each one stops the host from queueing work ahead of the device, so a launch-bound loop should have none.
+On CUDA the attack engine replays an iteration's evaluation as a CUDA graph (:mod:`leakgym.attacks.engine.replay`):
+a replay launches its kernels without dispatching them, so the count is what the host dispatches, which is
+what such a step's time follows; the replays' kernels are not in it.
 
 Each row plays the vector env (``gym.make_vec``, ``batch_clients`` on, game ``i`` seeded ``i``) for two
 steps of its plan (lazy imports, caches, the first decode of each action), then counts the third. The

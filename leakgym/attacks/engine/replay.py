@@ -32,8 +32,10 @@ thread): the engine call then goes on eagerly with a warning naming the error.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
@@ -96,6 +98,19 @@ class CudaGraphs:
         graph.replay()
 
 
+@contextlib.contextmanager
+def eager_evaluations() -> Iterator[None]:
+    """While open, engine calls that start evaluate eagerly (:data:`CUDA_GRAPHS` off, restored on every way
+    out): for what must see every operator, such as a count of the arithmetic (a replay dispatches none)."""
+    module = sys.modules[__name__]
+    saved = module.CUDA_GRAPHS
+    module.CUDA_GRAPHS = False
+    try:
+        yield
+    finally:
+        module.CUDA_GRAPHS = saved
+
+
 class IterationGraphs:
     """The evaluations of one engine call: eager, or captured and replayed per configuration (see the module
     docstring). ``backend`` is the device's form (:class:`CudaGraphs`), or None for eager evaluations."""
@@ -145,4 +160,4 @@ class IterationGraphs:
         self.key, self.graph, self.outputs = None, None, None
 
 
-__all__ = ["CUDA_GRAPHS", "MIN_ITERATIONS", "CudaGraphs", "IterationGraphs"]
+__all__ = ["CUDA_GRAPHS", "MIN_ITERATIONS", "CudaGraphs", "IterationGraphs", "eager_evaluations"]
