@@ -4,7 +4,8 @@ Shared by the user's own image folders (:mod:`leakgym.data.custom`) and the pape
 (:mod:`leakgym.data.imagesets`). Images are decoded with Pillow (a dependency of torchvision).
 
 * :func:`image_files` lists a folder's images (by suffix, recursively, hidden files skipped) in
-  sorted order, so a folder always gives the same list.
+  sorted order, so a folder always gives the same list. Other files are ignored (broken links among
+  them); a broken link named as an image is refused, naming it.
 * :func:`image_header` reads only an image's header: its channel count (from the pixel mode) and size.
 * :func:`decode_images` decodes a list of images into one float32 tensor ``(N, C, S, S)`` in ``[0, 1]``:
   each image is centre-cropped to a square on its shorter side, then resized to ``S x S`` with the
@@ -52,12 +53,22 @@ MAX_DATASET_BYTES = 16 * 2**30
 
 
 def image_files(folder: Path) -> list[Path]:
-    """Image files under ``folder`` (recursively; hidden files and folders skipped), sorted by path."""
+    """Image files under ``folder`` (recursively; hidden files and folders skipped), sorted by path.
+
+    Other files are ignored, broken links among them; a link named as an image whose target is missing
+    is refused with a ``ValueError`` naming it (it would fail to decode, after the other images' headers
+    were read; found in an audit)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         found += [Path(dirpath) / f for f in filenames
                   if not f.startswith(".") and Path(f).suffix.lower() in IMAGE_SUFFIXES]
+    for path in found:
+        if not path.exists():  # (os.walk lists a broken link as a file; exists() follows it)
+            if not path.is_symlink():
+                raise ValueError(f"{path}: removed while {folder} was read")
+            raise ValueError(f"{path}: a broken link (to {os.readlink(path)!r}, which does not exist or loops); "
+                             "restore its target or remove the link")
     return sorted(found)
 
 
@@ -86,9 +97,23 @@ def tree_fingerprint(path: Path) -> str:
         relative = os.path.relpath(dirpath, path)
         digest.update(f"{relative}\0{real}\n".encode())
         for name in sorted(filenames):
-            stat = os.stat(os.path.join(dirpath, name))
-            digest.update(f"{relative}/{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+            digest.update(f"{relative}/{name}\0{_file_key(os.path.join(dirpath, name))}\n".encode())
     return digest.hexdigest()
+
+
+def _file_key(path: str) -> str:
+    """Size and modification time of ``path``, followed through links; of the link itself where it is broken
+    (one broken link anywhere, a ``notes.txt`` among the images too, made every read of the folder fail with
+    ``FileNotFoundError``: found in an audit; the readers ignore it or name it, :func:`image_files`)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        try:
+            stat = os.lstat(path)
+        except OSError:  # removed since the folder was listed
+            return "gone"
+        return f"link\0{stat.st_size}\0{stat.st_mtime_ns}"
+    return f"{stat.st_size}\0{stat.st_mtime_ns}"
 
 
 def class_folders(folder: Path) -> list[Path]:

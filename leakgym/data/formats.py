@@ -13,7 +13,9 @@ The readers return numpy arrays exactly as stored (uint8 pixels, integer labels)
 float tensors happens in :mod:`leakgym.data.loading`. A file that is empty, truncated (raw or inside
 its gzip stream), of the wrong format, or whose IDX header declares more data than the file can hold
 raises ``ValueError`` naming the file and what is wrong; the size declared by an IDX header is
-checked against the file's size before anything is allocated for it. CIFAR batches are read with an
+checked against the file's size before anything is allocated for it. A CIFAR batch must hold at least one
+image; an IDX file's counts and image size are checked by its dataset (:class:`leakgym.data.sources.IdxSource`:
+at least one image per split, of the dataset's 28x28). CIFAR batches are read with an
 unpickler that resolves only the numpy globals an array needs (see :class:`_NumpyOnlyUnpickler`);
 any other global is refused before it is imported, so a hostile batch runs no code.
 """
@@ -192,7 +194,7 @@ def read_cifar_batch(path: str | os.PathLike[str], label_key: str, num_classes: 
     The official files are Python 2 pickles; they are decoded with ``encoding="latin1"`` (byte
     strings become ``str`` keys, numpy buffers survive unchanged), as torchvision does, by
     :class:`_NumpyOnlyUnpickler`. Raises ``ValueError`` naming the file when it is empty, truncated,
-    compressed, names any other global (refused before it is imported), or lacks the arrays.
+    compressed, names any other global (refused before it is imported), lacks the arrays, or holds no image.
     """
     with open(path, "rb") as f:
         head = f.read(2)
@@ -223,19 +225,28 @@ def read_cifar_batch(path: str | os.PathLike[str], label_key: str, num_classes: 
         raise ValueError(f"{path}: {label_key!r} must be a list of integers ({exc})") from None
     if labels.dtype == bool or not np.issubdtype(labels.dtype, np.integer):  # 0.9 would become class 0
         raise ValueError(f"{path}: {label_key!r} must be a list of integers, got dtype {labels.dtype}")
-    labels = labels.astype(np.int64)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise ValueError(f"{path}: 'data' must be uint8 of shape (N, 3072), got {data.dtype} {data.shape}")
+        raise ValueError(f"{path}: 'data' must be uint8 of shape (N, 3072) (N images of 3x32x32), got {data.dtype} "
+                         f"{data.shape}")
+    if data.shape[0] == 0:  # (an empty test_batch loaded and failed only when a game was reset, naming no file)
+        raise ValueError(f"{path}: 'data' holds 0 images (shape {data.shape}); a CIFAR batch holds at least 1 image "
+                         "of 3x32x32")
     if labels.shape != (data.shape[0],):
         raise ValueError(f"{path}: {label_key!r} has shape {labels.shape}, expected ({data.shape[0]},)")
+    # The range is checked on the stored values, before the int64 conversion: a uint64 label past 2**63 wrapped
+    # round to a negative number and was reported as one (found in an audit).
     if num_classes is not None:
         check_label_range(path, labels, num_classes)
-    return data.reshape(-1, 3, 32, 32), labels
+    elif int(labels.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{path}: label {int(labels.max())} out of range; allowed integers up to "
+                         f"{np.iinfo(np.int64).max}")
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
 def check_label_range(path: str | os.PathLike[str], labels: np.ndarray, num_classes: int) -> None:
     """``ValueError`` naming the file unless every label is in ``[0, num_classes)`` (a damaged file's label
-    failed later, in the dataset's own check, which names no file: found in an audit)."""
+    failed later, in the dataset's own check, which names no file: found in an audit). The labels are compared
+    as Python integers, so call it on the stored values: an unsigned label past 2**63 is reported as stored."""
     if labels.size and not (0 <= int(labels.min()) and int(labels.max()) < num_classes):
         bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
         raise ValueError(f"{path}: label {bad} out of range; allowed [0, {num_classes - 1}]")

@@ -42,7 +42,9 @@ Decoding is slow (measured: 1.3 ms per 178x218 JPEG to 32x32 on one CPU core, 4 
 :func:`read_cached` keeps the decoded images, as uint8 in an ``.npz`` read with ``allow_pickle=False``,
 under ``<root>/.decoded/<name>-<size>px-<fingerprint>.npz``; the fingerprint covers every file's path,
 size and modification time, so a changed copy is decoded again. A cache that cannot be written (a
-read-only root) is skipped; one that cannot be read is decoded again and replaced.
+read-only root) is skipped; one that cannot be read, or whose arrays are not what is written there (uint8
+images of the dataset's channels and the requested size, int64 labels in the dataset's range, one per
+image), is decoded again and replaced.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from leakgym.data.catalog import dataset_info
 from leakgym.data.download import RemoteFile, download_and_extract, download_file
 from leakgym.data.folders import (
     check_dataset_bytes,
@@ -102,11 +105,11 @@ def read_cached(source: SizedSource, directory: Path, image_size: int, root: Pat
     if cache.is_file():
         try:
             with np.load(cache, allow_pickle=False) as stored:
-                train_x, train_y, test_x, test_y = npz_arrays(stored, _SPLIT_KEYS).values()
+                train_x, train_y, test_x, test_y = _checked_copy(source, image_size, stored)
             return (torch.from_numpy(train_x).to(torch.float32).div_(255.0), torch.from_numpy(train_y),
                     torch.from_numpy(test_x).to(torch.float32).div_(255.0), torch.from_numpy(test_y))
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-            cache.unlink(missing_ok=True)  # damaged: decoded again below
+            cache.unlink(missing_ok=True)  # damaged or not what is written below: decoded again
     splits = source.read_sized(directory, image_size)
     # A read-only root or a full disk: no copy, the images were decoded all the same.
     with contextlib.suppress(OSError):
@@ -121,6 +124,26 @@ def read_cached(source: SizedSource, directory: Path, image_size: int, root: Pat
         finally:
             partial.unlink(missing_ok=True)
     return splits
+
+
+def _checked_copy(source: SizedSource, image_size: int, stored) -> tuple[np.ndarray, ...]:
+    """The four arrays of an open decoded copy; ``ValueError`` unless they are what :func:`read_cached` writes:
+    uint8 images ``(N, C, S, S)`` (``N >= 1``, the dataset's channels, ``S = image_size``) and int64 labels
+    ``(N,)`` in ``[0, num_classes)``. A float32 ``train_x`` in ``[0, 1]`` was read as nearly black images, one of
+    another size went on at that size (found in an audit)."""
+    info = dataset_info(source.name)
+    arrays = npz_arrays(stored, _SPLIT_KEYS)
+    for split in ("train", "test"):
+        x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
+        if x.dtype != np.uint8 or x.shape[1:] != (info.channels, image_size, image_size) or not len(x):
+            raise ValueError(f"{split}_x is {x.dtype} {x.shape}; written: uint8 (N >= 1, {info.channels}, "
+                             f"{image_size}, {image_size})")
+        if y.dtype != np.int64 or y.shape != (len(x),):
+            raise ValueError(f"{split}_y is {y.dtype} {y.shape}; written: int64 ({len(x)},)")
+        if not 0 <= int(y.min()) <= int(y.max()) < info.num_classes:
+            raise ValueError(f"{split}_y holds labels in [{int(y.min())}, {int(y.max())}]; written: "
+                             f"[0, {info.num_classes - 1}]")
+    return tuple(arrays[k] for k in _SPLIT_KEYS)
 
 
 def _to_uint8(x: Tensor) -> np.ndarray:
@@ -152,6 +175,8 @@ def read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
     x, y = mat["X"], np.asarray(mat["y"])
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[:3] != (32, 32, 3):
         raise ValueError(f"{path}: 'X' must be uint8 (32, 32, 3, N), got {x.dtype} {x.shape}")
+    if x.shape[3] == 0:  # (as an empty CIFAR batch: it loaded, and failed later naming no file)
+        raise ValueError(f"{path}: 'X' holds 0 images (shape {x.shape}); a split needs at least 1 image of 32x32x3")
     y = y.reshape(-1)
     if y.shape != (x.shape[3],):
         raise ValueError(f"{path}: 'y' has {y.size} labels for {x.shape[3]} images")

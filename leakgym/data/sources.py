@@ -17,6 +17,10 @@ cifar100       ``<root>/cifar-100-python``
 MNIST-style folders hold ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
 ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte``, each raw or with a ``.gz`` suffix (Debian
 ships the gzip files). Downloads go to the first directory listed for each dataset.
+
+A copy is refused at load, with a ``ValueError`` naming the file, what it holds and what is allowed, when a
+split holds no image or its images are not the dataset's size (28x28 for the IDX datasets, 3x32x32 for a
+CIFAR batch), or a label is out of the dataset's range.
 """
 
 from __future__ import annotations
@@ -121,22 +125,34 @@ class IdxSource(DiskSource):
             arrays.append(read_idx(path))
             paths.append(path)
         train_x, train_y, test_x, test_y = arrays
+        info = dataset_info(self.name)
+        size = f"{info.native_size}x{info.native_size}"
+        # The training images first: their size is what the test images are compared with below.
+        self._check_images(paths[0], "train", train_x, info.native_size)
         if train_x.ndim == test_x.ndim == 3 and train_x.shape[1:] != test_x.shape[1:]:
             # 1x1 test images beside 28x28 training images were upsampled to 28x28 without a word
             raise ValueError(f"{paths[2]}: test images are {'x'.join(map(str, test_x.shape[1:]))} but the training "
                              f"images ({paths[0].name}) are {'x'.join(map(str, train_x.shape[1:]))}; both splits "
-                             "must have one image size")
+                             f"must have one image size ({size} for {self.name})")
+        self._check_images(paths[2], "t10k", test_x, info.native_size)
         for split, x, y, y_path in (("train", train_x, train_y, paths[1]), ("t10k", test_x, test_y, paths[3])):
-            if x.dtype != np.uint8 or x.ndim != 3:
-                raise ValueError(
-                    f"{directory}: {split} images must be uint8 (N, H, W), got {x.dtype} {x.shape}"
-                )
             if y.ndim != 1 or y.shape[0] != x.shape[0]:
-                raise ValueError(f"{directory}: {split} labels {y.shape} do not match {x.shape[0]} images")
+                raise ValueError(f"{y_path}: {split} labels {y.shape} do not match {x.shape[0]} images")
             if not np.issubdtype(y.dtype, np.integer):  # float labels would be truncated (0.9 -> class 0)
                 raise ValueError(f"{y_path}: labels must be integers, got dtype {y.dtype}")
-            check_label_range(y_path, y, dataset_info(self.name).num_classes)
+            check_label_range(y_path, y, info.num_classes)
         return train_x, train_y.astype(np.int64), test_x, test_y.astype(np.int64)
+
+    def _check_images(self, path: Path, split: str, x: np.ndarray, side: int) -> None:
+        """``ValueError`` naming ``path`` unless ``x`` is uint8 ``(N, side, side)`` with N >= 1: an empty split
+        loaded and failed later naming no file, 1x1 images were upsampled to 28x28 without a word (audit)."""
+        if x.dtype != np.uint8 or x.ndim != 3:
+            raise ValueError(f"{path}: {split} images must be uint8 (N, H, W), got {x.dtype} {x.shape}")
+        if x.shape[0] == 0:
+            raise ValueError(f"{path}: holds 0 {split} images (shape {x.shape}); a split needs at least 1 image")
+        if x.shape[1:] != (side, side):
+            raise ValueError(f"{path}: {split} images are {x.shape[1]}x{x.shape[2]}; {self.name}'s IDX images are "
+                             f"{side}x{side}")
 
     def download(self, root: Path) -> Path:
         target = root / self.folders[0]

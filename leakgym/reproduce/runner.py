@@ -522,14 +522,71 @@ def rerender(paper: Paper, path: Path | str, out: Path | str | None = None) -> d
     if result.get("complete") is False:
         raise ValueError(f"{path} holds an unfinished run (\"complete\": false); `leakgym reproduce {paper.key} "
                          "--resume` with the options it was started with finishes it")
+    _check_measured(path, result)
     try:
         result["plateau"] = plateau(result)
         result["verdicts"] = paper.verdicts(result)
-    except (KeyError, TypeError, IndexError) as exc:  # a file edited by hand or written by something else
+    # (a file edited by hand or written by something else; ValueError: a value the statistics cannot take)
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"{path}: not a complete results file of `leakgym reproduce` ({type(exc).__name__}: "
                          f"{exc})") from None
     write_outputs(paper, result, Path(out) if out is not None else path.parent)
     return result
+
+
+def _check_measured(path: Path, result: dict) -> None:
+    """``ValueError`` naming ``path`` and the field unless the measured numbers of a results file are what
+    :func:`run_paper` writes: every cell's ``per_image`` and ``per_seed`` lists hold numbers (NaN included), its
+    scalars are numbers, each utility row's numbers are numbers or null. A string among them failed in the
+    statistics as "could not convert string to float: 'a'", naming neither the file nor the field (found in an
+    audit). Parts that are missing are left to the readers, whose error names the file."""
+    def refuse(where: str, value: Any, allowed: str) -> None:
+        raise ValueError(f"{path}: not a complete results file of `leakgym reproduce`: {where} is {value!r:.60}; "
+                         f"allowed: {allowed}")
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def numbers(where: str, values: Any, *, null: bool = False) -> None:
+        if not isinstance(values, list):
+            refuse(where, values, "a list of numbers")
+        for j, value in enumerate(values):
+            if not (number(value) or (null and value is None)):
+                refuse(f"{where}[{j}]", value, "numbers" + (" or null" if null else ""))
+
+    cells = result.get("cells", [])
+    if not isinstance(cells, list):
+        refuse("'cells'", cells, "a list of cells")
+    for i, c in enumerate(cells):
+        if not isinstance(c, dict):
+            refuse(f"cells[{i}]", c, "an object (one cell)")
+        for group in ("per_image", "per_seed"):
+            measured = c.get(group, {})
+            if not isinstance(measured, dict):
+                refuse(f"cells[{i}].{group}", measured, "an object of lists of numbers")
+            for name, values in measured.items():
+                numbers(f"cells[{i}].{group}.{name}", values)
+        for key in ("n_images", "attack_s", "fidelity", "overhead_ms"):
+            if key in c and not number(c[key]):
+                refuse(f"cells[{i}].{key}", c[key], "a number")
+    utility = result.get("utility", {})
+    if not isinstance(utility, dict):
+        refuse("'utility'", utility, "an object of rows")
+    for row, u in utility.items():
+        if not isinstance(u, dict):
+            refuse(f"utility[{row!r}]", u, "an object")
+        for key in ("accuracy", "accuracy_victim", "test_loss"):
+            for name in (key, f"{key}_se"):
+                if u.get(name) is not None and not number(u[name]):
+                    refuse(f"utility[{row!r}].{name}", u[name], "a number or null")
+            if f"{key}_per_seed" in u:
+                numbers(f"utility[{row!r}].{key}_per_seed", u[f"{key}_per_seed"], null=True)
+        curve = u.get("curve")
+        if curve is not None:
+            if not isinstance(curve, dict):
+                refuse(f"utility[{row!r}].curve", curve, "an object of lists of numbers")
+            for name, values in curve.items():
+                numbers(f"utility[{row!r}].curve.{name}", values)
 
 
 # -- reading results -------------------------------------------------------------------------------------
