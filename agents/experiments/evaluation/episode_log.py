@@ -26,14 +26,17 @@ pair's episodes, so a pair is never resumed mid-way), each with its whole lockst
 numbers are the uninterrupted run's.
 A line cut off by a crash is dropped; any other malformed row (a value outside its metric's range, or a
 non-finite one spelled out, included: the log writes an undefined value as an empty field) is an error
-naming the file and line. A last round that cannot be read or does not hold float images is ignored
-(the gallery leaves its pair out). Files are read as text and ``numpy.load(allow_pickle=False)``;
+naming the file and line. A last round that cannot be read or is not one the gallery can show (float
+images of 1 or 3 channels, at least one, of the scenario's size:
+:func:`~leakgym.agents.experiments.evaluation.reporting.last_round_problem`) is ignored (the gallery
+leaves its pair out). Files are read as text and ``numpy.load(allow_pickle=False)``;
 nothing is un-pickled.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -48,7 +51,7 @@ from leakgym.devices import device_name
 from leakgym.files import json_safe, npz_arrays, write_atomically
 
 from .payoff import METRIC_RANGES, METRICS, EpisodeStats, LastRound, PairResult
-from .reporting import OUTPUT_FILES
+from .reporting import OUTPUT_FILES, last_round_problem
 
 RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.csv"
@@ -71,18 +74,28 @@ def _parse_float(text: str) -> float:
     return float("nan") if text == "" else float(text)
 
 
-def _check_value(metric: str, text: str, value: float) -> str | None:
-    """Why ``value`` (read from ``text``) is not a value of ``metric`` that :meth:`EpisodeLog.append`
-    writes, or ``None``: undefined values are written as an empty field, others are finite and in
-    :data:`~leakgym.agents.experiments.evaluation.payoff.METRIC_RANGES`."""
-    if text == "":
-        return None
+def metric_value_error(metric: str, value: float) -> str | None:
+    """Why ``value`` is not a defined value of ``metric``, or ``None``: a defined value is finite and in
+    :data:`~leakgym.agents.experiments.evaluation.payoff.METRIC_RANGES` (the check of ``--resume``, here and
+    in ``leakgym metagame``'s state file)."""
     if not math.isfinite(value):
-        return "is not a finite number (an undefined value is written as an empty field)"
+        return "is not a finite number"
     low, high = METRIC_RANGES[metric]
     if not low <= value <= high:
         return f"is outside its range [{low}, {high}]"
     return None
+
+
+def _check_value(metric: str, text: str, value: float) -> str | None:
+    """Why ``value`` (read from ``text``) is not a value of ``metric`` that :meth:`EpisodeLog.append`
+    writes, or ``None``: undefined values are written as an empty field, others pass
+    :func:`metric_value_error`."""
+    if text == "":
+        return None
+    why = metric_value_error(metric, value)
+    if why is not None and not math.isfinite(value):
+        why += " (an undefined value is written as an empty field)"
+    return why
 
 
 class EpisodeLog:
@@ -289,15 +302,28 @@ class EpisodeLog:
                 last = LastRound(**{"labels": None, **arrays}, lpips=lpips if isinstance(lpips, np.ndarray) else None)
         except (OSError, EOFError, KeyError, ValueError, MemoryError, zipfile.BadZipFile):  # (raw bytes: npz_arrays)
             return None
-        per_image = (len(last.originals),)
-        ok = (all(a.dtype.kind == "f" for a in (last.originals, last.matched, last.ssim, last.psnr))
-              and last.originals.ndim == 4 and last.matched.shape == last.originals.shape
-              and last.ssim.shape == per_image and last.psnr.shape == per_image
-              and (last.labels is None or (last.labels.shape == per_image and last.labels.dtype.kind in "iu")))
-        if ok and last.lpips is not None and not (last.lpips.dtype.kind == "f" and last.lpips.shape == per_image
-                                                  and np.isfinite(last.lpips).all()):
+        # (found in an audit: 5-channel images failed in the gallery after the payoff files were rewritten,
+        # 0 images failed there too, and 64 x 64 images were shown for a 16-pixel scenario)
+        if last_round_problem(last, self._image_shape) is not None:
+            return None
+        if last.lpips is not None and not (last.lpips.dtype.kind == "f" and last.lpips.shape == last.ssim.shape
+                                           and np.isfinite(last.lpips).all()):
             last.lpips = None  # a damaged LPIPS entry: the images are still shown, LPIPS as not available
-        return last if ok else None
+        return last
+
+    @functools.cached_property
+    def _image_shape(self) -> tuple[int, int, int] | None:
+        """``(C, H, W)`` of the run's scenario's images (``settings``' scenario and overrides), or ``None``
+        when the settings name no scenario that loads (a log written by hand, as the tests write them)."""
+        from leakgym.data import dataset_spec
+        from leakgym.game.scenario import load_scenario
+
+        try:
+            sc = load_scenario(self.settings["scenario"], **dict(self.settings.get("overrides") or {}))
+            spec = dataset_spec(sc.dataset, sc.image_size)
+        except (KeyError, TypeError, ValueError, OSError):
+            return None
+        return spec.channels, spec.image_size, spec.image_size
 
 
-__all__ = ["EPISODES_FILE", "EPISODE_COLUMNS", "LAST_ROUND_DIR", "RUN_FILE", "EpisodeLog"]
+__all__ = ["EPISODES_FILE", "EPISODE_COLUMNS", "LAST_ROUND_DIR", "RUN_FILE", "EpisodeLog", "metric_value_error"]

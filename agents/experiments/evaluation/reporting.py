@@ -18,7 +18,7 @@ import numpy as np
 from leakgym.files import json_safe, replacing
 
 from .analysis import best_responses, mixed_equilibria
-from .payoff import METRICS, MIN_EPISODES, PayoffTable, gallery_episode, t_interval
+from .payoff import METRICS, MIN_EPISODES, LastRound, PayoffTable, gallery_episode, t_interval
 
 CSV_COLUMNS = ["attacker", "defender", "episodes", "total_rounds"] + [
     f"{m}_{s}" for m in METRICS for s in ("mean", "ci95_low", "ci95_high")
@@ -236,8 +236,45 @@ def write_heatmap(table: PayoffTable, path: Path) -> None:
     heatmap_figure(table, mixed=mixed_arrays(table)).savefig(path, bbox_inches="tight")
 
 
+#: the channels of an image the gallery shows (grey or RGB)
+GALLERY_CHANNELS = (1, 3)
+
+
+def last_round_problem(last: LastRound, image_shape: tuple[int, int, int] | None = None) -> str | None:
+    """Why the gallery cannot show ``last``, or ``None``: float images of shape ``(N, C, H, W)`` with
+    ``N >= 1``, ``C`` in :data:`GALLERY_CHANNELS` and ``H, W >= 1`` (``(C, H, W)`` equal to ``image_shape``
+    when given: the scenario's images), ``matched`` of the same shape, float ``ssim``/``psnr`` and integer
+    ``labels`` (when there are labels) with one value per image. ``--resume`` ignores a saved last round
+    with a problem (:mod:`.episode_log`), and the gallery leaves its pair out."""
+    arrays = (last.originals, last.matched, last.ssim, last.psnr, last.labels)
+    if not all(a is None or isinstance(a, np.ndarray) for a in arrays) or last.originals is None:
+        return "its entries are not arrays"
+    if not all(a.dtype.kind == "f" for a in (last.originals, last.matched, last.ssim, last.psnr)):
+        return "its images or scores are not floats"
+    shape = last.originals.shape
+    if len(shape) != 4 or shape[0] < 1 or shape[1] not in GALLERY_CHANNELS or min(shape[2:]) < 1:
+        return (f"its images have shape {shape}; allowed: (N, C, H, W) with N >= 1 images, C in "
+                f"{GALLERY_CHANNELS} channels, H, W >= 1")
+    if image_shape is not None and tuple(shape[1:]) != tuple(image_shape):
+        return f"its images are {tuple(shape[1:])} (C, H, W), the scenario's are {tuple(image_shape)}"
+    if last.matched.shape != shape:
+        return f"its reconstructions have shape {last.matched.shape}, its images {shape}"
+    per_image = (shape[0],)
+    if last.ssim.shape != per_image or last.psnr.shape != per_image:
+        return f"its SSIM and PSNR have shapes {last.ssim.shape}, {last.psnr.shape}; allowed: {per_image}"
+    if last.labels is not None and (last.labels.shape != per_image or last.labels.dtype.kind not in "iu"):
+        return f"its labels have shape {last.labels.shape} and type {last.labels.dtype}; allowed: integers, {per_image}"
+    return None
+
+
 def _image(ax, arr: np.ndarray) -> None:
     ax.imshow(arr[0] if arr.shape[0] == 1 else np.transpose(arr, (1, 2, 0)), cmap="gray", vmin=0, vmax=1)
+
+
+def _shown_last_rounds(table: PayoffTable) -> dict[tuple[str, str], LastRound]:
+    """The last round of every pair that has one the gallery can show (:func:`last_round_problem`)."""
+    return {(p.attacker, p.defender): p.last_round for p in table.pairs
+            if p.last_round is not None and last_round_problem(p.last_round) is None}
 
 
 def gallery_figure(table: PayoffTable, max_images: int = 4):
@@ -249,9 +286,10 @@ def gallery_figure(table: PayoffTable, max_images: int = 4):
     it (the user's LPIPS backbone weights; the title says when no pair has it). The pair in row ``i`` and column
     ``j`` keeps the last round of its episode ``(i + j) mod episodes``
     (:func:`~leakgym.agents.experiments.evaluation.payoff.gallery_episode`), so neighbouring panels show
-    different originals when the run has several episodes.
+    different originals when the run has several episodes. A pair without a last round, or with one that
+    cannot be shown (:func:`last_round_problem`), is left out.
     """
-    by_pair = {(p.attacker, p.defender): p.last_round for p in table.pairs if p.last_round is not None}
+    by_pair = _shown_last_rounds(table)
     if not by_pair:
         raise ValueError("no pair has a finished round to show")
     n = min(max_images, min(len(last.originals) for last in by_pair.values()))
@@ -308,13 +346,13 @@ def write_outputs(table: PayoffTable, out: Path) -> dict[str, Path]:
     """Write payoff.csv, payoff.json, payoff.png and gallery.png to ``out``, each atomically (written
     beside its name, then renamed), so an interrupted write leaves no half-written file.
 
-    Without any pair's last round (a resumed run whose ``last_round/`` files are gone or damaged) there
-    is no gallery: ``gallery.png`` is not written (an earlier one there is removed) and a ``UserWarning``
-    says why; the returned paths hold only the files written."""
+    Without any pair's last round that can be shown (a resumed run whose ``last_round/`` files are gone or
+    damaged; :func:`last_round_problem`) there is no gallery: ``gallery.png`` is not written (an earlier one
+    there is removed) and a ``UserWarning`` says why; the returned paths hold only the files written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in OUTPUT_FILES}
-    if all(p.last_round is None for p in table.pairs):
+    if not _shown_last_rounds(table):
         del paths["gallery.png"]
         (out / "gallery.png").unlink(missing_ok=True)  # an earlier write's would pass for this table's
         warnings.warn("no pair has a readable last round (last_round/ files missing or damaged): gallery.png "
@@ -329,6 +367,7 @@ def write_outputs(table: PayoffTable, out: Path) -> dict[str, Path]:
 
 __all__ = [
     "CSV_COLUMNS",
+    "GALLERY_CHANNELS",
     "OUTPUT_FILES",
     "episodes_label",
     "few_episodes",
@@ -336,6 +375,7 @@ __all__ = [
     "gallery_figure",
     "heatmap_figure",
     "json_safe",
+    "last_round_problem",
     "payoff_text",
     "short_label",
     "support_cells",

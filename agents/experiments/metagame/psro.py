@@ -29,15 +29,21 @@ interval is over those.
 Everything is written as it goes (:class:`MetagameState`, ``metagame.json``): the populations, every
 cell's samples, each finished iteration, and the best responses of an unfinished one. ``resume`` continues
 a run without replaying finished cells or retraining a finished best response; a resume with other
-settings is refused naming the difference (``iterations`` may grow).
+settings is refused naming the difference (``iterations`` may grow). Before anything is rewritten, a state
+file that the run did not write (a field of another type, a cell value outside its metric's range or not
+finite: ``leakgym eval --resume``'s check; a member named twice) is refused in one line naming the file and
+the field (:meth:`MetagameState.from_json`), and so is a member whose policy file changed since it joined
+(its hash, checked for every member when the state is opened: :func:`open_state`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,10 +54,13 @@ import numpy as np
 
 from leakgym.files import json_safe
 
+from ..evaluation.episode_log import metric_value_error
 from ..evaluation.payoff import t_interval
 from .solvers import meta_solver
 
 STATE_FILE = "metagame.json"
+#: the values of a state's ``status``
+STATUSES = ("running", "interrupted", "finished")
 #: metrics every cell records per episode; the payoffs are the two returns
 CELL_METRICS = ("attacker_return", "defender_return", "leakage_ssim", "leakage_psnr", "accuracy")
 ROLES = ("attacker", "defender")
@@ -187,23 +196,15 @@ class MetagameState:
     @classmethod
     def from_json(cls, data: dict[str, Any], out: Path | None = None) -> MetagameState:
         """The state of ``data`` (read from ``out/metagame.json``): policy files named relative to ``out`` are
-        found there."""
-        def loaded(m: dict[str, Any]) -> Member:
-            return _loaded(Member(**m), out)
-
+        found there. Anything that :meth:`to_json` does not write is refused (``ValueError``, one line naming
+        the file, the field and what is allowed; see :func:`_checked_state`)."""
+        path = Path(out) / STATE_FILE if out is not None else Path(STATE_FILE)
         try:
-            cells = {(c["attacker"], c["defender"]): CellSamples({m: [float(v) for v in c[m]] for m in CELL_METRICS
-                                                                  if m in c}, int(c.get("rounds", 0)))
-                     for c in data["cells"]}
-            pending = {k: (loaded(v) if k in ROLES else v) for k, v in data.get("pending", {}).items()}
-            return cls(settings=data["settings"],
-                       populations={r: [loaded(m) for m in data["populations"][r]] for r in ROLES},
-                       game=EmpiricalGame(cells), iterations=list(data["iterations"]), pending=pending,
-                       final=dict(data.get("final") or {}),
-                       status=str(data.get("status", "running")), env_steps=int(data.get("env_steps", 0)),
-                       wall_time_s=float(data.get("wall_time_s", 0.0)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{STATE_FILE} is not a metagame state file ({type(exc).__name__}: {exc})") from None
+            return _checked_state(cls, data, out)
+        except _Malformed as exc:
+            raise ValueError(f"{path} is not a metagame state file: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise ValueError(f"{path} is not a metagame state file ({type(exc).__name__}: {exc})") from None
 
     def save(self, out: Path) -> Path:
         """Write ``out/metagame.json`` atomically (a new file renamed over the old one)."""
@@ -212,6 +213,163 @@ class MetagameState:
         tmp.write_text(json.dumps(self.to_json(out), indent=1, allow_nan=False))
         os.replace(tmp, path)
         return path
+
+
+class _Malformed(ValueError):
+    """What is wrong with a state file (:func:`_checked_state`)."""
+
+
+#: the payoffs: always numbers (the other metrics may be undefined: null, as ``json_safe`` writes NaN)
+PAYOFF_METRICS = ("attacker_return", "defender_return")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _checked_member(m: Any, where: str, out: Path | None) -> Member:
+    """The member ``m`` of a state file, at ``where`` in it (:func:`_loaded`: its policy path)."""
+    fields = {f.name for f in dataclasses.fields(Member)}
+    if not isinstance(m, dict) or not {"name", "spec"} <= set(m) or not set(m) <= fields:
+        raise _Malformed(f"{where} = {_short(m)}; allowed: an object with name, spec, iteration and sha256")
+    for key in ("name", "spec"):
+        if not isinstance(m[key], str) or not m[key]:
+            raise _Malformed(f"{where}.{key} = {_short(m[key])}; allowed: a non-empty string")
+    iteration, sha = m.get("iteration", 0), m.get("sha256")
+    if not _is_int(iteration) or iteration < 0:
+        raise _Malformed(f"{where}.iteration = {_short(iteration)}; allowed: integers >= 0")
+    if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+        raise _Malformed(f"{where}.sha256 = {_short(sha)}; allowed: null (a preset) or 64 lowercase hex digits")
+    return _loaded(Member(m["name"], m["spec"], iteration, sha), out)
+
+
+def _checked_value(metric: str, value: Any, where: str) -> float:
+    """One per-episode value of ``metric``: a number in the metric's range (``leakgym eval --resume``'s check,
+    :func:`~leakgym.agents.experiments.evaluation.episode_log.metric_value_error`), or null (undefined) for
+    a metric that is not a payoff."""
+    if value is None and metric not in PAYOFF_METRICS:
+        return float("nan")
+    allowed = "a number" + ("" if metric in PAYOFF_METRICS else " or null (undefined)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Malformed(f"{where} = {_short(value)}; allowed: {allowed}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    why = metric_value_error(metric, number)
+    if why is not None:
+        raise _Malformed(f"{where} = {_short(value)} {why}; allowed: {allowed} in the metric's range")
+    return number
+
+
+def _checked_cell(c: Any, where: str) -> tuple[tuple[str, str], CellSamples]:
+    """A cell of a state file: attacker and defender names, every metric of :data:`CELL_METRICS` as a list
+    of per-episode values (one count for all), and the rounds played."""
+    if not isinstance(c, dict) or not all(isinstance(c.get(k), str) for k in ("attacker", "defender")):
+        raise _Malformed(f"{where} = {_short(c)}; allowed: an object with attacker and defender names, rounds "
+                         f"and the per-episode values of {', '.join(CELL_METRICS)}")
+    where = f"{where} ({c['attacker']}, {c['defender']})"
+    values: dict[str, list[float]] = {}
+    for m in CELL_METRICS:
+        if m not in c:
+            raise _Malformed(f"{where} has no {m}; a cell holds the per-episode values of {', '.join(CELL_METRICS)}")
+        if not isinstance(c[m], list) or not c[m]:
+            raise _Malformed(f"{where}.{m} = {_short(c[m])}; allowed: a non-empty list of per-episode values")
+        values[m] = [_checked_value(m, v, f"{where}.{m}[{e}]") for e, v in enumerate(c[m])]
+    counts = {m: len(v) for m, v in values.items()}
+    if len(set(counts.values())) != 1:
+        raise _Malformed(f"{where}: its metrics have different episode counts {counts}; allowed: one count")
+    for m, v in values.items():  # (a return of 1e300 is finite, but its cell's interval was not: inf in payoff.csv)
+        if not all(math.isfinite(x) for x in v):
+            continue  # an undefined value: no interval, as in leakgym eval
+        with np.errstate(over="ignore", invalid="ignore"):
+            interval = t_interval(v)
+        if not all(math.isfinite(x) for x in interval[: 1 if len(v) < 2 else 3]):
+            raise _Malformed(f"{where}.{m} = {_short(v)}: its mean and 95% interval over the episodes "
+                             f"{tuple(interval)} are not finite numbers; allowed: values whose mean and interval are")
+    rounds = c.get("rounds", 0)
+    if not _is_int(rounds) or rounds < 0:
+        raise _Malformed(f"{where}.rounds = {_short(rounds)}; allowed: integers >= 0")
+    return (c["attacker"], c["defender"]), CellSamples(values, rounds)
+
+
+def _checked_state(cls: type[MetagameState], data: dict[str, Any], out: Path | None) -> MetagameState:
+    """:meth:`MetagameState.from_json`'s reading: every field checked (:class:`_Malformed` naming it), so that a
+    resume never solves, reports or rewrites a file that :meth:`MetagameState.to_json` did not write (found in
+    an audit: ``"12"`` read as the two episodes 1.0 and 2.0, an SSIM of 7 and a return of 1e300 accepted and
+    infinities written to payoff.csv, a member listed twice, settings that are a list)."""
+    for key, kind in (("settings", dict), ("populations", dict), ("cells", list), ("iterations", list)):
+        if key not in data:
+            raise _Malformed(f"it has no {key!r}")
+        if not isinstance(data[key], kind):
+            raise _Malformed(f"{key} = {_short(data[key])}; allowed: {'an object' if kind is dict else 'a list'}")
+    for key in ("pending", "final"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise _Malformed(f"{key} = {_short(data[key])}; allowed: an object")
+    populations: dict[str, list[Member]] = {}
+    for role in ROLES:
+        listed = data["populations"].get(role)
+        if not isinstance(listed, list) or not listed:
+            raise _Malformed(f"populations.{role} = {_short(listed)}; allowed: a non-empty list of members")
+        populations[role] = [_checked_member(m, f"populations.{role}[{i}]", out) for i, m in enumerate(listed)]
+    pending = dict(data.get("pending") or {})
+    for role in ROLES:
+        if role in pending:
+            pending[role] = _checked_member(pending[role], f"pending.{role}", out)
+    for key in ("iteration", "env_steps_before"):
+        if key in pending and (not _is_int(pending[key]) or pending[key] < 0):
+            raise _Malformed(f"pending.{key} = {_short(pending[key])}; allowed: integers >= 0")
+    for role in ROLES:  # (a fresh run refuses a member named twice; the tables index members by name)
+        names = [m.name for m in populations[role]] + ([pending[role].name] if role in pending else [])
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise _Malformed(f"the {role} population names {twice} twice; allowed: one member per name")
+    cells: dict[tuple[str, str], CellSamples] = {}
+    for i, c in enumerate(data["cells"]):
+        key, samples = _checked_cell(c, f"cells[{i}]")
+        if key in cells:
+            raise _Malformed(f"cells[{i}] ({key[0]}, {key[1]}) is there twice; allowed: one entry per cell")
+        if cells and samples.episodes != next(iter(cells.values())).episodes:
+            first = next(iter(cells))
+            raise _Malformed(f"cells[{i}] ({key[0]}, {key[1]}) has {samples.episodes} episodes, cell ({first[0]}, "
+                             f"{first[1]}) {next(iter(cells.values())).episodes}; allowed: one count for every cell")
+        cells[key] = samples
+    episodes = data["settings"].get("episodes")
+    if cells and _is_int(episodes) and next(iter(cells.values())).episodes != episodes:
+        raise _Malformed(f"its cells have {next(iter(cells.values())).episodes} episodes, its settings "
+                         f"{episodes}; allowed: the settings' count")
+    for k, record in enumerate(data["iterations"], start=1):
+        if not isinstance(record, dict) or record.get("iteration") != k:
+            raise _Malformed(f"iterations[{k - 1}] = {_short(record)}; allowed: the record of iteration {k}")
+    env_steps, wall = data.get("env_steps", 0), data.get("wall_time_s", 0.0)
+    if not _is_int(env_steps) or env_steps < 0:
+        raise _Malformed(f"env_steps = {_short(env_steps)}; allowed: integers >= 0")
+    if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not 0 <= wall < math.inf:
+        raise _Malformed(f"wall_time_s = {_short(wall)}; allowed: a number >= 0")
+    status = data.get("status", "running")
+    if status not in STATUSES:
+        raise _Malformed(f"status = {_short(status)}; allowed: {', '.join(STATUSES)}")
+    return cls(settings=data["settings"], populations=populations, game=EmpiricalGame(cells),
+               iterations=list(data["iterations"]), pending=pending, final=dict(data.get("final") or {}),
+               status=status, env_steps=env_steps, wall_time_s=float(wall))
+
+
+def policy_sha256(path: str | Path) -> str:
+    """SHA-256 of a saved policy: its ``.zip`` and the ``.json`` beside it, which together make the agent."""
+    from leakgym.agents.policies.learned import metadata_path
+
+    h = hashlib.sha256()
+    for part in (Path(path), metadata_path(path)):
+        with open(part, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def _stored(member: Member, out: Path | None) -> dict[str, Any]:
@@ -264,11 +422,21 @@ def open_state(out: Path, settings: dict[str, Any], initial: dict[str, list[Memb
         if not isinstance(data, dict):
             raise ValueError(f"--resume: {path} is not a metagame state file")
         state = MetagameState.from_json(data, out)
+        from leakgym.agents.policies.learned import metadata_path
+
         members = [m for ms in state.populations.values() for m in ms]
         members += [v for v in state.pending.values() if isinstance(v, Member)]
-        gone = [m.spec for m in members if m.sha256 is not None and not Path(m.spec).is_file()]
+        policies = [m for m in members if m.sha256 is not None]
+        gone = [str(p) for m in policies for p in (Path(m.spec), metadata_path(m.spec)) if not p.is_file()]
         if gone:  # (refused before the state file is written again)
             raise ValueError(f"--resume: the run in {out} names policy files that are not there: {', '.join(gone)}")
+        # every member's policy file is the one that joined (found in an audit: checked only when a member
+        # played, so a finished run resumed with the same --iterations rewrote its reports from a changed file)
+        changed = [f"{m.name!r} ({m.spec}: sha256 {actual[:12]}..., recorded {m.sha256[:12]}...)"
+                   for m in policies if (actual := policy_sha256(m.spec)) != m.sha256]
+        if changed:
+            raise ValueError(f"--resume: policy files of the run in {out} changed since their members joined the "
+                             f"population: {'; '.join(changed)}; restore them, or start a new run in another --out")
         diff = _differences(state.settings, json.loads(json.dumps(settings, default=str)))
         if diff:
             raise ValueError(f"--resume: the run in {out} had other settings: " + "; ".join(diff))
@@ -443,7 +611,9 @@ def halved(state: MetagameState) -> bool | None:
 
 __all__ = [
     "CELL_METRICS",
+    "PAYOFF_METRICS",
     "STATE_FILE",
+    "STATUSES",
     "CellSamples",
     "EmpiricalGame",
     "Member",
@@ -455,6 +625,7 @@ __all__ = [
     "fill_cells",
     "halved",
     "open_state",
+    "policy_sha256",
     "run_psro",
     "solve",
 ]

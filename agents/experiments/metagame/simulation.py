@@ -24,19 +24,7 @@ from leakgym.agents.policies.base import Agent
 from leakgym.agents.policies.factory import make_agent
 
 from .mixture import MixtureAgent
-from .psro import CELL_METRICS, CellSamples, Member
-
-
-def policy_sha256(path: str | Path) -> str:
-    """SHA-256 of a saved policy: its ``.zip`` and the ``.json`` beside it, which together make the agent."""
-    from leakgym.agents.policies.learned import metadata_path
-
-    h = hashlib.sha256()
-    for part in (Path(path), metadata_path(path)):
-        with open(part, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+from .psro import CELL_METRICS, CellSamples, Member, policy_sha256
 
 
 def member_agent(member: Member, role: str, scenario: Any) -> Agent:
