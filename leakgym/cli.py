@@ -339,7 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; user errors (:func:`_user_errors`) and allocation failures (a MemoryError or
     torch's out-of-memory RuntimeError, CPU or CUDA, also as the cause of a RoundError: one line with the
     run's memory estimate and the knobs that lower it, :func:`memory_message`) print one line and exit 2."""
-    args = build_parser().parse_args(argv)
+    try:
+        # (parsing imports the subcommand's module, torch among them: seconds in which a Ctrl-C printed a
+        # traceback through importlib; found in an audit)
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+        print(f"leakgym{' ' + words[0] if words else ''}: interrupted", file=sys.stderr)
+        return 130
     try:
         return _run(args, argv)
     except Exception as exc:

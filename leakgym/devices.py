@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import random
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -189,6 +190,20 @@ def library_dtype() -> Iterator[None]:
         torch.set_default_dtype(caller_dtype)
 
 
+@contextlib.contextmanager
+def python_random_kept() -> Iterator[None]:
+    """Python's global ``random`` stream as the caller left it, after the block, on every way out. For blocks
+    that import third-party modules lazily: ``rich.style`` draws ``random.getrandbits(24)`` when it is first
+    imported, and scikit-learn's datasets (the digits) and Stable-Baselines3 import it, so the first digits
+    load or policy load of a process moved the caller's stream (found in an audit). LeakGym itself never
+    draws from it."""
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
+
+
 def default_device() -> torch.device:
     """Where torch's factory functions put a tensor given no device (``torch.get_default_device``, torch >=
     2.3; before it, the CPU)."""
@@ -267,5 +282,5 @@ def in_library_modes(fn: F) -> F:
 
 
 __all__ = ["DEVICE_TYPES", "LIBRARY_DTYPE", "available_devices", "canonical_device", "check_device", "default_device",
-           "device_argument", "device_name", "in_library_modes", "library_dtype", "library_modes", "seed_generators",
-           "synchronize", "to_host"]
+           "device_argument", "device_name", "in_library_modes", "library_dtype", "library_modes",
+           "python_random_kept", "seed_generators", "synchronize", "to_host"]

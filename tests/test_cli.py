@@ -311,3 +311,17 @@ def test_two_run_folder_checks_at_once_do_not_refuse_each_other(tmp_path, monkey
 
     monkeypatch.setattr(tempfile, "NamedTemporaryFile", racing)
     assert cli.check_run_folder(tmp_path / "new", "--out", str(tmp_path / "new")) and len(calls) == 3
+
+
+def test_a_ctrl_c_while_the_command_is_parsed_ends_without_a_traceback(monkeypatch, capsys):
+    """Parsing imports the subcommand's module (torch among them): an interrupt there printed a traceback
+    through importlib (found in an audit); it ends as one anywhere else does, status 130."""
+    from leakgym import cli
+
+    class Interrupted:
+        def parse_args(self, argv):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", lambda: Interrupted())
+    assert cli.main(["eval", "--out", "x"]) == 130
+    assert capsys.readouterr().err == "leakgym eval: interrupted\n"

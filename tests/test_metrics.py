@@ -504,3 +504,17 @@ def test_to_host_leaves_host_values_as_they_are():
     items = [torch.arange(3), None, [1, 2], torch.ones(2, 2)]
     out = to_host(items)
     assert all(a is b for a, b in zip(out, items)) and out is not items
+
+
+def test_ssim_of_a_near_perfect_match_stays_within_its_range():
+    """SSIM lies in [-1, 1]; the float32 mean of a near-perfect match's map passed 1 by an ulp
+    (1.0000001192092896, as DLG against no defense reported it), which the episode log then refused on
+    --resume. Pairs one part in a million apart: several of these 32 passed 1 before the clamp."""
+    from leakgym.metrics.functional import ssim
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(32, 1, 16, 16, generator=g)
+    b = (a + 1e-6 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    values = ssim(a, b)
+    assert values.max().item() <= 1.0 and values.min().item() > 0.999
+    assert ssim(a, 1 - a).min().item() >= -1.0

@@ -465,3 +465,18 @@ def test_loading_a_policy_leaves_the_callers_random_stream_and_dtype_alone(saved
         torch.set_default_dtype(before)
     assert torch.equal(torch.rand(3), want)
     np.testing.assert_array_equal(action, model.predict(obs, deterministic=True)[0])
+
+
+@pytest.mark.parametrize("call", ["load_dataset('digits', image_size=16)", "load_policy(PATH)"])
+def test_the_first_dataset_or_policy_load_of_a_process_leaves_pythons_random_stream(saved, call):
+    """scikit-learn's digits and Stable-Baselines3 import rich.style, which draws from Python's global
+    ``random`` when first imported: the first load of a process moved the caller's stream (found in an
+    audit). A fresh process, as a user's script is."""
+    import subprocess
+    import sys
+
+    code = ("import random; from leakgym.data import load_dataset; from leakgym.agents.policies.learned import "
+            f"load_policy; PATH = {str(saved[0])!r}; random.seed(5); state = random.getstate(); {call}; "
+            "print(random.getstate() == state, 'rich.style' in __import__('sys').modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from leakgym.devices import check_device, in_library_modes
+from leakgym.devices import check_device, in_library_modes, python_random_kept
 from leakgym.files import replacing
 
 from .base import Agent
@@ -484,6 +484,7 @@ def _action_space(meta: dict[str, Any]):
 
 
 @in_library_modes
+@python_random_kept()  # (Stable-Baselines3's first import draws from it, through rich.style)
 def load_policy(path: str | Path, device: str = "cpu"):
     """``(policy, metadata)``: the SB3 policy saved at ``path``, rebuilt from its JSON file.
 

@@ -27,7 +27,7 @@ from leakgym.data.images import resize_images, uint8_to_unit
 from leakgym.data.imagesets import IMAGE_SOURCES, SizedSource, read_cached
 from leakgym.data.sources import SOURCES, DiskSource
 from leakgym.data.spec import DatasetSpec
-from leakgym.devices import in_library_modes
+from leakgym.devices import in_library_modes, python_random_kept
 
 __all__ = ["DEFAULT_DATA_ROOT", "Dataset", "DatasetUnavailableError", "data_root", "disk_source", "load_dataset"]
 
@@ -112,6 +112,7 @@ def disk_source(name: str) -> DiskSource | None:
     return SOURCES.get(name) or IMAGE_SOURCES.get(name)
 
 @in_library_modes
+@python_random_kept()  # (scikit-learn's digits import rich.style, which draws from it)
 def load_dataset(
     name: str,
     *,

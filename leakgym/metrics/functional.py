@@ -127,7 +127,8 @@ def psnr(a: Tensor, b: Tensor, data_range: float = 1.0, max_db: float = DEFAULT_
 
 
 def ssim(a: Tensor, b: Tensor, data_range: float = 1.0, window_size: int = DEFAULT_SSIM_WINDOW) -> Tensor:
-    """Per-image SSIM ``(N,)``: mean of the Gaussian-window SSIM map (higher is better, max 1)."""
+    """Per-image SSIM ``(N,)``: mean of the Gaussian-window SSIM map (higher is better), in ``[-1, 1]`` (the
+    mean clamped there: its float rounding can pass 1 by an ulp)."""
     a, b = check_image_pair(a, b, data_range)
     h, w = a.shape[-2:]
     if not isinstance(window_size, int) or window_size < 3 or window_size % 2 == 0:
@@ -151,4 +152,6 @@ def ssim(a: Tensor, b: Tensor, data_range: float = 1.0, window_size: int = DEFAU
         numerator = (2 * mu_a_mu_b + c1) * (2 * (mu_ab - mu_a_mu_b) + c2)
         denominator = (mu_a2 + mu_b2 + c1) * ((mu_aa - mu_a2) + (mu_bb - mu_b2) + c2)
         ssim_map = numerator / denominator
-    return ssim_map.flatten(1).mean(dim=1)
+    # SSIM lies in [-1, 1]; float32 rounding of a near-perfect match gave 1.0000001 (DLG against no defense),
+    # which the episode log's reader then refused on --resume as out of range (found in an audit).
+    return ssim_map.flatten(1).mean(dim=1).clamp(-1.0, 1.0)
