@@ -26,7 +26,9 @@ pair's episodes, so a pair is never resumed mid-way), each with its whole lockst
 numbers are the uninterrupted run's.
 A line cut off by a crash is dropped; any other malformed row (a value outside its metric's range, or a
 non-finite one spelled out, included: the log writes an undefined value as an empty field) is an error
-naming the file and line. A last round that cannot be read or is not one the gallery can show (float
+naming the file and line. An SSIM up to 1e-6 outside [-1, 1] (:data:`METRIC_ROUNDING`: the float32 rounding
+of a near-perfect match, e.g. 1.0000000596046448, in files written before the metric was clamped) is read
+clamped into the range. A last round that cannot be read or is not one the gallery can show (float
 images of 1 or 3 channels, at least one, of the scenario's size:
 :func:`~leakgym.agents.experiments.evaluation.reporting.last_round_problem`) is ignored (the gallery
 leaves its pair out). Files are read as text and ``numpy.load(allow_pickle=False)``;
@@ -74,16 +76,34 @@ def _parse_float(text: str) -> float:
     return float("nan") if text == "" else float(text)
 
 
+#: how far outside its range a saved value of these metrics may lie and still be read (clamped into the range,
+#: :func:`clamped_metric_value`): SSIM of a near-perfect match float-rounded past 1 by an ulp or two of
+#: float32 (1.0000000596046448, 1.0000001192092896) in the files of versions that did not clamp it, which
+#: ``--resume`` refused (found in an audit); 1e-6 is about 8 float32 ulps at 1, while a real out-of-range
+#: value (1.01) is still refused
+METRIC_ROUNDING: dict[str, float] = {"leakage_ssim": 1e-6}
+
+
 def metric_value_error(metric: str, value: float) -> str | None:
     """Why ``value`` is not a defined value of ``metric``, or ``None``: a defined value is finite and in
-    :data:`~leakgym.agents.experiments.evaluation.payoff.METRIC_RANGES` (the check of ``--resume``, here and
-    in ``leakgym metagame``'s state file)."""
+    :data:`~leakgym.agents.experiments.evaluation.payoff.METRIC_RANGES`, or within :data:`METRIC_ROUNDING`
+    of it (the check of ``--resume``, here and in ``leakgym metagame``'s state file)."""
     if not math.isfinite(value):
         return "is not a finite number"
     low, high = METRIC_RANGES[metric]
-    if not low <= value <= high:
+    slack = METRIC_ROUNDING.get(metric, 0.0)
+    if not low - slack <= value <= high + slack:
         return f"is outside its range [{low}, {high}]"
     return None
+
+
+def clamped_metric_value(metric: str, value: float) -> float:
+    """``value`` clamped into ``metric``'s range (a value :func:`metric_value_error` accepts lies at most
+    :data:`METRIC_ROUNDING` outside it); NaN (undefined) stays NaN."""
+    if math.isnan(value):
+        return value
+    low, high = METRIC_RANGES[metric]
+    return min(max(value, low), high)
 
 
 def _check_value(metric: str, text: str, value: float) -> str | None:
@@ -281,7 +301,8 @@ class EpisodeLog:
             stats = by_pair.setdefault((attacker, defender), {})
             if e in stats:
                 raise ValueError(f"{where}: episode {e} of ({attacker}, {defender}) appears twice")
-            stats[e] = EpisodeStats(metrics=dict(zip(METRICS, values)), rounds=rounds)
+            stats[e] = EpisodeStats(metrics={m: clamped_metric_value(m, v) for m, v in zip(METRICS, values)},
+                                    rounds=rounds)
         return {
             key: PairResult(key[0], key[1], [stats[e] for e in range(episodes)], self._read_last_round(*key))
             for key, stats in by_pair.items()
@@ -326,4 +347,5 @@ class EpisodeLog:
         return spec.channels, spec.image_size, spec.image_size
 
 
-__all__ = ["EPISODES_FILE", "EPISODE_COLUMNS", "LAST_ROUND_DIR", "RUN_FILE", "EpisodeLog", "metric_value_error"]
+__all__ = ["EPISODES_FILE", "EPISODE_COLUMNS", "LAST_ROUND_DIR", "METRIC_ROUNDING", "RUN_FILE", "EpisodeLog",
+           "clamped_metric_value", "metric_value_error"]

@@ -7,20 +7,24 @@ Files written to ``OUT`` as the run goes (see :mod:`.psro`): ``metagame.json`` (
 every cell's per-episode samples, each iteration's meta-strategies, gains and exploitability, env steps
 and wall time), ``policies/<member>/policy.zip`` (+ ``policy.json``), ``cells/<block>/`` (each block's
 ``episodes.csv``); at the end ``payoff.csv`` (the final table), ``report_card.{csv,md,png}``,
-``exploitability.png``, ``meta_strategies.png`` and ``payoff.png``. Ctrl-C keeps everything finished
-(exit 130); ``--resume`` continues.
+``exploitability.png``, ``meta_strategies.png`` and ``payoff.png``, as one set (:func:`write_final_outputs`:
+never a file of this run beside an earlier one). Ctrl-C keeps everything finished and says what (exit 130);
+``--resume`` continues, or writes the final files of a finished run.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
+import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from leakgym.agents.policies.learned import ALGORITHMS
 from leakgym.devices import device_argument
-from leakgym.files import folder_argument
+from leakgym.files import folder_argument, replacing, write_atomically
 
 from ..cli_common import (
     INTERRUPTED,
@@ -33,8 +37,12 @@ from ..cli_common import (
     split_agent_list,
     split_hyperparams,
 )
-from .psro import CELL_METRICS, Member, MetagameInterrupted, MetagameState, halved, run_psro
+from .psro import CELL_METRICS, STATE_FILE, Member, MetagameInterrupted, MetagameState, halved, run_psro
+from .report import FIGURE_FILES
 from .solvers import META_SOLVERS
+
+#: the files written at the end of a run, as one set (:func:`write_final_outputs`)
+FINAL_FILES = ("payoff.csv", "report_card.csv", "report_card.md", "metagame.md", *FIGURE_FILES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,21 +92,96 @@ def initial_populations(env_id: str, overrides: dict, attackers: str | None, def
     return out
 
 
-def write_payoff_csv(state: MetagameState, path: Path) -> Path:
+def payoff_csv(state: MetagameState) -> str:
+    """``payoff.csv``'s text: the final table, each cell's metrics with their 95% intervals."""
     from ..evaluation.payoff import t_interval
 
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["attacker", "defender", "episodes"] + [f"{m}_{s}" for m in CELL_METRICS
-                                                           for s in ("mean", "ci95_low", "ci95_high")])
-        for a in state.populations["attacker"]:
-            for d in state.populations["defender"]:
-                cell = state.game.cells[(a.name, d.name)]
-                row = [a.name, d.name, cell.episodes]
-                for m in CELL_METRICS:
-                    row += [f"{v:.6g}" for v in t_interval(cell.values[m])]
-                w.writerow(row)
+    buffer = io.StringIO()
+    w = csv.writer(buffer)
+    w.writerow(["attacker", "defender", "episodes"] + [f"{m}_{s}" for m in CELL_METRICS
+                                                       for s in ("mean", "ci95_low", "ci95_high")])
+    for a in state.populations["attacker"]:
+        for d in state.populations["defender"]:
+            cell = state.game.cells[(a.name, d.name)]
+            row = [a.name, d.name, cell.episodes]
+            for m in CELL_METRICS:
+                row += [f"{v:.6g}" for v in t_interval(cell.values[m])]
+            w.writerow(row)
+    return buffer.getvalue()
+
+
+def write_payoff_csv(state: MetagameState, path: Path) -> Path:
+    """:func:`payoff_csv` to ``path``, replaced atomically (:func:`leakgym.files.write_atomically`)."""
+    write_atomically(path, payoff_csv(state))
     return path
+
+
+class FinalFilesInterrupted(KeyboardInterrupt):
+    """Ctrl-C while :func:`write_final_outputs` wrote the final files. ``written``: the files of this run now
+    in the folder; ``earlier``: those an earlier command wrote that are still there (never both at once)."""
+
+    def __init__(self, written: list[str], earlier: list[str]) -> None:
+        super().__init__(f"written {written}, earlier {earlier}")
+        self.written, self.earlier = written, earlier
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "wb") as fh:
+        fh.write(text.encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_final_outputs(state: MetagameState, rows: list[dict], out: Path, *, device: str | None = None
+                        ) -> list[Path]:
+    """The final files (:data:`FINAL_FILES`) of a finished ``state`` with its report card ``rows``, as one
+    set: each is written to a hidden partial file beside its name (:func:`leakgym.files.replacing`); once
+    all are written, the earlier run's final files are removed, then the new ones renamed in. An interruption
+    or a failing figure before that leaves the earlier set as it was (and no partial file), one during the
+    renames some of the new files and none of the earlier ones: never a file of this run beside one of an
+    earlier run (found in an audit: a Ctrl-C left a 2-iteration run's figures beside a 3-iteration run's
+    tables). A Ctrl-C raises :class:`FinalFilesInterrupted`, naming what is there. Returns the paths written."""
+    from .report import figure_makers, report_csv, report_markdown, save_figure, summary_markdown
+
+    out = Path(out)
+    names: list[str] = []
+    renaming = False
+    try:
+        with ExitStack() as stack:
+            texts = {"payoff.csv": payoff_csv(state), "report_card.csv": report_csv(rows),
+                     "report_card.md": report_markdown(rows), "metagame.md": summary_markdown(state, rows, device=device)}
+            for name, text in texts.items():
+                _write_synced(stack.enter_context(replacing(out / name)), text)
+                names.append(name)
+            for name, make in figure_makers(state, rows):
+                save_figure(make, stack.enter_context(replacing(out / name)))
+                names.append(name)
+            for name in FINAL_FILES:  # every new file is written: the earlier set goes ...
+                (out / name).unlink(missing_ok=True)
+            renaming = True  # ... and the new one is renamed in as the blocks end
+        paths = [out / name for name in names]
+    except KeyboardInterrupt:
+        there = [name for name in FINAL_FILES if (out / name).is_file()]
+        raise FinalFilesInterrupted(there if renaming else [], [] if renaming else there) from None
+    return paths
+
+
+def final_files_interrupted(exc: KeyboardInterrupt, out: Path) -> str:
+    """What ``leakgym metagame`` says on a Ctrl-C while it writes the final files: what is in ``out`` and that
+    ``--resume`` finishes it."""
+    out = Path(out)
+    if isinstance(exc, FinalFilesInterrupted):
+        written, earlier = exc.written, exc.earlier
+    else:  # before write_final_outputs began: nothing of this run's final files was written
+        written, earlier = [], [name for name in FINAL_FILES if (out / name).is_file()]
+    if written:
+        missing = [name for name in FINAL_FILES if name not in written]
+        kept = f"its final files written: {', '.join(written)}" + (f"; not yet: {', '.join(missing)}" if missing else "")
+    else:
+        kept = "none of its final files was written" + (
+            f" (those in {out}, {', '.join(earlier)}, are an earlier command's)" if earlier else "")
+    return (f"interrupted while writing the final files; every cell and iteration is in {out / STATE_FILE}; {kept}; "
+            "run the same command with --resume to finish")
 
 
 def summary_text(state: MetagameState) -> str:
@@ -121,7 +204,7 @@ def summary_text(state: MetagameState) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .report import report_card, write_figures, write_report_card
+    from .report import report_card
     from .simulation import LeakGymSimulator, SB3Oracle
 
     apply_threads(args.threads)
@@ -173,18 +256,22 @@ def main(args: argparse.Namespace) -> int:
             print(f"interrupted while simulating the report card's presets; every finished cell is in "
                   f"{Path(args.out) / 'metagame.json'}; run the same command with --resume to finish", file=sys.stderr)
             return INTERRUPTED
-    rows = report_card(state, extra)
-    from .report import summary_markdown
+    try:
+        from leakgym.bench import machine_label
 
-    summary_md = Path(args.out) / "metagame.md"
-    from leakgym.bench import machine_label
-
-    summary_md.write_text(summary_markdown(state, rows, device=machine_label(args.threads, args.device)))
-    paths = [write_payoff_csv(state, Path(args.out) / "payoff.csv"), *write_report_card(rows, args.out), summary_md]
-    paths += write_figures(state, args.out, rows)
-    print(summary_text(state))
-    print("wrote " + ", ".join(str(p) for p in [Path(args.out) / "metagame.json", *paths]))
+        rows = report_card(state, extra)
+        paths = write_final_outputs(state, rows, args.out, device=machine_label(args.threads, args.device))
+    except KeyboardInterrupt as exc:  # (found in an audit: only "leakgym metagame: interrupted" was said)
+        print(final_files_interrupted(exc, args.out), file=sys.stderr)
+        return INTERRUPTED
+    try:
+        print(summary_text(state))
+        print("wrote " + ", ".join(str(p) for p in [Path(args.out) / "metagame.json", *paths]))
+    except KeyboardInterrupt:
+        print(f"interrupted after every final file was written; the run in {args.out} is complete", file=sys.stderr)
+        return INTERRUPTED
     return 0
 
 
-__all__ = ["add_arguments", "initial_populations", "main", "summary_text", "write_payoff_csv"]
+__all__ = ["FINAL_FILES", "FinalFilesInterrupted", "add_arguments", "final_files_interrupted", "initial_populations",
+           "main", "payoff_csv", "summary_text", "write_final_outputs", "write_payoff_csv"]

@@ -25,12 +25,16 @@ attacker return and leakage SSIM, the meta-strategies on the margins and their s
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from leakgym.files import replacing, write_atomically
 
 from .psro import Member, MetagameState
 
@@ -94,13 +98,21 @@ def report_markdown(rows: list[dict[str, Any]]) -> str:
     return head + "".join("| " + " | ".join(_fmt(r[c]) for c in REPORT_COLUMNS) + " |\n" for r in rows)
 
 
+def report_csv(rows: list[dict[str, Any]]) -> str:
+    """``report_card.csv``'s text."""
+    buffer = io.StringIO()
+    w = csv.DictWriter(buffer, fieldnames=list(REPORT_COLUMNS))
+    w.writeheader()
+    w.writerows(rows)
+    return buffer.getvalue()
+
+
 def write_report_card(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """``report_card.csv`` and ``report_card.md`` in ``out``, each replaced atomically
+    (:func:`leakgym.files.write_atomically`)."""
     out = Path(out)
-    with open(out / "report_card.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(REPORT_COLUMNS))
-        w.writeheader()
-        w.writerows(rows)
-    (out / "report_card.md").write_text(report_markdown(rows))
+    write_atomically(out / "report_card.csv", report_csv(rows))
+    write_atomically(out / "report_card.md", report_markdown(rows))
     return [out / "report_card.csv", out / "report_card.md"]
 
 
@@ -269,31 +281,60 @@ def report_card_figure(rows: list[dict[str, Any]]):
     return fig
 
 
-def write_figures(state: MetagameState, out: Path, rows: list[dict[str, Any]] | None = None) -> list[Path]:
+#: every figure :func:`write_figures` can write (a state without iterations or final meta-strategies has fewer)
+FIGURE_FILES = ("exploitability.png", "meta_strategies.png", "payoff.png", "report_card.png")
+
+
+def figure_makers(state: MetagameState, rows: list[dict[str, Any]] | None = None
+                  ) -> list[tuple[str, Callable[[], Any]]]:
+    """``(file name, function drawing its figure)`` of each figure ``state`` has, in :data:`FIGURE_FILES`'
+    order; drawn one at a time by :func:`save_figure`."""
+    makers: list[tuple[str, Callable[[], Any]]] = []
+    if state.iterations:
+        makers.append(("exploitability.png", lambda: exploitability_figure(state)))
+    if state.final:
+        makers += [("meta_strategies.png", lambda: meta_strategy_figure(state)),
+                   ("payoff.png", lambda: payoff_figure(state)),
+                   ("report_card.png", lambda: report_card_figure(rows if rows is not None else report_card(state)))]
+    return makers
+
+
+def save_figure(make: Callable[[], Any], path: Path) -> None:
+    """Draw a figure with ``make`` and save it to ``path`` (format from its suffix), closing it however
+    that ends."""
     plt = _plt()
+    fig = make()
+    try:
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def write_figures(state: MetagameState, out: Path, rows: list[dict[str, Any]] | None = None) -> list[Path]:
+    """The figures of ``state`` in ``out``, each replaced atomically (:func:`leakgym.files.replacing`);
+    ``leakgym metagame`` writes them with its other final files as one set instead
+    (:func:`~leakgym.agents.experiments.metagame.cli.write_final_outputs`)."""
     out = Path(out)
     paths = []
-    figures = []
-    if state.iterations:
-        figures += [("exploitability.png", exploitability_figure(state))]
-    if state.final:
-        figures += [("meta_strategies.png", meta_strategy_figure(state)), ("payoff.png", payoff_figure(state))]
-        figures += [("report_card.png", report_card_figure(rows if rows is not None else report_card(state)))]
-    for name, fig in figures:
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
+    for name, make in figure_makers(state, rows):
+        with replacing(out / name) as partial:
+            save_figure(make, partial)
         paths.append(out / name)
     return paths
 
 
 __all__ = [
+    "FIGURE_FILES",
     "REPORT_COLUMNS",
     "exploitability_figure",
+    "figure_makers",
     "meta_strategy_figure",
     "payoff_figure",
     "report_card",
     "report_card_figure",
+    "report_csv",
     "report_markdown",
+    "save_figure",
     "summary_markdown",
     "write_figures",
     "write_report_card",
