@@ -5,6 +5,7 @@ version whose SSIM had float-rounded just past 1 (1.0000000596046448)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -189,3 +190,6 @@ def test_a_metagame_state_with_such_an_ssim_resumes(tmp_path):
         state = run_psro(tmp_path, resume=True, **kw)
     assert state.status == "finished"
     assert np.allclose(state.game.means(["a0"], ["d0"], "leakage_ssim"), 1.0)
+    # read clamped into its range, as episodes.csv's reader does, and written back so
+    saved = json.loads((tmp_path / "metagame.json").read_text())
+    assert max(v for c in saved["cells"] for v in c["leakage_ssim"]) <= 1.0

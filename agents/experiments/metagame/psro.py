@@ -54,7 +54,7 @@ import numpy as np
 
 from leakgym.files import json_safe
 
-from ..evaluation.episode_log import metric_value_error
+from ..evaluation.episode_log import clamped_metric_value, metric_value_error
 from ..evaluation.payoff import t_interval
 from .solvers import meta_solver
 
@@ -265,7 +265,7 @@ def _checked_value(metric: str, value: Any, where: str) -> float:
     why = metric_value_error(metric, number)
     if why is not None:
         raise _Malformed(f"{where} = {_short(value)} {why}; allowed: {allowed} in the metric's range")
-    return number
+    return clamped_metric_value(metric, number)  # (an SSIM float-rounded past 1 by an earlier version: 1)
 
 
 def _checked_cell(c: Any, where: str) -> tuple[tuple[str, str], CellSamples]:
