@@ -52,7 +52,15 @@ import numpy as np
 from leakgym.devices import device_name
 from leakgym.files import json_safe, npz_arrays, write_atomically
 
-from .payoff import METRIC_RANGES, METRICS, EpisodeStats, LastRound, PairResult
+from .payoff import (
+    METRIC_ROUNDING,
+    METRICS,
+    EpisodeStats,
+    LastRound,
+    PairResult,
+    clamped_metric_value,
+    metric_value_error,
+)
 from .reporting import OUTPUT_FILES, last_round_problem
 
 RUN_FILE = "run.json"
@@ -74,36 +82,6 @@ def _format(value: float) -> str:
 
 def _parse_float(text: str) -> float:
     return float("nan") if text == "" else float(text)
-
-
-#: how far outside its range a saved value of these metrics may lie and still be read (clamped into the range,
-#: :func:`clamped_metric_value`): SSIM of a near-perfect match float-rounded past 1 by an ulp or two of
-#: float32 (1.0000000596046448, 1.0000001192092896) in the files of versions that did not clamp it, which
-#: ``--resume`` refused (found in an audit); 1e-6 is about 8 float32 ulps at 1, while a real out-of-range
-#: value (1.01) is still refused
-METRIC_ROUNDING: dict[str, float] = {"leakage_ssim": 1e-6}
-
-
-def metric_value_error(metric: str, value: float) -> str | None:
-    """Why ``value`` is not a defined value of ``metric``, or ``None``: a defined value is finite and in
-    :data:`~leakgym.agents.experiments.evaluation.payoff.METRIC_RANGES`, or within :data:`METRIC_ROUNDING`
-    of it (the check of ``--resume``, here and in ``leakgym metagame``'s state file)."""
-    if not math.isfinite(value):
-        return "is not a finite number"
-    low, high = METRIC_RANGES[metric]
-    slack = METRIC_ROUNDING.get(metric, 0.0)
-    if not low - slack <= value <= high + slack:
-        return f"is outside its range [{low}, {high}]"
-    return None
-
-
-def clamped_metric_value(metric: str, value: float) -> float:
-    """``value`` clamped into ``metric``'s range (a value :func:`metric_value_error` accepts lies at most
-    :data:`METRIC_ROUNDING` outside it); NaN (undefined) stays NaN."""
-    if math.isnan(value):
-        return value
-    low, high = METRIC_RANGES[metric]
-    return min(max(value, low), high)
 
 
 def _check_value(metric: str, text: str, value: float) -> str | None:

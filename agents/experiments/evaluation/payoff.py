@@ -41,6 +41,36 @@ METRIC_RANGES: dict[str, tuple[float, float]] = {
     "attacker_return": (-math.inf, math.inf),
     "defender_return": (-math.inf, math.inf),
 }
+#: how far outside its range a saved value of these metrics may lie and still be read (clamped into the range,
+#: :func:`clamped_metric_value`): SSIM of a near-perfect match float-rounded past 1 by an ulp or two of
+#: float32 (1.0000000596046448, 1.0000001192092896) in the files of versions that did not clamp it, which
+#: ``--resume`` refused (found in an audit); 1e-6 is about 8 float32 ulps at 1, while a real out-of-range
+#: value (1.01) is still refused
+METRIC_ROUNDING: dict[str, float] = {"leakage_ssim": 1e-6}
+
+
+def metric_value_error(metric: str, value: float) -> str | None:
+    """Why ``value`` is not a defined value of ``metric``, or ``None``: a defined value is finite and in
+    :data:`METRIC_RANGES`, or within :data:`METRIC_ROUNDING`
+    of it (the check of ``--resume``, here and in ``leakgym metagame``'s state file)."""
+    if not math.isfinite(value):
+        return "is not a finite number"
+    low, high = METRIC_RANGES[metric]
+    slack = METRIC_ROUNDING.get(metric, 0.0)
+    if not low - slack <= value <= high + slack:
+        return f"is outside its range [{low}, {high}]"
+    return None
+
+
+def clamped_metric_value(metric: str, value: float) -> float:
+    """``value`` clamped into ``metric``'s range (a value :func:`metric_value_error` accepts lies at most
+    :data:`METRIC_ROUNDING` outside it); NaN (undefined) stays NaN."""
+    if math.isnan(value):
+        return value
+    low, high = METRIC_RANGES[metric]
+    return min(max(value, low), high)
+
+
 #: fewer episodes per pair than this and the payoff figure warns that its intervals are unreliable
 MIN_EPISODES = 5
 
@@ -181,5 +211,5 @@ class PayoffTable:
         return np.array([[by_pair[(a, d)] for d in self.defenders] for a in self.attackers], dtype=np.float64)
 
 
-__all__ = ["METRICS", "METRIC_RANGES", "MIN_EPISODES", "ROUND_METRICS", "EpisodeStats", "LastRound", "PairResult",
-           "PayoffTable", "gallery_episode", "t_interval"]
+__all__ = ["METRICS", "METRIC_RANGES", "METRIC_ROUNDING", "MIN_EPISODES", "ROUND_METRICS", "EpisodeStats", "LastRound",
+           "PairResult", "PayoffTable", "clamped_metric_value", "gallery_episode", "metric_value_error", "t_interval"]

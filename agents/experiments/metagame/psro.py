@@ -54,8 +54,7 @@ import numpy as np
 
 from leakgym.files import json_safe
 
-from ..evaluation.episode_log import clamped_metric_value, metric_value_error
-from ..evaluation.payoff import t_interval
+from ..evaluation.payoff import clamped_metric_value, metric_value_error, t_interval
 from .solvers import meta_solver
 
 STATE_FILE = "metagame.json"
@@ -251,7 +250,7 @@ def _checked_member(m: Any, where: str, out: Path | None) -> Member:
 
 def _checked_value(metric: str, value: Any, where: str) -> float:
     """One per-episode value of ``metric``: a number in the metric's range (``leakgym eval --resume``'s check,
-    :func:`~leakgym.agents.experiments.evaluation.episode_log.metric_value_error`), or null (undefined) for
+    :func:`~leakgym.agents.experiments.evaluation.payoff.metric_value_error`), or null (undefined) for
     a metric that is not a payoff."""
     if value is None and metric not in PAYOFF_METRICS:
         return float("nan")
