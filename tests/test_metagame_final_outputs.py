@@ -193,3 +193,50 @@ def test_a_metagame_state_with_such_an_ssim_resumes(tmp_path):
     # read clamped into its range, as episodes.csv's reader does, and written back so
     saved = json.loads((tmp_path / "metagame.json").read_text())
     assert max(v for c in saved["cells"] for v in c["leakage_ssim"]) <= 1.0
+
+
+def test_a_ctrl_c_while_an_iteration_joins_the_state_is_raised_after_it(monkeypatch):
+    """An iteration's members, record and cleared pending join the state as one step: a Ctrl-C among those
+    statements saved the new members both in the populations and as pending, a state --resume refused
+    (found in an audit). A SIGINT sent inside the held block is raised when the block ends."""
+    import signal
+
+    from leakgym.agents.experiments.metagame import psro
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    done = []
+    with pytest.raises(KeyboardInterrupt), psro._interrupts_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append(1)
+        done.append(2)
+    assert done == [1, 2] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_ctrl_c_at_either_side_of_an_iteration_joining_resumes(tmp_path, monkeypatch, when):
+    """The states saved by a Ctrl-C just before and just after an iteration joins the state both resume, to a
+    run whose populations name each member once."""
+    import contextlib
+
+    from leakgym.agents.experiments.metagame import psro
+
+    @contextlib.contextmanager
+    def interrupted():
+        if when == "before":
+            raise KeyboardInterrupt
+        yield
+        raise KeyboardInterrupt
+
+    kw = {"settings": {"game": "constant"}, "initial": {"attacker": [Member("a0", "0")], "defender": [Member("d0", "0")]},
+          "simulator": _RoundedSsim(), "oracle": _SameMember(), "iterations": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with monkeypatch.context() as m:
+            m.setattr(psro, "_interrupts_held", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                run_psro(tmp_path, **kw)
+        state = run_psro(tmp_path, resume=True, **kw)
+    assert state.status == "finished" and len(state.iterations) == 2
+    for role in ("attacker", "defender"):
+        names = [m.name for m in state.populations[role]]
+        assert len(names) == len(set(names)) == 3

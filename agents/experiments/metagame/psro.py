@@ -38,14 +38,17 @@ the field (:meth:`MetagameState.from_json`), and so is a member whose policy fil
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import re
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -212,6 +215,25 @@ class MetagameState:
         tmp.write_text(json.dumps(self.to_json(out), indent=1, allow_nan=False))
         os.replace(tmp, path)
         return path
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """A Ctrl-C (SIGINT) that arrives in the block is raised as ``KeyboardInterrupt`` when the block ends, not
+    between its statements: for a change of the state that must happen whole. Only the main thread receives
+    signals; elsewhere the block runs as it is. A handler other than Python's default is left alone."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    arrived: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if arrived:
+        raise KeyboardInterrupt
 
 
 class _Malformed(ValueError):
@@ -570,11 +592,15 @@ def run_psro(
                 "env_steps_total": state.env_steps,
                 "wall_time_s": round(time.perf_counter() - it_start, 3),
             }
-            state.populations["attacker"].append(new["attacker"])
-            state.populations["defender"].append(new["defender"])
-            state.iterations.append(record)
-            state.pending = {}
-            state.wall_time_s = time.perf_counter() - t0
+            # The iteration joins the state as one step: a Ctrl-C among these lines saved the new members both in
+            # the populations and as pending, a state the resume refused (found in an audit); one arriving here
+            # is raised after them.
+            with _interrupts_held():
+                state.populations["attacker"].append(new["attacker"])
+                state.populations["defender"].append(new["defender"])
+                state.iterations.append(record)
+                state.pending = {}
+                state.wall_time_s = time.perf_counter() - t0
             state.save(out)
             bar.update(1)
         stage = "the final table"
