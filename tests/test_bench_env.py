@@ -8,13 +8,13 @@ from leakgym.bench import env as bench_env
 from leakgym.cli import main
 
 
-@pytest.mark.parametrize(("actions", "batch_clients", "defender"),
-                         [("fixed", "on", "none"), ("random", "on", "random"), ("fixed", "off", "none")])
-def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
+@pytest.mark.parametrize(("actions", "batch_clients", "defender", "graphs"),
+                         [("fixed", "on", "none", "on"), ("random", "on", "random", "on"), ("fixed", "off", "none", "off")])
+def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender, graphs):
     out = tmp_path / "bench_env.json"
     argv = ["bench", "env", "--json", str(out), "--envs", "LeakGym-Digits-v0", "--steps", "1", "--num-envs", "1,2",
             "--actions", actions, "--baseline-games", "1", "--batch-clients", batch_clients, "--defender", defender,
-            "--warmup-steps", "1"]
+            "--warmup-steps", "1", "--cuda-graphs", graphs]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["num_envs"] for r in rows] == [1, 2]
@@ -22,6 +22,7 @@ def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
         assert "error" not in r, r
         assert r["actions"] == actions and r["data"] == "real" and r["threads"] == 1
         assert r["batch_clients"] == (batch_clients == "on") and r["defender"] == defender
+        assert r["cuda_graphs"] is (graphs == "on")  # the engine's replay switch as the worker ran (a CPU: no effect)
         assert r["env_steps_per_s"] > 0 and r["baseline_env_steps_per_s"] > 0 and r["peak_rss_mb"] > 0
         assert r["baseline_games"] == 1 and r["speedup"] == pytest.approx(
             r["env_steps_per_s"] / r["baseline_env_steps_per_s"])
@@ -37,6 +38,7 @@ def test_bench_env_tiny_run(tmp_path, actions, batch_clients, defender):
     assert "sequential steps/s" in table and "ratio" in table and "| reward |" in table and "Python overhead" in table
     assert "GFLOP/env step" in table and "floor/wall" in table
     assert ("batch_clients off" in table) == (batch_clients == "off")
+    assert ("CUDA graphs off" in table) == (graphs == "off")
     assert ("random defender" in table) == (defender == "random")
 
 

@@ -100,6 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the vector env's batch_clients: victims' clean updates, benign clients, aggregation and "
                              "evaluation batched over games (default: on; on a CPU it pays off for small models "
                              "only, see docs/results/bench_env.md)")
+    parser.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
+                        help="the attack engine's CUDA-graph replays of its iterations (leakgym.attacks.engine.replay), "
+                             "both paths; off for an A/B in one run (default: on; no effect on a CPU)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads of the worker, both paths (default: 1: LeakGym's models are "
                              "tiny, and more threads than free cores make every small op wait)")
@@ -139,16 +142,19 @@ def parse_sizes(text: str) -> list[int]:
 # --------------------------------------------------------------------------------------------------
 def _measure(gym_id: str, num_envs: int, steps: int, actions: str, baseline_games: int, device: str, threads: int,
              queue, batch_clients: bool = True, defender: str = "none", overrides: dict | None = None,
-             warmup: int = 0, synthetic_images: int | None = None) -> None:
+             warmup: int = 0, synthetic_images: int | None = None, cuda_graphs: bool = True) -> None:
     # Ctrl-C reaches the whole process group: the parent stops this worker, which prints no traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import torch
 
+        from leakgym.attacks.engine import replay
+
         torch.set_num_threads(threads)
+        replay.CUDA_GRAPHS = cuda_graphs  # (this worker's process only)
         row = _measure_row(gym_id, num_envs, steps, actions, baseline_games, device, batch_clients, defender,
                            overrides, warmup, synthetic_images)
-        queue.put({**row, "threads": threads})
+        queue.put({**row, "threads": threads, "cuda_graphs": replay.CUDA_GRAPHS})  # (as the worker ran)
     except Exception as exc:  # noqa: BLE001 - a failed round, a bad id, ...: recorded, not hidden
         first_line = str(exc).splitlines()[0] if str(exc) else ""
         queue.put({"env": gym_id, "num_envs": num_envs, "error": f"{type(exc).__name__}: {first_line}"})
@@ -336,7 +342,7 @@ def _measure_row(gym_id: str, num_envs: int, steps: int, actions: str, baseline_
 def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_games: int, device: str,
         threads: int = 1, batch_clients: bool = True, defender: str = "none",
         overrides: dict | None = None, warmup: int = 0, *, rows: list[dict] | None = None, on_row=None,
-        progress: bool = False, synthetic_images: int | None = None) -> list[dict]:
+        progress: bool = False, synthetic_images: int | None = None, cuda_graphs: bool = True) -> list[dict]:
     """One spawned worker per (id, N); each finished row is appended to ``rows`` (returned) and passed to
     ``on_row(rows)``. On KeyboardInterrupt the running worker is stopped and the interrupt re-raised."""
     ctx = mp.get_context("spawn")
@@ -348,7 +354,7 @@ def run(ids: list[str], steps: int, sizes: list[int], actions: str, baseline_gam
                 queue = ctx.Queue()
                 proc = ctx.Process(target=_measure, args=(gym_id, n, steps, actions, baseline_games, device, threads,
                                                           queue, batch_clients, defender, overrides, warmup,
-                                                          synthetic_images))
+                                                          synthetic_images, cuda_graphs))
                 proc.start()
                 row = None
                 try:
@@ -383,6 +389,7 @@ def to_markdown(rows: list[dict], machine: str) -> str:
         f"Environment throughput, batched vector env vs sequential single-agent envs ({machine})",
         [("env", lambda r: r["env"] + ("" if r["data"] == "real" else f" ({r['data']})")
           + ("" if r.get("batch_clients", True) else ", batch_clients off")
+          + ("" if r.get("cuda_graphs", True) else ", CUDA graphs off")
           + ("" if r.get("defender", "none") == "none" else f", {r['defender']} defender")
           + "".join(f", {k}={v}" for k, v in r.get("overrides", {}).items())),
          ("N", lambda r: str(r["num_envs"])), ("actions", lambda r: r["actions"]),
@@ -451,7 +458,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         run(ids, args.steps, sizes, args.actions, args.baseline_games, args.device, args.threads,
             args.batch_clients == "on", args.defender, overrides, args.warmup_steps, rows=rows, on_row=save,
-            progress=not getattr(args, "no_progress", False), synthetic_images=synthetic)
+            progress=not getattr(args, "no_progress", False), synthetic_images=synthetic,
+            cuda_graphs=getattr(args, "cuda_graphs", "on") == "on")
     except KeyboardInterrupt:
         return interrupted(len(rows), len(ids) * len(sizes), out, Path(out).with_suffix(".md"), save=lambda: save(rows))
     save(rows, echo=True)
