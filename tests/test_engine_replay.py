@@ -21,10 +21,6 @@ from torch.utils._pytree import tree_leaves
 
 from leakgym.attacks import build_attack
 from leakgym.attacks.engine import (
-    MatchingObjective,
-    Part,
-    PerProblem,
-    Schedule,
     reconstruct_jointly,
     replay,
     run_joint_matching,
@@ -82,20 +78,9 @@ def _parts(digits, counts):
     prior, group consistency, 2 restarts, budget 10) and DLG (L-BFGS, soft labels, budget 24). The first two
     share one Adam run. The working rows change after 6, 10 and 16 iterations; at iteration 16 the Adam run
     is evaluated without stepping while the DLG run after it steps on (the same rows, other gradients)."""
-    shape = digits.spec.shape
-    g = torch.Generator().manual_seed(0)
-    ig = Part(counts[0], MatchingObjective(distance="cosine", tv=1e-4),
-              Schedule(iterations=16, signed=True, boxed=True, lr_decay=True),
-              torch.randn(counts[0], 1, 1, *shape, generator=g),
-              per_problem=PerProblem(iterations=[6, 16], tv=[1e-4, 1e-2]))
-    gi = Part(counts[1], MatchingObjective(distance="l2", l2=1e-4, group=0.01),
-              Schedule(iterations=10, restarts=2, lr=0.05, boxed=True),
-              torch.randn(counts[1], 2, 1, *shape, generator=g))
-    dlg = Part(counts[2], MatchingObjective(distance="l2"), Schedule(iterations=24, optimizer="lbfgs", lr=0.5),
-               torch.randn(counts[2], 1, 1, *shape, generator=g),
-               label_init=torch.randn(counts[2], 1, 1, digits.spec.num_classes, generator=g),
-               optimise_labels=True)
-    return [ig, gi, dlg]
+    from engine_problems import three_parts
+
+    return three_parts(digits, counts, ig_budgets=(6, 16), gi_budget=10, dlg_budget=24)
 
 
 def _same(got, expected):

@@ -14,12 +14,11 @@ import dataclasses
 
 import pytest
 import torch
-from engine_problems import VECTORISED_TOL, single_image_problems
+from engine_problems import VECTORISED_TOL, single_image_problems, three_parts
 
 from leakgym.attacks import AttackerKnowledge, build_attack
 from leakgym.attacks.engine import (
     MatchingObjective,
-    Part,
     PerProblem,
     ProblemSet,
     Schedule,
@@ -33,22 +32,8 @@ from leakgym.optim.randomness import BatchedGenerator
 
 
 def _parts(digits, counts):
-    """An Inverting-Gradients-like part (Adam, cosine, TV, budgets 3/6), a GradInversion-like part
-    (Adam, L2 + l2 prior + group consistency, 2 restarts) and a DLG part (L-BFGS, L2, soft labels)."""
-    shape = digits.spec.shape
-    g = torch.Generator().manual_seed(0)
-    ig = Part(counts[0], MatchingObjective(distance="cosine", tv=1e-4),
-              Schedule(iterations=6, signed=True, boxed=True, lr_decay=True),
-              torch.randn(counts[0], 1, 1, *shape, generator=g),
-              per_problem=PerProblem(iterations=[3, 6][: counts[0]], tv=[1e-4, 1e-2][: counts[0]]))
-    gi = Part(counts[1], MatchingObjective(distance="l2", l2=1e-4, group=0.01),
-              Schedule(iterations=4, restarts=2, lr=0.05, boxed=True),
-              torch.randn(counts[1], 2, 1, *shape, generator=g))
-    dlg = Part(counts[2], MatchingObjective(distance="l2"), Schedule(iterations=5, optimizer="lbfgs", lr=0.5),
-               torch.randn(counts[2], 1, 1, *shape, generator=g),
-               label_init=torch.randn(counts[2], 1, 1, digits.spec.num_classes, generator=g),
-               optimise_labels=True)
-    return [ig, gi, dlg]
+    """Inverting-Gradients-like (budgets 3/6), GradInversion-like and DLG parts (:func:`three_parts`)."""
+    return three_parts(digits, counts)
 
 
 def _subset(ps: ProblemSet, lo: int, hi: int, *, labels: bool) -> ProblemSet:
